@@ -1,0 +1,76 @@
+// softmax over the last dim of contiguous rows: y = exp(x - max) / sum(exp(x - max)), fp32 math.
+//
+// Bytes: ideal 1 read + 1 write of the tensor. v1 reads each row twice (pass 1: online max and sum,
+// pass 2: normalize and write); the second read hits L1/L2 for rows up to ~100 KB, beyond that it is a
+// second DRAM read (1.5x the ideal traffic).
+// Limits: any row length (the block loops over the row); one block per row, so few-row giant rows
+// use few SMs (a split-row version is the next one to add).
+// Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
+#include "common.cuh"
+
+namespace tiered_ops {
+
+template <typename T, int V>
+__global__ void softmax_v1_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    float m = -INFINITY, s = 0.f;  // this thread's running max and sum of exp(x - m)
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float v[V];
+      if constexpr (V > 1) {
+        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = to_f(p.v[j]);
+      } else {
+        v[0] = to_f(xr[i]);
+      }
+      float mx = v[0];
+      bool nan = v[0] != v[0];
+#pragma unroll
+      for (int j = 1; j < V; ++j) mx = fmaxf(mx, v[j]), nan |= v[j] != v[j];
+      if (nan) s = NAN;  // fmaxf drops NaN; a NaN sum makes the whole row NaN, as in torch
+      const float m_new = fmaxf(m, mx);
+      if (m_new == -INFINITY) continue;  // everything so far is -inf: nothing to add
+      s *= __expf(m - m_new);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += __expf(v[j] - m_new);
+      m = m_new;
+    }
+    const float m_row = block_max(m, smem);
+    const float s_row = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - m_row)), smem);
+    const float inv = 1.f / s_row;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      if constexpr (V > 1) {
+        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i), q;
+#pragma unroll
+        for (int j = 0; j < V; ++j) q.v[j] = from_f<T>(__expf(to_f(p.v[j]) - m_row) * inv);
+        *reinterpret_cast<Pack<T>*>(yr + i) = q;
+      } else {
+        yr[i] = from_f<T>(__expf(to_f(xr[i]) - m_row) * inv);
+      }
+    }
+  }
+}
+
+template <typename T>
+static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cudaStream_t stream) {
+  constexpr int V = Pack<T>::N;
+  const bool vec = n % V == 0 && aligned16(x) && aligned16(y);
+  const int threads = row_threads(n, vec ? V : 1);
+  if (vec)
+    softmax_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, y, rows, n);
+  else
+    softmax_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, y, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  TIERED_OPS_DISPATCH(dtype, T,
+                      return launch_softmax(static_cast<const T*>(x), static_cast<T*>(y), rows, n, stream));
+  return cudaSuccess;
+}
+
+}  // namespace tiered_ops

@@ -1,0 +1,32 @@
+"""tiered_ops: eager, torch.compile, Triton and CUDA tiers of each op, measured per shape and GPU.
+
+    import tiered_ops
+    y = tiered_ops.softmax(x, dim=-1)          # dispatches through the stored decision
+    sel = tiered_ops.select_backend("rms_norm", (8, 4096), torch.bfloat16, normalized_shape=(4096,))
+    sel.tier, sel.name, sel.record             # what was chosen and why
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+if not _os.environ.get("TRITON_INTERPRET"):
+    try:  # no GPU: run the Triton tier on the interpreter (must be set before triton is imported)
+        import torch as _torch
+
+        if not _torch.cuda.is_available():
+            _os.environ["TRITON_INTERPRET"] = "1"
+    except ImportError:
+        pass
+
+from .ops.muladd import muladd  # noqa: E402
+from .ops.rms_norm import rms_norm  # noqa: E402
+from .ops.softmax import softmax  # noqa: E402
+from .registry import OPS, Impl, OpSpec, Tier, all_ops, get_op  # noqa: E402
+from .select import Selection, clear_cache, select_backend, set_tuning, use_store  # noqa: E402
+
+__all__ = [
+    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "muladd", "rms_norm",
+    "select_backend", "set_tuning", "softmax", "use_store",
+]
+__version__ = "0.1.0"

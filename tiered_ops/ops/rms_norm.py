@@ -1,0 +1,116 @@
+"""rms_norm(x, normalized_shape, weight=None, eps=None): torch.nn.functional.rms_norm semantics.
+
+y = x * rsqrt(mean(x^2 over the trailing normalized_shape dims) + eps) * weight, in x's dtype;
+eps=None means torch.finfo(x.dtype).eps. weight must have x's dtype and shape normalized_shape.
+Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
+Bytes: read x + write y (+ weight once).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ..select import _calls, dispatch
+from ._tiers import gen, randn, standard_impls
+
+
+def _norm_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+    return (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(d) for d in normalized_shape)
+
+
+def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+              eps: float | None = None) -> torch.Tensor:
+    """Eager tier and reference: torch's own rms_norm (computes in fp32 for low precision)."""
+    return F.rms_norm(x, _norm_shape(normalized_shape), weight, eps)
+
+
+def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
+             ) -> Problem:
+    ns = _norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
+        raise ValueError(f"rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
+                         f"got x of shape {list(shape)}")
+    return make_problem(shape, normalized_shape=ns, weight=bool(weight))
+
+
+def _problem_of(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                eps: float | None = None) -> Problem:
+    return _problem(tuple(x.shape), normalized_shape, weight is not None)
+
+
+def _split(p: Problem) -> tuple[int, int]:
+    n = 1
+    for d in p.kw["normalized_shape"]:
+        n *= d
+    numel = 1
+    for d in p.shape:
+        numel *= d
+    return (numel // n if n else 0), n
+
+
+def _bucket(p: Problem) -> tuple:
+    rows, n = _split(p)
+    return pow2_ceil(rows), n, p.kw["weight"]
+
+
+def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
+    g = gen(device, seed)
+    ns = p.kw["normalized_shape"]
+    x = randn(p.shape, dtype, device, g)
+    w = (1 + 0.5 * randn(ns, torch.float32, device, g)).to(dtype) if p.kw["weight"] else None
+    return Inputs((x, ns, w, torch.finfo(dtype).eps))  # eps of x's dtype, also for the float64 reference
+
+
+def _bytes(p: Problem, dt: torch.dtype) -> int:
+    rows, n = _split(p)
+    return (2 * rows * n + (n if p.kw["weight"] else 0)) * dt.itemsize
+
+
+def _eps(x: torch.Tensor, eps: float | None) -> float:
+    return torch.finfo(x.dtype).eps if eps is None else float(eps)
+
+
+def _triton(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+            eps: float | None = None) -> torch.Tensor:
+    return torch.ops.tiered_ops.rms_norm_triton(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
+
+
+def _cuda(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+          eps: float | None = None) -> torch.Tensor:
+    return torch.ops.tiered_ops.rms_norm_cuda(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
+
+
+SPEC = register_op(OpSpec(
+    name="rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
+    bucket=_bucket, bytes_moved=_bytes, flops=lambda p: 4 * _split(p)[0] * _split(p)[1],
+    edge_problems=lambda: [
+        _problem((1, 4096)),  # 1 row
+        _problem((4096, 1)),  # 1 column
+        _problem((1823, 781)),  # no multiple of any block
+        _problem((2, 20003)),  # a row longer than one block: looped kernels
+        _problem((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
+        _problem((5, 64), weight=False),  # no weight
+        _problem((0, 16)),  # empty
+    ],
+    default_problems=lambda dev: [_problem(s) for s in (
+        [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda"
+        else [(256, 1024), (8, 65536)])],
+    source=Path(__file__),
+))
+standard_impls(SPEC, reference, _triton, _cuda)
+
+
+def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+             eps: float | None = None) -> torch.Tensor:
+    """F.rms_norm through the implementation selected for this shape, dtype and device."""
+    key = ("rms_norm", x.shape, x.dtype, x.device, normalized_shape if isinstance(normalized_shape, int)
+           else tuple(normalized_shape), weight is None)
+    sel = _calls.get(key)
+    if sel is None:
+        return dispatch(SPEC, key, x, (x, normalized_shape, weight, eps), {})
+    return sel.fn(x, normalized_shape, weight, eps)

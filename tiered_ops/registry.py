@@ -1,0 +1,185 @@
+"""Op specs and implementations: the one place every tier of every op is declared.
+
+An op (``OpSpec``) is declared once: its float64-capable reference, an inputs factory, bytes moved and
+flops, per-dtype error bounds, edge problems and default benchmark problems. Each implementation
+(``Impl``) declares its tier, the dtypes it supports and an availability check that says *why* it
+cannot run here. The harness (correctness, timing, store, selection, CLI) is driven by these alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Tier(enum.IntEnum):
+    """Implementation tiers, ordered by maintenance cost (cheapest first)."""
+
+    EAGER = 0
+    COMPILE = 1
+    TRITON = 2
+    CUDA = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+# Relative error ||out - ref|| / ||ref|| allowed per dtype against the float64 reference. The output
+# of a low-precision op is rounded once to its dtype (2^-8 for bf16, 2^-11 for fp16), so the bound
+# sits a few roundings above that; fp32 leaves room for a different summation order.
+DEFAULT_RTOL: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One concrete call of an op: the first input's shape plus the op's non-tensor parameters."""
+
+    shape: tuple[int, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        s = "x".join(str(d) for d in self.shape) or "scalar"
+        return s + "".join(f",{k}={v}" for k, v in self.params)
+
+
+def make_problem(shape: tuple[int, ...] | list[int], **params: Any) -> Problem:
+    def freeze(v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v
+
+    return Problem(tuple(int(d) for d in shape), tuple(sorted((k, freeze(v)) for k, v in params.items())))
+
+
+def pow2_ceil(n: int) -> int:
+    """Smallest power of two >= n (0 stays 0): the bucket of a leading dimension."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+@dataclass
+class Inputs:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OpSpec:
+    """Everything op-specific the harness needs. See ``tiered_ops/ops/softmax.py`` for an example."""
+
+    name: str
+    reference: Callable[..., torch.Tensor]  # the eager tier; must also run on float64 inputs
+    make_inputs: Callable[[Problem, torch.dtype, torch.device, int], Inputs]
+    problem: Callable[..., Problem]  # (shape, **params) -> Problem with defaults filled in and checked
+    problem_of: Callable[..., Problem]  # the op's call arguments -> Problem (per-call dispatch)
+    bucket: Callable[[Problem], tuple]  # Problem -> decision key (documented per op)
+    bytes_moved: Callable[[Problem, torch.dtype], int]
+    flops: Callable[[Problem], int]
+    edge_problems: Callable[[], list[Problem]]
+    default_problems: Callable[[str], list[Problem]]  # device type -> problems to bench
+    source: Path  # the op file (eager + compile tiers live here)
+    rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
+    impls: dict[str, Impl] = field(default_factory=dict)
+
+    def add(self, impl: Impl) -> Impl:
+        if impl.name in self.impls:
+            raise ValueError(f"{self.name}: implementation {impl.name!r} registered twice")
+        self.impls[impl.name] = impl
+        return impl
+
+
+@dataclass
+class Impl:
+    """One implementation of an op at one tier."""
+
+    name: str
+    tier: Tier
+    fn: Callable[..., torch.Tensor]
+    sources: tuple[Path, ...]
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    # Returns None when the implementation can run on this device, else the reason it cannot.
+    available: Callable[[torch.device], str | None] = lambda device: None
+    # Returns None when the implementation can be timed on this device, else why not.
+    timeable: Callable[[torch.device], str | None] = lambda device: None
+    notes: str = ""
+    _hash: str | None = None
+
+    def why_not(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:
+        """Why this implementation cannot run for (device, dtype), or None when it can."""
+        if device.type not in self.devices:
+            return f"runs on {'/'.join(self.devices)} only, not {device.type}"
+        if dtype is not None and dtype not in self.dtypes:
+            return f"dtype {DTYPE_NAMES.get(dtype, dtype)} not supported"
+        return self.available(device)
+
+    @property
+    def source_hash(self) -> str:
+        """Hash of the files this implementation is built from: a stored result with another hash is stale."""
+        if self._hash is None:
+            h = hashlib.sha256()
+            for p in sorted(set(self.sources)):
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
+            self._hash = h.hexdigest()[:16]
+        return self._hash
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    if spec.name in OPS:
+        raise ValueError(f"op {spec.name!r} registered twice")
+    OPS[spec.name] = spec
+    return spec
+
+
+def get_op(name: str) -> OpSpec:
+    from . import ops  # noqa: F401  (registers the built-in ops)
+
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+
+
+def all_ops() -> list[OpSpec]:
+    from . import ops  # noqa: F401
+
+    return list(OPS.values())
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when out has NaN/Inf where ref is finite or shapes differ."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    if out.numel() == 0:
+        return 0.0
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    finite = torch.isfinite(r)
+    if not bool(torch.equal(torch.isfinite(o), finite)):
+        return math.inf
+    if not bool(finite.all()):
+        # Non-finite reference entries must be matched exactly (same inf sign, NaN where NaN).
+        same = (o[~finite] == r[~finite]) | (torch.isnan(o[~finite]) & torch.isnan(r[~finite]))
+        if not bool(same.all()):
+            return math.inf
+        o, r = o[finite], r[finite]
+    denom = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    return num / denom if denom > 0 else num

@@ -1,0 +1,106 @@
+"""The measurement store: one SQLite file (stdlib sqlite3) holding every measurement ever taken.
+
+Path: ``$TIERED_OPS_DB`` if set, else ``$XDG_CACHE_HOME/tiered_ops/results.sqlite`` (``~/.cache`` when
+unset); the CLI's ``--db`` overrides both. Every write is one transaction. Decisions are not stored
+separately: they are derived from the freshest measurement of each implementation, so a decision can
+never disagree with the data it came from. A row whose ``source_hash`` differs from the current source
+of its implementation is stale and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+
+COLUMNS: list[tuple[str, str]] = [
+    ("op", "TEXT NOT NULL"),
+    ("impl", "TEXT NOT NULL"),
+    ("tier", "TEXT NOT NULL"),
+    ("mode", "TEXT NOT NULL"),
+    ("problem", "TEXT NOT NULL"),
+    ("bucket", "TEXT NOT NULL"),
+    ("dtype", "TEXT NOT NULL"),
+    ("device_key", "TEXT NOT NULL"),
+    ("device_type", "TEXT"),
+    ("gpu_name", "TEXT"),
+    ("capability", "TEXT"),
+    ("sm_count", "INTEGER"),
+    ("torch_version", "TEXT"),
+    ("triton_version", "TEXT"),
+    ("cuda_version", "TEXT"),
+    ("p20_us", "REAL"),
+    ("p50_us", "REAL"),
+    ("p80_us", "REAL"),
+    ("host_us", "REAL"),
+    ("caller_us", "REAL"),
+    ("gbps", "REAL"),
+    ("copy_gbps", "REAL"),
+    ("frac_copy", "REAL"),
+    ("rel_error", "REAL"),
+    ("ok", "INTEGER NOT NULL"),
+    ("reason", "TEXT"),
+    ("first_call_s", "REAL"),
+    ("source_hash", "TEXT NOT NULL"),
+    ("timestamp", "REAL NOT NULL"),
+]
+COLUMN_NAMES = [c for c, _ in COLUMNS]
+
+
+def default_path() -> Path:
+    env = os.environ.get("TIERED_OPS_DB")
+    if env:
+        return Path(env).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "tiered_ops" / "results.sqlite"
+
+
+class Store:
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path).expanduser() if path else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=30.0)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        with self.conn:
+            self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            cols = ", ".join(f"{n} {t}" for n, t in COLUMNS)
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS measurements (id INTEGER PRIMARY KEY, {cols})")
+            self.conn.execute(
+                "CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)"
+            )
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"store {self.path} has schema version {row[0]}, this tiered_ops expects {SCHEMA_VERSION}"
+                )
+
+    def add(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Insert measurements in one transaction (all or none)."""
+        ph = ", ".join("?" for _ in COLUMN_NAMES)
+        data = [tuple(r.get(c) if c != "timestamp" else r.get(c, time.time()) for c in COLUMN_NAMES) for r in rows]
+        with self.conn:
+            self.conn.executemany(f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})", data)
+
+    def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str = "fwd") -> list[dict]:
+        """Newest row per implementation for one decision key (fresh or stale: the caller filters)."""
+        cur = self.conn.execute(
+            "SELECT * FROM measurements WHERE id IN (SELECT MAX(id) FROM measurements "
+            "WHERE op=? AND bucket=? AND dtype=? AND device_key=? AND mode=? GROUP BY impl)",
+            (op, bucket, dtype, device_key, mode),
+        )
+        return [dict(r) for r in cur.fetchall()]
+
+    def rows(self, **where: Any) -> list[dict]:
+        cond = " AND ".join(f"{k}=?" for k in where) or "1=1"
+        cur = self.conn.execute(f"SELECT * FROM measurements WHERE {cond} ORDER BY id", tuple(where.values()))
+        return [dict(r) for r in cur.fetchall()]
+
+    def close(self) -> None:
+        self.conn.close()

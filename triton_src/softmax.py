@@ -1,0 +1,75 @@
+"""softmax, Triton tier: y = exp(x - max) / sum(exp(x - max)) along one dim, fp32 math.
+
+Bytes: 1 read + 1 write for rows up to MAX_FUSED elements (the row stays in registers); longer rows
+loop twice over the row (online max/sum, then normalize): 2 reads + 1 write.
+Limits: any row length (the looped kernel); the dim is moved last and made contiguous first (a copy
+when it was not last). Rows of one program: ROWS short rows per program to fill the block.
+Versions: v1 — fused rows kernel + looped kernel; a split-row kernel for few giant rows is next.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import check_float, row_settings
+
+MAX_FUSED = 16384  # longest row kept in registers by one program
+
+
+@triton.jit
+def _softmax_rows(x_ptr, y_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    y = e / tl.sum(e, axis=1)[:, None]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n_cols
+    y_row = y_ptr + row * n_cols
+    cols = tl.arange(0, BLOCK_N)
+    m = tl.full([BLOCK_N], -float("inf"), tl.float32)  # per-lane running max
+    s = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of exp(x - m)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
+        s = tl.where(keep, s * tl.exp(m - m_new) + tl.exp(x - m_new), s)
+        m = m_new
+    m_row = tl.max(m, axis=0)
+    s_row = tl.sum(tl.where(m != -float("inf"), s * tl.exp(m - m_row), 0.0), axis=0)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + start + cols, (tl.exp(x - m_row) / s_row).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_rows(x: torch.Tensor, y: torch.Tensor, rows: int, n: int) -> None:
+    """Launch on contiguous (rows, n) x into y."""
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        wrap_triton(_softmax_rows)[(triton.cdiv(rows, per),)](x, y, rows, n, BLOCK_N=block, ROWS=per,
+                                                                num_warps=warps)
+    else:
+        wrap_triton(_softmax_looped)[(rows,)](x, y, n, BLOCK_N=4096, num_warps=8)
+
+
+@triton_op("tiered_ops::softmax_triton", mutates_args={})
+def softmax_triton(x: torch.Tensor, dim: int) -> torch.Tensor:
+    check_float("softmax_triton", "x", x)
+    xr = x.reshape(1) if x.dim() == 0 else x.movedim(dim, -1).contiguous()
+    y = torch.empty_like(xr)
+    n = xr.shape[-1]
+    if xr.numel():
+        softmax_rows(xr, y, xr.numel() // n, n)
+    return y.reshape(()) if x.dim() == 0 else y.movedim(-1, dim)
