@@ -34,7 +34,8 @@ class Fingerprint:
 
     @property
     def key(self) -> str:
-        return f"{self.name}|cc{self.capability}|sm{self.sm_count}|torch{self.torch}|triton{self.triton}|cuda{self.cuda}"
+        return (f"{self.name}|cc{self.capability}|sm{self.sm_count}|torch{self.torch}|triton{self.triton}"
+                f"|cuda{self.cuda}")
 
     @property
     def slug(self) -> str:
@@ -127,5 +128,4 @@ def copy_bandwidth_gbps(device: torch.device) -> float:
     src = torch.randn(nbytes // 4, device=device)  # random data, never zeros
     dst = torch.empty_like(src)
     t = time_call(lambda: dst.copy_(src), device)
-    del src, dst
     return 2 * nbytes / (t.p50_us * 1e-6) / 1e9
