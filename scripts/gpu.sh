@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The one GPU job: install without deps, build the CUDA extension once, run every test (gpu-marked
+# included) and the default benchmark sweep, write everything under $OUT.
+#   device run:   bash scripts/gpu.sh            (stages: build tests bench; pick with args)
+#   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+STAGES=${*:-build tests bench}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+export TIERED_OPS_DB=${TIERED_OPS_DB:-$OUT/results.sqlite}
+export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PY=python3
+rc=0
+{
+  echo "# $(date -u +%FT%TZ) scripts/gpu.sh $STAGES  (git $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty))"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  nvcc --version | tail -1
+} | tee "$OUT/env.txt"
+
+for stage in $STAGES; do
+  case $stage in
+    build)
+      echo "== build"
+      $PY - <<'PY' 2>&1 | tee "$OUT/build.log" || rc=1
+import time, torch
+from tiered_ops import cuda_ext
+t = time.time()
+err = cuda_ext.load()
+print("cuda extension:", err or f"built and loaded in {time.time() - t:.1f} s ({cuda_ext._state.get('name')})")
+raise SystemExit(1 if err else 0)
+PY
+      # Registers and spills per kernel, as ptxas reports them for this GPU's architecture.
+      arch=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
+      for f in cuda_src/*.cu; do
+        nvcc -c -O3 -std=c++17 -gencode=arch=compute_$arch,code=sm_$arch -Xptxas -v "$f" -o /tmp/$(basename "$f").o 2>&1 \
+          | grep -E "Compiling entry|registers|spill" ; done > "$OUT/ptxas.txt" 2>&1
+      ;;
+    tests)
+      echo "== tests (all, gpu-marked included)"
+      $PY -m pytest tests -q -x --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    bench)
+      echo "== bench (default sweep)"
+      $PY -m tiered_ops.cli bench --no-progress --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" || rc=1
+      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" || rc=1
+      ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+done
+exit $rc

@@ -1,0 +1,35 @@
+"""Test setup: Triton on the interpreter when there is no GPU, a private store per test, a `gpu` marker."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA device: run scripts/gpu.sh on the lent GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def private_store(tmp_path, monkeypatch):
+    """Every test gets its own SQLite store and a clean decision cache."""
+    import tiered_ops.select as sel
+
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "results.sqlite"))
+    sel.use_store(None)
+    yield tmp_path / "results.sqlite"
+    sel.clear_cache()
+
+
+@pytest.fixture
+def seed():
+    torch.manual_seed(0)
+    return 0

@@ -1,0 +1,62 @@
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+
+import tiered_ops
+from tiered_ops.ops.rms_norm import _problem as P
+
+PROBLEMS = [
+    P((1, 4096)),  # 1 row
+    P((4096, 1)),  # 1 column
+    P((1823, 781)),  # no multiple of any block: scalar CUDA path, masked Triton tail
+    P((2, 20003)),  # longer than one block: looped paths
+    P((64, 256)),  # short rows: several rows per Triton program
+    P((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
+    P((5, 64), weight=False),  # no weight
+]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_float64(impl, dtype, problem):
+    assert_matches("rms_norm", impl, problem, dtype)
+
+
+@pytest.mark.parametrize("problem", [P((1823, 781)), P((4, 6, 33), normalized_shape=(6, 33))], ids=str)
+def test_compile_tier(problem):
+    assert_matches("rms_norm", "compile", problem, torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_giant_row(impl):
+    assert_matches("rms_norm", impl, P((2, 1 << 22)), torch.bfloat16)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_contiguous_and_default_eps(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("rms_norm").impls[impl].fn
+    x = torch.randn(96, 40, device=dev).t()  # (40, 96), strided
+    w = torch.randn(96, device=dev)
+    assert rel(fn(x, (96,), w), ref64("rms_norm", x, (96,), w, torch.finfo(torch.float32).eps)) < 1e-5
+    # eps=None is finfo(x.dtype).eps, as in F.rms_norm: visible on a row of tiny values.
+    tiny = torch.full((2, 8), 1e-4, device=dev)
+    assert rel(fn(tiny, 8), torch.nn.functional.rms_norm(tiny, (8,))) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_bad_input_names_the_argument(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("rms_norm").impls[impl].fn
+    x = torch.randn(4, 8, device=dev)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="weight"):
+        fn(x, (8,), torch.randn(8, device=dev, dtype=torch.float16))  # dtype mismatch
+    with pytest.raises((ValueError, RuntimeError), match="normalized_shape"):
+        fn(x, (7,), None)
+
+
+def test_public_op_rejects_bad_normalized_shape():
+    with pytest.raises(ValueError, match="normalized_shape"):
+        tiered_ops.rms_norm(torch.randn(3, 4), (5,))

@@ -1,0 +1,65 @@
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+
+import tiered_ops
+from tiered_ops.ops.softmax import _problem as P
+
+PROBLEMS = [
+    P((1, 4096)),  # 1 row
+    P((4096, 1)),  # 1 column: every output is 1
+    P((1823, 781)),  # no multiple of any block: masked tails, non-16-byte rows (CUDA scalar path)
+    P((3, 20003)),  # longer than one block: Triton/CUDA looped paths
+    P((64, 256)),  # short rows: several rows per Triton program, one warp per CUDA row
+    P((4, 5, 6), dim=1),  # middle dim: moved last and made contiguous
+    P((7,)),  # 1-D
+]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_float64(impl, dtype, problem):
+    assert_matches("softmax", impl, problem, dtype)
+
+
+@pytest.mark.parametrize("problem", [P((1823, 781)), P((3, 20003))], ids=str)
+def test_compile_tier(problem):
+    assert_matches("softmax", "compile", problem, torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_giant_row(impl, dtype):
+    # 2^22 elements in one row: far beyond any block; torch.compile and Liger are weakest here.
+    assert_matches("softmax", impl, P((2, 1 << 22)), dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_contiguous_and_special_values(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("softmax").impls[impl]
+    assert fn.why_not(dev) is None
+    x = torch.randn(300, 130, device=dev).t()  # transposed: rows are strided
+    assert rel(fn.fn(x, -1), ref64("softmax", x, -1)) < 1e-5
+    y = torch.randn(4, 100, device=dev)
+    y[0, 3] = float("nan")  # NaN row stays NaN, as in torch
+    y[1, :] = float("-inf")  # all -inf row: NaN in torch
+    y[2, 5] = float("-inf")  # one -inf: exactly 0 there
+    out, ref = fn.fn(y, -1), torch.softmax(y, -1)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert out[2, 5].item() == 0.0
+    assert rel(out[2:], ref[2:]) < 1e-5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty(impl):
+    dev = device_for(impl)
+    out = tiered_ops.get_op("softmax").impls[impl].fn(torch.empty(0, 7, device=dev), -1)
+    assert out.shape == (0, 7)
+
+
+def test_bad_dim_names_the_argument():
+    with pytest.raises(IndexError, match="dim out of range"):
+        tiered_ops.softmax(torch.randn(3, 4), dim=2)

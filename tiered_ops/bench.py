@@ -1,0 +1,93 @@
+"""The benchmark sweep: every implementation of every op at each problem and dtype, gated, timed, stored.
+
+Each measurement is committed to the store as soon as it is taken, so an interrupted sweep keeps
+what it finished; a measurement that is already stored with the current source hash for this device
+is reused rather than taken again (``force=True`` re-measures).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import pandas as pd
+import torch
+
+from .measure import measure
+from .registry import DTYPE_NAMES, OpSpec, Problem
+from .store import Store
+from .timing import copy_bandwidth_gbps, fingerprint
+
+
+def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device) -> dict:
+    fp = fingerprint(device)
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=fp.key, mode="fwd")
+    out: dict[str, dict] = {}
+    for r in rows:  # ordered by id: the last fresh row per implementation wins
+        impl = spec.impls.get(r["impl"])
+        if impl is not None and r["source_hash"] == impl.source_hash:
+            out[r["impl"]] = r
+    return out
+
+
+def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
+          device: torch.device, store: Store, force: bool = False, progress: bool = True,
+          log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Measure every (op, problem, dtype, implementation); returns one row per measurement."""
+    from tqdm import tqdm
+
+    specs = list(specs)
+    todo = [(s, p, dt, i) for s in specs for p in problems[s.name] for dt in dtypes for i in s.impls.values()]
+    copy = copy_bandwidth_gbps(device)
+    log(f"device: {fingerprint(device).name}; copy bandwidth {copy:.0f} GB/s (read + write, measured now)")
+    if device.type == "cpu":
+        log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
+            "correctness only; CUDA unavailable)")
+    results = []
+    bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
+    for spec, problem, dtype, impl in bar:
+        bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]}")
+        done = None if force else _fresh(store, spec, problem, dtype, device).get(impl.name)
+        if done is None:
+            done = measure(spec, impl, problem, dtype, device)
+            store.add([done])
+        results.append(done)
+    return pd.DataFrame(results)
+
+
+def winners(df: pd.DataFrame) -> pd.DataFrame:
+    """The fastest correct timed implementation per (op, problem, dtype), with its margin over the runner-up."""
+    ok = df[(df.ok == 1) & df.caller_us.notna()]
+    out = []
+    for (op, problem, dtype), g in ok.groupby(["op", "problem", "dtype"], sort=False):
+        g = g.sort_values("caller_us")
+        best = g.iloc[0]
+        margin = g.iloc[1].caller_us / best.caller_us if len(g) > 1 else math.nan
+        out.append(dict(op=op, problem=problem, dtype=dtype, winner=best.impl, tier=best.tier,
+                        caller_us=best.caller_us, margin=margin))
+    return pd.DataFrame(out)
+
+
+def _fmt(v: object, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, spec)
+
+
+def table(df: pd.DataFrame, op: str) -> str:
+    """Text table of one op's results: a line per (problem, dtype, implementation), winner marked."""
+    win = winners(df)
+    win_set = {(r.problem, r.dtype, r.winner) for r in win.itertuples()}
+    head = f"{'problem':<26} {'dtype':<5} {'impl':<14} {'tier':<8} {'median us':>10} {'us/call':>9} " \
+           f"{'GB/s':>7} {'% copy':>7} {'rel err':>8}  note"
+    lines = [f"== {op} ==", head]
+    for r in df[df.op == op].itertuples():
+        mark = "  <- winner" if (r.problem, r.dtype, r.impl) in win_set else ""
+        note = (r.reason or "") if not r.ok or r.caller_us is None or r.caller_us != r.caller_us else ""
+        lines.append(
+            f"{r.problem:<26} {r.dtype:<5} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
+            f"{_fmt(r.caller_us, '9.1f')} {_fmt(r.gbps, '7.0f')} "
+            f"{_fmt(None if r.frac_copy is None else 100 * r.frac_copy, '6.1f')}% {_fmt(r.rel_error, '8.1e')}"
+            f"{mark}{('  ' + note[:90]) if note else ''}"
+        )
+    return "\n".join(lines)

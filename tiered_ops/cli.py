@@ -1,0 +1,161 @@
+"""tiered-ops command line: list, bench, select, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .registry import DTYPES, all_ops, get_op
+
+
+def _device(arg: str | None) -> torch.device:
+    if arg:
+        dev = torch.device(arg)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda asked for, but torch sees no CUDA device")
+        return torch.device("cuda", dev.index or 0) if dev.type == "cuda" else dev
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must look like 16384x4096, got {text!r}") from None
+    if any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"shape dims must be >= 0, got {text!r}")
+    return shape
+
+
+def _dtypes(text: str) -> list[torch.dtype]:
+    out = []
+    for name in text.split(","):
+        if name not in DTYPES:
+            raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+        out.append(DTYPES[name])
+    return out
+
+
+def _store(args: argparse.Namespace):
+    from .store import Store
+
+    return Store(args.db)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    dev = _device(args.device)
+    print(f"device: {dev}")
+    for spec in all_ops():
+        for impl in spec.impls.values():
+            why = impl.why_not(dev)
+            state = "available" if why is None else f"unavailable: {why}"
+            if why is None and impl.timeable(dev):
+                state += f" (not timeable here: {impl.timeable(dev)})"
+            print(f"{spec.name:<10} {impl.name:<14} {impl.tier.label:<8} {state}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import sweep, table, winners
+
+    dev = _device(args.device)
+    specs = [get_op(o) for o in args.ops.split(",")] if args.ops else all_ops()
+    problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
+                for s in specs}
+    dtypes = args.dtypes or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
+    store = _store(args)
+    print(f"store: {store.path}")
+    df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress)
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.csv, index=False)
+        print(f"wrote {len(df)} rows to {args.csv}")
+    for spec in specs:
+        print()
+        print(table(df, spec.name))
+    w = winners(df)
+    if len(w):
+        print("\nwinners:")
+        print(w.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from .select import select_backend, use_store
+
+    use_store(_store(args))
+    params = {}
+    if args.dim is not None:
+        params["dim"] = args.dim
+    if args.normalized_shape:
+        params["normalized_shape"] = _shape(args.normalized_shape)
+    sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune, **params)
+    print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype}: {sel.name} ({sel.tier.label}) - "
+          f"{sel.record['reason']}")
+    if args.json:
+        print(json.dumps(sel.record, indent=2, default=str))
+    else:
+        for c in sel.record["candidates"]:
+            us = "-" if c["caller_us"] is None else f"{c['caller_us']:.1f} us"
+            print(f"  {c['impl']:<14} {c['tier']:<8} {us:>12}  ok={c['ok']} fresh={c['fresh']}  {c['reason'] or ''}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    store = _store(args)
+    df = pd.DataFrame(store.rows())
+    df.to_csv(args.csv, index=False)
+    print(f"wrote {len(df)} measurements from {store.path} to {args.csv}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tiered-ops", description=__doc__)
+    p.add_argument("--db", help="SQLite store path (default: $TIERED_OPS_DB or ~/.cache/tiered_ops/results.sqlite)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("list", help="ops x implementations and whether each can run here")
+    s.add_argument("--device")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("bench", help="gate, time and store every implementation; print a table per op")
+    s.add_argument("--ops", help="comma-separated ops (default: all)")
+    s.add_argument("--shapes", type=_shape, nargs="+", help="shapes like 16384x4096 (default: the op's own)")
+    s.add_argument("--dtypes", type=_dtypes, help="comma-separated: fp32,bf16,fp16 (default bf16,fp32 on GPU)")
+    s.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
+    s.add_argument("--force", action="store_true", help="re-measure even when fresh results are stored")
+    s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("select", help="the implementation chosen for an op at a shape, and why")
+    s.add_argument("op")
+    s.add_argument("shape", type=_shape)
+    s.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    s.add_argument("--dim", type=int, help="softmax: the dim (default -1)")
+    s.add_argument("--normalized-shape", help="rms_norm: trailing dims like 4096 or 64x256")
+    s.add_argument("--device")
+    s.add_argument("--no-tune", action="store_true", help="do not measure when no decision is stored")
+    s.add_argument("--json", action="store_true", help="print the full decision record")
+    s.set_defaults(func=cmd_select)
+
+    s = sub.add_parser("export", help="write every stored measurement to CSV")
+    s.add_argument("--csv", required=True)
+    s.set_defaults(func=cmd_export)
+
+    args = p.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, IndexError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
