@@ -2,6 +2,7 @@
 // Schemas live in the `tiered_ops` namespace (fakes are registered from Python in cuda_ext.py),
 // inputs are validated here with messages that name the argument, and every kernel is launched on
 // the current stream with its launch error checked.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

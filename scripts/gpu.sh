@@ -40,7 +40,7 @@ PY
       ;;
     tests)
       echo "== tests (all, gpu-marked included)"
-      $PY -m pytest tests -q -x --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
+      $PY -m pytest tests -q --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     bench)

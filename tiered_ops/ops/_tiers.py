@@ -41,7 +41,7 @@ def _triton_timeable(device: torch.device) -> str | None:
 
 
 class Compiled:
-    """torch.compile of the eager function, compiled on first call (per shape, as torch.compile does)."""
+    """torch.compile of the eager function, created on first call, specialized per shape."""
 
     def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
         self.fn = fn
@@ -55,7 +55,9 @@ class Compiled:
             # silently run eager instead, so the compile tier's timings would be eager's.
             dcfg.recompile_limit = max(dcfg.recompile_limit, 256)
             dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
-            self._compiled = torch.compile(self.fn)
+            # dynamic=False: one specialized graph per shape, as a model with fixed shapes gets. With the
+            # default, the first recompile turns dims dynamic and later shapes get generic, slower kernels.
+            self._compiled = torch.compile(self.fn, dynamic=False)
         return self._compiled(*args, **kwargs)
 
 
