@@ -4,6 +4,7 @@
 // the current stream with its launch error checked.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -32,7 +33,7 @@ void check_launch(cudaError_t err, const char* op) {
 at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   check_cuda(x, "softmax_cuda", "x");
   const DType dt = dtype_of(x, "softmax_cuda", "x");
-  dim = at::maybe_wrap_dim(dim, x.dim());
+  dim = c10::maybe_wrap_dim(dim, x.dim());
   const c10::cuda::CUDAGuard guard(x.device());
   // Rows along `dim`: move it last and make the rows contiguous (a copy when it was not last).
   const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : x.movedim(dim, -1).contiguous();
