@@ -86,7 +86,9 @@ def load(device: torch.device | None = None) -> str | None:
         try:
             cpp_extension.load(
                 name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
-                extra_cflags=["-O3", "-std=c++17"], extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
+                # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
+                # segfaulted when a TORCH_CHECK threw out of the op.
+                extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
                 is_python_module=False, verbose=os.environ.get("TIERED_OPS_VERBOSE_BUILD") == "1",
             )
         except Exception as e:  # recorded as the reason the CUDA tier is unavailable
