@@ -3,8 +3,9 @@
 Gate: before an implementation is timed at a problem it must match the float64 reference on fresh
 random inputs (two seeds) at that problem, and on the op's edge problems (checked once per
 implementation, dtype and device in a process). The error ||out-ref||/||ref|| must stay under the
-dtype's bound and NaN/Inf must appear exactly where the reference has them. The output buffer is
-poisoned with NaN first (the caching allocator hands the block back), so an unwritten element fails.
+dtype's bound and NaN/Inf must appear exactly where the reference has them. A NaN-filled block of the
+output's size is freed just before each call, so with CUDA's caching allocator an unwritten element
+usually reads as NaN (on the CPU it reads as whatever was there, still caught as a wrong value).
 """
 
 from __future__ import annotations

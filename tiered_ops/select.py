@@ -28,6 +28,7 @@ _store: Store | None = None
 _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
+_selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
 
 
 def set_tuning(enabled: bool | None) -> None:
@@ -62,6 +63,7 @@ def get_store() -> Store:
 def clear_cache() -> None:
     _decisions.clear()
     _calls.clear()
+    _selects.clear()
 
 
 @dataclass
@@ -163,11 +165,23 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     ``normalized_shape`` and ``weight`` for rms_norm). Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
+    try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
+        fast = (op, tuple(shapes), dtype, device, tune, tuple(params.items()))
+        sel = _selects.get(fast)
+        if sel is not None:
+            return sel
+    except TypeError:
+        fast = None
     spec = get_op(op)
     dev = torch.device(device) if device is not None else _default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    return select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune)
+    sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune)
+    if fast is not None:
+        if len(_selects) > 4096:
+            _selects.clear()
+        _selects[fast] = sel
+    return sel
 
 
 def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:

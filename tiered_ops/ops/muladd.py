@@ -84,7 +84,7 @@ SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,)))
 
 def muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c through the implementation selected for this shape, dtype and device."""
-    key = ("muladd", a.shape, a.dtype, a.device)
+    key = ("muladd", a.shape, a.dtype, a.get_device())
     sel = _calls.get(key)
     if sel is None:
         return dispatch(SPEC, key, a, (a, b, c), {})

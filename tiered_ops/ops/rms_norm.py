@@ -108,7 +108,7 @@ standard_impls(SPEC, reference, _triton, _cuda)
 def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """F.rms_norm through the implementation selected for this shape, dtype and device."""
-    key = ("rms_norm", x.shape, x.dtype, x.device, normalized_shape if isinstance(normalized_shape, int)
+    key = ("rms_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
            else tuple(normalized_shape), weight is None)
     sel = _calls.get(key)
     if sel is None:

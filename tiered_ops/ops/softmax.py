@@ -85,7 +85,7 @@ standard_impls(SPEC, reference, _triton, _cuda)
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax of ``x`` along ``dim`` through the implementation selected for this shape, dtype and device."""
-    key = ("softmax", x.shape, x.dtype, x.device, dim)
+    key = ("softmax", x.shape, x.dtype, x.get_device(), dim)
     sel = _calls.get(key)
     if sel is None:
         return dispatch(SPEC, key, x, (x, dim), {})

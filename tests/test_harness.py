@@ -1,0 +1,155 @@
+"""Correctness gate, store and selection, driven through the real registry on the CPU."""
+
+import math
+import sqlite3
+
+import pytest
+import torch
+
+import tiered_ops
+from tiered_ops import select as sel_mod
+from tiered_ops.bench import sweep
+from tiered_ops.measure import measure
+from tiered_ops.registry import Impl, Tier, get_op, rel_error
+from tiered_ops.store import Store
+
+CPU = torch.device("cpu")
+SOFTMAX = get_op("softmax")
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """softmax with only eager and three wrong but fast implementations."""
+    impls = {
+        "eager": SOFTMAX.impls["eager"],
+        "identity": Impl("identity", Tier.CUDA, lambda x, dim=-1: x.clone(), (SOFTMAX.source,)),
+        "unwritten": Impl("unwritten", Tier.TRITON, lambda x, dim=-1: torch.empty_like(x), (SOFTMAX.source,)),
+        # right except on 1-column rows: only the edge problems catch it
+        "edge_bug": Impl("edge_bug", Tier.COMPILE,
+                         lambda x, dim=-1: torch.zeros_like(x) if x.shape[dim] == 1 else torch.softmax(x, dim),
+                         (SOFTMAX.source,)),
+    }
+    monkeypatch.setattr(SOFTMAX, "impls", impls)
+    return impls
+
+
+def test_wrong_implementations_are_recorded_and_never_selected(planted):
+    s = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    assert s.name == "eager"
+    cands = {c["impl"]: c for c in s.record["candidates"]}
+    assert set(cands) == set(planted)
+    for bad in ("identity", "unwritten", "edge_bug"):
+        assert cands[bad]["ok"] == 0, bad
+        assert "wrong" in cands[bad]["reason"], cands[bad]["reason"]
+    assert "edge case" in cands["edge_bug"]["reason"] and "4096x1" in cands["edge_bug"]["reason"]
+
+
+def test_rel_error_never_passes_nan():
+    ref = torch.ones(4, dtype=torch.float64)
+    out = ref.clone()
+    out[1] = math.nan
+    assert rel_error(out, ref) == math.inf
+    assert rel_error(ref.clone(), ref) == 0.0
+    ref2 = torch.tensor([math.nan, 1.0], dtype=torch.float64)
+    assert rel_error(ref2.clone(), ref2) == 0.0  # NaN where the reference has NaN is right
+    assert rel_error(torch.ones(3), ref) == math.inf  # shape mismatch
+
+
+def test_measure_records_unavailable_with_reason():
+    row = measure(SOFTMAX, SOFTMAX.impls["cuda"], SOFTMAX.problem((8, 8)), torch.float32, CPU)
+    assert row["ok"] == 0 and row["reason"].startswith("unavailable:")
+
+
+def test_triton_interpreter_is_gated_but_not_timed():
+    row = measure(SOFTMAX, SOFTMAX.impls["triton"], SOFTMAX.problem((8, 300)), torch.float32, CPU)
+    assert row["ok"] == 1 and row.get("p50_us") is None and "not timed" in row["reason"]
+
+
+def test_store_keeps_rows_and_decision_survives_a_new_process(planted, private_store, monkeypatch):
+    first = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    assert len(Store(private_store).rows(op="softmax")) == len(planted)
+    # A new process: empty caches, fresh Store object. Measuring again would raise.
+    sel_mod.use_store(str(private_store))
+    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("re-measured a stored bucket"))
+    again = tiered_ops.select_backend("softmax", (50, 300), "fp32", "cpu")  # 50 rows: same bucket as 64
+    assert again.name == first.name and again.record["bucket"] == first.record["bucket"] == "64|300|True"
+
+
+def test_stale_source_hash_is_ignored(planted, private_store, monkeypatch):
+    tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    sel_mod.clear_cache()
+    monkeypatch.setattr(planted["eager"], "_hash", "edited-source")
+    sel_mod.set_tuning(False)
+    try:
+        s = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    finally:
+        sel_mod.set_tuning(None)
+    eager = next(c for c in s.record["candidates"] if c["impl"] == "eager")
+    assert eager["fresh"] is False and s.record["reason"].startswith("no correct timed")
+
+
+def test_tuning_off_returns_eager_and_says_so(monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    s = tiered_ops.select_backend("muladd", (10, 10), "bf16", "cpu")
+    assert s.tier == Tier.EAGER and "tuning off" in s.record["reason"]
+    a = torch.randn(10, 10, dtype=torch.bfloat16)
+    assert torch.equal(s(a, a, a), a * a + a)
+
+
+def test_fastest_correct_wins_from_stored_rows(private_store):
+    """Decisions follow the numbers: the same op picks different tiers in different buckets."""
+    spec = get_op("muladd")
+    small, big = spec.problem((32,)), spec.problem((1 << 20,))
+    rows = []
+    for problem, fast in ((small, "eager"), (big, "triton")):
+        for impl in spec.impls.values():
+            r = measure(spec, impl, problem, torch.float32, CPU)
+            r.update(ok=1, reason=None, caller_us=1.0 if impl.name == fast else 5.0)
+            rows.append(r)
+    Store(private_store).add(rows)
+    sel_mod.set_tuning(False)
+    try:
+        assert tiered_ops.select_backend("muladd", (32,), "fp32", "cpu").name == "eager"
+        assert tiered_ops.select_backend("muladd", (1 << 20,), "fp32", "cpu").name == "triton"
+    finally:
+        sel_mod.set_tuning(None)
+
+
+def test_dispatch_uses_the_decision_and_is_correct(planted):
+    x = torch.randn(64, 300)
+    y = tiered_ops.softmax(x)
+    assert torch.allclose(y, torch.softmax(x, -1))
+    key = ("softmax", x.shape, x.dtype, x.get_device(), -1)
+    assert sel_mod._calls[key].name == "eager"
+
+
+def test_store_schema_version_is_checked(private_store):
+    Store(private_store).close()
+    con = sqlite3.connect(private_store)
+    con.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(RuntimeError, match="schema version 999"):
+        Store(private_store)
+
+
+def test_store_add_is_all_or_nothing(private_store):
+    store = Store(private_store)
+    good = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="1", dtype="fp32", device_key="d",
+                ok=1, source_hash="h", timestamp=1.0)
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add([good, {**good, "op": None}])
+    assert store.rows() == []
+
+
+def test_sweep_resumes_instead_of_remeasuring(private_store, monkeypatch):
+    spec = get_op("muladd")
+    monkeypatch.setattr(spec, "impls", {"eager": spec.impls["eager"]})
+    store = Store(private_store)
+    df = sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
+               log=lambda s: None)
+    assert len(df) == 1 and df.ok.iloc[0] == 1 and df.gbps.iloc[0] > 0 and 0 < df.frac_copy.iloc[0]
+    n = len(store.rows())
+    sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
+          log=lambda s: None)
+    assert len(store.rows()) == n  # nothing measured twice
