@@ -1,0 +1,22 @@
+"""Minimal repro: does a TORCH_CHECK failure inside a tiered_ops CUDA op crash the process?"""
+import sys
+
+import torch
+
+from tiered_ops import cuda_ext
+
+assert cuda_ext.load() is None
+case = sys.argv[1]
+a = torch.randn(4, 5, device="cuda")
+try:
+    if case == "shape":
+        torch.ops.tiered_ops.muladd_cuda(a, a, torch.randn(5, 4, device="cuda"))
+    elif case == "cpu":
+        torch.ops.tiered_ops.muladd_cuda(a.cpu(), a.cpu(), a.cpu())
+    elif case == "dim":
+        torch.ops.tiered_ops.softmax_cuda(a, 5)
+    elif case == "ok":
+        print(torch.ops.tiered_ops.muladd_cuda(a, a, a).shape)
+except Exception as e:
+    print("raised", type(e).__name__, str(e).splitlines()[0])
+print("survived", case)
