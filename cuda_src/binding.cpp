@@ -8,10 +8,21 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "launchers.h"
 
 namespace tiered_ops {
 namespace {
+
+// Shapes and integers are formatted here, never streamed: streaming an integer through std::ostream
+// in this extension segfaulted under torch 2.11 + g++ 13 (the extension's own instantiation of
+// ostream::_M_insert<long>), so every TORCH_CHECK below gets strings only.
+std::string shape_str(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
 
 DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
   switch (t.scalar_type()) {
@@ -50,10 +61,9 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
   check_cuda(x, "rms_norm_cuda", "x");
   const DType dt = dtype_of(x, "rms_norm_cuda", "x");
   const int64_t k = (int64_t)normalized_shape.size();
-  TORCH_CHECK(k >= 1 && k <= x.dim(), "rms_norm_cuda: normalized_shape must have 1..", x.dim(),
-              " dims for x of shape ", x.sizes(), ", got ", normalized_shape);
-  TORCH_CHECK(x.sizes().slice(x.dim() - k).equals(normalized_shape), "rms_norm_cuda: normalized_shape ",
-              normalized_shape, " must match the trailing dims of x, got x of shape ", x.sizes());
+  TORCH_CHECK(k >= 1 && k <= x.dim() && x.sizes().slice(x.dim() - k).equals(normalized_shape),
+              "rms_norm_cuda: normalized_shape ", shape_str(normalized_shape),
+              " must match the trailing dims of x, got x of shape ", shape_str(x.sizes()));
   const void* wp = nullptr;
   at::Tensor wc;
   if (weight.has_value() && weight->defined()) {
@@ -61,7 +71,7 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
     TORCH_CHECK(weight->scalar_type() == x.scalar_type(), "rms_norm_cuda: weight must have the dtype of x (",
                 x.scalar_type(), "), got ", weight->scalar_type());
     TORCH_CHECK(weight->sizes().equals(normalized_shape), "rms_norm_cuda: weight must have shape ",
-                normalized_shape, ", got ", weight->sizes());
+                shape_str(normalized_shape), ", got ", shape_str(weight->sizes()));
     TORCH_CHECK(weight->device() == x.device(), "rms_norm_cuda: weight must be on ", x.device(), ", got ",
                 weight->device());
     wc = weight->contiguous();
@@ -87,7 +97,8 @@ at::Tensor muladd_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
               "muladd_cuda: a, b and c must share one dtype, got ", a.scalar_type(), ", ", b.scalar_type(), ", ",
               c.scalar_type());
   TORCH_CHECK(a.sizes().equals(b.sizes()) && a.sizes().equals(c.sizes()),
-              "muladd_cuda: a, b and c must have the same shape, got ", a.sizes(), ", ", b.sizes(), ", ", c.sizes());
+              "muladd_cuda: a, b and c must have the same shape, got ", shape_str(a.sizes()), ", ",
+              shape_str(b.sizes()), ", ", shape_str(c.sizes()));
   TORCH_CHECK(b.device() == a.device() && c.device() == a.device(), "muladd_cuda: a, b and c must be on one device");
   const c10::cuda::CUDAGuard guard(a.device());
   const at::Tensor ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
@@ -107,6 +118,14 @@ TORCH_LIBRARY(tiered_ops, m) {
 }
 
 TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) {
+  m.impl("softmax_cuda", &softmax_cuda);
+  m.impl("rms_norm_cuda", &rms_norm_cuda);
+  m.impl("muladd_cuda", &muladd_cuda);
+}
+
+// CPU tensors reach the same functions, whose first check names the argument that is not on CUDA
+// (rather than the dispatcher's "could not run with arguments from the CPU backend").
+TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) {
   m.impl("softmax_cuda", &softmax_cuda);
   m.impl("rms_norm_cuda", &rms_norm_cuda);
   m.impl("muladd_cuda", &muladd_cuda);
