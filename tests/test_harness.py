@@ -60,6 +60,7 @@ def test_measure_records_unavailable_with_reason():
     assert row["ok"] == 0 and row["reason"].startswith("unavailable:")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter runs on CPU machines (CI)")
 def test_triton_interpreter_is_gated_but_not_timed():
     row = measure(SOFTMAX, SOFTMAX.impls["triton"], SOFTMAX.problem((8, 300)), torch.float32, CPU)
     assert row["ok"] == 1 and row.get("p50_us") is None and "not timed" in row["reason"]
@@ -101,7 +102,7 @@ def test_fastest_correct_wins_from_stored_rows(private_store):
     spec = get_op("muladd")
     small, big = spec.problem((32,)), spec.problem((1 << 20,))
     rows = []
-    for problem, fast in ((small, "eager"), (big, "triton")):
+    for problem, fast in ((small, "eager"), (big, "compile")):
         for impl in spec.impls.values():
             r = measure(spec, impl, problem, torch.float32, CPU)
             r.update(ok=1, reason=None, caller_us=1.0 if impl.name == fast else 5.0)
@@ -110,7 +111,7 @@ def test_fastest_correct_wins_from_stored_rows(private_store):
     sel_mod.set_tuning(False)
     try:
         assert tiered_ops.select_backend("muladd", (32,), "fp32", "cpu").name == "eager"
-        assert tiered_ops.select_backend("muladd", (1 << 20,), "fp32", "cpu").name == "triton"
+        assert tiered_ops.select_backend("muladd", (1 << 20,), "fp32", "cpu").name == "compile"
     finally:
         sel_mod.set_tuning(None)
 
