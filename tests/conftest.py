@@ -27,9 +27,3 @@ def private_store(tmp_path, monkeypatch):
     sel.use_store(None)
     yield tmp_path / "results.sqlite"
     sel.clear_cache()
-
-
-@pytest.fixture
-def seed():
-    torch.manual_seed(0)
-    return 0

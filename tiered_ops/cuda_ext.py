@@ -3,7 +3,7 @@
 Built with ``torch.utils.cpp_extension.load`` (ninja) for the local GPU's architecture, into a build
 directory whose name hashes the sources, the torch and CUDA versions and the target architecture:
 a binary built from other sources or for another torch is never loaded. The build happens once per
-process on first use; its seconds are kept for the maintenance-cost record. Fakes (meta kernels) for
+process on first use (scripts/gpu.sh logs its seconds). Fakes (meta kernels) for
 the ops are registered here so the ops trace under torch.compile.
 """
 
@@ -102,10 +102,6 @@ def load(device: torch.device | None = None) -> str | None:
         _state.update(name=name, build_s=time.perf_counter() - t0, arch=arch)
         _register_fakes()
         return None
-
-
-def build_seconds() -> float | None:
-    return _state.get("build_s")  # type: ignore[return-value]
 
 
 def _register_fakes() -> None:

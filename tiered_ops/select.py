@@ -194,7 +194,3 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         _calls.clear()
     _calls[key] = sel
     return sel.fn(*args, **kwargs)
-
-
-def cached_call(key: tuple) -> Selection | None:
-    return _calls.get(key)

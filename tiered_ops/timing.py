@@ -14,7 +14,7 @@ import functools
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -40,9 +40,6 @@ class Fingerprint:
     @property
     def slug(self) -> str:
         return "".join(c if c.isalnum() else "-" for c in self.name.lower()).strip("-")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @functools.lru_cache(maxsize=None)
