@@ -24,8 +24,7 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=fp.key, mode="fwd")
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins
-        impl = spec.impls.get(r["impl"])
-        if impl is not None and r["source_hash"] == impl.source_hash:
+        if spec.fresh_impl(r) is not None:
             out[r["impl"]] = r
     return out
 

@@ -18,7 +18,9 @@ def _device(arg: str | None) -> torch.device:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise SystemExit("error: --device cuda asked for, but torch sees no CUDA device")
         return torch.device("cuda", dev.index or 0) if dev.type == "cuda" else dev
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    from .timing import default_device
+
+    return default_device()
 
 
 def _shape(text: str) -> tuple[int, ...]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from typing import Any
 
 import torch
 
 from .registry import DTYPE_NAMES, Impl, Inputs, OpSpec, Problem, rel_error
-from .timing import copy_bandwidth_gbps, fingerprint, time_call
+from .timing import copy_bandwidth_gbps, fingerprint, sync, time_call
 
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
 _edge_results: dict[tuple, tuple[bool, float, str | None]] = {}
@@ -37,11 +36,6 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _poison(inp: Inputs, device: torch.device) -> None:
     first = inp.args[0]
     if isinstance(first, torch.Tensor) and first.numel():
@@ -55,7 +49,7 @@ def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
     _poison(inp, device)
     try:
         out = impl.fn(*inp.args, **inp.kwargs)
-        _sync(device)
+        sync(device)
     except Exception as e:  # a failing candidate is recorded, never raised out of the sweep
         return math.inf, f"raised at {problem} seed {seed}: {_short(e)}"
     ref = spec.reference(*_to64(inp.args), **_to64(inp.kwargs))
@@ -114,11 +108,9 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     t0 = time.perf_counter()
     try:
         impl.fn(*inp.args, **inp.kwargs)  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
-        _sync(device)
+        sync(device)
     except Exception as e:
         row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0)
-        if device.type == "cuda" and "CUDA" in str(e):
-            row["reason"] += " | " + traceback.format_exc(limit=1).splitlines()[-1][:200]
         return row
     row["first_call_s"] = time.perf_counter() - t0
     err, why = gate(spec, impl, problem, dtype, device)

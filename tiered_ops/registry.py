@@ -94,6 +94,11 @@ class OpSpec:
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
     impls: dict[str, Impl] = field(default_factory=dict)
 
+    def fresh_impl(self, row: dict) -> Impl | None:
+        """The implementation a stored row measured, if it still exists with the same source; else None."""
+        impl = self.impls.get(row["impl"])
+        return impl if impl is not None and row["source_hash"] == impl.source_hash else None
+
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:
             raise ValueError(f"{self.name}: implementation {impl.name!r} registered twice")

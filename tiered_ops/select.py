@@ -21,7 +21,7 @@ import torch
 from .measure import bucket_str, measure
 from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, get_op
 from .store import Store
-from .timing import fingerprint
+from .timing import default_device, fingerprint
 
 _tune: bool | None = None
 _store: Store | None = None
@@ -89,10 +89,6 @@ class Selection:
         return f"Selection({self.record.get('op')}: {self.name} [{self.tier.label}], {self.record.get('reason')})"
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
     if dtype is None:
         return torch.float32
@@ -109,8 +105,8 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
     """Pick the fastest correct fresh implementation; returns (impl, reason, candidate summaries)."""
     cands, best = [], None
     for r in rows:
-        impl = spec.impls.get(r["impl"])
-        fresh = impl is not None and r["source_hash"] == impl.source_hash
+        impl = spec.fresh_impl(r)
+        fresh = impl is not None
         cands.append({k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "host_us", "gbps", "frac_copy",
                                             "rel_error", "ok", "reason")} | {"fresh": fresh})
         if fresh and r["ok"] and r["caller_us"] is not None and impl.why_not(device, dtype) is None:
@@ -133,8 +129,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         fp = fingerprint(device)
         bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
         rows = store.latest(spec.name, bkey, dname, fp.key)
-        have = {r["impl"] for r in rows if spec.impls.get(r["impl"]) and r["source_hash"] ==
-                spec.impls[r["impl"]].source_hash}
+        have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
         missing = [i for i in spec.impls.values() if i.name not in have]
         tune = tuning_enabled() if tune is None else tune
         if missing and tune:
@@ -173,7 +168,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     except TypeError:
         fast = None
     spec = get_op(op)
-    dev = torch.device(device) if device is not None else _default_device()
+    dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune)

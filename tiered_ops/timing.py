@@ -75,26 +75,31 @@ class Timing:
         return max(self.p50_us, self.host_us)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def default_device() -> torch.device:
+    """The current CUDA device when there is one, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s: float = 0.05) -> float:
     """Median over 5 batches of back-to-back calls, in microseconds per call."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     one = max(time.perf_counter() - t0, 1e-6)
     n = int(min(max(budget_s / 5 / one, 3), 2000))
     per = []
     for _ in range(5):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        _sync(device)
+        sync(device)
         per.append((time.perf_counter() - t0) / n * 1e6)
     return statistics.median(per)
 
