@@ -1,11 +1,14 @@
 // Torch binding of the tiered_ops CUDA kernels: the only file that includes torch headers.
 // Schemas live in the `tiered_ops` namespace (fakes are registered from Python in cuda_ext.py),
 // inputs are validated here with messages that name the argument, and every kernel is launched on
-// the current stream with its launch error checked.
+// the current stream with its launch error checked. The same functions are also exported as plain
+// pybind11 functions, only as the contrast the graph-break metadata measures (a pybind11 function
+// is opaque to torch.compile); tiered_ops never selects them.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
 #include <torch/library.h>
 
 #include <string>
@@ -132,3 +135,10 @@ TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) {
 }
 
 }  // namespace tiered_ops
+
+// The contrast: the same C++ functions as pybind11 functions, outside the dispatcher.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("softmax_cuda", &tiered_ops::softmax_cuda);
+  m.def("rms_norm_cuda", &tiered_ops::rms_norm_cuda);
+  m.def("muladd_cuda", &tiered_ops::muladd_cuda);
+}

@@ -84,12 +84,12 @@ def load(device: torch.device | None = None) -> str | None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
         t0 = time.perf_counter()
         try:
-            cpp_extension.load(
+            module = cpp_extension.load(
                 name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
                 # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
                 # segfaulted when a TORCH_CHECK threw out of the op.
                 extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
-                is_python_module=False, verbose=os.environ.get("TIERED_OPS_VERBOSE_BUILD") == "1",
+                is_python_module=True, verbose=os.environ.get("TIERED_OPS_VERBOSE_BUILD") == "1",
             )
         except Exception as e:  # recorded as the reason the CUDA tier is unavailable
             _state["error"] = f"CUDA extension failed to build: {_first_error(str(e))}"
@@ -99,26 +99,46 @@ def load(device: torch.device | None = None) -> str | None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old
-        _state.update(name=name, build_s=time.perf_counter() - t0, arch=arch)
-        _register_fakes()
+        _state.update(name=name, load_s=time.perf_counter() - t0, arch=arch, module=module, build_dir=bdir)
+        from .registry import all_ops
+
+        for spec in all_ops():
+            if spec.fake is not None:
+                torch.library.register_fake(f"tiered_ops::{spec.name}_cuda")(spec.fake)
         return None
 
 
-def _register_fakes() -> None:
-    @torch.library.register_fake("tiered_ops::softmax_cuda")
-    def _(x: torch.Tensor, dim: int) -> torch.Tensor:
-        if x.dim() == 0:
-            return torch.empty_like(x)
-        # The kernel writes rows along `dim` contiguously and returns them moved back into place.
-        return torch.empty_like(x.movedim(dim, -1), memory_format=torch.contiguous_format).movedim(-1, dim)
+def pybind_function(name: str):
+    """The pybind11 export of a CUDA op's C++ function (the graph-break contrast), or None when not built."""
+    module = _state.get("module")
+    return getattr(module, name, None) if module is not None else None
 
-    @torch.library.register_fake("tiered_ops::rms_norm_cuda")
-    def _(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    @torch.library.register_fake("tiered_ops::muladd_cuda")
-    def _(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(a, memory_format=torch.contiguous_format)
+def ninja_seconds(build_dir: Path) -> dict[str, float]:
+    """Seconds ninja spent on each target of the last build in ``build_dir`` (from its .ninja_log).
+
+    Format (v5): a header line, then ``start_ms end_ms mtime target hash`` per target; a target rebuilt
+    later appears again, and the last entry counts.
+    """
+    log = Path(build_dir) / ".ninja_log"
+    out: dict[str, float] = {}
+    if not log.exists():
+        return out
+    for line in log.read_text().splitlines():
+        parts = line.split("\t")
+        if line.startswith("#") or len(parts) < 4:
+            continue
+        out[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000.0
+    return out
+
+
+def build_info() -> dict[str, object]:
+    """Build facts of the loaded extension: per-object seconds, total, target architecture."""
+    if "name" not in _state:
+        return {}
+    secs = ninja_seconds(_state["build_dir"])  # type: ignore[arg-type]
+    return dict(arch=f"sm_{str(_state['arch']).replace('.', '')}", load_s=_state["load_s"], objects=secs,
+                build_s=sum(secs.values()) if secs else None)
 
 
 def available(device: torch.device) -> str | None:

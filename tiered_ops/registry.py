@@ -91,6 +91,9 @@ class OpSpec:
     edge_problems: Callable[[], list[Problem]]
     default_problems: Callable[[str], list[Problem]]  # device type -> problems to bench
     source: Path  # the op file (eager + compile tiers live here)
+    # Shape/stride-only version of the op for torch.library.register_fake (the CUDA ops; the Triton ops on the
+    # interpreter, where triton_op's own fake would run kernels on fake tensors).
+    fake: Callable[..., torch.Tensor] | None = None
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
     impls: dict[str, Impl] = field(default_factory=dict)
 
@@ -121,6 +124,13 @@ class Impl:
     # Returns None when the implementation can be timed on this device, else why not.
     timeable: Callable[[torch.device], str | None] = lambda device: None
     notes: str = ""
+    # The same kernel reached without torch.library (raw Triton launcher, pybind11 function): measured for
+    # contrast in the graph-break metadata, never selected. Returns None where it does not exist here.
+    unregistered: Callable[[], Callable[..., torch.Tensor] | None] | None = None
+    # Files whose non-comment lines are this implementation's own code (kernel + launcher + binding), and
+    # the functions inside shared files that are its own (name of a C++/Python function).
+    own_code: tuple[Path, ...] = ()
+    own_functions: tuple[tuple[Path, str], ...] = ()
     _hash: str | None = None
 
     def why_not(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:

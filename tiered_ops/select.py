@@ -7,6 +7,10 @@ implementation whose source is unchanged: the correct implementation with the lo
 sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
 persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
 ``set_tuning(False)``): then it returns the eager tier and the record says so.
+
+Which correct implementation wins is the policy's call (``tiered_ops.policy``): ``fastest`` by default,
+``cost-aware`` or ``cold-start`` per call of select_backend or for the process (``set_policy`` or
+``TIERED_OPS_POLICY``). The record lists each candidate's figure under the policy.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Any, Callable
 import torch
 
 from .measure import bucket_str, measure
+from .policy import DEFAULT_CALLS, check_policy, choose
 from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, get_op
 from .store import Store
 from .timing import default_device, fingerprint
 
 _tune: bool | None = None
+_policy: tuple[str, int | None] | None = None
 _store: Store | None = None
 _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
@@ -42,6 +48,24 @@ def tuning_enabled() -> bool:
     if _tune is not None:
         return _tune
     return os.environ.get("TIERED_OPS_TUNE", "1").lower() not in ("0", "false", "no", "off")
+
+
+def set_policy(policy: str | None, calls: int | None = None) -> None:
+    """Default policy of this process (None: follow TIERED_OPS_POLICY / TIERED_OPS_CALLS, default fastest)."""
+    global _policy
+    if policy is not None:
+        check_policy(policy, calls)
+    _policy = None if policy is None else (policy, calls)
+    clear_cache()
+
+
+def default_policy() -> tuple[str, int | None]:
+    if _policy is not None:
+        return _policy
+    calls = os.environ.get("TIERED_OPS_CALLS")
+    policy, n = os.environ.get("TIERED_OPS_POLICY", "fastest"), int(calls) if calls else None
+    check_policy(policy, n)
+    return policy, n
 
 
 def use_store(store: Store | str | None) -> Store:
@@ -101,26 +125,36 @@ def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
     return dtype
 
 
-def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device) -> tuple[Impl, str, list]:
-    """Pick the fastest correct fresh implementation; returns (impl, reason, candidate summaries)."""
-    cands, best = [], None
+def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, policy: str,
+            calls: int | None, store: Store) -> tuple[Impl, str, list]:
+    """Choose among the correct fresh timed implementations under ``policy``; (impl, reason, candidates)."""
+    cands, ok = [], []
     for r in rows:
         impl = spec.fresh_impl(r)
         fresh = impl is not None
-        cands.append({k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "host_us", "gbps", "frac_copy",
-                                            "rel_error", "ok", "reason")} | {"fresh": fresh})
+        c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "gbps",
+                                   "frac_copy", "rel_error", "ok", "reason", "first_call_s")} | {"fresh": fresh}
+        if fresh and impl.tier == Tier.CUDA and policy == "cold-start":
+            meta = store.get_meta(spec.name, impl.name, r["device_key"], impl.source_hash) or {}
+            c["build_s"] = meta.get("build_s_extension")
+        cands.append(c)
         if fresh and r["ok"] and r["caller_us"] is not None and impl.why_not(device, dtype) is None:
-            if best is None or r["caller_us"] < best["caller_us"]:
-                best = r
+            ok.append(c)
+    best, reason, totals = choose(ok, policy, calls)
+    for c in cands:
+        c["policy_figure"] = totals.get(c["impl"]) if c in ok else None
     if best is None:
-        return spec.impls["eager"], "no correct timed implementation: eager", cands
-    return spec.impls[best["impl"]], f"fastest correct ({best['caller_us']:.1f} us per call)", cands
+        return spec.impls["eager"], f"{reason}: eager", cands
+    return spec.impls[best["impl"]], reason, cands
 
 
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
-                   tune: bool | None = None, progress: Callable[[str], None] | None = None) -> Selection:
+                   tune: bool | None = None, progress: Callable[[str], None] | None = None,
+                   policy: str | None = None, calls: int | None = None) -> Selection:
+    if policy is None:
+        policy, calls = default_policy()
     bucket = spec.bucket(problem)
-    key = (spec.name, bucket, dtype, device)
+    key = (spec.name, bucket, dtype, device, policy, calls)
     sel = _decisions.get(key)
     if sel is not None:
         return sel
@@ -143,8 +177,9 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         if not rows and not tune:
             impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
         else:
-            impl, reason, cands = _decide(spec, rows, dtype, device)
+            impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
         record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key,
+                      policy=policy, calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                       chosen=impl.name, tier=impl.tier.label, reason=reason, candidates=cands)
         sel = Selection(impl.fn, impl, record)
         _decisions[key] = sel
@@ -152,16 +187,17 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
 
 
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
-                   device: torch.device | str | None = None, *, tune: bool | None = None, **params: Any
-                   ) -> Selection:
+                   device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
+                   calls: int | None = None, **params: Any) -> Selection:
     """The implementation to use for ``op`` at ``shapes`` (shape of the first input) on this device.
 
     ``params`` are the op's non-tensor arguments that shape the work (``dim`` for softmax,
-    ``normalized_shape`` and ``weight`` for rms_norm). Returns a callable with ``.tier``, ``.name`` and
+    ``normalized_shape`` and ``weight`` for rms_norm). ``policy`` is ``fastest`` (default), ``cost-aware`` or
+    ``cold-start`` (with ``calls``, the expected number of calls). Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
-        fast = (op, tuple(shapes), dtype, device, tune, tuple(params.items()))
+        fast = (op, tuple(shapes), dtype, device, tune, policy, calls, tuple(params.items()))
         sel = _selects.get(fast)
         if sel is not None:
             return sel
@@ -171,7 +207,10 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune)
+    if policy is not None:
+        check_policy(policy, calls)
+    sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
+                         calls=calls)
     if fast is not None:
         if len(_selects) > 4096:
             _selects.clear()

@@ -9,13 +9,21 @@ of its implementation is stale and ignored.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# Explicit migrations: MIGRATIONS[v] takes a store at version v to v + 1.
+MIGRATIONS: dict[int, list[str]] = {
+    1: ["CREATE TABLE IF NOT EXISTS impl_meta (op TEXT NOT NULL, impl TEXT NOT NULL, device_key TEXT NOT NULL, "
+        "source_hash TEXT NOT NULL, meta TEXT NOT NULL, timestamp REAL NOT NULL, "
+        "PRIMARY KEY (op, impl, device_key, source_hash))"],
+}
 
 COLUMNS: list[tuple[str, str]] = [
     ("op", "TEXT NOT NULL"),
@@ -74,12 +82,16 @@ class Store:
                 "CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)"
             )
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
+            version = 1 if row is None else int(row[0])
+            if version > SCHEMA_VERSION:
                 raise RuntimeError(
-                    f"store {self.path} has schema version {row[0]}, this tiered_ops expects {SCHEMA_VERSION}"
+                    f"store {self.path} has schema version {version}, newer than this tiered_ops "
+                    f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB elsewhere"
                 )
+            for v in range(version, SCHEMA_VERSION):
+                for stmt in MIGRATIONS[v]:
+                    self.conn.execute(stmt)
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
         """Insert measurements in one transaction (all or none)."""
@@ -101,6 +113,17 @@ class Store:
         cond = " AND ".join(f"{k}=?" for k in where) or "1=1"
         cur = self.conn.execute(f"SELECT * FROM measurements WHERE {cond} ORDER BY id", tuple(where.values()))
         return [dict(r) for r in cur.fetchall()]
+
+    def put_meta(self, op: str, impl: str, device_key: str, source_hash: str, meta: dict[str, Any]) -> None:
+        """Store an implementation's cost metadata (graph breaks, LOC, build, registers), replacing older."""
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO impl_meta VALUES (?, ?, ?, ?, ?, ?)",
+                              (op, impl, device_key, source_hash, json.dumps(meta, default=str), time.time()))
+
+    def get_meta(self, op: str, impl: str, device_key: str, source_hash: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT meta FROM impl_meta WHERE op=? AND impl=? AND device_key=? AND source_hash=?",
+                                (op, impl, device_key, source_hash)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def close(self) -> None:
         self.conn.close()

@@ -6,7 +6,6 @@ Triton and CUDA availability checks, source files for staleness) lives here and 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -17,18 +16,27 @@ from ..registry import ROOT, Impl, OpSpec, Tier
 TRITON_SRC = ROOT / "triton_src"
 
 
-def _triton_available_for(op: str) -> Callable[[torch.device], str | None]:
-    """Availability of the Triton tier of ``op``: importing triton_src/<op>.py registers its triton_op."""
+def _triton_module(op: str):
+    import importlib
+
+    return importlib.import_module(f"triton_src.{op}")
+
+
+def _triton_available_for(spec: OpSpec) -> Callable[[torch.device], str | None]:
+    """Availability of the Triton tier: importing triton_src/<op>.py registers its triton_op."""
 
     def available(device: torch.device) -> str | None:
         try:
-            import importlib
-
             from triton_src import common
 
-            importlib.import_module(f"triton_src.{op}")
+            mod = _triton_module(spec.name)
         except Exception as e:  # triton missing or broken on this machine
             return f"triton unavailable: {type(e).__name__}: {e}"
+        if common.interpreted() and spec.fake is not None and not getattr(mod, "_fake_registered", False):
+            # On the interpreter triton_op's derived fake would run the kernel on fake tensors; the op's own
+            # fake lets dynamo trace it (explain, fullgraph) on the CPU. On a GPU triton_op's own is used.
+            getattr(mod, f"{spec.name}_triton").register_fake(spec.fake)
+            mod._fake_registered = True
         return common.available(device)
 
     return available
@@ -40,6 +48,16 @@ def _triton_timeable(device: torch.device) -> str | None:
     return common.timeable(device)
 
 
+def _kernel_op(name: str) -> Callable[..., torch.Tensor]:
+    """torch.ops.tiered_ops.<name>, resolved at call time (the op exists once its module or extension loaded)."""
+    ns = torch.ops.tiered_ops
+
+    def call(*args):
+        return getattr(ns, name)(*args)
+
+    return call
+
+
 class Compiled:
     """torch.compile of the eager function, created on first call, specialized per shape."""
 
@@ -48,6 +66,8 @@ class Compiled:
         self._compiled: Callable[..., torch.Tensor] | None = None
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self.fn(*args, **kwargs)  # inside a compiled region the caller's graph takes the op in
         if self._compiled is None:
             import torch._dynamo.config as dcfg
 
@@ -61,18 +81,33 @@ class Compiled:
         return self._compiled(*args, **kwargs)
 
 
-def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor], triton_fn: Callable[..., torch.Tensor],
-                   cuda_fn: Callable[..., torch.Tensor]) -> None:
-    """Register eager, compile, triton and cuda implementations of ``spec`` (files named after the op)."""
-    op_file: Path = spec.source
-    spec.add(Impl("eager", Tier.EAGER, eager, (op_file,)))
-    spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,)))
-    spec.add(Impl("triton", Tier.TRITON, triton_fn,
-                  (op_file, TRITON_SRC / f"{spec.name}.py", TRITON_SRC / "common.py"),
-                  available=_triton_available_for(spec.name), timeable=_triton_timeable))
-    cuda_files = [cuda_ext.CUDA_SRC / n for n in (f"{spec.name}.cu", "common.cuh", "launchers.h", "binding.cpp")]
-    spec.add(Impl("cuda", Tier.CUDA, cuda_fn, (op_file, *cuda_files), devices=("cuda",),
-                  available=cuda_ext.available))
+def _identity(kernel_op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return kernel_op
+
+
+def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor],
+                   adapt: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] = _identity) -> None:
+    """Register eager, compile, triton and cuda implementations of ``spec`` (files named after the op).
+
+    ``adapt`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a list);
+    the Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``.
+    """
+    name, op_file = spec.name, spec.source
+    triton_file = TRITON_SRC / f"{name}.py"
+    cu_file = cuda_ext.CUDA_SRC / f"{name}.cu"
+    binding = cuda_ext.CUDA_SRC / "binding.cpp"
+    spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
+    spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
+    spec.add(Impl("triton", Tier.TRITON, adapt(_kernel_op(f"{name}_triton")),
+                  (op_file, triton_file, TRITON_SRC / "common.py"),
+                  available=_triton_available_for(spec), timeable=_triton_timeable,
+                  unregistered=lambda: adapt(getattr(_triton_module(name), f"{name}_launch")),
+                  own_code=(triton_file,)))
+    cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
+    spec.add(Impl("cuda", Tier.CUDA, adapt(_kernel_op(f"{name}_cuda")), (op_file, *cuda_files), devices=("cuda",),
+                  available=cuda_ext.available,
+                  unregistered=lambda: (lambda f: f and adapt(f))(cuda_ext.pybind_function(f"{name}_cuda")),
+                  own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"),)))
 
 
 def gen(device: torch.device, seed: int) -> torch.Generator:

@@ -55,12 +55,8 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
     return Inputs(tuple(randn(p.shape, dtype, device, g) for _ in range(3)))
 
 
-def _triton(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    return torch.ops.tiered_ops.muladd_triton(a, b, c)
-
-
-def _cuda(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    return torch.ops.tiered_ops.muladd_cuda(a, b, c)
+def _fake(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
 
 
 SPEC = register_op(OpSpec(
@@ -76,10 +72,10 @@ SPEC = register_op(OpSpec(
     ],
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])],
-    source=Path(__file__),
+    source=Path(__file__), fake=_fake,
 ))
-standard_impls(SPEC, reference, _triton, _cuda)
-SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,)))
+standard_impls(SPEC, reference)
+SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_functions=((SPEC.source, "addcmul"),)))
 
 
 def muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

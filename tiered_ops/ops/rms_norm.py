@@ -9,7 +9,7 @@ Bytes: read x + write y (+ weight once).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,14 +75,18 @@ def _eps(x: torch.Tensor, eps: float | None) -> float:
     return torch.finfo(x.dtype).eps if eps is None else float(eps)
 
 
-def _triton(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-            eps: float | None = None) -> torch.Tensor:
-    return torch.ops.tiered_ops.rms_norm_triton(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
+def _adapt(kernel_op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """F.rms_norm's signature onto a kernel tier's schema (x, int[] normalized_shape, weight?, float eps)."""
+
+    def call(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+             eps: float | None = None) -> torch.Tensor:
+        return kernel_op(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
+
+    return call
 
 
-def _cuda(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-          eps: float | None = None) -> torch.Tensor:
-    return torch.ops.tiered_ops.rms_norm_cuda(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
+def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 SPEC = register_op(OpSpec(
@@ -100,9 +104,9 @@ SPEC = register_op(OpSpec(
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
-    source=Path(__file__),
+    source=Path(__file__), fake=_fake,
 ))
-standard_impls(SPEC, reference, _triton, _cuda)
+standard_impls(SPEC, reference, _adapt)
 
 
 def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,

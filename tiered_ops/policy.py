@@ -1,0 +1,83 @@
+"""Selection policies: which correct implementation to use, given what each costs per call and up front.
+
+- ``fastest`` (default): the lowest per-call time a caller sees.
+- ``cost-aware``: a tier is chosen only if its best implementation beats the fastest implementation of
+  every cheaper tier by the tier's margin (defaults: compile 0 %, Triton 5 %, CUDA 10 %); else the fastest
+  among the cheaper tiers that qualify (eager always does) wins.
+- ``cold-start`` with N expected calls: minimizes up-front seconds + N x per-call time. Up front is the
+  first call at this shape (torch.compile's compile, Triton's JIT) plus, for the CUDA tier, the extension
+  build (a process that must build it pays it once).
+The candidates are dicts with at least ``impl``, ``tier``, ``caller_us``, ``first_call_s`` and an optional
+``build_s``; only correct, fresh, timed ones should be passed in.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .registry import Tier
+
+POLICIES = ("fastest", "cost-aware", "cold-start")
+DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}
+DEFAULT_CALLS = 1000
+
+
+def margins() -> dict[str, float]:
+    """Cost-aware margins; ``TIERED_OPS_MARGINS="triton=0.05,cuda=0.2"`` overrides some."""
+    out = dict(DEFAULT_MARGINS)
+    for item in filter(None, os.environ.get("TIERED_OPS_MARGINS", "").split(",")):
+        tier, _, value = item.partition("=")
+        if tier.strip() not in out:
+            raise ValueError(f"TIERED_OPS_MARGINS: unknown tier {tier!r}; expected one of {', '.join(out)}")
+        out[tier.strip()] = float(value)
+    return out
+
+
+def check_policy(policy: str, calls: int | None) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+    if calls is not None and (not isinstance(calls, int) or calls < 1):
+        raise ValueError(f"calls: expected a positive whole number of expected calls, got {calls!r}")
+
+
+def _rank(tier: str) -> int:
+    return Tier[tier.upper()].value
+
+
+def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | None = None,
+           tier_margins: dict[str, float] | None = None) -> tuple[dict[str, Any] | None, str, dict[str, float]]:
+    """(chosen candidate or None, why, the figure each candidate was judged by) under ``policy``."""
+    check_policy(policy, calls)
+    if not cands:
+        return None, "no correct timed implementation", {}
+    if policy == "fastest":
+        totals = {c["impl"]: c["caller_us"] for c in cands}
+        best = min(cands, key=lambda c: c["caller_us"])
+        return best, f"fastest correct ({best['caller_us']:.1f} us per call)", totals
+    if policy == "cold-start":
+        n = calls or DEFAULT_CALLS
+        totals = {c["impl"]: (c.get("first_call_s") or 0.0) + (c.get("build_s") or 0.0) + n * c["caller_us"] * 1e-6
+                  for c in cands}
+        best = min(cands, key=lambda c: totals[c["impl"]])
+        return best, f"cold start over {n} calls: {totals[best['impl']]:.3f} s in all", totals
+    m = tier_margins or margins()
+    by_tier: dict[str, dict[str, Any]] = {}
+    for c in cands:
+        if c["tier"] not in by_tier or c["caller_us"] < by_tier[c["tier"]]["caller_us"]:
+            by_tier[c["tier"]] = c
+    tiers = sorted(by_tier, key=_rank)
+    qualifying, totals = [by_tier[tiers[0]]], {}
+    for i, t in enumerate(tiers):
+        c = by_tier[t]
+        totals[c["impl"]] = c["caller_us"] * (1 + m.get(t, 0.0))  # the time it must beat cheaper tiers with
+        cheaper = [by_tier[u]["caller_us"] for u in tiers[:i]]
+        if cheaper and totals[c["impl"]] < min(cheaper):
+            qualifying.append(c)
+    best = min(qualifying, key=lambda c: c["caller_us"])
+    fastest = min(cands, key=lambda c: c["caller_us"])
+    why = f"cost-aware: {best['tier']} ({best['caller_us']:.1f} us per call)"
+    if fastest is not best:
+        why += (f"; {fastest['impl']} is {best['caller_us'] / fastest['caller_us']:.2f}x faster but not by its "
+                f"{m.get(fastest['tier'], 0.0):.0%} margin over cheaper tiers")
+    return best, why, totals
