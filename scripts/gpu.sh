@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The one GPU job: install without deps, build the CUDA extension once, run every test (gpu-marked
-# included) and the default benchmark sweep, write everything under $OUT.
-#   device run:   bash scripts/gpu.sh            (stages: build tests bench; pick with args)
+# included) and the default benchmark sweep, print each implementation's cost metadata, write
+# everything under $OUT (at most 8 files come back from the device tool: keep it so).
+#   device run:   bash scripts/gpu.sh            (stages: build tests bench info; pick with args)
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STAGES=${*:-build tests bench}
+STAGES=${*:-build tests bench info}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-export TIERED_OPS_DB=${TIERED_OPS_DB:-$OUT/results.sqlite}
+export TIERED_OPS_DB=${TIERED_OPS_DB:-/tmp/tiered_ops_gpu.sqlite}  # its content comes back as results.csv + meta.jsonl
 export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=python3
@@ -45,8 +46,12 @@ PY
       ;;
     bench)
       echo "== bench (default sweep)"
-      $PY -m tiered_ops.cli bench --no-progress --csv "$OUT/bench.csv" 2>&1 | tee "$OUT/bench.log" || rc=1
-      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" || rc=1
+      $PY -m tiered_ops.cli bench --no-progress 2>&1 | tee "$OUT/bench.log" || rc=1
+      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
+      ;;
+    info)
+      echo "== info (graph breaks and maintenance cost per implementation)"
+      for op in softmax rms_norm muladd; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 | tee "$OUT/info.txt"
       ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

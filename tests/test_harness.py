@@ -154,19 +154,3 @@ def test_sweep_resumes_instead_of_remeasuring(private_store, monkeypatch):
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None)
     assert len(store.rows()) == n  # nothing measured twice
-
-
-def test_dispatch_compiles_fullgraph_once_decided():
-    """A decision made outside a compiled region is used inside it without a graph break."""
-    x = torch.randn(8, 32)
-    sel_mod.set_tuning(False)
-    try:
-        tiered_ops.softmax(x)  # decide first (eager here: tuning off)
-
-        def f(t):
-            return tiered_ops.softmax(t.sin(), -1) * 2
-
-        assert torch.allclose(torch.compile(f, fullgraph=True)(x), f(x))
-        assert torch._dynamo.explain(f)(x).graph_break_count == 0
-    finally:
-        sel_mod.set_tuning(None)

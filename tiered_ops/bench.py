@@ -14,6 +14,8 @@ import pandas as pd
 import torch
 
 from .measure import measure
+from .meta import breaks_str, stored_or_collect
+from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, OpSpec, Problem
 from .store import Store
 from .timing import copy_bandwidth_gbps, fingerprint
@@ -31,8 +33,12 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
 
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
           device: torch.device, store: Store, force: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Measure every (op, problem, dtype, implementation); returns one row per measurement."""
+          log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None) -> pd.DataFrame:
+    """Measure every (op, problem, dtype, implementation); returns one row per measurement.
+
+    After an op's measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
+    registers) is collected once per source and device, stored, and put in ``metas`` when given.
+    """
     from tqdm import tqdm
 
     specs = list(specs)
@@ -51,7 +57,18 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
             done = measure(spec, impl, problem, dtype, device)
             store.add([done])
         results.append(done)
-    return pd.DataFrame(results)
+    for spec in specs:
+        for impl in spec.impls.values():
+            if progress:
+                log(f"cost metadata: {spec.name} {impl.name}")
+            meta = stored_or_collect(store, spec, impl, device)
+            if metas is not None:
+                metas[(spec.name, impl.name)] = meta
+    df = pd.DataFrame(results)
+    if metas is not None and len(df):
+        df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]
+        df["loc"] = [metas.get((r.op, r.impl), {}).get("loc") for r in df.itertuples()]
+    return df
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
@@ -67,6 +84,23 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple[int, ...] = (DEFAULT_CALLS, 10**6)
+              ) -> pd.DataFrame:
+    """The choice under each policy per (op, problem, dtype), from this sweep's rows and cost metadata."""
+    ok = df[(df.ok == 1) & df.caller_us.notna()]
+    out = []
+    for (op, problem, dtype), g in ok.groupby(["op", "problem", "dtype"], sort=False):
+        cands = [dict(impl=r.impl, tier=r.tier, caller_us=r.caller_us, first_call_s=r.first_call_s,
+                      build_s=metas.get((op, r.impl), {}).get("build_s_extension") if r.tier == "cuda" else None)
+                 for r in g.itertuples()]
+        row = dict(op=op, problem=problem, dtype=dtype, fastest=choose(cands, "fastest")[0]["impl"],
+                   cost_aware=choose(cands, "cost-aware")[0]["impl"])
+        for n in calls:
+            row[f"cold_start_{n:g}"] = choose(cands, "cold-start", n)[0]["impl"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def _fmt(v: object, spec: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -78,7 +112,7 @@ def table(df: pd.DataFrame, op: str) -> str:
     win = winners(df)
     win_set = {(r.problem, r.dtype, r.winner) for r in win.itertuples()}
     head = f"{'problem':<26} {'dtype':<5} {'impl':<14} {'tier':<8} {'median us':>10} {'us/call':>9} " \
-           f"{'GB/s':>7} {'% copy':>7} {'rel err':>8}  note"
+           f"{'GB/s':>7} {'% copy':>7} {'rel err':>8} {'breaks':>6} {'LOC':>4}  note"
     lines = [f"== {op} ==", head]
     for r in df[df.op == op].itertuples():
         mark = "  <- winner" if (r.problem, r.dtype, r.impl) in win_set else ""
@@ -86,7 +120,8 @@ def table(df: pd.DataFrame, op: str) -> str:
         lines.append(
             f"{r.problem:<26} {r.dtype:<5} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
             f"{_fmt(r.caller_us, '9.1f')} {_fmt(r.gbps, '7.0f')} "
-            f"{_fmt(None if r.frac_copy is None else 100 * r.frac_copy, '6.1f')}% {_fmt(r.rel_error, '8.1e')}"
+            f"{_fmt(None if r.frac_copy is None else 100 * r.frac_copy, '6.1f')}% {_fmt(r.rel_error, '8.1e')} "
+            f"{getattr(r, 'graph_breaks', '-'):>6} {_fmt(getattr(r, 'loc', None), '4.0f')}"
             f"{mark}{('  ' + note[:90]) if note else ''}"
         )
     return "\n".join(lines)

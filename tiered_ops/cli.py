@@ -1,10 +1,11 @@
-"""tiered-ops command line: list, bench, select, export."""
+"""tiered-ops command line: list, bench, select, info, export."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,7 +63,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import sweep, table, winners
+    from .bench import decisions, sweep, table, winners
 
     dev = _device(args.device)
     specs = [get_op(o) for o in args.ops.split(",")] if args.ops else all_ops()
@@ -71,7 +72,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     dtypes = args.dtypes or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
     store = _store(args)
     print(f"store: {store.path}")
-    df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress)
+    metas: dict = {}
+    df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas)
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
@@ -83,6 +85,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if len(w):
         print("\nwinners:")
         print(w.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        d = decisions(df, metas)
+        print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
+        print(d.to_string(index=False))
+        differ = d[(d.fastest != d.cost_aware) | d.filter(like="cold_start").ne(d.fastest, axis=0).any(axis=1)]
+        print(f"policies disagree on {len(differ)} of {len(d)} (op, problem, dtype)")
     return 0
 
 
@@ -95,15 +102,64 @@ def cmd_select(args: argparse.Namespace) -> int:
         params["dim"] = args.dim
     if args.normalized_shape:
         params["normalized_shape"] = _shape(args.normalized_shape)
-    sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune, **params)
-    print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype}: {sel.name} ({sel.tier.label}) - "
-          f"{sel.record['reason']}")
+    sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune,
+                         policy=args.policy, calls=args.calls, **params)
+    print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype} [{sel.record['policy']}]: {sel.name} "
+          f"({sel.tier.label}) - {sel.record['reason']}")
     if args.json:
         print(json.dumps(sel.record, indent=2, default=str))
     else:
         for c in sel.record["candidates"]:
             us = "-" if c["caller_us"] is None else f"{c['caller_us']:.1f} us"
-            print(f"  {c['impl']:<14} {c['tier']:<8} {us:>12}  ok={c['ok']} fresh={c['fresh']}  {c['reason'] or ''}")
+            fig = "" if c.get("policy_figure") is None else f" judged by {c['policy_figure']:.4g}"
+            print(f"  {c['impl']:<14} {c['tier']:<8} {us:>12}  ok={c['ok']} fresh={c['fresh']}{fig}  "
+                  f"{c['reason'] or ''}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .meta import breaks_str, stored_or_collect
+    from .timing import fingerprint
+
+    spec, dev, store = get_op(args.op), _device(args.device), _store(args)
+    fp = fingerprint(dev)
+    print(f"{spec.name} on {fp.name} (torch {fp.torch}, triton {fp.triton}, cuda {fp.cuda})")
+    for impl in spec.impls.values():
+        m = stored_or_collect(store, spec, impl, dev)
+        if args.json:
+            print(json.dumps({"impl": impl.name, **m}, indent=2, default=str))
+            continue
+        gb = m.get("graph_breaks") or {}
+        print(f"\n{impl.name} [{impl.tier.label}]  source {impl.source_hash}")
+        print(f"  lines of code (own kernel + launcher + binding): {m['loc']}")
+        print(f"  graph breaks through the op / unregistered contrast: {breaks_str(m)}")
+        for label in ("registered", "unregistered"):
+            d = gb.get(label)
+            if d and (d.get("reasons") or d.get("error")):
+                print(f"    {label}: {'; '.join(d.get('reasons') or []) or d.get('error')}")
+        if gb.get("error"):
+            print(f"    {gb['error']}")
+        if "recompiles" in m:
+            r = m["recompiles"]
+            print(f"  recompiles over {len(r['shapes'])} shapes of one bucket: {r['static']} with dynamic=False "
+                  f"(used), {r['dynamic']} with dynamic=True")
+        if "build_s_extension" in m:
+            print(f"  build: {m.get('build_s_own')} s for its object, {m['build_s_extension']} s whole extension")
+        if "max_registers" in m:
+            print(f"  kernels: {m['kernels']} compiled, max {m['max_registers']} registers, {m['spill_bytes']} bytes "
+                  f"spilled, max {m['max_smem_bytes']} bytes shared memory")
+        elif m.get("kernels_error"):
+            print(f"  kernels: {m['kernels_error']}")
+        print(f"  portability: {m['portability']}" + (f"; built for {m['archs']}" if m.get("archs") else ""))
+        rows = [r for r in store.rows(op=spec.name, impl=impl.name, device_key=fp.key, ok=1)
+                if r["source_hash"] == impl.source_hash]
+        if rows:
+            r, firsts = rows[-1], sorted(x["first_call_s"] for x in rows if x["first_call_s"] is not None)
+            print(f"  last verified: {r['gpu_name']}, torch {r['torch_version']}, triton {r['triton_version']}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(r['timestamp']))} UTC; first call "
+                  f"{firsts[0]:.3f}-{firsts[-1]:.3f} s over {len(rows)} shapes/dtypes")
+        else:
+            print("  last verified: never on this device with this source")
     return 0
 
 
@@ -114,6 +170,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     df = pd.DataFrame(store.rows())
     df.to_csv(args.csv, index=False)
     print(f"wrote {len(df)} measurements from {store.path} to {args.csv}")
+    if args.meta:
+        rows = store.conn.execute("SELECT op, impl, device_key, source_hash, meta, timestamp FROM impl_meta "
+                                  "ORDER BY op, impl").fetchall()
+        with open(args.meta, "w") as f:
+            for r in rows:
+                f.write(json.dumps(dict(op=r[0], impl=r[1], device_key=r[2], source_hash=r[3], timestamp=r[5],
+                                        **json.loads(r[4]))) + "\n")
+        print(f"wrote cost metadata of {len(rows)} implementations to {args.meta}")
     return 0
 
 
@@ -144,11 +208,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--normalized-shape", help="rms_norm: trailing dims like 4096 or 64x256")
     s.add_argument("--device")
     s.add_argument("--no-tune", action="store_true", help="do not measure when no decision is stored")
+    s.add_argument("--policy", choices=["fastest", "cost-aware", "cold-start"], help="default: fastest")
+    s.add_argument("--calls", type=int, help="cold-start: expected number of calls (default 1000)")
     s.add_argument("--json", action="store_true", help="print the full decision record")
     s.set_defaults(func=cmd_select)
 
+    s = sub.add_parser("info", help="graph breaks and maintenance cost of every implementation of an op")
+    s.add_argument("op")
+    s.add_argument("--device")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_info)
+
     s = sub.add_parser("export", help="write every stored measurement to CSV")
     s.add_argument("--csv", required=True)
+    s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
     s.set_defaults(func=cmd_export)
 
     args = p.parse_args(argv)

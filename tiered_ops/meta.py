@@ -193,6 +193,9 @@ def explain(fn: Callable[..., torch.Tensor], args: tuple) -> dict[str, Any]:
 
 def graph_breaks(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
     """explain() through the implementation as selected, and through its unregistered contrast if any."""
+    why = impl.why_not(device)  # also loads what the implementation needs (extension, Triton module)
+    if why is not None:
+        return {"error": f"unavailable: {why}"}
     problem = spec.edge_problems()[0]  # small: explain runs the op once for real
     inp = spec.make_inputs(problem, torch.float32, device, 0)
     out = {"registered": explain(impl.fn, inp.args), "problem": str(problem)}
@@ -235,7 +238,7 @@ def collect(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
     """Every cost figure of one implementation on this device; a figure that cannot be had says why."""
     meta: dict[str, Any] = dict(tier=impl.tier.label, portability=PORTABILITY[impl.tier], loc=impl_loc(impl))
     why = impl.why_not(device)
-    meta["graph_breaks"] = graph_breaks(spec, impl, device) if why is None else {"error": f"unavailable: {why}"}
+    meta["graph_breaks"] = graph_breaks(spec, impl, device)
     if impl.tier == Tier.COMPILE:
         meta["recompiles"] = recompiles_in_bucket(spec, spec.impls["eager"].fn, device)
     if impl.tier == Tier.CUDA:
@@ -264,3 +267,26 @@ def collect(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
         else:
             meta["kernels_error"] = "no compiled kernels here (interpreter or no GPU)"
     return meta
+
+
+def stored_or_collect(store: Any, spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
+    """The implementation's metadata for this device and source, collected and stored on first use."""
+    from .timing import fingerprint
+
+    key = fingerprint(device).key
+    meta = store.get_meta(spec.name, impl.name, key, impl.source_hash)
+    if meta is None:
+        meta = collect(spec, impl, device)
+        store.put_meta(spec.name, impl.name, key, impl.source_hash, meta)
+    return meta
+
+
+def breaks_str(meta: dict[str, Any]) -> str:
+    """'0' graph breaks through the op, '0/1' with the unregistered contrast's count after the slash."""
+    gb = meta.get("graph_breaks") or {}
+
+    def one(d: dict | None) -> str:
+        return "-" if not d or d.get("breaks") is None else str(d["breaks"])
+
+    reg = one(gb.get("registered"))
+    return reg + (f"/{one(gb['unregistered'])}" if gb.get("unregistered") else "")

@@ -158,6 +158,16 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     sel = _decisions.get(key)
     if sel is not None:
         return sel
+    if torch.compiler.is_compiling():
+        # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
+        # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
+        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls)
+    return _select_locked(spec, problem, dtype, device, tune, progress, policy, calls, key, bucket)
+
+
+def _select_locked(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, tune: bool | None,
+                   progress: Callable[[str], None] | None, policy: str, calls: int | None, key: tuple,
+                   bucket: tuple) -> Selection:
     with _lock:
         store = get_store()
         fp = fingerprint(device)
@@ -184,6 +194,14 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         sel = Selection(impl.fn, impl, record)
         _decisions[key] = sel
         return sel
+
+
+@torch.compiler.disable(reason="tiered_ops has no decision for this op/shape bucket yet: call "
+                         "tiered_ops.select_backend(...) or the op once outside the compiled region first")
+def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                          tune: bool | None, progress: Callable[[str], None] | None, policy: str,
+                          calls: int | None) -> Selection:
+    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls)
 
 
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,

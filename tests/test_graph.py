@@ -1,0 +1,121 @@
+"""tiered_ops.<op> inside torch.compile(fullgraph=True) for every tier a decision can pick; opcheck of every op."""
+
+import time
+
+import pytest
+import torch
+from helpers import HAS_CUDA, gpu
+
+import tiered_ops
+from tiered_ops import select as sel_mod
+from tiered_ops.measure import bucket_str
+from tiered_ops.meta import _between_pointwise
+from tiered_ops.registry import DTYPE_NAMES, get_op
+from tiered_ops.store import Store
+from tiered_ops.timing import fingerprint
+
+OPS = ["softmax", "rms_norm", "muladd"]
+DEV = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
+
+
+def _decide(store_path, op, problem, winner, device):
+    """Store rows in which `winner` is the fastest correct implementation of the problem's bucket."""
+    spec, fp = get_op(op), fingerprint(device)
+    rows = [dict(op=op, impl=i.name, tier=i.tier.label, mode="fwd", problem=str(problem),
+                 bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[torch.float32], device_key=fp.key, ok=1,
+                 caller_us=1.0 if i.name == winner else 9.0, source_hash=i.source_hash, timestamp=time.time())
+            for i in spec.impls.values()]
+    Store(store_path).add(rows)
+
+
+def _compiled_public_op(private_store, op, tier, full_compile):
+    spec = get_op(op)
+    problem = spec.problem((33, 40))
+    _decide(private_store, op, problem, tier, DEV)
+    inp = spec.make_inputs(problem, torch.float32, DEV, 3)
+    public = getattr(tiered_ops, op)
+    model = _between_pointwise(public)
+    sel_mod.set_tuning(False)
+    try:
+        eager_out = model(*inp.args)  # decides outside the compiled region
+        key = next(k for k in sel_mod._calls if k[0] == op)
+        assert sel_mod._calls[key].name == tier
+        torch._dynamo.reset()
+        e = torch._dynamo.explain(model)(*inp.args)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        if full_compile:
+            out = torch.compile(model, fullgraph=True)(*inp.args)
+            torch.testing.assert_close(out, eager_out)
+    finally:
+        sel_mod.set_tuning(None)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("tier", ["eager", "compile", "triton"])
+def test_public_op_compiles_fullgraph_on_cpu_tiers(private_store, op, tier):
+    if HAS_CUDA:
+        pytest.skip("the GPU variant below covers these tiers with the real kernels")
+    # inductor cannot run Triton's interpreter on fake tensors: the Triton tier is checked by explain only
+    _compiled_public_op(private_store, op, tier, full_compile=tier != "triton")
+
+
+@gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("tier", ["eager", "compile", "triton", "cuda"])
+def test_public_op_compiles_fullgraph_on_gpu(private_store, op, tier):
+    _compiled_public_op(private_store, op, tier, full_compile=True)
+
+
+def test_select_backend_decision_is_used_inside_compiled_region(private_store):
+    """Decided with select_backend before compiling: no graph break, no measuring while tracing."""
+    x = torch.randn(8, 32, device=DEV)
+    sel_mod.set_tuning(False)
+    try:
+        tiered_ops.select_backend("softmax", (8, 32), torch.float32, DEV)
+        model = _between_pointwise(tiered_ops.softmax)
+        torch._dynamo.reset()
+        assert torch._dynamo.explain(model)(x, -1).graph_break_count == 0
+    finally:
+        sel_mod.set_tuning(None)
+
+
+def test_missing_decision_inside_fullgraph_says_what_to_do(private_store):
+    x = torch.randn(8, 32, device=DEV)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="call tiered_ops.select_backend"):
+        torch.compile(_between_pointwise(tiered_ops.softmax), fullgraph=True)(x, -1)
+
+
+def _opcheck_args(op, dtype, device):
+    spec = get_op(op)
+    problems = [spec.problem((37, 129))] + ([spec.problem((5, 33), dim=0)] if op == "softmax" else [])
+    out = []
+    for p in problems:
+        inp = spec.make_inputs(p, dtype, device, 1)
+        args = inp.args
+        if op == "rms_norm":  # the kernel schema: int[] normalized_shape, float eps
+            args = (args[0], list(args[1]), args[2], float(args[3]))
+        out.append(args)
+    return out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="GPU runs the full opcheck below")
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck_schema_of_triton_ops_on_cpu(op):
+    get_op(op).impls["triton"].why_not(DEV)  # imports the module that registers the op
+    for args in _opcheck_args(op, torch.float32, DEV):
+        res = torch.library.opcheck(getattr(torch.ops.tiered_ops, f"{op}_triton").default, args,
+                                    test_utils=("test_schema",))
+        assert res == {"test_schema": "SUCCESS"}
+
+
+@gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("tier", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck_on_gpu(op, tier, dtype):
+    assert get_op(op).impls[tier].why_not(DEV) is None
+    for args in _opcheck_args(op, dtype, DEV):
+        res = torch.library.opcheck(getattr(torch.ops.tiered_ops, f"{op}_{tier}").default, args)
+        assert set(res) == {"test_schema", "test_autograd_registration", "test_faketensor",
+                            "test_aot_dispatch_dynamic"} and set(res.values()) == {"SUCCESS"}, res
