@@ -55,32 +55,34 @@ def test_bad_policy_and_margins_are_clear_errors(monkeypatch):
     assert policy.margins()["cuda"] == 0.25 and policy.margins()["triton"] == 0.05
 
 
-def test_policies_choose_differently_from_stored_rows(private_store):
+def test_policies_choose_differently_from_stored_rows(private_store, monkeypatch):
     """The same stored measurements give three different decisions under the three policies."""
     spec = get_op("muladd")
     problem = spec.problem((64, 64))
-    # cuda is unavailable on the CPU, so its (fastest) row must never be chosen here
-    figures = {"eager": (30.0, 0.001), "eager_addcmul": (29.0, 0.001), "compile": (20.0, 4.0),
-               "triton": (19.5, 1.0), "cuda": (5.0, 0.01)}
+    # (per-call us, first-call s, correct): implementations that run on any CPU, plus a Triton row that is the
+    # fastest but wrong (never chosen) and a CUDA row (unavailable on the CPU, never chosen here)
+    figures = {"eager": (30.0, 0.001, 1), "eager_addcmul": (29.0, 0.5, 1), "compile": (20.0, 4.0, 1),
+               "triton": (1.0, 0.001, 0), "cuda": (1.0, 0.001, 1)}
     rows = []
     for impl in spec.impls.values():
         r = measure(spec, impl, problem, torch.float32, CPU)
-        us, first = figures[impl.name]
-        r.update(ok=1, reason=None, caller_us=us, first_call_s=first)
+        us, first, ok = figures[impl.name]
+        r.update(ok=ok, reason=None if ok else "wrong (planted)", caller_us=us, first_call_s=first)
         rows.append(r)
     Store(private_store).add(rows)
+    monkeypatch.setenv("TIERED_OPS_MARGINS", "compile=0.5")
     sel_mod.set_tuning(False)
     try:
         pick = {p: tiered_ops.select_backend("muladd", (64, 64), "fp32", "cpu", policy=p, calls=n)
                 for p, n in (("fastest", None), ("cost-aware", None), ("cold-start", 10**5))}
     finally:
         sel_mod.set_tuning(None)
-    assert pick["fastest"].name == "triton"
-    assert pick["cost-aware"].name == "compile"  # Triton 19.5 * 1.05 = 20.5 does not beat compile's 20
-    assert pick["cold-start"].name == "eager_addcmul"  # 2.901 s vs Triton 2.95 s vs compile 6.0 s
+    assert pick["fastest"].name == "compile"
+    assert pick["cost-aware"].name == "eager_addcmul"  # compile 20 * 1.5 = 30 does not beat 29
+    assert pick["cold-start"].name == "eager"  # 3.001 s vs addcmul 3.4 s vs compile 6.0 s
     assert pick["cold-start"].record["policy"] == "cold-start" and pick["cold-start"].record["calls"] == 10**5
     figs = {c["impl"]: c["policy_figure"] for c in pick["cold-start"].record["candidates"]}
-    assert figs["compile"] == pytest.approx(4.0 + 2.0) and figs["cuda"] is None
+    assert figs["compile"] == pytest.approx(4.0 + 2.0) and figs["triton"] is None and figs["cuda"] is None
 
 
 def test_default_policy_from_environment(monkeypatch):

@@ -69,7 +69,9 @@ def softmax_launch(x: torch.Tensor, dim: int) -> torch.Tensor:
     check_float("softmax_triton", "x", x)
     xr = x.reshape(1) if x.dim() == 0 else x.movedim(dim, -1).contiguous()
     y = torch.empty_like(xr)
-    n = xr.shape[-1]
+    # The block size is a compile-time constant derived from n: under dynamic shapes (opcheck's
+    # aot_dispatch_dynamic, torch.compile(dynamic=True)) specialize on n; rows stay symbolic.
+    n = int(xr.shape[-1])
     if xr.numel():
         softmax_rows(xr, y, xr.numel() // n, n)
     return y.reshape(()) if x.dim() == 0 else y.movedim(-1, dim)
