@@ -89,14 +89,7 @@ def test_missing_decision_inside_fullgraph_says_what_to_do(private_store):
 def _opcheck_args(op, dtype, device):
     spec = get_op(op)
     problems = [spec.problem((37, 129))] + ([spec.problem((5, 33), dim=0)] if op == "softmax" else [])
-    out = []
-    for p in problems:
-        inp = spec.make_inputs(p, dtype, device, 1)
-        args = inp.args
-        if op == "rms_norm":  # the kernel schema: int[] normalized_shape, float eps
-            args = (args[0], list(args[1]), args[2], float(args[3]))
-        out.append(args)
-    return out
+    return [spec.kernel_args(*spec.make_inputs(p, dtype, device, 1).args) for p in problems]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="GPU runs the full opcheck below")

@@ -206,13 +206,11 @@ def graph_breaks(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, An
 
 def recompiles_in_bucket(spec: OpSpec, eager: Callable[..., torch.Tensor], device: torch.device) -> dict[str, Any]:
     """Graphs dynamo compiles for 3 shapes of one bucket (leading dim varied): static vs dynamic shapes."""
-    base = spec.default_problems(device.type)[-2] if len(spec.default_problems(device.type)) > 1 \
-        else spec.default_problems(device.type)[0]
-    lead = base.shape[0]
+    defaults = spec.default_problems(device.type)
+    base = defaults[-2] if len(defaults) > 1 else defaults[0]
     shapes = []
-    for r in (lead, lead - 1, lead // 2 + 1):
-        p = spec.problem((r, *base.shape[1:]), **{k: v for k, v in base.params if k != "weight"},
-                         **({"weight": base.kw["weight"]} if "weight" in base.kw else {}))
+    for r in (base.shape[0], base.shape[0] - 1, base.shape[0] // 2 + 1):
+        p = spec.problem((r, *base.shape[1:]), **base.kw)
         if r >= 1 and spec.bucket(p) == spec.bucket(base) and p not in shapes:
             shapes.append(p)
     out: dict[str, Any] = {"shapes": [str(p) for p in shapes]}

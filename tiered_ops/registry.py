@@ -94,6 +94,8 @@ class OpSpec:
     # Shape/stride-only version of the op for torch.library.register_fake (the CUDA ops; the Triton ops on the
     # interpreter, where triton_op's own fake would run kernels on fake tensors).
     fake: Callable[..., torch.Tensor] | None = None
+    # The op's call arguments -> the kernel ops' schema arguments (set by standard_impls from its ``adapt``).
+    kernel_args: Callable[..., tuple] | None = None
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
     impls: dict[str, Impl] = field(default_factory=dict)
 

@@ -162,12 +162,6 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
         return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls)
-    return _select_locked(spec, problem, dtype, device, tune, progress, policy, calls, key, bucket)
-
-
-def _select_locked(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, tune: bool | None,
-                   progress: Callable[[str], None] | None, policy: str, calls: int | None, key: tuple,
-                   bucket: tuple) -> Selection:
     with _lock:
         store = get_store()
         fp = fingerprint(device)

@@ -93,6 +93,7 @@ def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor],
     the Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``.
     """
     name, op_file = spec.name, spec.source
+    spec.kernel_args = adapt(lambda *args: args)
     triton_file = TRITON_SRC / f"{name}.py"
     cu_file = cuda_ext.CUDA_SRC / f"{name}.cu"
     binding = cuda_ext.CUDA_SRC / "binding.cpp"
