@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 
 #include "launchers.h"
 
@@ -44,6 +45,59 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
+// `t` is a CUDA tensor with x's dtype and device (an error naming both arguments otherwise).
+void check_like(const at::Tensor& t, const at::Tensor& x, const char* op, const char* arg, const char* x_arg = "x") {
+  check_cuda(t, op, arg);
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", arg, " must have the dtype of ", x_arg, " (",
+              x.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), op, ": ", arg, " must be on ", x.device(), " like ", x_arg, ", got ",
+              t.device());
+}
+
+void check_same_shape(const at::Tensor& t, const at::Tensor& x, const char* op, const char* arg, const char* x_arg) {
+  TORCH_CHECK(t.sizes().equals(x.sizes()), op, ": ", arg, " must have the shape of ", x_arg, " ",
+              shape_str(x.sizes()), ", got ", shape_str(t.sizes()));
+}
+
+// A normalization's x, normalized_shape and optional affine parameter: the normalized size n.
+int64_t check_norm(const at::Tensor& x, c10::IntArrayRef normalized_shape, const char* op) {
+  check_cuda(x, op, "x");
+  dtype_of(x, op, "x");
+  const int64_t k = (int64_t)normalized_shape.size();
+  TORCH_CHECK(k >= 1 && k <= x.dim() && x.sizes().slice(x.dim() - k).equals(normalized_shape), op,
+              ": normalized_shape ", shape_str(normalized_shape), " must match the trailing dims of x, got x of shape ",
+              shape_str(x.sizes()));
+  int64_t n = 1;
+  for (auto d : normalized_shape) n *= d;
+  return n;
+}
+
+// The parameter `name` (weight or bias) contiguous, or an undefined tensor when absent.
+at::Tensor norm_param(const c10::optional<at::Tensor>& t, const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                      const char* op, const char* name) {
+  if (!t.has_value() || !t->defined()) return at::Tensor();
+  check_like(*t, x, op, name);
+  TORCH_CHECK(t->sizes().equals(normalized_shape), op, ": ", name, " must have shape ", shape_str(normalized_shape),
+              ", got ", shape_str(t->sizes()));
+  return t->contiguous();
+}
+
+const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// Rows per group of the weight/bias gradient partial sums: about 4 blocks per SM over the (columns, groups) grid.
+int64_t rows_per_group(int64_t rows, int64_t n) {
+  const int64_t col_blocks = (n + 255) / 256;
+  const int64_t want = 4 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int64_t groups = (want + col_blocks - 1) / col_blocks;
+  groups = groups < 1 ? 1 : (groups > rows ? rows : groups);
+  return (rows + groups - 1) / groups;
+}
+
+// (groups, n) fp32 partials -> the parameter gradient in x's dtype and normalized_shape.
+at::Tensor sum_partials(const at::Tensor& partial, const at::Tensor& x, c10::IntArrayRef normalized_shape) {
+  return partial.sum(0).to(x.scalar_type()).view(normalized_shape);
+}
+
 at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   check_cuda(x, "softmax_cuda", "x");
   const DType dt = dtype_of(x, "softmax_cuda", "x");
@@ -59,36 +113,120 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   return x.dim() == 0 ? y.reshape({}) : y.movedim(-1, dim);
 }
 
+at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t dim) {
+  const char* op = "softmax_bwd_cuda";
+  check_cuda(y, op, "y");
+  const DType dt = dtype_of(y, op, "y");
+  check_like(dy, y, op, "dy", "y");
+  check_same_shape(dy, y, op, "dy", "y");
+  if (y.dim() == 0) return at::zeros_like(y);  // softmax over one element is constant
+  dim = c10::maybe_wrap_dim(dim, y.dim());
+  const c10::cuda::CUDAGuard guard(y.device());
+  const at::Tensor yc = y.movedim(dim, -1).contiguous(), dyc = dy.movedim(dim, -1).contiguous();
+  at::Tensor dx = at::empty_like(yc);
+  const int64_t n = yc.size(-1);
+  if (yc.numel() > 0)
+    check_launch(softmax_bwd(dyc.data_ptr(), yc.data_ptr(), dx.data_ptr(), yc.numel() / n, n, dt,
+                             at::cuda::getCurrentCUDAStream()), op);
+  return dx.movedim(-1, dim);
+}
+
 at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
                          double eps) {
-  check_cuda(x, "rms_norm_cuda", "x");
-  const DType dt = dtype_of(x, "rms_norm_cuda", "x");
-  const int64_t k = (int64_t)normalized_shape.size();
-  TORCH_CHECK(k >= 1 && k <= x.dim() && x.sizes().slice(x.dim() - k).equals(normalized_shape),
-              "rms_norm_cuda: normalized_shape ", shape_str(normalized_shape),
-              " must match the trailing dims of x, got x of shape ", shape_str(x.sizes()));
-  const void* wp = nullptr;
-  at::Tensor wc;
-  if (weight.has_value() && weight->defined()) {
-    check_cuda(*weight, "rms_norm_cuda", "weight");
-    TORCH_CHECK(weight->scalar_type() == x.scalar_type(), "rms_norm_cuda: weight must have the dtype of x (",
-                x.scalar_type(), "), got ", weight->scalar_type());
-    TORCH_CHECK(weight->sizes().equals(normalized_shape), "rms_norm_cuda: weight must have shape ",
-                shape_str(normalized_shape), ", got ", shape_str(weight->sizes()));
-    TORCH_CHECK(weight->device() == x.device(), "rms_norm_cuda: weight must be on ", x.device(), ", got ",
-                weight->device());
-    wc = weight->contiguous();
-    wp = wc.data_ptr();
-  }
+  const char* op = "rms_norm_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc);
-  int64_t n = 1;
-  for (auto d : normalized_shape) n *= d;
   if (xc.numel() > 0)
-    check_launch(rms_norm_fwd(xc.data_ptr(), wp, y.data_ptr(), xc.numel() / n, n, (float)eps, dt,
-                              at::cuda::getCurrentCUDAStream()), "rms_norm_cuda");
+    check_launch(rms_norm_fwd(xc.data_ptr(), ptr_or_null(wc), y.data_ptr(), xc.numel() / n, n, (float)eps,
+                              dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
   return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                                     c10::IntArrayRef normalized_shape,
+                                                     const c10::optional<at::Tensor>& weight, double eps) {
+  const char* op = "rms_norm_bwd_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  check_like(dy, x, op, "dy");
+  check_same_shape(dy, x, op, "dy", "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  const int64_t rows = n ? xc.numel() / n : 0;
+  if (xc.numel() == 0)
+    return {dx, wc.defined() ? at::zeros_like(wc) : x.new_empty({0})};
+  at::Tensor rstd, partial;
+  int64_t rows_per = 1;
+  if (wc.defined()) {
+    rows_per = rows_per_group(rows, n);
+    rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+    partial = at::empty({(rows + rows_per - 1) / rows_per, n}, x.options().dtype(at::kFloat));
+  }
+  check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(),
+                            wc.defined() ? rstd.data_ptr<float>() : nullptr,
+                            wc.defined() ? partial.data_ptr<float>() : nullptr, rows, n, (float)eps, rows_per,
+                            dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
+  return {dx, wc.defined() ? sum_partials(partial, x, normalized_shape) : x.new_empty({0})};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias, double eps) {
+  const char* op = "layer_norm_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  const at::Tensor bc = norm_param(bias, x, normalized_shape, op, "bias");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  int64_t rows = 1;
+  for (int64_t d = 0; d < x.dim() - (int64_t)normalized_shape.size(); ++d) rows *= x.size(d);
+  at::Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat)), rstd = at::empty_like(mean);
+  if (xc.numel() > 0)
+    check_launch(layer_norm_fwd(xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), y.data_ptr(), mean.data_ptr<float>(),
+                                rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"),
+                                at::cuda::getCurrentCUDAStream()), op);
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
+    const at::Tensor& dy, const at::Tensor& x, c10::IntArrayRef normalized_shape,
+    const c10::optional<at::Tensor>& weight, const at::Tensor& mean, const at::Tensor& rstd, bool has_bias) {
+  const char* op = "layer_norm_bwd_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  check_like(dy, x, op, "dy");
+  check_same_shape(dy, x, op, "dy", "x");
+  const int64_t rows = n ? x.numel() / n : 0;
+  const auto check_stat = [&](const at::Tensor& t, const char* name) {
+    check_cuda(t, op, name);
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == rows && t.is_contiguous(), op, ": ", name,
+                " must be a contiguous float32 tensor of ", std::to_string(rows), " row statistics");
+  };
+  check_stat(mean, "mean");
+  check_stat(rstd, "rstd");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  const bool want_w = wc.defined();
+  if (xc.numel() == 0) {
+    const at::Tensor z = x.new_zeros(normalized_shape);
+    return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
+  }
+  const int64_t rows_per = rows_per_group(rows, n), groups = (rows + rows_per - 1) / rows_per;
+  at::Tensor pw, pb;
+  if (want_w) pw = at::empty({groups, n}, x.options().dtype(at::kFloat));
+  if (has_bias) pb = at::empty({groups, n}, x.options().dtype(at::kFloat));
+  check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean.data_ptr<float>(),
+                              rstd.data_ptr<float>(), dx.data_ptr(), want_w ? pw.data_ptr<float>() : nullptr,
+                              has_bias ? pb.data_ptr<float>() : nullptr, rows, n, rows_per, dtype_of(x, op, "x"),
+                              at::cuda::getCurrentCUDAStream()), op);
+  return {dx, want_w ? sum_partials(pw, x, normalized_shape) : x.new_empty({0}),
+          has_bias ? sum_partials(pb, x, normalized_shape) : x.new_empty({0})};
 }
 
 at::Tensor muladd_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
@@ -112,33 +250,110 @@ at::Tensor muladd_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> muladd_bwd_cuda(const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+  const char* op = "muladd_bwd_cuda";
+  check_cuda(a, op, "a");
+  const DType dt = dtype_of(a, op, "a");
+  check_like(g, a, op, "grad", "a");
+  check_like(b, a, op, "b", "a");
+  check_same_shape(g, a, op, "grad", "a");
+  check_same_shape(b, a, op, "b", "a");
+  const c10::cuda::CUDAGuard guard(a.device());
+  const at::Tensor gc = g.contiguous(), ac = a.contiguous(), bc = b.contiguous();
+  at::Tensor da = at::empty_like(ac), db = at::empty_like(bc);
+  if (ac.numel() > 0)
+    check_launch(muladd_bwd(gc.data_ptr(), ac.data_ptr(), bc.data_ptr(), da.data_ptr(), db.data_ptr(), ac.numel(), dt,
+                            at::cuda::getCurrentCUDAStream()), op);
+  return {da, db};
+}
+
+// x and bias of gelu; the row length the bias repeats over.
+int64_t check_gelu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate, const char* op) {
+  check_cuda(x, op, "x");
+  dtype_of(x, op, "x");
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", op, ": approximate must be 'none' or 'tanh', got '",
+              std::string(approximate), "'");
+  const int64_t n = x.dim() ? x.size(-1) : 1;
+  if (bias.defined()) {
+    check_like(bias, x, op, "bias");
+    TORCH_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == n, op, ": bias must have shape [x.shape[-1]], got ",
+                shape_str(bias.sizes()), " for x of shape ", shape_str(x.sizes()));
+  }
+  return n;
+}
+
+at::Tensor gelu_cuda(const at::Tensor& x, const c10::optional<at::Tensor>& bias, c10::string_view approximate) {
+  const char* op = "gelu_cuda";
+  const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const int64_t n = check_gelu(x, b, approximate, op);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  if (xc.numel() > 0)
+    check_launch(gelu_fwd(xc.data_ptr(), ptr_or_null(b), y.data_ptr(), xc.numel(), n, approximate == "tanh",
+                          dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> gelu_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                                 const c10::optional<at::Tensor>& bias, c10::string_view approximate) {
+  const char* op = "gelu_bwd_cuda";
+  const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const int64_t n = check_gelu(x, b, approximate, op);
+  check_like(dy, x, op, "dy");
+  check_same_shape(dy, x, op, "dy", "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  if (xc.numel() > 0)
+    check_launch(gelu_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(b), dx.data_ptr(), xc.numel(), n,
+                          approximate == "tanh", dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
+  if (!b.defined()) return {dx, x.new_empty({0})};
+  return {dx, dx.reshape({-1, n}).sum(0, /*keepdim=*/false, at::kFloat).to(x.scalar_type())};
+}
+
 }  // namespace
+
+#define TIERED_OPS_IMPLS(m)                            \
+  m.impl("softmax_cuda", &softmax_cuda);               \
+  m.impl("softmax_bwd_cuda", &softmax_bwd_cuda);       \
+  m.impl("rms_norm_cuda", &rms_norm_cuda);             \
+  m.impl("rms_norm_bwd_cuda", &rms_norm_bwd_cuda);     \
+  m.impl("layer_norm_cuda", &layer_norm_cuda);         \
+  m.impl("layer_norm_bwd_cuda", &layer_norm_bwd_cuda); \
+  m.impl("muladd_cuda", &muladd_cuda);                 \
+  m.impl("muladd_bwd_cuda", &muladd_bwd_cuda);         \
+  m.impl("gelu_cuda", &gelu_cuda);                     \
+  m.impl("gelu_bwd_cuda", &gelu_bwd_cuda);
 
 TORCH_LIBRARY(tiered_ops, m) {
   m.def("softmax_cuda(Tensor x, int dim) -> Tensor");
+  m.def("softmax_bwd_cuda(Tensor dy, Tensor y, int dim) -> Tensor");
   m.def("rms_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)");
+  m.def("layer_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean, Tensor rstd, "
+        "bool has_bias) -> (Tensor, Tensor, Tensor)");
   m.def("muladd_cuda(Tensor a, Tensor b, Tensor c) -> Tensor");
+  m.def("muladd_bwd_cuda(Tensor grad, Tensor a, Tensor b) -> (Tensor, Tensor)");
+  m.def("gelu_cuda(Tensor x, Tensor? bias, str approximate) -> Tensor");
+  m.def("gelu_bwd_cuda(Tensor dy, Tensor x, Tensor? bias, str approximate) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) {
-  m.impl("softmax_cuda", &softmax_cuda);
-  m.impl("rms_norm_cuda", &rms_norm_cuda);
-  m.impl("muladd_cuda", &muladd_cuda);
-}
+TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) { TIERED_OPS_IMPLS(m) }
 
 // CPU tensors reach the same functions, whose first check names the argument that is not on CUDA
 // (rather than the dispatcher's "could not run with arguments from the CPU backend").
-TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) {
-  m.impl("softmax_cuda", &softmax_cuda);
-  m.impl("rms_norm_cuda", &rms_norm_cuda);
-  m.impl("muladd_cuda", &muladd_cuda);
-}
+TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) { TIERED_OPS_IMPLS(m) }
 
 }  // namespace tiered_ops
 
-// The contrast: the same C++ functions as pybind11 functions, outside the dispatcher.
+// The contrast: the same C++ forward functions as pybind11 functions, outside the dispatcher.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_cuda", &tiered_ops::softmax_cuda);
   m.def("rms_norm_cuda", &tiered_ops::rms_norm_cuda);
+  m.def("layer_norm_cuda", &tiered_ops::layer_norm_cuda);
   m.def("muladd_cuda", &tiered_ops::muladd_cuda);
+  m.def("gelu_cuda", &tiered_ops::gelu_cuda);
 }

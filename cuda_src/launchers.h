@@ -20,4 +20,32 @@ cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, in
 cudaError_t muladd_fwd(const void* a, const void* b, const void* c, void* out, int64_t numel, DType dtype,
                        cudaStream_t stream);
 
+// dx[r, :] = y * (dy - sum(dy * y)) over contiguous rows.
+cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, int64_t n, DType dtype,
+                        cudaStream_t stream);
+
+// rms_norm backward: dx for every row; with w, also rstd per row and dw_partial (ceil(rows / rows_per), n) fp32
+// partial sums of the weight gradient (the caller sums them).
+cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
+                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream);
+
+// layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out.
+cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
+                           int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+
+// layer_norm backward from the saved statistics: dx; dw_partial / db_partial (may be null) as for rms_norm_bwd.
+cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const float* mean, const float* rstd,
+                           void* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n, int64_t rows_per,
+                           DType dtype, cudaStream_t stream);
+
+// (da, db) = (g * b, g * a) over `numel` contiguous elements.
+cudaError_t muladd_bwd(const void* g, const void* a, const void* b, void* da, void* db, int64_t numel, DType dtype,
+                       cudaStream_t stream);
+
+// y = gelu(x + bias[i % n]) (bias may be null), erf or tanh form; dx = dy * gelu'(x + bias).
+cudaError_t gelu_fwd(const void* x, const void* bias, void* y, int64_t numel, int64_t n, bool tanh_approx,
+                     DType dtype, cudaStream_t stream);
+cudaError_t gelu_bwd(const void* dy, const void* x, const void* bias, void* dx, int64_t numel, int64_t n,
+                     bool tanh_approx, DType dtype, cudaStream_t stream);
+
 }  // namespace tiered_ops

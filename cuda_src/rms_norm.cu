@@ -5,6 +5,9 @@
 // then scale); the second read hits L1/L2 for rows up to ~100 KB.
 // Limits: any row length; one block per row.
 // Versions: v1 — block per row, 16-byte loads when rows and w are 16-byte aligned.
+// Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
+// (block per row: x, dy read twice, dx written once); dw = sum over rows of dy * x * r by the column kernel of
+// common.cuh (x and dy read once more: 5 passes where 3 would do, v1).
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -58,6 +61,63 @@ static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, i
   else
     rms_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps);
   return cudaGetLastError();
+}
+
+template <typename T, int V>
+__global__ void rms_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                       T* __restrict__ dx, float* __restrict__ rstd_out, int64_t rows, int64_t n,
+                                       float eps) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * n;
+    float ss = 0.f, gx = 0.f;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], g[V], ww[V];
+      load_f<T, V>(x, base + i, a);
+      load_f<T, V>(dy, base + i, g);
+      if (w) load_f<T, V>(w, i, ww);
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += (w ? g[j] * ww[j] : g[j]) * a[j];
+    }
+    const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
+    const float c = block_sum(gx, smem) * rstd * rstd / (float)n;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], g[V], ww[V];
+      load_f<T, V>(x, base + i, a);
+      load_f<T, V>(dy, base + i, g);
+      if (w) load_f<T, V>(w, i, ww);
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j] = rstd * ((w ? g[j] * ww[j] : g[j]) - a[j] * c);
+      store_f<T, V>(dx, base + i, a);
+    }
+    if (rstd_out && threadIdx.x == 0) rstd_out[r] = rstd;
+  }
+}
+
+template <typename T>
+static cudaError_t launch_rms_norm_bwd(const T* dy, const T* x, const T* w, T* dx, float* rstd, float* dw_partial,
+                                       int64_t rows, int64_t n, float eps, int64_t rows_per, cudaStream_t stream) {
+  constexpr int V = Pack<T>::N;
+  const bool vec = n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && (w == nullptr || aligned16(w));
+  const int threads = row_threads(n, vec ? V : 1);
+  float* rstd_out = w ? rstd : nullptr;
+  if (vec)
+    rms_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps);
+  else
+    rms_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || w == nullptr) return err;
+  return launch_norm_param_grads<T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
+}
+
+cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
+                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  TIERED_OPS_DISPATCH(dtype, T,
+                      return launch_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                 static_cast<const T*>(w), static_cast<T*>(dx), rstd, dw_partial, rows,
+                                                 n, eps, rows_per, stream));
+  return cudaSuccess;
 }
 
 cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, DType dtype,

@@ -6,6 +6,8 @@
 // Limits: any row length (the block loops over the row); one block per row, so few-row giant rows
 // use few SMs (a split-row version is the next one to add).
 // Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
+// Backward: dx = y * (dy - sum(dy * y)); block per row, reads y and dy twice (the second time from L1/L2 for
+// rows up to ~100 KB), writes dx once.
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -70,6 +72,53 @@ cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType d
   if (rows == 0 || n == 0) return cudaSuccess;
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_softmax(static_cast<const T*>(x), static_cast<T*>(y), rows, n, stream));
+  return cudaSuccess;
+}
+
+template <typename T, int V>
+__global__ void softmax_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                                      int64_t rows, int64_t n) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * n;
+    float s = 0.f;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], b[V];
+      load_f<T, V>(y, base + i, a);
+      load_f<T, V>(dy, base + i, b);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += a[j] * b[j];
+    }
+    s = block_sum(s, smem);
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], b[V];
+      load_f<T, V>(y, base + i, a);
+      load_f<T, V>(dy, base + i, b);
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j] = a[j] * (b[j] - s);
+      store_f<T, V>(dx, base + i, a);
+    }
+  }
+}
+
+template <typename T>
+static cudaError_t launch_softmax_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t n, cudaStream_t stream) {
+  constexpr int V = Pack<T>::N;
+  const bool vec = n % V == 0 && aligned16(dy) && aligned16(y) && aligned16(dx);
+  const int threads = row_threads(n, vec ? V : 1);
+  if (vec)
+    softmax_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, y, dx, rows, n);
+  else
+    softmax_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, y, dx, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, int64_t n, DType dtype,
+                        cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  TIERED_OPS_DISPATCH(dtype, T,
+                      return launch_softmax_bwd(static_cast<const T*>(dy), static_cast<const T*>(y),
+                                                static_cast<T*>(dx), rows, n, stream));
   return cudaSuccess;
 }
 

@@ -4,6 +4,7 @@
     y = tiered_ops.softmax(x, dim=-1)          # dispatches through the stored decision
     sel = tiered_ops.select_backend("rms_norm", (8, 4096), torch.bfloat16, normalized_shape=(4096,))
     sel.tier, sel.name, sel.record             # what was chosen and why
+    y = tiered_ops.layer_norm(x, (4096,), w, b)  # training (x requires grad): the fwd+bwd decision
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ if not _os.environ.get("TRITON_INTERPRET"):
     except ImportError:
         pass
 
+from .ops.gelu import gelu  # noqa: E402
+from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.muladd import muladd  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
@@ -26,7 +29,8 @@ from .registry import OPS, Impl, OpSpec, Tier, all_ops, get_op  # noqa: E402
 from .select import Selection, clear_cache, select_backend, set_tuning, use_store  # noqa: E402
 
 __all__ = [
-    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "muladd", "rms_norm",
+    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "gelu", "get_op", "layer_norm", "muladd",
+    "rms_norm",
     "select_backend", "set_tuning", "softmax", "use_store",
 ]
 __version__ = "0.1.0"

@@ -16,14 +16,15 @@ import torch
 from .measure import measure
 from .meta import breaks_str, stored_or_collect
 from .policy import DEFAULT_CALLS, choose
-from .registry import DTYPE_NAMES, OpSpec, Problem
+from .registry import DTYPE_NAMES, MODES, OpSpec, Problem
 from .store import Store
 from .timing import copy_bandwidth_gbps, fingerprint
 
 
-def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device) -> dict:
+def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str
+           ) -> dict:
     fp = fingerprint(device)
-    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=fp.key, mode="fwd")
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=fp.key, mode=mode)
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins
         if spec.fresh_impl(r) is not None:
@@ -33,8 +34,9 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
 
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
           device: torch.device, store: Store, force: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None) -> pd.DataFrame:
-    """Measure every (op, problem, dtype, implementation); returns one row per measurement.
+          log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None,
+          modes: Iterable[str] = MODES) -> pd.DataFrame:
+    """Measure every (op, problem, dtype, mode, implementation); returns one row per measurement.
 
     After an op's measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
     registers) is collected once per source and device, stored, and put in ``metas`` when given.
@@ -42,7 +44,9 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
     from tqdm import tqdm
 
     specs = list(specs)
-    todo = [(s, p, dt, i) for s in specs for p in problems[s.name] for dt in dtypes for i in s.impls.values()]
+    modes = list(modes)
+    todo = [(s, p, dt, m, i) for s in specs for p in problems[s.name] for dt in dtypes for m in modes
+            for i in s.impls.values()]
     copy = copy_bandwidth_gbps(device)
     log(f"device: {fingerprint(device).name}; copy bandwidth {copy:.0f} GB/s (read + write, measured now)")
     if device.type == "cpu":
@@ -50,11 +54,11 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
             "correctness only; CUDA unavailable)")
     results = []
     bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
-    for spec, problem, dtype, impl in bar:
-        bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]}")
-        done = None if force else _fresh(store, spec, problem, dtype, device).get(impl.name)
+    for spec, problem, dtype, mode, impl in bar:
+        bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
+        done = None if force else _fresh(store, spec, problem, dtype, device, mode).get(impl.name)
         if done is None:
-            done = measure(spec, impl, problem, dtype, device)
+            done = measure(spec, impl, problem, dtype, device, mode)
             store.add([done])
         results.append(done)
     for spec in specs:
@@ -72,28 +76,28 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct timed implementation per (op, problem, dtype), with its margin over the runner-up."""
+    """The fastest correct timed implementation per (op, problem, dtype, mode), with its margin over the runner-up."""
     ok = df[(df.ok == 1) & df.caller_us.notna()]
     out = []
-    for (op, problem, dtype), g in ok.groupby(["op", "problem", "dtype"], sort=False):
+    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
         g = g.sort_values("caller_us")
         best = g.iloc[0]
         margin = g.iloc[1].caller_us / best.caller_us if len(g) > 1 else math.nan
-        out.append(dict(op=op, problem=problem, dtype=dtype, winner=best.impl, tier=best.tier,
+        out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
                         caller_us=best.caller_us, margin=margin))
     return pd.DataFrame(out)
 
 
 def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple[int, ...] = (DEFAULT_CALLS, 10**6)
               ) -> pd.DataFrame:
-    """The choice under each policy per (op, problem, dtype), from this sweep's rows and cost metadata."""
+    """The choice under each policy per (op, problem, dtype, mode), from this sweep's rows and cost metadata."""
     ok = df[(df.ok == 1) & df.caller_us.notna()]
     out = []
-    for (op, problem, dtype), g in ok.groupby(["op", "problem", "dtype"], sort=False):
+    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
         cands = [dict(impl=r.impl, tier=r.tier, caller_us=r.caller_us, first_call_s=r.first_call_s,
                       build_s=metas.get((op, r.impl), {}).get("build_s_extension") if r.tier == "cuda" else None)
                  for r in g.itertuples()]
-        row = dict(op=op, problem=problem, dtype=dtype, fastest=choose(cands, "fastest")[0]["impl"],
+        row = dict(op=op, problem=problem, dtype=dtype, mode=mode, fastest=choose(cands, "fastest")[0]["impl"],
                    cost_aware=choose(cands, "cost-aware")[0]["impl"])
         for n in calls:
             row[f"cold_start_{n:g}"] = choose(cands, "cold-start", n)[0]["impl"]
@@ -110,15 +114,15 @@ def _fmt(v: object, spec: str) -> str:
 def table(df: pd.DataFrame, op: str) -> str:
     """Text table of one op's results: a line per (problem, dtype, implementation), winner marked."""
     win = winners(df)
-    win_set = {(r.problem, r.dtype, r.winner) for r in win.itertuples()}
-    head = f"{'problem':<26} {'dtype':<5} {'impl':<14} {'tier':<8} {'median us':>10} {'us/call':>9} " \
+    win_set = {(r.problem, r.dtype, r.mode, r.winner) for r in win.itertuples()}
+    head = f"{'problem':<26} {'dtype':<5} {'mode':<10} {'impl':<14} {'tier':<8} {'median us':>10} {'us/call':>9} " \
            f"{'GB/s':>7} {'% copy':>7} {'rel err':>8} {'breaks':>6} {'LOC':>4}  note"
     lines = [f"== {op} ==", head]
     for r in df[df.op == op].itertuples():
-        mark = "  <- winner" if (r.problem, r.dtype, r.impl) in win_set else ""
+        mark = "  <- winner" if (r.problem, r.dtype, r.mode, r.impl) in win_set else ""
         note = (r.reason or "") if not r.ok or r.caller_us is None or r.caller_us != r.caller_us else ""
         lines.append(
-            f"{r.problem:<26} {r.dtype:<5} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
+            f"{r.problem:<26} {r.dtype:<5} {r.mode:<10} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
             f"{_fmt(r.caller_us, '9.1f')} {_fmt(r.gbps, '7.0f')} "
             f"{_fmt(None if r.frac_copy is None else 100 * r.frac_copy, '6.1f')}% {_fmt(r.rel_error, '8.1e')} "
             f"{getattr(r, 'graph_breaks', '-'):>6} {_fmt(getattr(r, 'loc', None), '4.0f')}"

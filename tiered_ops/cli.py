@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .registry import DTYPES, all_ops, get_op
+from .registry import DTYPES, MODES, all_ops, get_op
 
 
 def _device(arg: str | None) -> torch.device:
@@ -40,6 +40,14 @@ def _dtypes(text: str) -> list[torch.dtype]:
         if name not in DTYPES:
             raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
         out.append(DTYPES[name])
+    return out
+
+
+def _modes(text: str) -> list[str]:
+    out = [m.strip() for m in text.split(",")]
+    for m in out:
+        if m not in MODES:
+            raise argparse.ArgumentTypeError(f"mode must be one of {', '.join(MODES)}, got {m!r}")
     return out
 
 
@@ -73,7 +81,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     store = _store(args)
     print(f"store: {store.path}")
     metas: dict = {}
-    df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas)
+    try:
+        df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
+                   modes=args.modes or MODES)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
+              file=sys.stderr)
+        return 130
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
@@ -89,7 +103,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
         print(d.to_string(index=False))
         differ = d[(d.fastest != d.cost_aware) | d.filter(like="cold_start").ne(d.fastest, axis=0).any(axis=1)]
-        print(f"policies disagree on {len(differ)} of {len(d)} (op, problem, dtype)")
+        print(f"policies disagree on {len(differ)} of {len(d)} (op, problem, dtype, mode)")
+        modes = w.pivot_table(index=["op", "problem", "dtype"], columns="mode", values="winner", aggfunc="first")
+        if modes.shape[1] > 1:
+            flips = modes[modes.nunique(axis=1) > 1]
+            print(f"\nwinner per mode (differs across modes for {len(flips)} of {len(modes)} (op, problem, dtype)):")
+            print(modes.to_string())
     return 0
 
 
@@ -102,9 +121,13 @@ def cmd_select(args: argparse.Namespace) -> int:
         params["dim"] = args.dim
     if args.normalized_shape:
         params["normalized_shape"] = _shape(args.normalized_shape)
+    if args.approximate:
+        params["approximate"] = args.approximate
+    if args.no_weight:
+        params["weight"] = False
     sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune,
-                         policy=args.policy, calls=args.calls, **params)
-    print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype} [{sel.record['policy']}]: {sel.name} "
+                         policy=args.policy, calls=args.calls, mode=args.mode, **params)
+    print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype} {args.mode} [{sel.record['policy']}]: {sel.name} "
           f"({sel.tier.label}) - {sel.record['reason']}")
     if args.json:
         print(json.dumps(sel.record, indent=2, default=str))
@@ -195,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shapes", type=_shape, nargs="+", help="shapes like 16384x4096 (default: the op's own)")
     s.add_argument("--dtypes", type=_dtypes, help="comma-separated: fp32,bf16,fp16 (default bf16,fp32 on GPU)")
     s.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
+    s.add_argument("--modes", type=_modes, help=f"comma-separated: {','.join(MODES)} (default: all)")
     s.add_argument("--force", action="store_true", help="re-measure even when fresh results are stored")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
     s.add_argument("--no-progress", action="store_true")
@@ -205,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("shape", type=_shape)
     s.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     s.add_argument("--dim", type=int, help="softmax: the dim (default -1)")
-    s.add_argument("--normalized-shape", help="rms_norm: trailing dims like 4096 or 64x256")
+    s.add_argument("--normalized-shape", help="rms_norm, layer_norm: trailing dims like 4096 or 64x256")
+    s.add_argument("--no-weight", action="store_true", help="rms_norm, layer_norm: without weight (and bias)")
+    s.add_argument("--approximate", choices=["none", "tanh"], help="gelu: the approximation (default none)")
+    s.add_argument("--mode", default="fwd_nograd", choices=list(MODES),
+                   help="what the decision is for: inference (fwd_nograd, default) or training (fwd+bwd), ...")
     s.add_argument("--device")
     s.add_argument("--no-tune", action="store_true", help="do not measure when no decision is stored")
     s.add_argument("--policy", choices=["fastest", "cost-aware", "cold-start"], help="default: fastest")

@@ -3,8 +3,8 @@
 Built with ``torch.utils.cpp_extension.load`` (ninja) for the local GPU's architecture, into a build
 directory whose name hashes the sources, the torch and CUDA versions and the target architecture:
 a binary built from other sources or for another torch is never loaded. The build happens once per
-process on first use (scripts/gpu.sh logs its seconds). Fakes (meta kernels) for
-the ops are registered here so the ops trace under torch.compile.
+process on first use (scripts/gpu.sh logs its seconds). Fakes (meta kernels) and
+autograd formulas of the ops are registered here, so the ops trace under torch.compile and train.
 """
 
 from __future__ import annotations
@@ -100,11 +100,11 @@ def load(device: torch.device | None = None) -> str | None:
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old
         _state.update(name=name, load_s=time.perf_counter() - t0, arch=arch, module=module, build_dir=bdir)
+        from .ops._tiers import register_kernel_ops
         from .registry import all_ops
 
         for spec in all_ops():
-            if spec.fake is not None:
-                torch.library.register_fake(f"tiered_ops::{spec.name}_cuda")(spec.fake)
+            register_kernel_ops(spec, "cuda", fakes=True)
         return None
 
 

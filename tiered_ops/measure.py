@@ -3,24 +3,28 @@
 Gate: before an implementation is timed at a problem it must match the float64 reference on fresh
 random inputs (two seeds) at that problem, and on the op's edge problems (checked once per
 implementation, dtype and device in a process). The error ||out-ref||/||ref|| must stay under the
-dtype's bound and NaN/Inf must appear exactly where the reference has them. A NaN-filled block of the
+dtype's bound and NaN/Inf must appear exactly where the reference has them. In the modes that run a
+backward (fwd, bwd, fwd+bwd) every gradient is also compared with float64 autograd of the reference,
+for a random output gradient. A NaN-filled block of the
 output's size is freed just before each call, so with CUDA's caching allocator an unwritten element
 usually reads as NaN (on the CPU it reads as whatever was there, still caught as a wrong value).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .registry import DTYPE_NAMES, Impl, Inputs, OpSpec, Problem, rel_error
+from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_mode, rel_error
 from .timing import copy_bandwidth_gbps, fingerprint, sync, time_call
 
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
 _edge_results: dict[tuple, tuple[bool, float, str | None]] = {}
+_problem_results: dict[tuple, tuple[float, str | None]] = {}
 
 
 def _to64(v: Any) -> Any:
@@ -42,36 +46,129 @@ def _poison(inp: Inputs, device: torch.device) -> None:
         torch.full((first.numel(),), math.nan, dtype=first.dtype, device=device)
 
 
-def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, seed: int
-              ) -> tuple[float, str | None]:
-    """Relative error of impl vs the float64 reference at one problem and seed; reason when it fails."""
-    inp = spec.make_inputs(problem, dtype, device, seed)
+def arg_names(spec: OpSpec) -> list[str]:
+    return list(inspect.signature(spec.reference).parameters)
+
+
+def with_grad(spec: OpSpec, inp: Inputs) -> tuple[Inputs, list[int]]:
+    """Inputs whose differentiable tensors are fresh leaves that require grad; their positions."""
+    args, pos = list(inp.args), []
+    for i in spec.grad_args:
+        a = args[i] if i < len(args) else None
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            args[i] = a.detach().requires_grad_(True)
+            pos.append(i)
+    return Inputs(tuple(args), inp.kwargs), pos
+
+
+def grad_output(out: torch.Tensor, seed: int) -> torch.Tensor:
+    """A random output gradient (never zeros, never ones: a wrong reduction cannot cancel out)."""
+    g = torch.Generator(device=out.device).manual_seed(10_000 + seed)
+    return torch.randn(out.shape, generator=g, device=out.device, dtype=torch.float32).to(out.dtype)
+
+
+EAGER_FACTOR = 2.0  # an implementation may be this many times as far from float64 as eager is at that dtype
+
+
+def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: int, device: torch.device
+         ) -> tuple[Any, tuple, torch.Tensor | None]:
+    """(output, gradients, output gradient) of one call; gradients only when ``grad``."""
+    pos: list[int] = []
+    if grad:
+        inp, pos = with_grad(spec, inp)
+    _poison(inp, device)
+    with torch.set_grad_enabled(grad):
+        out = fn(*inp.args, **inp.kwargs)
+    if not grad or not isinstance(out, torch.Tensor):
+        sync(device)
+        return out, (), None
+    if not out.requires_grad:
+        raise _NoBackward()
+    dy = grad_output(out, seed)
     _poison(inp, device)
     try:
-        out = impl.fn(*inp.args, **inp.kwargs)
+        grads = torch.autograd.grad(out, [inp.args[i] for i in pos], dy, allow_unused=True)
         sync(device)
+    except Exception as e:
+        raise _InBackward(e) from e
+    return out, grads, dy
+
+
+class _NoBackward(Exception):
+    pass
+
+
+class _InBackward(Exception):
+    pass
+
+
+def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, seed: int,
+              grad: bool = False) -> tuple[float, str | None]:
+    """Relative error of impl vs the float64 reference at one problem and seed (output, and each gradient when
+    ``grad``); the reason when it fails.
+
+    Bound per checked tensor: the dtype's bound, or EAGER_FACTOR times eager's own error on the same inputs
+    when that is larger (torch's CPU kernels accumulate some half-precision reductions in the low dtype, and
+    its fp32 layer_norm gradient over one element is roundoff where the exact one is 0). Eager itself, the
+    reference tier, is held to the bound on its output; its gradients are what torch computes, and set the
+    others' tolerance as above (NaN/Inf and shape mismatches still fail)."""
+    inp = spec.make_inputs(problem, dtype, device, seed)
+    try:
+        out, grads, dy = _run(impl.fn, spec, inp, grad, seed, device)
+    except _NoBackward:
+        return math.inf, f"no backward at {problem}: the output does not require grad"
+    except _InBackward as e:
+        return math.inf, f"backward raised at {problem} seed {seed}: {_short(e.__cause__)}"
     except Exception as e:  # a failing candidate is recorded, never raised out of the sweep
         return math.inf, f"raised at {problem} seed {seed}: {_short(e)}"
-    ref = spec.reference(*_to64(inp.args), **_to64(inp.kwargs))
     if not isinstance(out, torch.Tensor) or out.dtype != dtype:
         got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
         return math.inf, f"wrong output dtype at {problem}: {got}, expected {dtype}"
-    err = rel_error(out, ref)
-    bound = spec.rtol[dtype]
-    if not err <= bound:
-        what = "NaN/Inf where the reference is finite (or shape mismatch)" if math.isinf(err) else f"{err:.2e}"
-        return err, f"wrong at {problem} seed {seed}: rel error {what} > bound {bound:.1e}"
-    return err, None
+    ginp, pos = with_grad(spec, Inputs(_to64(inp.args), _to64(inp.kwargs))) if grad else (None, [])
+    inp64 = ginp or Inputs(_to64(inp.args), _to64(inp.kwargs))
+    with torch.set_grad_enabled(grad):
+        ref = spec.reference(*inp64.args, **inp64.kwargs)
+    names = arg_names(spec)
+    checks = [("output", out, ref, spec.rtol[dtype], 0.0)]
+    if grad:
+        floor = 1e-6 * torch.linalg.vector_norm(dy.double()).item()  # a gradient below this counts as zero
+        refs = torch.autograd.grad(ref, [inp64.args[i] for i in pos], dy.to(torch.float64), allow_unused=True)
+        for i, g, r in zip(pos, grads, refs):
+            r = torch.zeros_like(inp64.args[i]) if r is None else r
+            checks.append((f"grad of {names[i]}", g, r, spec.grad_rtol[dtype], floor))
+    eager = spec.impls["eager"]
+    eager_res = None if impl is eager else _run(eager.fn, spec, inp, grad, seed, device)
+    worst = 0.0
+    for k, (what, o, r, bound, fl) in enumerate(checks):
+        if o is None:
+            return math.inf, f"{what} missing at {problem} (backward returned None)"
+        if o.dtype != dtype:
+            return math.inf, f"{what} has dtype {o.dtype} at {problem}, expected {dtype}"
+        if eager_res is not None:
+            e = eager_res[0] if k == 0 else eager_res[1][k - 1]
+            e_err = rel_error(e, r, fl) if e is not None else math.inf
+            if math.isfinite(e_err):
+                bound = max(bound, EAGER_FACTOR * e_err)
+        err = rel_error(o, r, fl)
+        worst = max(worst, err)
+        if impl is eager and k > 0 and math.isfinite(err):
+            continue
+        if not err <= bound:
+            desc = "NaN/Inf where the reference is finite (or shape mismatch)" if math.isinf(err) else f"{err:.2e}"
+            return err, f"wrong {what} at {problem} seed {seed}: rel error {desc} > bound {bound:.1e}"
+    return worst, None
 
 
-def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device
-         ) -> tuple[float, str | None]:
-    """Worst relative error over the seeds at ``problem`` and the edge problems; reason on failure."""
-    key = (spec.name, impl.name, impl.source_hash, dtype, str(device))
+def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+         grad: bool = False) -> tuple[float, str | None]:
+    """Worst relative error over the seeds at ``problem`` and the edge problems; reason on failure.
+
+    With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate)."""
+    key = (spec.name, impl.name, impl.source_hash, dtype, str(device), grad)
     if key not in _edge_results:
         worst = 0.0
         for edge in spec.edge_problems():
-            err, why = check_one(spec, impl, edge, dtype, device, seed=len(edge.shape))
+            err, why = check_one(spec, impl, edge, dtype, device, seed=len(edge.shape), grad=grad)
             worst = max(worst, err)
             if why:
                 _edge_results[key] = (False, err, f"edge case: {why}")
@@ -81,17 +178,45 @@ def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     ok, worst, why = _edge_results[key]
     if not ok:
         return worst, why
-    for seed in SEEDS:
-        err, why = check_one(spec, impl, problem, dtype, device, seed)
-        worst = max(worst, err)
-        if why:
-            return err, why
-    return worst, None
+    pkey = key + (problem,)
+    if pkey not in _problem_results:
+        res: tuple[float, str | None] = (worst, None)
+        for seed in SEEDS:
+            err, why = check_one(spec, impl, problem, dtype, device, seed, grad)
+            res = (max(res[0], err), None)
+            if why:
+                res = (err, why)
+                break
+        _problem_results[pkey] = res
+    err, why = _problem_results[pkey]
+    return max(err, worst) if why is None else err, why
+
+
+def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str) -> Callable[[], Any]:
+    """The call a measurement in ``mode`` times (built once; a bwd call replays a retained graph)."""
+    fn, kwargs = impl.fn, inp.kwargs
+    if mode == "fwd_nograd":
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(*inp.args, **kwargs)
+        return call
+    ginp, pos = with_grad(spec, inp)
+    args = ginp.args
+    leaves = [args[i] for i in pos]
+    if mode == "fwd":
+        return lambda: fn(*args, **kwargs)
+    with torch.enable_grad():
+        out = fn(*args, **kwargs)
+    dy = grad_output(out, 0)
+    if mode == "bwd":
+        return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+    return lambda: torch.autograd.grad(fn(*args, **kwargs), leaves, dy)
 
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-            mode: str = "fwd") -> dict[str, Any]:
-    """Gate, then time one implementation; returns a store row (never raises for a bad candidate)."""
+            mode: str = "fwd_nograd") -> dict[str, Any]:
+    """Gate, then time one implementation in ``mode``; returns a store row (never raises for a bad candidate)."""
+    check_mode(mode)
     fp = fingerprint(device)
     row: dict[str, Any] = dict(
         op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem),
@@ -107,13 +232,14 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
-        impl.fn(*inp.args, **inp.kwargs)  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
+        call = timed_call(spec, impl, inp, mode)
+        call()  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
         sync(device)
     except Exception as e:
         row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0)
         return row
     row["first_call_s"] = time.perf_counter() - t0
-    err, why = gate(spec, impl, problem, dtype, device)
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row["reason"] = why
@@ -123,8 +249,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if not_timeable:
         row["reason"] = f"correct; not timed: {not_timeable}"
         return row
-    t = time_call(lambda: impl.fn(*inp.args, **inp.kwargs), device)
-    nbytes = spec.bytes_moved(problem, dtype)
+    t = time_call(call, device)
+    nbytes = spec.mode_bytes(problem, dtype, mode)
     copy = copy_bandwidth_gbps(device)
     gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
     row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, caller_us=t.caller_us,

@@ -40,6 +40,21 @@ DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 # of a low-precision op is rounded once to its dtype (2^-8 for bf16, 2^-11 for fp16), so the bound
 # sits a few roundings above that; fp32 leaves room for a different summation order.
 DEFAULT_RTOL: dict[torch.dtype, float] = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+# Gradients: a reduction over rows (weight/bias grads) or a cancellation (dy - sum(dy * y)) in fp32 costs a few
+# more ulps than the forward; each grad is still rounded once to its dtype.
+DEFAULT_GRAD_RTOL: dict[torch.dtype, float] = {torch.float32: 5e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+# Benchmark / decision modes. fwd_nograd: the forward under torch.no_grad (inference). fwd: the forward with
+# inputs that require grad (autograd records the graph and saves what backward needs). bwd: the backward alone,
+# from a retained graph. fwd+bwd: one training step of the op.
+MODES: tuple[str, ...] = ("fwd_nograd", "fwd", "bwd", "fwd+bwd")
+GRAD_MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,24 @@ class OpSpec:
     # The op's call arguments -> the kernel ops' schema arguments (set by standard_impls from its ``adapt``).
     kernel_args: Callable[..., tuple] | None = None
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
+    grad_rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_GRAD_RTOL))
+    # Backward: positions in Inputs.args of the differentiable inputs (floating tensors there get requires_grad),
+    # bytes the backward must move, and the autograd formula of the kernel ops: (setup_context, backward_for)
+    # where backward_for(bwd_op) is the backward calling that tier's backward kernel op. bwd_fake is the
+    # backward kernel ops' fake.
+    grad_args: tuple[int, ...] = (0,)
+    bwd_bytes: Callable[[Problem, torch.dtype], int] | None = None
+    autograd: tuple[Callable[..., None], Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None
+    bwd_fake: Callable[..., Any] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
+
+    def mode_bytes(self, problem: Problem, dtype: torch.dtype, mode: str) -> int:
+        """Bytes a call in ``mode`` must move at least (forward, backward, or both)."""
+        fwd = self.bytes_moved(problem, dtype)
+        if mode in ("fwd_nograd", "fwd"):
+            return fwd
+        bwd = self.bwd_bytes(problem, dtype) if self.bwd_bytes else 0
+        return bwd if mode == "bwd" else fwd + bwd
 
     def fresh_impl(self, row: dict) -> Impl | None:
         """The implementation a stored row measured, if it still exists with the same source; else None."""
@@ -180,8 +212,11 @@ def all_ops() -> list[OpSpec]:
     return list(OPS.values())
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; inf when out has NaN/Inf where ref is finite or shapes differ."""
+def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> float:
+    """||out - ref|| / max(||ref||, floor) in float64; inf when out has NaN/Inf where ref is finite or shapes differ.
+
+    ``floor`` is the scale below which the reference counts as zero (a gradient that is 0 in exact arithmetic,
+    e.g. layer_norm over one element, is roundoff in float64 too)."""
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
     if out.numel() == 0:
@@ -197,6 +232,6 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         if not bool(same.all()):
             return math.inf
         o, r = o[finite], r[finite]
-    denom = torch.linalg.vector_norm(r).item()
+    denom = max(torch.linalg.vector_norm(r).item(), floor)
     num = torch.linalg.vector_norm(o - r).item()
     return num / denom if denom > 0 else num

@@ -1,6 +1,9 @@
 """select_backend and the per-call dispatch of ``tiered_ops.<op>``.
 
-A decision is keyed by (op, shape bucket, dtype, device fingerprint). Each op documents its bucket
+A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode). The mode is what the call is
+for: ``fwd_nograd`` (inference, the default of select_backend) or ``fwd+bwd`` (training), or ``fwd`` / ``bwd``
+alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is enabled and an input requires grad,
+else ``fwd_nograd``, so inference and training can run different tiers. Each op documents its bucket
 (leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
 decision of its bucket. The decision is derived from the freshest stored measurement of every
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
@@ -24,7 +27,7 @@ import torch
 
 from .measure import bucket_str, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
-from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, get_op
+from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_mode, get_op
 from .store import Store
 from .timing import default_device, fingerprint
 
@@ -150,23 +153,23 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                    tune: bool | None = None, progress: Callable[[str], None] | None = None,
-                   policy: str | None = None, calls: int | None = None) -> Selection:
+                   policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd") -> Selection:
     if policy is None:
         policy, calls = default_policy()
     bucket = spec.bucket(problem)
-    key = (spec.name, bucket, dtype, device, policy, calls)
+    key = (spec.name, bucket, dtype, device, policy, calls, mode)
     sel = _decisions.get(key)
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
-        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls)
+        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode)
     with _lock:
         store = get_store()
         fp = fingerprint(device)
         bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
-        rows = store.latest(spec.name, bkey, dname, fp.key)
+        rows = store.latest(spec.name, bkey, dname, fp.key, mode)
         have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
         missing = [i for i in spec.impls.values() if i.name not in have]
         tune = tuning_enabled() if tune is None else tune
@@ -174,15 +177,15 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             new = []
             for impl in missing:
                 if progress:
-                    progress(f"measuring {spec.name} {impl.name} {problem} {dname}")
-                new.append(measure(spec, impl, problem, dtype, device))
+                    progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
+                new.append(measure(spec, impl, problem, dtype, device, mode))
             store.add(new)
-            rows = store.latest(spec.name, bkey, dname, fp.key)
+            rows = store.latest(spec.name, bkey, dname, fp.key, mode)
         if not rows and not tune:
             impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
         else:
             impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
-        record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key,
+        record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                       policy=policy, calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                       chosen=impl.name, tier=impl.tier.label, reason=reason, candidates=cands)
         sel = Selection(impl.fn, impl, record)
@@ -194,22 +197,23 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                          "tiered_ops.select_backend(...) or the op once outside the compiled region first")
 def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                           tune: bool | None, progress: Callable[[str], None] | None, policy: str,
-                          calls: int | None) -> Selection:
-    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls)
+                          calls: int | None, mode: str) -> Selection:
+    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode)
 
 
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
-                   calls: int | None = None, **params: Any) -> Selection:
+                   calls: int | None = None, mode: str = "fwd_nograd", **params: Any) -> Selection:
     """The implementation to use for ``op`` at ``shapes`` (shape of the first input) on this device.
 
     ``params`` are the op's non-tensor arguments that shape the work (``dim`` for softmax,
     ``normalized_shape`` and ``weight`` for rms_norm). ``policy`` is ``fastest`` (default), ``cost-aware`` or
-    ``cold-start`` (with ``calls``, the expected number of calls). Returns a callable with ``.tier``, ``.name`` and
+    ``cold-start`` (with ``calls``, the expected number of calls). ``mode`` is ``fwd_nograd`` (inference),
+    ``fwd+bwd`` (training), ``fwd`` or ``bwd``. Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
-        fast = (op, tuple(shapes), dtype, device, tune, policy, calls, tuple(params.items()))
+        fast = (op, tuple(shapes), dtype, device, tune, policy, calls, mode, tuple(params.items()))
         sel = _selects.get(fast)
         if sel is not None:
             return sel
@@ -222,7 +226,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     if policy is not None:
         check_policy(policy, calls)
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
-                         calls=calls)
+                         calls=calls, mode=check_mode(mode))
     if fast is not None:
         if len(_selects) > 4096:
             _selects.clear()
@@ -230,12 +234,20 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     return sel
 
 
-def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
-    """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature."""
+def training(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call records a graph for backward: grad enabled and an input requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any],
+             train: bool = False) -> torch.Tensor:
+    """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
+
+    ``train`` (the last element of ``key`` too) picks the fwd+bwd decision, else the fwd_nograd one."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
-    sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device)
+    sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode="fwd+bwd" if train else "fwd_nograd")
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel

@@ -100,7 +100,7 @@ class Store:
         with self.conn:
             self.conn.executemany(f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})", data)
 
-    def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str = "fwd") -> list[dict]:
+    def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str) -> list[dict]:
         """Newest row per implementation for one decision key (fresh or stale: the caller filters)."""
         cur = self.conn.execute(
             "SELECT * FROM measurements WHERE id IN (SELECT MAX(id) FROM measurements "

@@ -1,4 +1,5 @@
-"""Launch helpers shared by the Triton kernels (block sizes, warps, input checks)."""
+"""Launch helpers shared by the Triton kernels (block sizes, warps, input checks) and the weight/bias gradient
+kernel both normalizations use."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -48,3 +50,87 @@ def row_settings(n: int, max_fused: int) -> tuple[int, int, int]:
         block = max_fused
     rows = max(1, min(16, 2048 // block))
     return block, rows, num_warps_for(block * rows)
+
+
+def target_programs(device: torch.device) -> int:
+    """Programs that fill the device a few times over (4 per SM); a handful on the CPU interpreter."""
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def check_same(op: str, name: str, t: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> None:
+    """``t`` has the dtype and device of ``like`` (an error naming both arguments otherwise)."""
+    if t.dtype != like.dtype:
+        raise TypeError(f"{op}: {name} must have the dtype of {like_name} ({like.dtype}), got {t.dtype}")
+    if t.device != like.device:
+        raise ValueError(f"{op}: {name} must be on {like.device} like {like_name}, got {t.device}")
+
+
+def check_norm(op: str, x: torch.Tensor, normalized_shape: list[int], **params: torch.Tensor | None) -> int:
+    """Validate a normalization's x, normalized_shape and affine parameters (weight=..., bias=...); the
+    normalized size n."""
+    check_float(op, "x", x)
+    k = len(normalized_shape)
+    if not 1 <= k <= x.dim() or list(x.shape[x.dim() - k:]) != list(normalized_shape):
+        raise ValueError(f"{op}: normalized_shape {list(normalized_shape)} must match the trailing "
+                         f"dims of x, got x of shape {list(x.shape)}")
+    for name, t in params.items():
+        if t is not None:
+            check_same(op, name, t, x)
+            if list(t.shape) != list(normalized_shape):
+                raise ValueError(f"{op}: {name} must have shape {list(normalized_shape)}, got {list(t.shape)}")
+    n = 1
+    for d in normalized_shape:
+        n *= d
+    return n
+
+
+@triton.jit
+def _norm_param_grads(dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols, rows_per,
+                      HAS_MEAN: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    # Partial sums over one group of rows, for one block of columns: dw += dy * xhat, db += dy, with
+    # xhat = (x - mean) * rstd (mean 0 for rms_norm). Bytes: dy and x read once more; partials (G, n) in fp32.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < n_cols
+    g = tl.program_id(1)
+    r_start = g * rows_per
+    r_end = tl.minimum(r_start + rows_per, n_rows)
+    acc_w = tl.zeros([BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_N], tl.float32)
+    for r0 in range(r_start, r_end, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        rmask = rows < r_end
+        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+        mask = rmask[:, None] & cmask[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        if HAS_MEAN:
+            x = x - tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]
+        acc_w += tl.sum(dy * x * rstd[:, None], axis=0)
+        if HAS_B:
+            acc_b += tl.sum(dy, axis=0)
+    tl.store(dw_ptr + g * n_cols + cols, acc_w, mask=cmask)
+    if HAS_B:
+        tl.store(db_ptr + g * n_cols + cols, acc_b, mask=cmask)
+
+
+def norm_param_grads(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor,
+                     with_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dw, db) in fp32 for contiguous (rows, n) dy and x and per-row fp32 mean/rstd: partial sums per group
+    of rows in a kernel, then one sum over the groups."""
+    from torch.library import wrap_triton
+
+    rows, n = x.shape
+    block_n = min(128, triton.next_power_of_2(max(n, 1)))
+    col_blocks = triton.cdiv(n, block_n)
+    groups = max(1, min(rows, triton.cdiv(target_programs(x.device), col_blocks)))
+    rows_per = triton.cdiv(rows, groups)
+    groups = triton.cdiv(rows, rows_per)
+    dw = torch.empty((groups, n), dtype=torch.float32, device=x.device)
+    db = torch.empty((groups, n), dtype=torch.float32, device=x.device) if with_bias else dw
+    wrap_triton(_norm_param_grads)[(col_blocks, groups)](
+        dy, x, mean if mean is not None else rstd, rstd, dw, db, rows, n, rows_per, HAS_MEAN=mean is not None,
+        HAS_B=with_bias, BLOCK_N=block_n, BLOCK_R=32, num_warps=4)
+    return dw.sum(0), (db.sum(0) if with_bias else None)

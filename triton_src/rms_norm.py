@@ -1,9 +1,13 @@
 """rms_norm, Triton tier: y = x * rsqrt(mean(x^2) + eps) * w over the trailing dims, fp32 math.
 
-Bytes: 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED elements; longer rows loop twice
-(sum of squares, then scale): 2 reads + 1 write.
+Backward, with r = rsqrt(mean(x^2) + eps) and g = dy * w: dx = r * (g - x * r^2 * mean(g * x)),
+dw = sum over rows of dy * x * r. r is recomputed from x (the backward reads x anyway), so the forward
+saves nothing but its inputs.
+Bytes: forward 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED elements; longer rows loop
+twice (sum of squares, then scale): 2 reads + 1 write. Backward: read x, dy, write dx; with a weight,
+x and dy are read once more by the dw kernel (v1: 5 passes where 3 would do).
 Limits: any row length; non-contiguous x is made contiguous first.
-Versions: v1 — fused rows kernel + looped kernel.
+Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import check_float, row_settings
+from .common import check_norm, check_same, norm_param_grads, row_settings
 
 MAX_FUSED = 16384
 
@@ -52,26 +56,60 @@ def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, HAS_W: tl.constexpr, BLOC
         tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
+                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    c = tl.sum(g * x, axis=1) * rstd * rstd / n_cols
+    dx = rstd[:, None] * (g - x * c[:, None])
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if HAS_W:
+        tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    acc_ss = tl.zeros([BLOCK_N], tl.float32)
+    acc_gx = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc_ss += x * x
+        acc_gx += g * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc_ss, axis=0) / n_cols + eps)
+    c = tl.sum(acc_gx, axis=0) * rstd * rstd / n_cols
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * n_cols + start + cols, (rstd * (g - x * c)).to(dx_ptr.dtype.element_ty), mask=mask)
+    if HAS_W:
+        tl.store(rstd_ptr + row, rstd)
+
+
 def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
                     ) -> torch.Tensor:
     """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    check_float("rms_norm_triton", "x", x)
-    k = len(normalized_shape)
-    if not 1 <= k <= x.dim() or list(x.shape[x.dim() - k:]) != list(normalized_shape):
-        raise ValueError(f"rms_norm_triton: normalized_shape {list(normalized_shape)} must match the trailing "
-                         f"dims of x, got x of shape {list(x.shape)}")
-    if weight is not None:
-        if weight.dtype != x.dtype:
-            raise TypeError(f"rms_norm_triton: weight must have the dtype of x ({x.dtype}), got {weight.dtype}")
-        if list(weight.shape) != list(normalized_shape) or weight.device != x.device:
-            raise ValueError(f"rms_norm_triton: weight must have shape {list(normalized_shape)} on {x.device}, "
-                             f"got {list(weight.shape)} on {weight.device}")
-        weight = weight.contiguous()
+    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
+    weight = weight.contiguous() if weight is not None else None
     xc = x.contiguous()
     y = torch.empty_like(xc)
-    n = 1
-    for d in normalized_shape:
-        n *= d
     if xc.numel() == 0:
         return y
     rows = xc.numel() // n
@@ -86,4 +124,37 @@ def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.
     return y
 
 
+def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of rms_norm; dw is an empty tensor when there is no weight."""
+    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("rms_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    has_w = weight is not None
+    rows = xc.numel() // n if n else 0
+    if not has_w:
+        dw = x.new_empty((0,))
+    elif xc.numel() == 0:
+        dw = torch.zeros_like(weight)
+    if xc.numel() == 0:
+        return dx, dw
+    w = weight.contiguous() if has_w else xc
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        wrap_triton(_rms_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, dx, rstd, rows, n, eps, HAS_W=has_w,
+                                                                     BLOCK_N=block, ROWS=per, num_warps=warps)
+    else:
+        wrap_triton(_rms_norm_bwd_looped)[(rows,)](dyc, xc, w, dx, rstd, n, eps, HAS_W=has_w, BLOCK_N=4096,
+                                                   num_warps=8)
+    if has_w:
+        dw32, _ = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), None, rstd, with_bias=False)
+        dw = dw32.view(weight.shape).to(weight.dtype)
+    return dx, dw
+
+
 rms_norm_triton = triton_op("tiered_ops::rms_norm_triton", rms_norm_launch, mutates_args={})
+rms_norm_bwd_triton = triton_op("tiered_ops::rms_norm_bwd_triton", rms_norm_bwd_launch, mutates_args={})

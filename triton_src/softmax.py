@@ -1,7 +1,9 @@
-"""softmax, Triton tier: y = exp(x - max) / sum(exp(x - max)) along one dim, fp32 math.
+"""softmax, Triton tier: y = exp(x - max) / sum(exp(x - max)) along one dim, fp32 math; backward
+dx = y * (dy - sum(dy * y)).
 
-Bytes: 1 read + 1 write for rows up to MAX_FUSED elements (the row stays in registers); longer rows
-loop twice over the row (online max/sum, then normalize): 2 reads + 1 write.
+Bytes: forward 1 read + 1 write for rows up to MAX_FUSED elements (the row stays in registers); longer rows
+loop twice over the row (online max/sum, then normalize): 2 reads + 1 write. Backward: 2 reads (y, dy) +
+1 write; longer rows read y and dy twice.
 Limits: any row length (the looped kernel); the dim is moved last and made contiguous first (a copy
 when it was not last). Rows of one program: ROWS short rows per program to fill the block.
 Versions: v1 — fused rows kernel + looped kernel; a split-row kernel for few giant rows is next.
@@ -14,7 +16,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import check_float, row_settings
+from .common import check_float, check_same, row_settings
 
 MAX_FUSED = 16384  # longest row kept in registers by one program
 
@@ -54,6 +56,35 @@ def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
         tl.store(y_row + start + cols, (tl.exp(x - m_row) / s_row).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_bwd_rows(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_looped(dy_ptr, y_ptr, dx_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        y = tl.load(y_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += y * tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sum(acc, axis=0)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        y = tl.load(y_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * n_cols + start + cols, (y * (dy - s)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 def softmax_rows(x: torch.Tensor, y: torch.Tensor, rows: int, n: int) -> None:
     """Launch on contiguous (rows, n) x into y."""
     block, per, warps = row_settings(n, MAX_FUSED)
@@ -77,4 +108,27 @@ def softmax_launch(x: torch.Tensor, dim: int) -> torch.Tensor:
     return y.reshape(()) if x.dim() == 0 else y.movedim(-1, dim)
 
 
+def softmax_bwd_launch(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    """dx of softmax from the output y and its gradient dy (both shaped like x)."""
+    check_float("softmax_bwd_triton", "y", y)
+    check_same("softmax_bwd_triton", "dy", dy, y, "y")
+    if dy.shape != y.shape:
+        raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
+    if y.dim() == 0:
+        return torch.zeros_like(y)  # d/dx of softmax over one element is 0
+    yr, dyr = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
+    dx = torch.empty_like(yr)
+    n = int(yr.shape[-1])
+    if yr.numel():
+        rows = yr.numel() // n
+        block, per, warps = row_settings(n, MAX_FUSED)
+        if n <= MAX_FUSED:
+            wrap_triton(_softmax_bwd_rows)[(triton.cdiv(rows, per),)](dyr, yr, dx, rows, n, BLOCK_N=block, ROWS=per,
+                                                                        num_warps=warps)
+        else:
+            wrap_triton(_softmax_bwd_looped)[(rows,)](dyr, yr, dx, n, BLOCK_N=4096, num_warps=8)
+    return dx.movedim(-1, dim)
+
+
 softmax_triton = triton_op("tiered_ops::softmax_triton", softmax_launch, mutates_args={})
+softmax_bwd_triton = triton_op("tiered_ops::softmax_bwd_triton", softmax_bwd_launch, mutates_args={})

@@ -1,3 +1,3 @@
 """Built-in ops. Importing this package registers every op and its tiers."""
 
-from . import muladd, rms_norm, softmax  # noqa: F401
+from . import gelu, layer_norm, muladd, rms_norm, softmax  # noqa: F401

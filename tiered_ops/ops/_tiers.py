@@ -6,7 +6,7 @@ Triton and CUDA availability checks, source files for staleness) lives here and 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -22,21 +22,42 @@ def _triton_module(op: str):
     return importlib.import_module(f"triton_src.{op}")
 
 
+def register_kernel_ops(spec: OpSpec, tier: str, fakes: bool) -> None:
+    """Autograd (and, when ``fakes``, fake) registrations of ``tiered_ops::<op>_<tier>`` and its backward op."""
+    fwd, bwd = f"tiered_ops::{spec.name}_{tier}", f"tiered_ops::{spec.name}_bwd_{tier}"
+    if fakes and spec.fake is not None:
+        torch.library.register_fake(fwd)(spec.fake)
+    if fakes and spec.bwd_fake is not None:
+        torch.library.register_fake(bwd)(spec.bwd_fake)
+    if spec.autograd is not None:
+        setup, backward_for = spec.autograd
+        torch.library.register_autograd(fwd, backward_for(_kernel_op(f"{spec.name}_bwd_{tier}")),
+                                        setup_context=setup)
+
+
+def _triton_load(spec: OpSpec) -> str | None:
+    """Import triton_src/<op>.py (registers its triton_ops) and register autograd once; None or why it failed."""
+    try:
+        from triton_src import common
+
+        mod = _triton_module(spec.name)
+    except Exception as e:  # triton missing or broken on this machine
+        return f"triton unavailable: {type(e).__name__}: {e}"
+    if not getattr(mod, "_registered", False):
+        # On the interpreter triton_op's derived fake would run the kernel on fake tensors; the op's own fake
+        # lets dynamo trace it (explain, fullgraph) on the CPU. On a GPU triton_op's own is used.
+        register_kernel_ops(spec, "triton", fakes=common.interpreted())
+        mod._registered = True
+    return None
+
+
 def _triton_available_for(spec: OpSpec) -> Callable[[torch.device], str | None]:
-    """Availability of the Triton tier: importing triton_src/<op>.py registers its triton_op."""
-
     def available(device: torch.device) -> str | None:
-        try:
-            from triton_src import common
+        why = _triton_load(spec)
+        if why:
+            return why
+        from triton_src import common
 
-            mod = _triton_module(spec.name)
-        except Exception as e:  # triton missing or broken on this machine
-            return f"triton unavailable: {type(e).__name__}: {e}"
-        if common.interpreted() and spec.fake is not None and not getattr(mod, "_fake_registered", False):
-            # On the interpreter triton_op's derived fake would run the kernel on fake tensors; the op's own
-            # fake lets dynamo trace it (explain, fullgraph) on the CPU. On a GPU triton_op's own is used.
-            getattr(mod, f"{spec.name}_triton").register_fake(spec.fake)
-            mod._fake_registered = True
         return common.available(device)
 
     return available
@@ -48,12 +69,18 @@ def _triton_timeable(device: torch.device) -> str | None:
     return common.timeable(device)
 
 
-def _kernel_op(name: str) -> Callable[..., torch.Tensor]:
-    """torch.ops.tiered_ops.<name>, resolved at call time (the op exists once its module or extension loaded)."""
-    ns = torch.ops.tiered_ops
+def _kernel_op(name: str, load: Callable[[], str | None] | None = None) -> Callable[..., Any]:
+    """torch.ops.tiered_ops.<name>, resolved on first call (loading its module or extension with ``load``)."""
+    resolved: list[Callable[..., Any]] = []
 
-    def call(*args):
-        return getattr(ns, name)(*args)
+    def call(*args: Any) -> Any:
+        if not resolved:
+            if load is not None:
+                why = load()
+                if why:
+                    raise RuntimeError(f"tiered_ops::{name} is unavailable: {why}")
+            resolved.append(getattr(torch.ops.tiered_ops, name))
+        return resolved[0](*args)
 
     return call
 
@@ -75,40 +102,53 @@ class Compiled:
             # silently run eager instead, so the compile tier's timings would be eager's.
             dcfg.recompile_limit = max(dcfg.recompile_limit, 256)
             dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
+            # The bwd mode times a backward replayed from a retained graph; a backward compiled with donated
+            # buffers refuses retain_graph=True.
+            import torch._functorch.config as fcfg
+
+            fcfg.donated_buffer = False
             # dynamic=False: one specialized graph per shape, as a model with fixed shapes gets. With the
             # default, the first recompile turns dims dynamic and later shapes get generic, slower kernels.
             self._compiled = torch.compile(self.fn, dynamic=False)
         return self._compiled(*args, **kwargs)
 
 
-def _identity(kernel_op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    return kernel_op
+def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool) -> Callable[..., torch.Tensor]:
+    """The op's Python signature onto a kernel op (or launcher): map the arguments, keep output 0 when ``first``."""
+    if first:
+        return lambda *a, **k: kernel(*kernel_args(*a, **k))[0]
+    return lambda *a, **k: kernel(*kernel_args(*a, **k))
 
 
-def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor],
-                   adapt: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] = _identity) -> None:
+def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor], kernel_args: Callable[..., tuple],
+                   first_output: bool = False) -> None:
     """Register eager, compile, triton and cuda implementations of ``spec`` (files named after the op).
 
-    ``adapt`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a list);
-    the Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``.
+    ``kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
+    list); ``first_output``: the kernel ops return (out, saved statistics...) and the op returns out. The
+    Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``, each with a backward op
+    ``<op>_bwd_<tier>`` that ``spec.autograd`` calls.
     """
     name, op_file = spec.name, spec.source
-    spec.kernel_args = adapt(lambda *args: args)
+    spec.kernel_args = kernel_args
     triton_file = TRITON_SRC / f"{name}.py"
     cu_file = cuda_ext.CUDA_SRC / f"{name}.cu"
     binding = cuda_ext.CUDA_SRC / "binding.cpp"
     spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
-    spec.add(Impl("triton", Tier.TRITON, adapt(_kernel_op(f"{name}_triton")),
+    spec.add(Impl("triton", Tier.TRITON,
+                  _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output),
                   (op_file, triton_file, TRITON_SRC / "common.py"),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
-                  unregistered=lambda: adapt(getattr(_triton_module(name), f"{name}_launch")),
+                  unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
+                                             first_output),
                   own_code=(triton_file,)))
     cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
-    spec.add(Impl("cuda", Tier.CUDA, adapt(_kernel_op(f"{name}_cuda")), (op_file, *cuda_files), devices=("cuda",),
-                  available=cuda_ext.available,
-                  unregistered=lambda: (lambda f: f and adapt(f))(cuda_ext.pybind_function(f"{name}_cuda")),
-                  own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"),)))
+    spec.add(Impl("cuda", Tier.CUDA, _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output),
+                  (op_file, *cuda_files), devices=("cuda",), available=cuda_ext.available,
+                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output))(
+                      cuda_ext.pybind_function(f"{name}_cuda")),
+                  own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
 
 
 def gen(device: torch.device, seed: int) -> torch.Generator:

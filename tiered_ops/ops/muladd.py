@@ -3,17 +3,18 @@
 Two eager implementations: the plain expression (two kernels, a rounding in between) and
 torch.addcmul (one kernel): the registry measures both.
 Bucket: (numel rounded up to a power of two,).
-Bytes: 3 reads + 1 write per element.
+Bytes: 3 reads + 1 write per element. Backward: read g, a, b; write da, db (dc is g itself).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch
+from ..select import _calls, dispatch, training
 from ._tiers import gen, randn, standard_impls
 
 
@@ -59,10 +60,29 @@ def _fake(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(a, memory_format=torch.contiguous_format)
 
 
+def _bwd_fake(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(a, memory_format=torch.contiguous_format),
+            torch.empty_like(b, memory_format=torch.contiguous_format))
+
+
+def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        a, b = ctx.saved_tensors
+        da, db = bwd(grad, a, b)
+        return da, db, grad
+
+    return backward
+
+
 SPEC = register_op(OpSpec(
     name="muladd", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=lambda p: (pow2_ceil(_numel(p)),), bytes_moved=lambda p, dt: 4 * _numel(p) * dt.itemsize,
-    flops=lambda p: 2 * _numel(p),
+    flops=lambda p: 2 * _numel(p), bwd_bytes=lambda p, dt: 5 * _numel(p) * dt.itemsize, grad_args=(0, 1, 2),
+    autograd=(_setup, _backward_for), bwd_fake=_bwd_fake,
     edge_problems=lambda: [
         _problem((1,)),  # one element
         _problem((1823, 781)),  # tail of every block size
@@ -74,14 +94,15 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])],
     source=Path(__file__), fake=_fake,
 ))
-standard_impls(SPEC, reference)
+standard_impls(SPEC, reference, lambda a, b, c: (a, b, c))
 SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_functions=((SPEC.source, "addcmul"),)))
 
 
 def muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c through the implementation selected for this shape, dtype and device."""
-    key = ("muladd", a.shape, a.dtype, a.get_device())
+    train = training(a, b, c)
+    key = ("muladd", a.shape, a.dtype, a.get_device(), train)
     sel = _calls.get(key)
     if sel is None:
-        return dispatch(SPEC, key, a, (a, b, c), {})
+        return dispatch(SPEC, key, a, (a, b, c), {}, train)
     return sel.fn(a, b, c)

@@ -3,19 +3,20 @@
 y = x * rsqrt(mean(x^2 over the trailing normalized_shape dims) + eps) * weight, in x's dtype;
 eps=None means torch.finfo(x.dtype).eps. weight must have x's dtype and shape normalized_shape.
 Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
-Bytes: read x + write y (+ weight once).
+Bytes: read x + write y (+ weight once). Backward: read x and dy, write dx (+ weight, + dw once).
+Autograd of the kernel ops: save x and weight; the backward kernel recomputes rsqrt(mean(x^2) + eps).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch
+from ..select import _calls, dispatch, training
 from ._tiers import gen, randn, standard_impls
 
 
@@ -71,27 +72,50 @@ def _bytes(p: Problem, dt: torch.dtype) -> int:
     return (2 * rows * n + (n if p.kw["weight"] else 0)) * dt.itemsize
 
 
+def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
+    rows, n = _split(p)
+    return (3 * rows * n + (2 * n if p.kw["weight"] else 0)) * dt.itemsize
+
+
 def _eps(x: torch.Tensor, eps: float | None) -> float:
     return torch.finfo(x.dtype).eps if eps is None else float(eps)
 
 
-def _adapt(kernel_op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """F.rms_norm's signature onto a kernel tier's schema (x, int[] normalized_shape, weight?, float eps)."""
-
-    def call(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-             eps: float | None = None) -> torch.Tensor:
-        return kernel_op(x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps))
-
-    return call
+def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                 eps: float | None = None) -> tuple:
+    """F.rms_norm's signature onto the kernel ops' schema (x, int[] normalized_shape, weight?, float eps)."""
+    return x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps)
 
 
 def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None else x.new_empty((0,))
+    return torch.empty_like(x, memory_format=torch.contiguous_format), dw
+
+
+def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, ctx.normalized_shape, weight, ctx.eps = inputs
+    ctx.save_for_backward(x, weight)
+
+
+def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        dx, dw = bwd(grad, x, ctx.normalized_shape, weight, ctx.eps)
+        return dx, None, (dw if weight is not None else None), None
+
+    return backward
+
+
 SPEC = register_op(OpSpec(
     name="rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes, flops=lambda p: 4 * _split(p)[0] * _split(p)[1],
+    bwd_bytes=_bwd_bytes, grad_args=(0, 2), autograd=(_setup, _backward_for),
+    bwd_fake=_bwd_fake,
     edge_problems=lambda: [
         _problem((1, 4096)),  # 1 row
         _problem((4096, 1)),  # 1 column
@@ -106,15 +130,16 @@ SPEC = register_op(OpSpec(
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake,
 ))
-standard_impls(SPEC, reference, _adapt)
+standard_impls(SPEC, reference, _kernel_args)
 
 
 def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """F.rms_norm through the implementation selected for this shape, dtype and device."""
+    train = training(x, weight)
     key = ("rms_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
-           else tuple(normalized_shape), weight is None)
+           else tuple(normalized_shape), weight is None, train)
     sel = _calls.get(key)
     if sel is None:
-        return dispatch(SPEC, key, x, (x, normalized_shape, weight, eps), {})
+        return dispatch(SPEC, key, x, (x, normalized_shape, weight, eps), {}, train)
     return sel.fn(x, normalized_shape, weight, eps)

@@ -1,18 +1,19 @@
 """softmax(x, dim=-1): torch.softmax semantics (output in x's dtype), any dim, any row length.
 
 Bucket: (rows rounded up to a power of two, the length n of `dim`, whether `dim` is the last dim).
-Bytes: read x once + write y once (the floor; a looped kernel may read twice).
+Bytes: read x once + write y once (the floor; a looped kernel may read twice). Backward: read y and dy,
+write dx. Autograd of the kernel ops: save y, dx = y * (dy - sum(dy * y)) in the tier's backward kernel.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch
+from ..select import _calls, dispatch, training
 from ._tiers import gen, randn, standard_impls
 
 
@@ -56,9 +57,9 @@ def _numel(p: Problem) -> int:
     return rows * n
 
 
-def _adapt(kernel_op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """This op's Python signature onto a kernel tier's schema (x, dim)."""
-    return lambda x, dim=-1: kernel_op(x, dim)
+def _kernel_args(x: torch.Tensor, dim: int = -1) -> tuple:
+    """This op's Python signature onto the kernel ops' schema (x, int dim)."""
+    return x, dim
 
 
 def _fake(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -68,9 +69,24 @@ def _fake(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.empty_like(x.movedim(dim, -1), memory_format=torch.contiguous_format).movedim(-1, dim)
 
 
+def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (y,) = ctx.saved_tensors
+        return bwd(grad, y, ctx.dim), None
+
+    return backward
+
+
 SPEC = register_op(OpSpec(
     name="softmax", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=lambda p, dt: 2 * _numel(p) * dt.itemsize, flops=lambda p: 5 * _numel(p),
+    bwd_bytes=lambda p, dt: 3 * _numel(p) * dt.itemsize, grad_args=(0,), autograd=(_setup, _backward_for),
+    bwd_fake=lambda dy, y, dim: _fake(y, dim),
     edge_problems=lambda: [
         _problem((1, 4096)),  # 1 row
         _problem((4096, 1)),  # 1 column
@@ -79,19 +95,21 @@ SPEC = register_op(OpSpec(
         _problem((5, 33), dim=0),  # softmax over a non-last dim
         _problem((0, 16)),  # empty
         _problem((7,)),  # 1-D
+        _problem((3, 1, 5), dim=1),  # a size-1 softmax dim: y = 1, dx = 0
     ],
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (512, 393216), (32, 4096), (1, 4096)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake,
 ))
-standard_impls(SPEC, reference, _adapt)
+standard_impls(SPEC, reference, _kernel_args)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax of ``x`` along ``dim`` through the implementation selected for this shape, dtype and device."""
-    key = ("softmax", x.shape, x.dtype, x.get_device(), dim)
+    train = training(x)
+    key = ("softmax", x.shape, x.dtype, x.get_device(), dim, train)
     sel = _calls.get(key)
     if sel is None:
-        return dispatch(SPEC, key, x, (x, dim), {})
+        return dispatch(SPEC, key, x, (x, dim), {}, train)
     return sel.fn(x, dim)

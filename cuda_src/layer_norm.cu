@@ -1,0 +1,148 @@
+// layer_norm over the last dim of contiguous rows: y = (x - mean) * rstd * w + b, fp32 math, with the
+// semantics of torch.nn.functional.layer_norm (biased variance; w, b optional, same dtype as x). Writes
+// per-row fp32 mean and rstd for the backward.
+//
+// Bytes: ideal 1 read + 1 write of x (+ w, b once). v1 reads each row three times (mean, then the
+// centred variance, then normalize); the later reads hit L1/L2 for rows up to ~100 KB.
+// Backward, xhat = (x - mean) * rstd, g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (block per
+// row, x and dy read twice), then dw = sum of dy * xhat and db = sum of dy over rows by the column kernel of
+// common.cuh (x and dy read once more).
+// Limits: any row length; one block per row, so a few giant rows use few SMs (split rows: issue 7).
+// Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
+#include "common.cuh"
+
+namespace tiered_ops {
+
+template <typename T, int V>
+__global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                     T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                     int64_t rows, int64_t n, float eps) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * n;
+    float s = 0.f;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V];
+      load_f<T, V>(x, base + i, a);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += a[j];
+    }
+    const float mean = block_sum(s, smem) / (float)n;
+    float ss = 0.f;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V];
+      load_f<T, V>(x, base + i, a);
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss += (a[j] - mean) * (a[j] - mean);
+    }
+    const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], pw[V], pb[V];
+      load_f<T, V>(x, base + i, a);
+      if (w) load_f<T, V>(w, i, pw);
+      if (b) load_f<T, V>(b, i, pb);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        a[j] = (a[j] - mean) * rstd;
+        if (w) a[j] *= pw[j];
+        if (b) a[j] += pb[j];
+      }
+      store_f<T, V>(y, base + i, a);
+    }
+    if (threadIdx.x == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+  }
+}
+
+template <typename T, int V>
+__global__ void layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         T* __restrict__ dx, int64_t rows, int64_t n) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * n;
+    const float mu = mean[r], rs = rstd[r];
+    float s1 = 0.f, s2 = 0.f;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], g[V], pw[V];
+      load_f<T, V>(x, base + i, a);
+      load_f<T, V>(dy, base + i, g);
+      if (w) load_f<T, V>(w, i, pw);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float gw = w ? g[j] * pw[j] : g[j];
+        s1 += gw * (a[j] - mu) * rs;
+        s2 += gw;
+      }
+    }
+    const float c1 = block_sum(s1, smem) / (float)n, c2 = block_sum(s2, smem) / (float)n;
+    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+      float a[V], g[V], pw[V];
+      load_f<T, V>(x, base + i, a);
+      load_f<T, V>(dy, base + i, g);
+      if (w) load_f<T, V>(w, i, pw);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float gw = w ? g[j] * pw[j] : g[j];
+        a[j] = rs * (gw - (a[j] - mu) * rs * c1 - c2);
+      }
+      store_f<T, V>(dx, base + i, a);
+    }
+  }
+}
+
+template <typename T>
+static bool rows_vec(int64_t n, const T* p0, const T* p1, const T* p2, const T* p3) {
+  return n % Pack<T>::N == 0 && aligned16(p0) && aligned16(p1) && (!p2 || aligned16(p2)) && (!p3 || aligned16(p3));
+}
+
+template <typename T>
+static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
+                                     int64_t n, float eps, cudaStream_t stream) {
+  constexpr int V = Pack<T>::N;
+  const bool vec = rows_vec<T>(n, x, y, w, b);
+  const int threads = row_threads(n, vec ? V : 1);
+  if (vec)
+    layer_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, n, eps);
+  else
+    layer_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, n, eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd,
+                                         T* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n,
+                                         int64_t rows_per, cudaStream_t stream) {
+  constexpr int V = Pack<T>::N;
+  const bool vec = rows_vec<T>(n, dy, x, dx, w);
+  const int threads = row_threads(n, vec ? V : 1);
+  if (vec)
+    layer_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, n);
+  else
+    layer_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, n);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || (dw_partial == nullptr && db_partial == nullptr)) return err;
+  return launch_norm_param_grads<T>(dy, x, mean, rstd, dw_partial, db_partial, rows, n, rows_per, stream);
+}
+
+cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
+                           int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  TIERED_OPS_DISPATCH(dtype, T,
+                      return launch_layer_norm(static_cast<const T*>(x), static_cast<const T*>(w),
+                                               static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, rows, n, eps,
+                                               stream));
+  return cudaSuccess;
+}
+
+cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const float* mean, const float* rstd,
+                           void* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n, int64_t rows_per,
+                           DType dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  TIERED_OPS_DISPATCH(dtype, T,
+                      return launch_layer_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                   static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx),
+                                                   dw_partial, db_partial, rows, n, rows_per, stream));
+  return cudaSuccess;
+}
+
+}  // namespace tiered_ops

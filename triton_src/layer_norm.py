@@ -1,0 +1,187 @@
+"""layer_norm, Triton tier: y = (x - mean) * rstd * w + b over the trailing dims, fp32 math; returns
+(y, mean, rstd) with per-row fp32 statistics that the backward reuses.
+
+Backward, with xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)),
+dw = sum over rows of dy * xhat, db = sum over rows of dy.
+Bytes: forward 1 read + 1 write of x for rows up to MAX_FUSED elements (two-pass variance in registers);
+longer rows read x three times (mean, variance, normalize). Backward: read x, dy, write dx; with a weight
+or bias, x and dy are read once more by the parameter-gradient kernel.
+Limits: any row length; one program per long row, so a few giant rows use few SMs (a split-row version is
+the next one: issue 7). Non-contiguous x is made contiguous first.
+Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw/db kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import check_norm, check_same, norm_param_grads, row_settings
+
+MAX_FUSED = 16384
+
+
+@triton.jit
+def _layer_norm_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
+                     HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sum(x, axis=1)
+    mean = tl.math.div_rn(s, tl.zeros_like(s) + n_cols)  # IEEE division: mean of one element is that element
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=rows < n_rows)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def _layer_norm_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
+                       HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        acc += tl.load(x_ptr + row * n_cols + start + cols, mask=start + cols < n_cols, other=0.0).to(tl.float32)
+    s = tl.sum(acc, axis=0)
+    mean = tl.math.div_rn(s, tl.zeros_like(s) + n_cols)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        xc = tl.where(mask, x - mean, 0.0)
+        acc += xc * xc
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        y = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layer_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_rows, n_cols, HAS_W: tl.constexpr,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    s1 = tl.sum(g * xhat, axis=1)
+    s2 = tl.sum(g, axis=1)
+    # (n g - xhat s1 - s2) / n rather than g - xhat s1 / n - s2 / n: no rounded division before the
+    # cancellation (for n = 1 the exact result 0 comes out exactly; GPU fp32 division is approximate).
+    dx = rstd[:, None] * (n_cols * g - xhat * s1[:, None] - s2[:, None]) / n_cols
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_cols, HAS_W: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mean = tl.load(mean_ptr + row)
+    rstd = tl.load(rstd_ptr + row)
+    acc1 = tl.zeros([BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc1 += tl.where(mask, g * xhat, 0.0)
+        acc2 += g
+    s1 = tl.sum(acc1, axis=0)
+    s2 = tl.sum(acc2, axis=0)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = rstd * (n_cols * g - xhat * s1 - s2) / n_cols
+        tl.store(dx_ptr + row * n_cols + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    rows = xc.numel() // n if n else 0
+    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if xc.numel() == 0:
+        return y, mean, rstd
+    w = weight.contiguous() if weight is not None else xc  # dummy pointers, never read without HAS_W / HAS_B
+    b = bias.contiguous() if bias is not None else xc
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        wrap_triton(_layer_norm_rows)[(triton.cdiv(rows, per),)](xc, w, b, y, mean, rstd, rows, n, eps, **flags,
+                                                                   BLOCK_N=block, ROWS=per, num_warps=warps)
+    else:
+        wrap_triton(_layer_norm_looped)[(rows,)](xc, w, b, y, mean, rstd, n, eps, **flags, BLOCK_N=4096,
+                                                 num_warps=8)
+    return y, mean, rstd
+
+
+def layer_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int],
+                          weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db) of layer_norm from the saved statistics; dw / db are empty tensors without weight / bias."""
+    n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("layer_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    rows = xc.numel() // n if n else 0
+    def none() -> torch.Tensor:  # a fresh empty tensor per absent gradient (outputs may not alias)
+        return x.new_empty((0,))
+
+    if xc.numel() == 0:
+        zeros = x.new_zeros(tuple(normalized_shape))
+        return dx, (zeros if weight is not None else none()), (zeros.clone() if has_bias else none())
+    has_w = weight is not None
+    w = weight.contiguous() if has_w else xc
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        wrap_triton(_layer_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, mean, rstd, dx, rows, n, HAS_W=has_w,
+                                                                       BLOCK_N=block, ROWS=per, num_warps=warps)
+    else:
+        wrap_triton(_layer_norm_bwd_looped)[(rows,)](dyc, xc, w, mean, rstd, dx, n, HAS_W=has_w, BLOCK_N=4096,
+                                                     num_warps=8)
+    if not (has_w or has_bias):
+        return dx, none(), none()
+    dw32, db32 = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), mean, rstd, with_bias=has_bias)
+    dw = dw32.view(normalized_shape).to(x.dtype) if has_w else none()
+    db = db32.view(normalized_shape).to(x.dtype) if has_bias else none()
+    return dx, dw, db
+
+
+layer_norm_triton = triton_op("tiered_ops::layer_norm_triton", layer_norm_launch, mutates_args={})
+layer_norm_bwd_triton = triton_op("tiered_ops::layer_norm_bwd_triton", layer_norm_bwd_launch, mutates_args={})
