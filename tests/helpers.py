@@ -21,14 +21,16 @@ def device_for(impl: str) -> torch.device:
     return torch.device("cuda") if HAS_CUDA or impl == "cuda" else torch.device("cpu")
 
 
-def assert_matches(op: str, impl_name: str, problem: Problem, dtype: torch.dtype, seed: int = 0) -> float:
-    """The implementation's output is within the dtype's bound of the float64 reference (NaN never passes)."""
+def assert_matches(op: str, impl_name: str, problem: Problem, dtype: torch.dtype, seed: int = 0, grad: bool = False
+                   ) -> float:
+    """The implementation's output (and with ``grad`` every input gradient, for a random output gradient) is within
+    the dtype's bound of float64 autograd of the reference (NaN never passes)."""
     spec = get_op(op)
     impl = spec.impls[impl_name]
     dev = device_for(impl_name)
     why = impl.why_not(dev, dtype)
     assert why is None, f"{op}/{impl_name} cannot run on {dev}: {why}"
-    err, fail = check_one(spec, impl, problem, dtype, dev, seed)
+    err, fail = check_one(spec, impl, problem, dtype, dev, seed, grad=grad)
     assert fail is None, f"{op}/{impl_name} {DTYPE_NAMES[dtype]}: {fail}"
     return err
 

@@ -14,38 +14,52 @@ from tiered_ops.registry import DTYPE_NAMES, get_op
 from tiered_ops.store import Store
 from tiered_ops.timing import fingerprint
 
-OPS = ["softmax", "rms_norm", "muladd"]
+OPS = ["softmax", "rms_norm", "muladd", "layer_norm", "gelu"]
 DEV = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 
 
-def _decide(store_path, op, problem, winner, device):
+def _decide(store_path, op, problem, winner, device, mode="fwd_nograd"):
     """Store rows in which `winner` is the fastest correct implementation of the problem's bucket."""
     spec, fp = get_op(op), fingerprint(device)
-    rows = [dict(op=op, impl=i.name, tier=i.tier.label, mode="fwd", problem=str(problem),
+    rows = [dict(op=op, impl=i.name, tier=i.tier.label, mode=mode, problem=str(problem),
                  bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[torch.float32], device_key=fp.key, ok=1,
                  caller_us=1.0 if i.name == winner else 9.0, source_hash=i.source_hash, timestamp=time.time())
             for i in spec.impls.values()]
     Store(store_path).add(rows)
 
 
-def _compiled_public_op(private_store, op, tier, full_compile):
+def _compiled_public_op(private_store, op, tier, full_compile, train=False):
+    """tiered_ops.<op> between two pointwise ops: one graph, no break; compiled output (and with ``train`` the
+    input gradients through the tier's registered backward) equal to the uncompiled call."""
     spec = get_op(op)
     problem = spec.problem((33, 40))
-    _decide(private_store, op, problem, tier, DEV)
+    _decide(private_store, op, problem, tier, DEV, "fwd+bwd" if train else "fwd_nograd")
     inp = spec.make_inputs(problem, torch.float32, DEV, 3)
+    args = list(inp.args)
+    if train:
+        args = [a.detach().requires_grad_(True) if i in spec.grad_args and isinstance(a, torch.Tensor) else a
+                for i, a in enumerate(args)]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     public = getattr(tiered_ops, op)
     model = _between_pointwise(public)
     sel_mod.set_tuning(False)
     try:
-        eager_out = model(*inp.args)  # decides outside the compiled region
+        eager_out = model(*args)  # decides outside the compiled region
         key = next(k for k in sel_mod._calls if k[0] == op)
-        assert sel_mod._calls[key].name == tier
+        assert sel_mod._calls[key].name == tier and sel_mod._calls[key].record["mode"] == (
+            "fwd+bwd" if train else "fwd_nograd")
         torch._dynamo.reset()
-        e = torch._dynamo.explain(model)(*inp.args)
+        e = torch._dynamo.explain(model)(*args)
         assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
         if full_compile:
-            out = torch.compile(model, fullgraph=True)(*inp.args)
+            out = torch.compile(model, fullgraph=True)(*args)
             torch.testing.assert_close(out, eager_out)
+            if train:
+                dy = torch.randn_like(out)
+                want = torch.autograd.grad(eager_out, leaves, dy)
+                got = torch.autograd.grad(out, leaves, dy)
+                for w, g in zip(want, got):
+                    torch.testing.assert_close(g, w)
     finally:
         sel_mod.set_tuning(None)
 
@@ -64,6 +78,13 @@ def test_public_op_compiles_fullgraph_on_cpu_tiers(private_store, op, tier):
 @pytest.mark.parametrize("tier", ["eager", "compile", "triton", "cuda"])
 def test_public_op_compiles_fullgraph_on_gpu(private_store, op, tier):
     _compiled_public_op(private_store, op, tier, full_compile=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("tier", ["triton", pytest.param("cuda", marks=gpu)])
+def test_training_step_compiles_fullgraph_through_registered_backward(private_store, op, tier):
+    # on the CPU inductor cannot build the interpreter's kernels: dynamo's trace (explain) is checked there
+    _compiled_public_op(private_store, op, tier, full_compile=HAS_CUDA, train=True)
 
 
 def test_select_backend_decision_is_used_inside_compiled_region(private_store):
@@ -89,7 +110,14 @@ def test_missing_decision_inside_fullgraph_says_what_to_do(private_store):
 def _opcheck_args(op, dtype, device):
     spec = get_op(op)
     problems = [spec.problem((37, 129))] + ([spec.problem((5, 33), dim=0)] if op == "softmax" else [])
-    return [spec.kernel_args(*spec.make_inputs(p, dtype, device, 1).args) for p in problems]
+    out = []
+    for p in problems:  # differentiable inputs require grad: opcheck then checks the registered backward too
+        args = list(spec.make_inputs(p, dtype, device, 1).args)
+        for i in spec.grad_args:
+            if isinstance(args[i], torch.Tensor):
+                args[i] = args[i].detach().requires_grad_(True)
+        out.append(spec.kernel_args(*args))
+    return out
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="GPU runs the full opcheck below")

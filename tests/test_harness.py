@@ -120,7 +120,7 @@ def test_dispatch_uses_the_decision_and_is_correct(planted):
     x = torch.randn(64, 300)
     y = tiered_ops.softmax(x)
     assert torch.allclose(y, torch.softmax(x, -1))
-    key = ("softmax", x.shape, x.dtype, x.get_device(), -1)
+    key = ("softmax", x.shape, x.dtype, x.get_device(), -1, False)  # False: not training
     assert sel_mod._calls[key].name == "eager"
 
 
@@ -148,9 +148,12 @@ def test_sweep_resumes_instead_of_remeasuring(private_store, monkeypatch):
     monkeypatch.setattr(spec, "impls", {"eager": spec.impls["eager"]})
     store = Store(private_store)
     df = sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
-               log=lambda s: None)
-    assert len(df) == 1 and df.ok.iloc[0] == 1 and df.gbps.iloc[0] > 0 and 0 < df.frac_copy.iloc[0]
+               log=lambda s: None, modes=["fwd_nograd", "fwd+bwd"])
+    assert len(df) == 2 and (df.ok == 1).all() and (df.gbps > 0).all() and (0 < df.frac_copy).all()
+    assert list(df["mode"]) == ["fwd_nograd", "fwd+bwd"]
+    # fwd+bwd moves the forward's bytes and the backward's: 4 + 5 element-passes against 4
+    assert df.gbps.iloc[1] * df.p50_us.iloc[1] == pytest.approx(df.gbps.iloc[0] * df.p50_us.iloc[0] * 9 / 4)
     n = len(store.rows())
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
-          log=lambda s: None)
+          log=lambda s: None, modes=["fwd_nograd", "fwd+bwd"])
     assert len(store.rows()) == n  # nothing measured twice

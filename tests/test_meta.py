@@ -46,16 +46,17 @@ def test_impl_loc_counts_own_code_only():
     triton = meta.impl_loc(spec.impls["triton"])
     cuda = meta.impl_loc(spec.impls["cuda"])
     assert triton == meta.count_loc(cuda_ext.ROOT / "triton_src" / "softmax.py")
-    # the .cu file plus the softmax_cuda function of binding.cpp, not the whole binding
+    # the .cu file plus the softmax_cuda and softmax_bwd_cuda functions of binding.cpp, not the whole binding
     binding = cuda_ext.CUDA_SRC / "binding.cpp"
-    assert cuda == meta.count_loc(cuda_ext.CUDA_SRC / "softmax.cu") + meta.count_loc(binding, "softmax_cuda")
+    assert cuda == meta.count_loc(cuda_ext.CUDA_SRC / "softmax.cu") + meta.count_loc(binding, "softmax_cuda") \
+        + meta.count_loc(binding, "softmax_bwd_cuda")
     assert 0 < meta.count_loc(binding, "softmax_cuda") < meta.count_loc(binding) / 3
     assert meta.impl_loc(spec.impls["eager"]) == meta.count_loc(spec.source, "reference")
 
 
 def test_ptxas_report_from_a_real_nvcc_run():
     kernels = meta.ptxas_report(cuda_ext.CUDA_SRC / "softmax.cu", "90")
-    assert len(kernels) == 6  # 3 dtypes x (vectorized, scalar)
+    assert len(kernels) == 12  # (forward, backward) x 3 dtypes x (vectorized, scalar)
     for k in kernels:
         assert "softmax" in k["kernel"] and k["arch"] == "sm_90"
         assert 8 <= k["registers"] <= 255 and k["spill_bytes"] == 0 and k["smem_bytes"] == 128

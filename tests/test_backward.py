@@ -1,0 +1,145 @@
+"""Backward at every tier: gradients against float64 autograd of the reference, gradcheck, modes, dispatch."""
+
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tiered_ops
+from tiered_ops.measure import measure
+from tiered_ops.registry import get_op
+
+OPS = ["softmax", "rms_norm", "muladd", "layer_norm", "gelu"]
+
+
+def _grad_problems(op):
+    """Every edge problem of the op (1 row, 1 column, odd sizes, rows longer than a block, empty, ...)."""
+    return [(op, p) for p in get_op(op).edge_problems()]
+
+
+CASES = [c for op in OPS for c in _grad_problems(op)]
+
+
+@pytest.mark.parametrize("op,problem", CASES, ids=[f"{op}-{p}" for op, p in CASES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_match_float64(impl, dtype, op, problem):
+    assert_matches(op, impl, problem, dtype, seed=3, grad=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_compile_tier_gradients(op):
+    spec = get_op(op)
+    assert_matches(op, "compile", spec.edge_problems()[2], torch.float32, grad=True)  # the odd-sized one
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck_float64(op):
+    """torch.autograd.gradcheck of the eager tier (the reference's own backward) in float64 on a small problem."""
+    spec = get_op(op)
+    p = spec.problem((3, 5)) if op != "layer_norm" else spec.problem((3, 5))
+    inp = spec.make_inputs(p, torch.float32, torch.device("cpu"), 0)
+    args = [a.double().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(inp.args)]
+    assert torch.autograd.gradcheck(lambda *t: spec.impls["eager"].fn(*t), tuple(args), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_kernel_tier_backward_is_its_own_kernel(op, impl):
+    """The backward of a kernel tier runs that tier's backward op, not eager autograd of the reference."""
+    spec = get_op(op)
+    dev = device_for(impl)
+    fn = spec.impls[impl].fn
+    assert spec.impls[impl].why_not(dev) is None
+    inp = spec.make_inputs(spec.problem((4, 32)), torch.float32, dev, 0)
+    x = inp.args[0].detach().requires_grad_(True)
+    y = fn(x, *inp.args[1:])
+    seen = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        y.backward(torch.randn_like(y))
+    assert any(f"{op}_bwd_{impl}" in s for s in seen), seen
+    assert not any(s.startswith("aten._softmax_backward") or "native_layer_norm_backward" in s for s in seen)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softmax_backward_over_a_non_last_dim(impl):
+    dev = device_for(impl)
+    fn = get_op("softmax").impls[impl].fn
+    x = torch.randn(5, 33, 4, device=dev, requires_grad=True)
+    dy = torch.randn(5, 33, 4, device=dev)
+    (g,) = torch.autograd.grad(fn(x, 1), x, dy)
+    x64 = x.detach().double().requires_grad_(True)
+    (r,) = torch.autograd.grad(torch.softmax(x64, 1), x64, dy.double())
+    assert (g.double() - r).norm() / r.norm() < 1e-5
+
+
+def test_measure_in_each_mode_checks_gradients_and_times():
+    spec, cpu = get_op("rms_norm"), torch.device("cpu")
+    p = spec.problem((32, 64))
+    rows = {m: measure(spec, spec.impls["eager"], p, torch.float32, cpu, m) for m in ("fwd_nograd", "fwd", "bwd",
+                                                                                       "fwd+bwd")}
+    for m, r in rows.items():
+        assert r["ok"] == 1 and r["mode"] == m and r["p50_us"] > 0, r
+    assert rows["fwd+bwd"]["gbps"] * rows["fwd+bwd"]["p50_us"] > rows["fwd"]["gbps"] * rows["fwd"]["p50_us"]
+
+
+def test_a_wrong_backward_is_caught_and_never_timed():
+    from tiered_ops.registry import Impl, Tier
+
+    spec, cpu = get_op("softmax"), torch.device("cpu")
+
+    class WrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dim):
+            y = torch.softmax(x, dim)
+            ctx.save_for_backward(y)
+            ctx.dim = dim
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return y * g, None  # forgets the - sum(g * y) term
+
+    wrong = Impl("wrong_bwd", Tier.EAGER, lambda x, dim=-1: WrongGrad.apply(x, dim), (spec.source,))
+    fwd = measure(spec, wrong, spec.problem((8, 32)), torch.float32, cpu, "fwd_nograd")
+    assert fwd["ok"] == 1  # the forward is right
+    for mode in ("fwd", "bwd", "fwd+bwd"):
+        row = measure(spec, wrong, spec.problem((8, 32)), torch.float32, cpu, mode)
+        assert row["ok"] == 0 and "grad of x" in row["reason"] and row.get("p50_us") is None, row
+
+
+def test_no_backward_is_caught():
+    from tiered_ops.registry import Impl, Tier
+
+    spec = get_op("muladd")
+    detached = Impl("detached", Tier.EAGER, lambda a, b, c: (a * b + c).detach(), (spec.source,))
+    row = measure(spec, detached, spec.problem((8, 8)), torch.float32, torch.device("cpu"), "fwd+bwd")
+    assert row["ok"] == 0 and "does not require grad" in row["reason"]
+
+
+def test_dispatch_uses_the_training_decision_when_inputs_require_grad():
+    from tiered_ops import select as sel
+
+    x = torch.randn(6, 10)
+    tiered_ops.softmax(x)
+    tiered_ops.softmax(x.requires_grad_(True))
+    with torch.no_grad():
+        tiered_ops.softmax(x)
+    modes = {k[-1]: s.record["mode"] for k, s in sel._calls.items() if k[0] == "softmax"}
+    assert modes == {False: "fwd_nograd", True: "fwd+bwd"}
+    y = tiered_ops.softmax(x)
+    y.sum().backward()
+    assert x.grad is not None and x.grad.abs().max() < 1e-5  # d/dx of sum(softmax) is 0
+
+
+def test_select_backend_mode_is_validated():
+    with pytest.raises(ValueError, match="mode"):
+        tiered_ops.select_backend("softmax", (4, 8), mode="training")

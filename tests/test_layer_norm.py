@@ -1,0 +1,68 @@
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+
+import tiered_ops
+from tiered_ops.ops.layer_norm import _problem as P
+
+PROBLEMS = [
+    P((1, 4096)),  # 1 row
+    P((4096, 1)),  # 1 column: y = bias
+    P((1823, 781)),  # no multiple of any block: scalar CUDA path, masked Triton tail
+    P((2, 20003)),  # longer than one block: looped paths
+    P((64, 256)),  # short rows: several rows per Triton program
+    P((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
+    P((5, 64), weight=False, bias=False),  # no affine parameters
+    P((5, 64), bias=False),  # weight only
+    P((5, 64), weight=False),  # bias only
+]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_float64(impl, dtype, problem):
+    assert_matches("layer_norm", impl, problem, dtype)
+
+
+@pytest.mark.parametrize("problem", [P((1823, 781)), P((4, 6, 33), normalized_shape=(6, 33))], ids=str)
+def test_compile_tier(problem):
+    assert_matches("layer_norm", "compile", problem, torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_rows_of_2_to_the_24(impl, grad):
+    # the shape class: few rows of 64*256*256 elements, normalized over three dims
+    assert_matches("layer_norm", impl, P((2, 64, 256, 256), normalized_shape=(64, 256, 256)), torch.float32,
+                   grad=grad)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_trailing_dim_through_movedim(impl):
+    # a normalization over dim 1 of (N, C, L) is layer_norm over the last dim of x.movedim(1, -1): a strided view
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("layer_norm").impls[impl].fn
+    x = torch.randn(6, 40, 9, device=dev).movedim(1, -1)
+    w, b = torch.randn(40, device=dev), torch.randn(40, device=dev)
+    assert not x.is_contiguous()
+    assert rel(fn(x, (40,), w, b), ref64("layer_norm", x, (40,), w, b)) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_bad_input_names_the_argument(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("layer_norm").impls[impl].fn
+    x = torch.randn(4, 8, device=dev)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="weight"):
+        fn(x, (8,), torch.randn(8, device=dev, dtype=torch.float16), None)  # dtype mismatch
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="bias"):
+        fn(x, (8,), None, torch.randn(7, device=dev))  # wrong shape
+    with pytest.raises((ValueError, RuntimeError), match="normalized_shape"):
+        fn(x, (7,), None, None)
+
+
+def test_public_op_rejects_bad_normalized_shape():
+    with pytest.raises(ValueError, match="normalized_shape"):
+        tiered_ops.layer_norm(torch.randn(3, 4), (5,))
