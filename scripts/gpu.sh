@@ -45,13 +45,19 @@ PY
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     bench)
-      echo "== bench (default sweep)"
-      $PY -m tiered_ops.cli bench --no-progress 2>&1 | tee "$OUT/bench.log" || rc=1
+      echo "== bench (default sweep, every mode unless BENCH_ARGS says otherwise)"
+      # BENCH_TIMEOUT (s): stop the sweep there and still export. Every finished measurement is already in the
+      # store, so running the stage again on the same machine resumes where it stopped. BENCH_ARGS: extra
+      # arguments of `tiered-ops bench` (e.g. --modes fwd_nograd,fwd+bwd --dtypes bf16).
+      timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress ${BENCH_ARGS:-} 2>&1 \
+        | tee "$OUT/bench.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
       $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"
-      for op in softmax rms_norm muladd; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 | tee "$OUT/info.txt"
+      for op in softmax rms_norm muladd layer_norm gelu; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 \
+        | tee "$OUT/info.txt"
       ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
