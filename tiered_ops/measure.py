@@ -70,6 +70,14 @@ def grad_output(out: torch.Tensor, seed: int) -> torch.Tensor:
 EAGER_FACTOR = 2.0  # an implementation may be this many times as far from float64 as eager is at that dtype
 
 
+class _NoBackward(Exception):
+    pass
+
+
+class _InBackward(Exception):
+    pass
+
+
 def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: int, device: torch.device
          ) -> tuple[Any, tuple, torch.Tensor | None]:
     """(output, gradients, output gradient) of one call; gradients only when ``grad``."""
@@ -94,14 +102,6 @@ def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: in
     return out, grads, dy
 
 
-class _NoBackward(Exception):
-    pass
-
-
-class _InBackward(Exception):
-    pass
-
-
 def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, seed: int,
               grad: bool = False) -> tuple[float, str | None]:
     """Relative error of impl vs the float64 reference at one problem and seed (output, and each gradient when
@@ -124,8 +124,9 @@ def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
     if not isinstance(out, torch.Tensor) or out.dtype != dtype:
         got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
         return math.inf, f"wrong output dtype at {problem}: {got}, expected {dtype}"
-    ginp, pos = with_grad(spec, Inputs(_to64(inp.args), _to64(inp.kwargs))) if grad else (None, [])
-    inp64 = ginp or Inputs(_to64(inp.args), _to64(inp.kwargs))
+    inp64, pos = Inputs(_to64(inp.args), _to64(inp.kwargs)), []
+    if grad:
+        inp64, pos = with_grad(spec, inp64)
     with torch.set_grad_enabled(grad):
         ref = spec.reference(*inp64.args, **inp64.kwargs)
     names = arg_names(spec)

@@ -135,12 +135,8 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
     dx = torch.empty_like(xc)
     has_w = weight is not None
     rows = xc.numel() // n if n else 0
-    if not has_w:
-        dw = x.new_empty((0,))
-    elif xc.numel() == 0:
-        dw = torch.zeros_like(weight)
     if xc.numel() == 0:
-        return dx, dw
+        return dx, (torch.zeros_like(weight) if has_w else x.new_empty((0,)))
     w = weight.contiguous() if has_w else xc
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     block, per, warps = row_settings(n, MAX_FUSED)
@@ -150,10 +146,10 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
     else:
         wrap_triton(_rms_norm_bwd_looped)[(rows,)](dyc, xc, w, dx, rstd, n, eps, HAS_W=has_w, BLOCK_N=4096,
                                                    num_warps=8)
-    if has_w:
-        dw32, _ = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), None, rstd, with_bias=False)
-        dw = dw32.view(weight.shape).to(weight.dtype)
-    return dx, dw
+    if not has_w:
+        return dx, x.new_empty((0,))
+    dw32, _ = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), None, rstd, with_bias=False)
+    return dx, dw32.view(weight.shape).to(weight.dtype)
 
 
 rms_norm_triton = triton_op("tiered_ops::rms_norm_triton", rms_norm_launch, mutates_args={})
