@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one GPU job: install without deps, build the CUDA extension once, run every test (gpu-marked
 # included) and the default benchmark sweep, print each implementation's cost metadata, write
-# everything under $OUT (at most 8 files come back from the device tool: keep it so).
+# everything under $OUT (at most 8 files come back from the device tool: keep it so). The store itself comes
+# back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
+# cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
 #   device run:   bash scripts/gpu.sh            (stages: build tests bench info; pick with args)
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 set -uo pipefail
@@ -9,9 +11,13 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 STAGES=${*:-build tests bench info}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-export TIERED_OPS_DB=${TIERED_OPS_DB:-/tmp/tiered_ops_gpu.sqlite}  # its content comes back as results.csv + meta.jsonl
+export TIERED_OPS_DB=${TIERED_OPS_DB:-/tmp/tiered_ops_gpu.sqlite}  # comes back as store.sqlite + results.csv
 export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ -n "${RESUME_DB:-}" ]; then
+  [ -f "$RESUME_DB" ] || { echo "RESUME_DB=$RESUME_DB: no such file (carry it)"; exit 2; }
+  cp "$RESUME_DB" "$TIERED_OPS_DB" && echo "resuming from $RESUME_DB"
+fi
 PY=python3
 rc=0
 {
@@ -52,7 +58,9 @@ PY
       timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
-      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
+      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" || rc=1
+      $PY -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+        "$TIERED_OPS_DB" "$OUT/store.sqlite" || rc=1  # a consistent copy, whatever the journal mode
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"

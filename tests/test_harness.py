@@ -55,6 +55,23 @@ def test_rel_error_never_passes_nan():
     assert rel_error(torch.ones(3), ref) == math.inf  # shape mismatch
 
 
+def test_rel_error_in_chunks_matches_the_whole_norm_and_catches_a_late_nan():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(1823, 781, generator=g, dtype=torch.float64)
+    out = (ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)).to(torch.bfloat16)
+    whole = (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+    assert rel_error(out, ref, chunk=1000) == pytest.approx(whole, rel=1e-12)
+    ref[-1, -1] = math.inf
+    assert rel_error(out, ref, chunk=1000) == math.inf  # out is finite where ref is +inf: wrong
+    out2 = out.clone()
+    out2[-1, -1] = math.inf
+    assert math.isfinite(rel_error(out2, ref, chunk=1000))
+    out2[-1, -1] = -math.inf  # wrong sign of inf
+    assert rel_error(out2, ref, chunk=1000) == math.inf
+    assert rel_error(ref.t(), ref.t().contiguous(), chunk=7) == 0.0  # non-contiguous input
+    assert rel_error(torch.zeros(3), torch.zeros(3, dtype=torch.float64), floor=1e-6) == 0.0
+
+
 def test_measure_records_unavailable_with_reason():
     row = measure(SOFTMAX, SOFTMAX.impls["cuda"], SOFTMAX.problem((8, 8)), torch.float32, CPU)
     assert row["ok"] == 0 and row["reason"].startswith("unavailable:")

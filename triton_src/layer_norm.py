@@ -90,9 +90,7 @@ def _layer_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_row
     xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
     s1 = tl.sum(g * xhat, axis=1)
     s2 = tl.sum(g, axis=1)
-    # (n g - xhat s1 - s2) / n rather than g - xhat s1 / n - s2 / n: no rounded division before the
-    # cancellation (for n = 1 the exact result 0 comes out exactly; GPU fp32 division is approximate).
-    dx = rstd[:, None] * (n_cols * g - xhat * s1[:, None] - s2[:, None]) / n_cols
+    dx = rstd[:, None] * (g - xhat * (s1 / n_cols)[:, None] - (s2 / n_cols)[:, None])
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -113,15 +111,15 @@ def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_c
             g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
         acc1 += tl.where(mask, g * xhat, 0.0)
         acc2 += g
-    s1 = tl.sum(acc1, axis=0)
-    s2 = tl.sum(acc2, axis=0)
+    c1 = tl.sum(acc1, axis=0) / n_cols
+    c2 = tl.sum(acc2, axis=0) / n_cols
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
         g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-        dx = rstd * (n_cols * g - xhat * s1 - s2) / n_cols
+        dx = rstd * (g - xhat * c1 - c2)
         tl.store(dx_ptr + row * n_cols + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -169,7 +167,11 @@ def layer_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: l
     has_w = weight is not None
     w = weight.contiguous() if has_w else xc
     block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
+    if n == 1:
+        # y = b whatever x is, so dx is exactly 0. The kernel would leave ptxas's FMA contraction of
+        # dy * w - sum(dy * w) (the product's rounding error) times rstd = 1 / sqrt(eps): seen on the H100.
+        dx.zero_()
+    elif n <= MAX_FUSED:
         wrap_triton(_layer_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, mean, rstd, dx, rows, n, HAS_W=has_w,
                                                                        BLOCK_N=block, ROWS=per, num_warps=warps)
     else:
