@@ -174,3 +174,28 @@ def test_sweep_resumes_instead_of_remeasuring(private_store, monkeypatch):
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None, modes=["fwd_nograd", "fwd+bwd"])
     assert len(store.rows()) == n  # nothing measured twice
+
+
+@pytest.mark.gpu
+def test_kernel_time_excludes_a_slow_host_path():
+    """A call whose host side takes 400 us and whose kernel takes a few us: the kernel median must stay far below
+    the host time (with the GPU idle between the start event and the kernel it would read ~400 us), while the
+    host time per call carries it."""
+    import time
+
+    from tiered_ops.timing import time_call
+
+    dev = torch.device("cuda")
+    x = torch.randn(1 << 16, device=dev)
+
+    def slow_host() -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 400e-6:
+            pass
+        x.mul_(1.0001)
+
+    slow_host()
+    t = time_call(slow_host, dev)
+    assert t.p50_us < 100, t
+    assert t.host_us > 350, t
+    assert t.caller_us == t.host_us
