@@ -4,14 +4,16 @@
 # everything under $OUT (at most 8 files come back from the device tool: keep it so). The store itself comes
 # back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
-#   device run:   bash scripts/gpu.sh            (stages: build tests bench info; pick with args)
+#   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args)
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STAGES=${*:-build tests bench info}
+STAGES=${*:-build ptxas tests bench info}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-export TIERED_OPS_DB=${TIERED_OPS_DB:-/tmp/tiered_ops_gpu.sqlite}  # comes back as store.sqlite + results.csv
+# The store lives under $OUT: what a call finished comes back even when the call is killed at its limit (with
+# its -wal file: open it locally from a writable copy of both).
+export TIERED_OPS_DB=${TIERED_OPS_DB:-$OUT/store.sqlite}
 export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${RESUME_DB:-}" ]; then
@@ -39,6 +41,8 @@ err = cuda_ext.load()
 print("cuda extension:", err or f"built and loaded in {time.time() - t:.1f} s ({cuda_ext._state.get('name')})")
 raise SystemExit(1 if err else 0)
 PY
+      ;;
+    ptxas)
       # Registers and spills per kernel, as ptxas reports them for this GPU's architecture.
       arch=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
       for f in cuda_src/*.cu; do
@@ -59,8 +63,6 @@ PY
         | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
       $PY -m tiered_ops.cli export --csv "$OUT/results.csv" || rc=1
-      $PY -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
-        "$TIERED_OPS_DB" "$OUT/store.sqlite" || rc=1  # a consistent copy, whatever the journal mode
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"
