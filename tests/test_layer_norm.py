@@ -9,7 +9,8 @@ PROBLEMS = [
     P((1, 4096)),  # 1 row
     P((4096, 1)),  # 1 column: y = bias
     P((1823, 781)),  # no multiple of any block: scalar CUDA path, masked Triton tail
-    P((2, 20003)),  # longer than one block: looped paths
+    P((2, 20003)),  # longer than one block, few rows: Triton splits each row over programs
+    P((6, 20003)),  # longer than one block, more rows than programs to fill (interpreter: 4): looped paths
     P((64, 256)),  # short rows: several rows per Triton program
     P((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
     P((5, 64), weight=False, bias=False),  # no affine parameters
@@ -33,10 +34,12 @@ def test_compile_tier(problem):
 @gpu
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_rows_of_2_to_the_22(impl, grad):
-    # the shape class: few rows of 64*256*256 elements, normalized over three dims
-    assert_matches("layer_norm", impl, P((2, 64, 256, 256), normalized_shape=(64, 256, 256)), torch.float32,
-                   grad=grad)
+@pytest.mark.parametrize("shape", [(2, 64, 256, 256), (2, 256, 256, 256), (600, 16385)], ids=str)
+def test_giant_rows(impl, grad, shape):
+    # the shape class: few rows of 2^22 and 2^24 elements, normalized over three dims (Triton: split
+    # rows); 600 rows of 16385 take the Triton looped path on a GPU (more rows than 4 per SM)
+    ns = shape[1:] if len(shape) > 2 else shape[-1:]
+    assert_matches("layer_norm", impl, P(shape, normalized_shape=ns), torch.float32, grad=grad)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -66,3 +69,10 @@ def test_bad_input_names_the_argument(impl):
 def test_public_op_rejects_bad_normalized_shape():
     with pytest.raises(ValueError, match="normalized_shape"):
         tiered_ops.layer_norm(torch.randn(3, 4), (5,))
+
+
+@pytest.mark.parametrize("problem", [P((2, 20003)), P((6, 20003), bias=False)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_split_and_looped_rows_backward(dtype, problem):
+    # on the interpreter (4 programs to fill) 2 rows take the split-row kernels and 6 rows the looped ones
+    assert_matches("layer_norm", "triton", problem, dtype, grad=True)
