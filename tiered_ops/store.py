@@ -67,13 +67,82 @@ def default_path() -> Path:
     return cache / "tiered_ops" / "results.sqlite"
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class StoreWarning(UserWarning):
+    """The file at the store path was not a usable tiered_ops store and was moved aside."""
+
+
+def _unusable(path: Path) -> str | None:
+    """Why the existing file at ``path`` cannot be opened as a tiered_ops store, or None (absent/empty/ours)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as f:
+        if f.read(16) != SQLITE_MAGIC:
+            return "not an SQLite file"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        try:
+            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                return f"SQLite reports damage: {ok}"
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and "measurements" not in tables:
+                return f"an SQLite database of something else (tables: {', '.join(sorted(tables))})"
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        return f"SQLite cannot read it: {e}"
+    return None
+
+
+def _move_aside(path: Path, why: str) -> Path:
+    aside = path.with_name(f"{path.name}.unusable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            src.rename(Path(str(aside) + suffix))
+    import warnings
+
+    warnings.warn(f"tiered_ops store {path}: {why}; moved it to {aside} and started an empty store", StoreWarning,
+                  stacklevel=3)
+    return aside
+
+
 class Store:
+    """The store at ``path``. A file there that is not a usable store (not SQLite, damaged, another program's
+    database) is moved aside with a warning naming both paths, never overwritten and never crashed on. Writes
+    retry while another process holds the lock (WAL mode, so readers never block)."""
+
+    RETRIES = 5
+
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path).expanduser() if path else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        why = _unusable(self.path)
+        self.moved_aside = _move_aside(self.path, why) if why else None
         self.conn = sqlite3.connect(self.path, timeout=30.0)
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        self._retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
+        self._retry(self._init_schema)
+
+    def _retry(self, fn: Any) -> Any:
+        """Run ``fn`` again while SQLite says another writer holds the database (beyond the 30 s busy timeout)."""
+        for attempt in range(self.RETRIES):
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                if attempt == self.RETRIES - 1:
+                    raise sqlite3.OperationalError(
+                        f"tiered_ops store {self.path}: {e} for {self.RETRIES} x 30 s; another process holds "
+                        "it (a stuck sweep?), or the file system does not support SQLite's locks"
+                    ) from e
+                time.sleep(min(0.05 * 2**attempt, 2.0))
+
+    def _init_schema(self) -> None:
         with self.conn:
             self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             cols = ", ".join(f"{n} {t}" for n, t in COLUMNS)
@@ -97,8 +166,12 @@ class Store:
         """Insert measurements in one transaction (all or none)."""
         ph = ", ".join("?" for _ in COLUMN_NAMES)
         data = [tuple(r.get(c) if c != "timestamp" else r.get(c, time.time()) for c in COLUMN_NAMES) for r in rows]
-        with self.conn:
-            self.conn.executemany(f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})", data)
+
+        def write() -> None:
+            with self.conn:
+                self.conn.executemany(f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})", data)
+
+        self._retry(write)
 
     def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str) -> list[dict]:
         """Newest row per implementation for one decision key (fresh or stale: the caller filters)."""
@@ -116,9 +189,12 @@ class Store:
 
     def put_meta(self, op: str, impl: str, device_key: str, source_hash: str, meta: dict[str, Any]) -> None:
         """Store an implementation's cost metadata (graph breaks, LOC, build, registers), replacing older."""
-        with self.conn:
-            self.conn.execute("INSERT OR REPLACE INTO impl_meta VALUES (?, ?, ?, ?, ?, ?)",
-                              (op, impl, device_key, source_hash, json.dumps(meta, default=str), time.time()))
+        def write() -> None:
+            with self.conn:
+                self.conn.execute("INSERT OR REPLACE INTO impl_meta VALUES (?, ?, ?, ?, ?, ?)",
+                                  (op, impl, device_key, source_hash, json.dumps(meta, default=str), time.time()))
+
+        self._retry(write)
 
     def get_meta(self, op: str, impl: str, device_key: str, source_hash: str) -> dict[str, Any] | None:
         row = self.conn.execute("SELECT meta FROM impl_meta WHERE op=? AND impl=? AND device_key=? AND source_hash=?",
