@@ -12,7 +12,10 @@ CUDA_SRC = Path(__file__).resolve().parent.parent / "cuda_src"
 NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
 
-@pytest.mark.parametrize("cu", sorted(CUDA_SRC.glob("*.cu")), ids=lambda p: p.name)
+PLANTS = Path(__file__).resolve().parent / "plants"
+
+
+@pytest.mark.parametrize("cu", sorted(CUDA_SRC.glob("*.cu")) + sorted(PLANTS.glob("*.cu")), ids=lambda p: p.name)
 def test_compiles_without_spills(cu, tmp_path):
     assert NVCC, "nvcc not found: the CUDA kernel files must compile on every machine that runs the tests"
     r = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v",

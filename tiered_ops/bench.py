@@ -1,7 +1,8 @@
 """The benchmark sweep: every implementation of every op at each problem and dtype, gated, timed, stored.
 
 Each measurement is committed to the store as soon as it is taken, so an interrupted sweep keeps
-what it finished; a measurement that is already stored with the current source hash for this device
+what it finished (a crashing or hanging candidate costs itself only when isolated in a worker); a
+measurement that is already stored with the current source hash for this device
 is reused rather than taken again (``force=True`` re-measures).
 """
 
@@ -13,18 +14,17 @@ from typing import Callable, Iterable
 import pandas as pd
 import torch
 
-from .measure import measure
+from .measure import base_row, measure
 from .meta import breaks_str, stored_or_collect
 from .policy import DEFAULT_CALLS, choose
-from .registry import DTYPE_NAMES, MODES, OpSpec, Problem
+from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .store import Store
-from .timing import copy_bandwidth_gbps, fingerprint
+from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint
+from .worker import Pool
 
 
-def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str
-           ) -> dict:
-    fp = fingerprint(device)
-    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=fp.key, mode=mode)
+def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str) -> dict:
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode)
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins
         if spec.fresh_impl(r) is not None:
@@ -32,42 +32,97 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
     return out
 
 
+def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
+    if pool is None:
+        return stored_or_collect(store, spec, impl, device)
+    meta = store.get_meta(spec.name, impl.name, fp.key, impl.source_hash)
+    if meta is None:
+        meta, why = pool.run(("meta", spec.name, impl.name), f"cost metadata of {spec.name} {impl.name}")
+        if why:
+            meta = {"error": f"collecting it crashed or hung: {why}"}
+        store.put_meta(spec.name, impl.name, fp.key, impl.source_hash, meta)
+    return meta
+
+
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
           device: torch.device, store: Store, force: bool = False, progress: bool = True,
           log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None,
-          modes: Iterable[str] = MODES) -> pd.DataFrame:
+          modes: Iterable[str] = MODES, isolate: bool = False, timeout_s: float = 300.0,
+          impls: Iterable[str] | None = None) -> pd.DataFrame:
     """Measure every (op, problem, dtype, mode, implementation); returns one row per measurement.
 
+    With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
+    runs past ``timeout_s`` seconds is stored as failed with the reason, and the sweep goes on with a new
+    worker (the CLI isolates by default). The worker imports the ops by module, so an op or implementation
+    added at run time (a test's monkeypatch) is only seen in-process. Each measurement is committed as soon
+    as it is taken; one already stored for this source and device is reused unless ``force``.
     After an op's measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
     registers) is collected once per source and device, stored, and put in ``metas`` when given.
+    ``impls`` limits the sweep to implementations of those names.
     """
     from tqdm import tqdm
 
     specs = list(specs)
     modes = list(modes)
+    only = set(impls) if impls is not None else None
+    if only is not None:
+        unknown = only - {i for s in specs for i in s.impls}
+        if unknown:
+            raise ValueError(f"impls: no implementation named {', '.join(sorted(unknown))} in "
+                             f"{', '.join(s.name for s in specs)}")
+
+    def chosen(spec: OpSpec) -> list[Impl]:
+        return [i for i in spec.impls.values() if only is None or i.name in only]
+
     todo = [(s, p, dt, m, i) for s in specs for p in problems[s.name] for dt in dtypes for m in modes
-            for i in s.impls.values()]
-    copy = copy_bandwidth_gbps(device)
-    log(f"device: {fingerprint(device).name}; copy bandwidth {copy:.0f} GB/s (read + write, measured now)")
-    if device.type == "cpu":
-        log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
-            "correctness only; CUDA unavailable)")
-    results = []
-    bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
-    for spec, problem, dtype, mode, impl in bar:
-        bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
-        done = None if force else _fresh(store, spec, problem, dtype, device, mode).get(impl.name)
-        if done is None:
-            done = measure(spec, impl, problem, dtype, device, mode)
-            store.add([done])
-        results.append(done)
-    for spec in specs:
-        for impl in spec.impls.values():
-            if progress:
-                log(f"cost metadata: {spec.name} {impl.name}")
-            meta = stored_or_collect(store, spec, impl, device)
-            if metas is not None:
-                metas[(spec.name, impl.name)] = meta
+            for i in chosen(s)]
+    say = tqdm.write if progress else log
+    pool = Pool(device, sorted({s.reference.__module__ for s in specs}), timeout_s, log=say) if isolate else None
+    try:
+        if pool is not None:
+            info = pool.hello()
+            fp, copy = info["fingerprint"], info["copy_gbps"]
+        else:
+            fp, copy = fingerprint(device), copy_bandwidth_gbps(device)
+        log(f"device: {fp.name}; copy bandwidth {copy:.0f} GB/s (read + write, measured now); "
+            + (f"each candidate in a worker process, {timeout_s:g} s at most" if pool else "measuring in-process"))
+        if device.type == "cpu":
+            log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
+                "correctness only; CUDA unavailable)")
+        results, measured, broken = [], 0, {}
+        bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
+        for spec, problem, dtype, mode, impl in bar:
+            what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
+            bar.set_description(what)
+            done = None if force else _fresh(store, spec, problem, dtype, fp.key, mode).get(impl.name)
+            if done is None:
+                if pool is None:
+                    done = measure(spec, impl, problem, dtype, device, mode)
+                else:
+                    done, why = pool.run(("measure", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode), what)
+                    if why:
+                        done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
+                        broken[(spec.name, impl.name)] = why
+                store.add([done])
+                measured += 1
+            results.append(done)
+        bar.close()
+        for spec in specs:
+            for impl in chosen(spec):
+                if progress:
+                    log(f"cost metadata: {spec.name} {impl.name}")
+                if (spec.name, impl.name) in broken:  # it would crash or hang again
+                    why = broken[spec.name, impl.name]
+                    meta = {"error": f"not collected: the implementation crashed or hung ({why})"}
+                else:
+                    meta = _meta(store, spec, impl, device, fp, pool)
+                if metas is not None:
+                    metas[(spec.name, impl.name)] = meta
+    finally:
+        if pool is not None:
+            pool.close()
+    log(f"{measured} measured now, {len(results) - measured} taken from the store (same source, same device)"
+        + (f"; {pool.started} worker process(es) used" if pool else ""))
     df = pd.DataFrame(results)
     if metas is not None and len(df):
         df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]

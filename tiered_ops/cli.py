@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -71,8 +72,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
     from .bench import decisions, sweep, table, winners
 
+    for module in args.imports or []:
+        importlib.import_module(module)  # registers more ops (tests/plants: planted faulty kernels)
     dev = _device(args.device)
     specs = [get_op(o) for o in args.ops.split(",")] if args.ops else all_ops()
     problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
@@ -81,13 +86,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     store = _store(args)
     print(f"store: {store.path}")
     metas: dict = {}
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM: stop the workers and say what was kept, as for Ctrl-C
+
+    old = signal.signal(signal.SIGTERM, on_term)
     try:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
-                   modes=args.modes or MODES)
+                   modes=args.modes or MODES, isolate=not args.in_process, timeout_s=args.timeout,
+                   impls=args.impls.split(",") if args.impls else None)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
@@ -215,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("bench", help="gate, time and store every implementation; print a table per op")
     s.add_argument("--ops", help="comma-separated ops (default: all)")
+    s.add_argument("--impls", help="comma-separated implementation names, e.g. eager,triton (default: all)")
+    s.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import this module first: it registers more ops (e.g. tests.plants); repeatable")
     s.add_argument("--shapes", type=_shape, nargs="+", help="shapes like 16384x4096 (default: the op's own)")
     s.add_argument("--dtypes", type=_dtypes, help="comma-separated: fp32,bf16,fp16 (default bf16,fp32 on GPU)")
     s.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
@@ -222,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--force", action="store_true", help="re-measure even when fresh results are stored")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one candidate may take (first call, checks and timing) before it is killed "
+                        "and recorded as timed out (default 300)")
+    s.add_argument("--in-process", action="store_true",
+                   help="measure in this process (for debugging): a crashing or hanging kernel then stops the sweep")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("select", help="the implementation chosen for an op at a shape, and why")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_mode, rel_error
-from .timing import copy_bandwidth_gbps, fingerprint, sync, time_call
+from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint, sync, time_call
 
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
 _edge_results: dict[tuple, tuple[bool, float, str | None]] = {}
@@ -214,18 +214,23 @@ def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str) -> Callable[[],
     return lambda: torch.autograd.grad(fn(*args, **kwargs), leaves, dy)
 
 
-def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-            mode: str = "fwd_nograd") -> dict[str, Any]:
-    """Gate, then time one implementation in ``mode``; returns a store row (never raises for a bad candidate)."""
-    check_mode(mode)
-    fp = fingerprint(device)
-    row: dict[str, Any] = dict(
+def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint
+             ) -> dict[str, Any]:
+    """The identifying columns of a store row, not yet ok (a measurement fills in the rest)."""
+    return dict(
         op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem),
         bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[dtype], device_key=fp.key,
         device_type=fp.device_type, gpu_name=fp.name, capability=fp.capability, sm_count=fp.sm_count,
         torch_version=fp.torch, triton_version=fp.triton, cuda_version=fp.cuda, source_hash=impl.source_hash,
         timestamp=time.time(), ok=0,
     )
+
+
+def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+            mode: str = "fwd_nograd") -> dict[str, Any]:
+    """Gate, then time one implementation in ``mode``; returns a store row (never raises for a bad candidate)."""
+    check_mode(mode)
+    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
     why = impl.why_not(device, dtype)
     if why:
         row["reason"] = f"unavailable: {why}"

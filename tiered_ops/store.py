@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -70,31 +71,54 @@ def default_path() -> Path:
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process
+
+
 class StoreWarning(UserWarning):
     """The file at the store path was not a usable tiered_ops store and was moved aside."""
 
 
 def _unusable(path: Path) -> str | None:
-    """Why the existing file at ``path`` cannot be opened as a tiered_ops store, or None (absent/empty/ours)."""
+    """Why the existing file at ``path`` cannot be opened as a tiered_ops store, or None (absent/empty/ours).
+
+    Damage is only believed when three checks a second apart all report it, and a store with a non-empty WAL
+    (another process is writing it) is not judged at all: a store in use is never moved aside for what one look
+    at a moving WAL showed (SQLite 3.40 readers saw "malformed" for a moment while two processes wrote)."""
     if not path.exists() or path.stat().st_size == 0:
+        return None
+    if any(s.path.resolve() == path.resolve() and s.conn is not None for s in list(_OPEN)):
+        # Ours, open in this process. Reading it here with open() and closing that descriptor would drop every
+        # POSIX lock this process holds on it (SQLite's own connections included): another process then takes
+        # the WAL for unused, checkpoints and resets it under us, and this process reads "malformed".
         return None
     with open(path, "rb") as f:
         if f.read(16) != SQLITE_MAGIC:
             return "not an SQLite file"
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    wal = Path(str(path) + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return None  # in use by another process (or to be recovered by SQLite on open): not judged from outside
+    why = None
+    for attempt in range(3):
         try:
-            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if ok != "ok":
-                return f"SQLite reports damage: {ok}"
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if tables and "measurements" not in tables:
-                return f"an SQLite database of something else (tables: {', '.join(sorted(tables))})"
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as e:
-        return f"SQLite cannot read it: {e}"
-    return None
+            conn = sqlite3.connect(path, timeout=30.0)
+            try:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if tables and "measurements" not in tables:
+                    return f"an SQLite database of something else (tables: {', '.join(sorted(tables))})"
+                ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+                why = None if ok == "ok" else f"SQLite reports damage: {ok}"
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):
+                return None  # another process holds it: a store in use, not a damaged one
+            why = f"SQLite cannot read it: {e}"
+        except sqlite3.DatabaseError as e:
+            why = f"SQLite cannot read it: {e}"
+        if why is None:
+            return None
+        time.sleep(1.0)
+    return why
 
 
 def _move_aside(path: Path, why: str) -> Path:
@@ -122,7 +146,8 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         why = _unusable(self.path)
         self.moved_aside = _move_aside(self.path, why) if why else None
-        self.conn = sqlite3.connect(self.path, timeout=30.0)
+        self.conn: sqlite3.Connection | None = sqlite3.connect(self.path, timeout=30.0)
+        _OPEN.add(self)
         self.conn.row_factory = sqlite3.Row
         self._retry(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
         self._retry(self._init_schema)
@@ -143,6 +168,12 @@ class Store:
                 time.sleep(min(0.05 * 2**attempt, 2.0))
 
     def _init_schema(self) -> None:
+        """Create or migrate the schema; a store that is already current is only read (no write on open)."""
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" in tables:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is not None and int(row[0]) == SCHEMA_VERSION and "measurements" in tables:
+                return
         with self.conn:
             self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             cols = ", ".join(f"{n} {t}" for n, t in COLUMNS)
@@ -202,4 +233,6 @@ class Store:
         return json.loads(row[0]) if row else None
 
     def close(self) -> None:
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
