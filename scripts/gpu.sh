@@ -4,7 +4,8 @@
 # everything under $OUT (at most 8 files come back from the device tool: keep it so). The store itself comes
 # back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
-#   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args)
+#   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args;
+#                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels))
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -51,7 +52,7 @@ PY
       ;;
     tests)
       echo "== tests (all, gpu-marked included)"
-      $PY -m pytest tests -q --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
+      $PY -m pytest ${TEST_ARGS:-tests} -q -rfE --durations=15 --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     bench)
@@ -68,6 +69,27 @@ PY
       echo "== info (graph breaks and maintenance cost per implementation)"
       for op in softmax rms_norm muladd layer_norm gelu; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 \
         | tee "$OUT/info.txt"
+      ;;
+    sanitize)
+      # Every CUDA kernel, fwd and bwd, edge + default problems, 3 dtypes, under each compute-sanitizer tool, one
+      # log. SAN_MAX_<TOOL> caps the elements per problem (racecheck tracks every shared-memory access: slow).
+      : > "$OUT/sanitizer.log"
+      for tool in ${SANITIZERS:-memcheck racecheck initcheck}; do
+        cap_var=SAN_MAX_${tool^^}; cap=${!cap_var:-$((1 << 26))}
+        echo "== compute-sanitizer --tool $tool (problems up to $cap elements)" | tee -a "$OUT/sanitizer.log"
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SAN_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
+          --error-exitcode 1 --print-limit 20 $PY scripts/sanitize.py --max-elements "$cap" >> "$OUT/sanitizer.log" 2>&1
+        r=$?; echo "== $tool exit $r" | tee -a "$OUT/sanitizer.log"; [ $r = 0 ] || rc=1
+        grep -E "ERROR SUMMARY|cases ran" "$OUT/sanitizer.log" | tail -2
+      done
+      ;;
+    plants)
+      # The default fp32 forward sweep of every op plus the planted faulty kernels (tests/plants), isolated: each
+      # plant must cost one candidate, with its reason, and the sweep must finish. Its own store (not $OUT's).
+      echo "== sweep with planted crashing / hanging / uncompilable kernels"
+      $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtypes fp32 --modes fwd_nograd \
+        --timeout "${PLANT_TIMEOUT:-90}" --no-progress ${PLANT_ARGS:-} 2>&1 | tee "$OUT/plants.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

@@ -45,6 +45,8 @@ def test_a_harness_error_in_the_worker_is_raised_not_recorded_as_a_candidate_fai
             pool.run(("run", "operator", "truediv", 1, 0), "div")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU plants on the Triton interpreter (CI); the GPU runs "
+                    "test_planted_cuda_kernels_cost_one_candidate_each")
 def test_sweep_survives_planted_crash_hang_and_compile_error(private_store):
     store = Store(private_store)
     said: list[str] = []
@@ -67,12 +69,14 @@ def test_sweep_survives_planted_crash_hang_and_compile_error(private_store):
         assert sel.name == "eager", sel.record
 
 
-def _workers() -> set[int]:
+def _workers(tag: str) -> set[int]:
+    """Live worker processes that inherited TIERED_OPS_TEST_TAG=tag (other tests' workers may run beside them)."""
     out = set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"tiered_ops.worker" in (d / "cmdline").read_bytes():
+                if b"tiered_ops.worker" in (d / "cmdline").read_bytes() and \
+                        f"TIERED_OPS_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
                     out.add(int(d.name))
             except OSError:
                 pass
@@ -83,9 +87,11 @@ def _workers() -> set[int]:
 def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, sig):
     shapes = ["64x64", "128x128", "256x256", "512x512", "32x32", "16x16"]
     cmd = [sys.executable, "-m", "tiered_ops.cli", "--db", str(private_store), "bench", "--ops", "muladd",
-           "--impls", "eager,eager_addcmul", "--modes", "fwd_nograd,fwd+bwd", "--no-progress", "--shapes", *shapes]
-    before = _workers()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--impls", "eager,eager_addcmul", "--modes", "fwd_nograd,fwd+bwd", "--dtypes", "fp32", "--no-progress",
+           "--shapes", *shapes]
+    tag = f"{os.getpid()}-{sig.name}"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TIERED_OPS_TEST_TAG=tag))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if private_store.exists() and len(Store(private_store).rows()) >= 3:
@@ -98,7 +104,7 @@ def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, 
     assert "interrupted: every finished measurement is in" in err
     assert 3 <= kept < 24, "the sweep finished before the signal: make it longer"
     time.sleep(1)
-    assert not (_workers() - before), "the worker outlived the interrupted sweep"
+    assert not _workers(tag), "the worker outlived the interrupted sweep"
     rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert f"{24 - kept} measured now, {kept} taken from the store" in rerun.stdout
@@ -115,3 +121,26 @@ def test_the_cli_imports_plant_modules_and_isolates_by_default(private_store):
     assert re.search(r"py_segv .*crashed or hung: worker killed by signal SIGSEGV", r.stdout), r.stdout
     assert re.search(r"eager .* <- winner", r.stdout), r.stdout
     assert os.path.exists(private_store)
+
+
+@pytest.mark.gpu
+def test_planted_cuda_kernels_cost_one_candidate_each(private_store):
+    """An out-of-bounds write (illegal address: the worker's CUDA context is lost) and a kernel that never ends, among
+    good candidates on the GPU: each plant is recorded with its reason, and the candidates after them still run."""
+    store = Store(private_store)
+    said: list[str] = []
+    dev = torch.device("cuda")
+    df = sweep([plants.SPEC], {"plant_double": [make_problem((1 << 20,))]}, [torch.float32], dev, store,
+               progress=False, log=said.append, modes=["fwd_nograd"], isolate=True, timeout_s=60)
+    by = {r.impl: r for r in df.itertuples()}
+    print("\n".join(said))
+    print(df[["impl", "ok", "p50_us", "reason"]].to_string())
+    assert "illegal memory access" in by["cuda_oob"].reason and by["cuda_oob"].ok == 0
+    assert "timed out after 60 s" in by["cuda_spin"].reason and by["cuda_spin"].ok == 0
+    assert "killed by signal SIGSEGV" in by["py_segv"].reason
+    assert "planted: this kernel does not compile" in by["triton_bad"].reason
+    assert by["eager"].ok == 1 and by["triton_good"].ok == 1 and by["triton_good"].p50_us > 0  # after the plants
+    assert any("CUDA context is broken afterwards" in s for s in said), said
+    use_store(store)
+    sel = select_backend("plant_double", (1 << 20,), "fp32", dev, tune=False)
+    assert sel.name in ("eager", "triton_good"), sel.record

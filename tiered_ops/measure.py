@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import time
 from typing import Any, Callable
 
@@ -36,8 +37,13 @@ def _to64(v: Any) -> Any:
 
 
 def _short(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+    """One line: the exception's type and first line (a Triton compile error's first line is only "at L:C:", its
+    message is the last line: both are kept)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1 and re.fullmatch(r"at \d+:\d+:?", text):
+        text = f"{text} {lines[-1]}"
+    return f"{type(e).__name__}: {text[:300]}".rstrip(": ")
 
 
 def _poison(inp: Inputs, device: torch.device) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import select
 import signal
 import struct
@@ -78,17 +79,24 @@ class Worker:
             stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True,  # Ctrl-C is the parent's
         )
         self._buf = b""
+        self._task_start = 0
 
     def stderr_tail(self, n: int = 3) -> str:
+        """What the worker wrote to stderr during the current task: its error lines (a fatal signal's line from
+        faulthandler, CUDA's error text), else its last ``n`` lines."""
         try:
-            text = Path(self.log.name).read_text(errors="replace")
+            with open(self.log.name, "rb") as f:
+                f.seek(self._task_start)
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
-        return " | ".join(lines[-n:])[-600:]
+        errors = [ln for ln in lines if re.search(r"Fatal Python error|[Ee]rror\b|Abort|illegal", ln)]
+        return " | ".join((errors or lines)[-n:])[-600:]
 
     def call(self, task: tuple, timeout_s: float) -> Any:
         """Send one task and wait for its reply; WorkerDied / WorkerTimeout when there is none."""
+        self._task_start = os.path.getsize(self.log.name)
         try:
             _send(self.proc.stdin, task)
         except (BrokenPipeError, OSError):
@@ -232,7 +240,10 @@ def _serve(device_str: str, modules: list[str]) -> None:
     proto = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints from kernels and libraries go to the log, not into the protocol
     _die_with_parent()
+    import faulthandler
     import importlib
+
+    faulthandler.enable()  # a fatal signal writes its name and the Python stack to the log the parent reads
 
     import torch
 
