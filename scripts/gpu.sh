@@ -82,6 +82,18 @@ PY
         r=$?; echo "== $tool exit $r" | tee -a "$OUT/sanitizer.log"; [ $r = 0 ] || rc=1
         grep -E "ERROR SUMMARY|cases ran" "$OUT/sanitizer.log" | tail -2
       done
+      # Positive control: the same memcheck run on the planted out-of-bounds kernel must report it.
+      echo "== positive control: memcheck on tests/plants cuda_oob (must report an invalid write)" \
+        | tee -a "$OUT/sanitizer.log"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        --print-limit 2 $PY scripts/sanitize.py --plant-oob > /tmp/control.log 2>&1
+      r=$?; grep -E "Invalid __global__|ERROR SUMMARY" /tmp/control.log | head -3 | tee -a "$OUT/sanitizer.log"
+      if [ $r != 0 ] && grep -q "Invalid __global__ write" /tmp/control.log; then
+        echo "== positive control: caught (exit $r)" | tee -a "$OUT/sanitizer.log"
+      else
+        echo "== positive control FAILED: memcheck did not report the planted write (exit $r)" | tee -a "$OUT/sanitizer.log"
+        rc=1
+      fi
       ;;
     plants)
       # The default fp32 forward sweep of every op plus the planted faulty kernels (tests/plants), isolated: each

@@ -25,8 +25,20 @@ def main() -> int:
     p.add_argument("--ops", help="comma-separated (default: all)")
     p.add_argument("--dtypes", default="fp32,bf16,fp16")
     p.add_argument("--max-elements", type=int, default=1 << 26)
+    p.add_argument("--plant-oob", action="store_true",
+                   help="positive control: run only the planted out-of-bounds kernel (tests/plants), which the "
+                        "sanitizer must report")
     args = p.parse_args()
     dev = torch.device("cuda")
+    if args.plant_oob:
+        from tests import plants
+
+        assert plants._cuda_available(dev) is None
+        x = torch.randn(1000, device=dev)
+        y = plants.SPEC.impls["cuda_oob"].fn(x)
+        torch.cuda.synchronize()
+        print("the planted kernel ran", y.shape)
+        return 0
     specs = [s for s in all_ops() if not args.ops or s.name in args.ops.split(",")]
     cases = skipped = 0
     t0 = time.time()

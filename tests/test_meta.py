@@ -141,3 +141,17 @@ def test_gpu_triton_kernel_registers_reported():
     spec.impls["triton"].fn(x, -1)
     ks = meta.triton_kernel_report("softmax")
     assert ks and all(k["registers"] > 0 and k["spill_bytes"] is not None for k in ks)
+
+
+def test_a_first_call_inside_a_trace_does_not_break_the_graph():
+    """The kernel op is resolved on its first call; when that call is inside a trace (a model compiled before any
+    eager call), resolving must not be traced: importlib and the extension's lock broke the graph there (seen on
+    the H100 under pytest-xdist, where no earlier test had called the op)."""
+    from tiered_ops.ops._tiers import _kernel_op, _triton_load
+
+    spec = get_op("softmax")
+    dev = torch.device("cuda" if HAS_CUDA else "cpu")
+    assert spec.impls["triton"].why_not(dev) is None
+    fresh = _kernel_op("softmax_triton", lambda: _triton_load(spec))
+    gb = meta.explain(lambda t: fresh(t, -1), (torch.randn(4, 8, device=dev),))
+    assert gb["breaks"] == 0 and gb["graphs"] == 1, gb

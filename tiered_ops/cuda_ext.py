@@ -68,6 +68,8 @@ def load(device: torch.device | None = None) -> str | None:
         return "no CUDA device"
     if torch.version.cuda is None:
         return "torch was built without CUDA"
+    if "name" in _state:  # loaded: no lock, so that dynamo tracing a first call through an op sees no context manager
+        return None
     with _lock:
         if "error" in _state:
             return _state["error"]  # type: ignore[return-value]

@@ -75,6 +75,10 @@ def _kernel_op(name: str, load: Callable[[], str | None] | None = None) -> Calla
 
     def call(*args: Any) -> Any:
         if not resolved:
+            if torch.compiler.is_compiling():
+                # A first call inside a trace: loading (imports, the extension's lock) would break the graph. The
+                # availability check that chose this implementation has loaded it already.
+                return getattr(torch.ops.tiered_ops, name)(*args)
             if load is not None:
                 why = load()
                 if why:
