@@ -1,4 +1,4 @@
-"""tiered-ops command line: list, bench, select, info, export."""
+"""tiered-ops command line: list, bench, select, info, check, export."""
 
 from __future__ import annotations
 
@@ -199,6 +199,34 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .check import check, report
+
+    if args.live:
+        from .bench import sweep
+        from .timing import fingerprint
+
+        dev = _device(args.device)
+        if dev.type != "cuda":
+            print("error: check --live needs a GPU (the CUDA tier runs nowhere else)", file=sys.stderr)
+            return 2
+        specs = [s for s in all_ops() if any(i.tier.label == "cuda" for i in s.impls.values())]
+        store = _store(args)
+        sweep(specs, {s.name: s.default_problems("cuda") for s in specs}, args.dtypes or [torch.bfloat16],
+              dev, store, progress=not args.no_progress, modes=args.modes or ["fwd_nograd"], isolate=True)
+        df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
+    else:
+        if not args.results:
+            print("error: check needs --results reports/<gpu>/results.csv or --live", file=sys.stderr)
+            return 2
+        df = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True)
+    findings = check(df)
+    print(report(findings))
+    return 1 if any(f.fails for f in findings) else 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -267,6 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("check", help="fail (exit 1) when a CUDA kernel no longer beats the compiler tiers, or its "
+                                     "evidence is stale")
+    s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h100/results.csv")
+    s.add_argument("--live", action="store_true", help="measure the target problems now on this GPU, then check")
+    s.add_argument("--dtypes", type=_dtypes, help="--live: dtypes (default bf16)")
+    s.add_argument("--modes", type=_modes, help="--live: modes (default fwd_nograd)")
+    s.add_argument("--device")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("export", help="write every stored measurement to CSV")
     s.add_argument("--csv", required=True)
