@@ -1,4 +1,4 @@
-"""tiered-ops command line: list, bench, select, info, check, export."""
+"""tiered-ops command line: list, bench, select, info, check, report, export."""
 
 from __future__ import annotations
 
@@ -227,6 +227,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(f.fails for f in findings) else 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import render
+
+    rendered_by = "tiered-ops report " + " ".join(sys.argv[2:] if args.argv is None else args.argv)
+    files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -306,12 +316,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_check)
 
+    s = sub.add_parser("report", help="render a per-GPU report (Markdown, CSV, plots) from results")
+    s.add_argument("--results", nargs="+", required=True, help="results CSV(s) from `export` or a committed report")
+    s.add_argument("--meta", help="cost metadata JSON lines from `export --meta` (graph breaks, LOC, build s)")
+    s.add_argument("--out", required=True, help="folder to write, e.g. reports/nvidia-h100")
+    s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
+    s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
+    s.set_defaults(func=cmd_report, argv=None)
+
     s = sub.add_parser("export", help="write every stored measurement to CSV")
     s.add_argument("--csv", required=True)
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
     s.set_defaults(func=cmd_export)
 
     args = p.parse_args(argv)
+    if getattr(args, "func", None) is cmd_report and argv is not None:
+        args.argv = argv[argv.index("report") + 1:]
     try:
         return args.func(args)
     except (ValueError, IndexError, TypeError) as e:

@@ -1,0 +1,207 @@
+"""``tiered-ops report``: a per-GPU report rendered from results (never typed by hand).
+
+From a results CSV (``tiered-ops export`` or a committed ``reports/<gpu>/results.csv``) and, when given, the
+cost metadata (``export --meta``), it writes into one folder:
+- ``results.csv``: one row per measurement, the store's columns in the store's order (diff-friendly);
+- ``README.md``: per op, the winner of each (problem, dtype, mode) with its margin over the runner-up, marked
+  a tie when their p20-p80 ranges overlap, the decision under each policy, and one line per implementation
+  (median, us/call, GB/s, % of copy, relative error, graph breaks, LOC, build seconds); speed-ups over
+  eager above 10x are flagged for a second look;
+- ``<op>-gbps.png``: GB/s of each implementation across the problems, per dtype and mode, with the measured
+  copy-bandwidth line; ``winners.png``: the winning tier of every case.
+The Markdown names the GPU, the versions and the command that produced the results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .bench import decisions
+from .store import COLUMN_NAMES
+
+TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
+FLAG_SPEEDUP = 10.0
+
+
+def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    df = pd.concat([pd.read_csv(f) for f in results], ignore_index=True)
+    metas: dict[tuple[str, str], dict] = {}
+    if meta and Path(meta).exists():
+        for line in Path(meta).read_text().splitlines():
+            if line.strip():
+                m = json.loads(line)
+                metas[(m["op"], m["impl"])] = m
+    return df, metas
+
+
+def _tie(a: pd.Series, b: pd.Series) -> bool:
+    """The two timings' p20-p80 ranges overlap (caller time scaled by the kernel spread)."""
+    def rng(r: pd.Series) -> tuple[float, float]:
+        if pd.isna(r.p20_us) or pd.isna(r.p80_us) or not r.p50_us:
+            return r.caller_us, r.caller_us
+        return r.caller_us * r.p20_us / r.p50_us, r.caller_us * r.p80_us / r.p50_us
+    (lo_a, hi_a), (lo_b, hi_b) = rng(a), rng(b)
+    return hi_a >= lo_b and hi_b >= lo_a
+
+
+def winners(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[(df.ok == 1) & df.caller_us.notna()]
+    out = []
+    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
+        g = g.sort_values("caller_us")
+        best = g.iloc[0]
+        second = g.iloc[1] if len(g) > 1 else None
+        eager = g[g.tier == "eager"].caller_us.min()
+        out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
+                        us=best.caller_us, runner_up=None if second is None else second.impl,
+                        margin=math.nan if second is None else second.caller_us / best.caller_us,
+                        tie=bool(second is not None and _tie(best, second)),
+                        vs_eager=eager / best.caller_us if eager == eager else math.nan))
+    return pd.DataFrame(out)
+
+
+def _f(v: object, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _breaks(meta: dict) -> str:
+    d = (meta.get("graph_breaks") or {}).get("registered") or {}
+    return "-" if d.get("breaks") is None else str(d["breaks"])
+
+
+def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str) -> str:
+    first = df.iloc[0]
+    copy = df.copy_gbps.dropna().median()
+    w = winners(df)
+    d = decisions(df, metas) if len(w) else pd.DataFrame()
+    lines = [
+        f"# {first.gpu_name}",
+        "",
+        f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
+        f"{len(df)} measurements; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
+        "",
+        f"Measured by: `{command}`  ",
+        f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
+        "",
+        "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges overlap. "
+        f"A speed-up over eager above {FLAG_SPEEDUP:.0f}x is flagged: check for an artefact (inputs in L2, zeros, "
+        "skipped work) before believing it.",
+    ]
+    flagged = w[w.vs_eager > FLAG_SPEEDUP] if len(w) else w
+    if len(flagged):
+        lines += ["", f"**Flagged ({len(flagged)}):** " + "; ".join(
+            f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner} {r.vs_eager:.1f}x eager" for r in flagged.itertuples())]
+    for op, g in df.groupby("op", sort=False):
+        lines += ["", f"## {op}", "", f"![GB/s per implementation]({op}-gbps.png)", "",
+                  "| problem | dtype | mode | winner | us/call | margin | runner-up | fastest | cost-aware | "
+                  "cold-start 1000 |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in w[w.op == op].itertuples():
+            dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
+            dr = dec.iloc[0] if len(dec) else None
+            margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
+            lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.us:.1f} | {margin} | "
+                         f"{r.runner_up or '-'} | {dr.fastest if dr is not None else '-'} | "
+                         f"{dr.cost_aware if dr is not None else '-'} | "
+                         f"{dr.cold_start_1000 if dr is not None else '-'} |")
+        lines += ["", "<details><summary>every measurement</summary>", "",
+                  "| problem | dtype | mode | impl | median us | us/call | GB/s | % copy | rel err | breaks | LOC | "
+                  "build s | note |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in g.itertuples():
+            m = metas.get((op, r.impl), {})
+            note = "" if r.ok == 1 and not pd.isna(r.caller_us) else str(r.reason or "")[:80].replace("|", "/")
+            lines.append(
+                f"| {r.problem} | {r.dtype} | {r.mode} | {r.impl} | {_f(r.p50_us, '.1f')} | {_f(r.caller_us, '.1f')} | "
+                f"{_f(r.gbps, '.0f')} | {_f(100 * r.frac_copy if r.frac_copy == r.frac_copy else None, '.1f')} | "
+                f"{_f(r.rel_error, '.1e')} | {_breaks(m)} | {m.get('loc', '-')} | "
+                f"{_f(m.get('build_s_own'), '.1f') if r.tier == 'cuda' else '-'} | {note} |")
+        lines += ["", "</details>"]
+    lines += ["", "![winning tier per case](winners.png)", ""]
+    return "\n".join(lines)
+
+
+def plots(df: pd.DataFrame, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    copy = df.copy_gbps.dropna().median()
+    ok = df[(df.ok == 1) & df.gbps.notna()]
+    for op, g in ok.groupby("op", sort=False):
+        cases = list(g.groupby(["dtype", "mode"], sort=False))
+        fig, axes = plt.subplots(len(cases), 1, figsize=(11, 2.6 * len(cases)), squeeze=False)
+        for ax, ((dtype, mode), c) in zip(axes[:, 0], cases):
+            probs = list(dict.fromkeys(c.problem))
+            impls = list(dict.fromkeys(c.impl))
+            width = 0.8 / max(1, len(impls))
+            for k, impl in enumerate(impls):
+                s = c[c.impl == impl].set_index("problem").gbps
+                tier = c[c.impl == impl].tier.iloc[0]
+                ax.bar([i + k * width for i in range(len(probs))], [s.get(p, 0.0) for p in probs], width,
+                       label=impl, color=TIER_COLORS.get(tier), alpha=0.55 if impl != tier else 1.0)
+            if copy == copy:
+                ax.axhline(copy, color="k", ls="--", lw=1, label=f"copy {copy:.0f} GB/s")
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(probs))])
+            ax.set_xticklabels([p.split(",")[0] for p in probs], fontsize=8)
+            top = max(c.gbps.max(), copy if copy == copy else 0.0)
+            ax.set_ylim(0, 1.3 * top)  # room for the legend above the bars
+            ax.set_ylabel("GB/s")
+            ax.set_title(f"{op} {dtype} {mode}", fontsize=9)
+            ax.legend(fontsize=7, ncol=6, loc="upper left")
+        fig.tight_layout()
+        path = out / f"{op}-gbps.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        made.append(path)
+    w = winners(df)
+    if len(w):
+        from matplotlib.colors import ListedColormap
+
+        tiers = list(TIER_COLORS)
+        rows = list(dict.fromkeys(zip(w.op, w.problem.str.split(",").str[0])))
+        cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
+        grid = [[math.nan] * len(cols) for _ in rows]
+        fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
+        for r in w.itertuples():
+            i, j = rows.index((r.op, r.problem.split(",")[0])), cols.index((r.dtype, r.mode))
+            grid[i][j] = tiers.index(r.tier)
+            label = "tie" if r.tie else _f(r.margin, ".2f")
+            ax.text(j, i, f"{r.winner}\n{label}", ha="center", va="center", fontsize=5.5, color="white")
+        ax.imshow(grid, cmap=ListedColormap([TIER_COLORS[t] for t in tiers]), vmin=-0.5, vmax=len(tiers) - 0.5,
+                  aspect="auto")
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels([f"{d}\n{m}" for d, m in cols], fontsize=7)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{o} {p}" for o, p in rows], fontsize=7)
+        ax.set_title("winner per case (color = tier; margin over the runner-up, or tie)", fontsize=9)
+        for t in tiers:
+            ax.plot([], [], "s", color=TIER_COLORS[t], label=t)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        path = out / "winners.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
+           rendered_by: str, write_csv: bool = True) -> list[Path]:
+    """Write results.csv, README.md and the plots into ``out``; returns the files written."""
+    df, metas = load(results, meta)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cols = [c for c in ["id", *COLUMN_NAMES] if c in df.columns]
+    written = []
+    csv = out / "results.csv"
+    if write_csv and not any(Path(r).resolve() == csv.resolve() for r in results):
+        df[cols].to_csv(csv, index=False)
+        written.append(csv)
+    readme = out / "README.md"
+    readme.write_text(markdown(df, metas, command, rendered_by))
+    return [*written, readme, *plots(df, out)]
