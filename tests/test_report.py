@@ -27,3 +27,29 @@ def test_report_from_a_real_cpu_bench(private_store, tmp_path, capsys):
     assert "Rendered by: `tiered-ops report --results" in text
     for png in ("muladd-gbps.png", "winners.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = tmp_path / "again"
+    assert main(["report", "--results", str(csv), "--repeat", str(csv), "--out", str(again), "--command", "x"]) == 0
+    assert "**Repeatability:** a second sweep on the same GPU picks the same winner in" in \
+        (again / "README.md").read_text()
+
+
+def _run(times: dict[str, dict[str, float]], spread: float = 0.02) -> pd.DataFrame:
+    rows = []
+    for problem, per_impl in times.items():
+        for impl, us in per_impl.items():
+            rows.append(dict(op="muladd", impl=impl, tier="eager" if impl.startswith("eager") else impl,
+                             mode="fwd_nograd", problem=problem, dtype="bf16", ok=1, caller_us=us, p50_us=us,
+                             p20_us=us * (1 - spread / 2), p80_us=us * (1 + spread / 2)))
+    return pd.DataFrame(rows)
+
+
+def test_agreement_between_two_sweeps_skips_ties():
+    from tiered_ops.report import agreement
+
+    first = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100, "triton": 80}, "c": {"eager": 100,
+                                                                                              "triton": 100.5}})
+    second = _run({"a": {"eager": 100, "triton": 52}, "b": {"eager": 70, "triton": 80}, "c": {"eager": 99,
+                                                                                              "triton": 100}})
+    agree, total, differ = agreement(first, second)
+    assert (agree, total) == (1, 2)  # "c" is a tie in the first run: not counted either way
+    assert len(differ) == 1 and differ[0].startswith("muladd b bf16 fwd_nograd: triton (1.25x) then eager")

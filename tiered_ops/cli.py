@@ -231,7 +231,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import render
 
     rendered_by = "tiered-ops report " + " ".join(sys.argv[2:] if args.argv is None else args.argv)
-    files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv)
+    files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
+                   repeat=args.repeat)
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -322,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, help="folder to write, e.g. reports/nvidia-h100")
     s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
     s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
+    s.add_argument("--repeat", nargs="+", help="results of a second sweep on the same GPU: report the agreement rate")
     s.set_defaults(func=cmd_report, argv=None)
 
     s = sub.add_parser("export", help="write every stored measurement to CSV")

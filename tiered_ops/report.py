@@ -7,6 +7,7 @@ cost metadata (``export --meta``), it writes into one folder:
   a tie when their p20-p80 ranges overlap, the decision under each policy, and one line per implementation
   (median, us/call, GB/s, % of copy, relative error, graph breaks, LOC, build seconds); speed-ups over
   eager above 10x are flagged for a second look;
+- with a second sweep's results (``--repeat``), the share of non-tied cases where both pick the same winner;
 - ``<op>-gbps.png``: GB/s of each implementation across the problems, per dtype and mode, with the measured
   copy-bandwidth line; ``winners.png``: the winning tier of every case.
 The Markdown names the GPU, the versions and the command that produced the results.
@@ -64,6 +65,18 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, int, list[str]]:
+    """Two sweeps of one GPU: (agreeing, compared, disagreements) over the cases that neither run calls a tie."""
+    wa, wb = winners(a), winners(b)
+    key = ["op", "problem", "dtype", "mode"]
+    both = wa.merge(wb, on=key, suffixes=("_a", "_b"))
+    both = both[~both.tie_a & ~both.tie_b]
+    differ = both[both.winner_a != both.winner_b]
+    lines = [f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner_a} ({r.margin_a:.2f}x) then {r.winner_b} "
+             f"({r.margin_b:.2f}x)" for r in differ.itertuples()]
+    return len(both) - len(differ), len(both), lines
+
+
 def _f(v: object, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -73,7 +86,8 @@ def _breaks(meta: dict) -> str:
     return "-" if d.get("breaks") is None else str(d["breaks"])
 
 
-def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str) -> str:
+def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None
+             ) -> str:
     first = df.iloc[0]
     copy = df.copy_gbps.dropna().median()
     w = winners(df)
@@ -91,6 +105,12 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str) -> s
         f"A speed-up over eager above {FLAG_SPEEDUP:.0f}x is flagged: check for an artefact (inputs in L2, zeros, "
         "skipped work) before believing it.",
     ]
+    if repeat is not None:
+        agree, total, differ = agreement(df, repeat)
+        rate = f"{100 * agree / total:.1f} %" if total else "-"
+        lines += ["", f"**Repeatability:** a second sweep on the same GPU picks the same winner in {agree} of {total} "
+                  f"non-tied cases ({rate}; the target is at least 95 %)."]
+        lines += [f"- differs: {d}" for d in differ]
     flagged = w[w.vs_eager > FLAG_SPEEDUP] if len(w) else w
     if len(flagged):
         lines += ["", f"**Flagged ({len(flagged)}):** " + "; ".join(
@@ -191,9 +211,11 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
-           rendered_by: str, write_csv: bool = True) -> list[Path]:
-    """Write results.csv, README.md and the plots into ``out``; returns the files written."""
+           rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None) -> list[Path]:
+    """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
+    results of a second sweep on the same GPU, for the agreement rate."""
     df, metas = load(results, meta)
+    again = load(repeat)[0] if repeat else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cols = [c for c in ["id", *COLUMN_NAMES] if c in df.columns]
@@ -203,5 +225,5 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
         df[cols].to_csv(csv, index=False)
         written.append(csv)
     readme = out / "README.md"
-    readme.write_text(markdown(df, metas, command, rendered_by))
+    readme.write_text(markdown(df, metas, command, rendered_by, again))
     return [*written, readme, *plots(df, out)]
