@@ -13,6 +13,7 @@ worker process sees it too (the sweep's workers import each op's reference modul
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from tiered_ops.ops._tiers import gen, randn
 from tiered_ops.registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +59,7 @@ def _triton(bad: bool):
         xc = x.contiguous()
         y = torch.empty_like(xc)
         if xc.numel():
-            kernel[(triton_cdiv(xc.numel(), 1024),)](xc, y, xc.numel(), BLOCK=1024, BAD=bad)
+            kernel[(triton.cdiv(xc.numel(), 1024),)](xc, y, xc.numel(), BLOCK=1024, BAD=bad)
         return y
     return fn
 
@@ -65,20 +67,18 @@ def _triton(bad: bool):
 _kernels: dict[bool, object] = {}
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 def _triton_available(device: torch.device) -> str | None:
     try:
-        import triton  # noqa: F401
+        from triton_src import common
     except ImportError as e:
         return f"triton unavailable: {e}"
-    return None
+    return common.available(device)
 
 
-def _interpreted(device: torch.device) -> str | None:
-    return "the Triton interpreter is for correctness, not speed" if device.type == "cpu" else None
+def _triton_timeable(device: torch.device) -> str | None:
+    from triton_src import common
+
+    return common.timeable(device)
 
 
 def _cuda_available(device: torch.device) -> str | None:
@@ -112,16 +112,8 @@ def _problem(shape: tuple[int, ...]) -> Problem:
     return make_problem(shape)
 
 
-def _numel(p: Problem) -> int:
-    n = 1
-    for d in p.shape:
-        n *= d
-    return n
-
-
 def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
-    g = torch.Generator(device=device).manual_seed(seed)
-    return Inputs((torch.randn(p.shape, generator=g, device=device, dtype=torch.float32).to(dtype),))
+    return Inputs((randn(p.shape, dtype, device, gen(device, seed)),))
 
 
 SPEC = register_op(OpSpec(
@@ -130,9 +122,9 @@ SPEC = register_op(OpSpec(
     make_inputs=_inputs,
     problem=_problem,
     problem_of=lambda x: _problem(tuple(x.shape)),
-    bucket=lambda p: (pow2_ceil(_numel(p)),),
-    bytes_moved=lambda p, dt: 2 * _numel(p) * torch.empty((), dtype=dt).element_size(),
-    flops=_numel,
+    bucket=lambda p: (pow2_ceil(math.prod(p.shape)),),
+    bytes_moved=lambda p, dt: 2 * math.prod(p.shape) * torch.empty((), dtype=dt).element_size(),
+    flops=lambda p: math.prod(p.shape),
     edge_problems=lambda: [make_problem((1,)), make_problem((1823, 781))],
     default_problems=lambda device_type: [make_problem((1 << 20,))],  # one: each hang costs a timeout
     source=Path(__file__),
@@ -147,8 +139,8 @@ for impl in (
     Impl("cuda_spin", Tier.CUDA, _cuda("spin_double"), (HERE / "faulty.cu", HERE / "binding.cpp"), dtypes=_FP32,
          devices=("cuda",), available=_cuda_available),
     Impl("triton_good", Tier.TRITON, _triton(False), (HERE / "__init__.py",), dtypes=_FP32,
-         available=_triton_available, timeable=_interpreted),
+         available=_triton_available, timeable=_triton_timeable),
     Impl("triton_bad", Tier.TRITON, _triton(True), (HERE / "__init__.py",), dtypes=_FP32,
-         available=_triton_available, timeable=_interpreted),
+         available=_triton_available, timeable=_triton_timeable),
 ):
     SPEC.add(impl)
