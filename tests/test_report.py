@@ -2,8 +2,8 @@
 
 import pandas as pd
 
+from tiered_ops.bench import winners
 from tiered_ops.cli import main
-from tiered_ops.report import winners
 from tiered_ops.store import COLUMN_NAMES
 
 
@@ -22,7 +22,7 @@ def test_report_from_a_real_cpu_bench(private_store, tmp_path, capsys):
     assert len(w) == 4
     for r in w.itertuples():  # every winner in the Markdown, with its margin (or tie) and time from the CSV
         margin = "tie" if r.tie else f"{r.margin:.2f}x"
-        assert f"| {r.problem} | fp32 | {r.mode} | **{r.winner}** | {r.us:.1f} | {margin} |" in text
+        assert f"| {r.problem} | fp32 | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} |" in text
     assert "Measured by: `tiered-ops bench --ops muladd ...`" in text and "torch " in text
     assert "Rendered by: `tiered-ops report --results" in text
     for png in ("muladd-gbps.png", "winners.png"):

@@ -33,15 +33,11 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
 
 
 def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
-    if pool is None:
-        return stored_or_collect(store, spec, impl, device)
-    meta = store.get_meta(spec.name, impl.name, fp.key, impl.source_hash)
-    if meta is None:
+    def in_worker() -> dict:
         meta, why = pool.run(("meta", spec.name, impl.name), f"cost metadata of {spec.name} {impl.name}")
-        if why:
-            meta = {"error": f"collecting it crashed or hung: {why}"}
-        store.put_meta(spec.name, impl.name, fp.key, impl.source_hash, meta)
-    return meta
+        return {"error": f"collecting it crashed or hung: {why}"} if why else meta
+
+    return stored_or_collect(store, spec, impl, device, fp.key, in_worker if pool is not None else None)
 
 
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
@@ -90,11 +86,16 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
             log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
                 "correctness only; CUDA unavailable)")
         results, measured, broken = [], 0, {}
+        fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
         bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for spec, problem, dtype, mode, impl in bar:
             what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
             bar.set_description(what)
-            done = None if force else _fresh(store, spec, problem, dtype, fp.key, mode).get(impl.name)
+            case = (spec.name, str(problem), dtype, mode)
+            if not force and case not in fresh:
+                fresh.clear()  # cases come in order: only the current one is needed
+                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode)
+            done = None if force else fresh[case].get(impl.name)
             if done is None:
                 if pool is None:
                     done = measure(spec, impl, problem, dtype, device, mode)
@@ -130,16 +131,32 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
     return df
 
 
+def _tie(a: pd.Series, b: pd.Series) -> bool:
+    """The two timings' p20-p80 ranges overlap (caller time scaled by the kernel spread)."""
+    def rng(r: pd.Series) -> tuple[float, float]:
+        if pd.isna(r.p20_us) or pd.isna(r.p80_us) or not r.p50_us:
+            return r.caller_us, r.caller_us
+        return r.caller_us * r.p20_us / r.p50_us, r.caller_us * r.p80_us / r.p50_us
+    (lo_a, hi_a), (lo_b, hi_b) = rng(a), rng(b)
+    return hi_a >= lo_b and hi_b >= lo_a
+
+
 def winners(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct timed implementation per (op, problem, dtype, mode), with its margin over the runner-up."""
+    """The fastest correct timed implementation per (op, problem, dtype, mode): its time, the runner-up and
+    the margin over it (runner-up time / winner time), ``tie`` when their p20-p80 ranges overlap, and the
+    speed-up over the best eager implementation."""
     ok = df[(df.ok == 1) & df.caller_us.notna()]
     out = []
     for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
         g = g.sort_values("caller_us")
         best = g.iloc[0]
-        margin = g.iloc[1].caller_us / best.caller_us if len(g) > 1 else math.nan
+        second = g.iloc[1] if len(g) > 1 else None
+        eager = g[g.tier == "eager"].caller_us.min()
         out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
-                        caller_us=best.caller_us, margin=margin))
+                        caller_us=best.caller_us, runner_up=None if second is None else second.impl,
+                        margin=math.nan if second is None else second.caller_us / best.caller_us,
+                        tie=bool(second is not None and _tie(best, second)),
+                        vs_eager=eager / best.caller_us if eager == eager else math.nan))
     return pd.DataFrame(out)
 
 

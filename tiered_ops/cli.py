@@ -111,7 +111,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     w = winners(df)
     if len(w):
         print("\nwinners:")
-        print(w.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        cols = ["op", "problem", "dtype", "mode", "winner", "tier", "caller_us", "margin", "tie"]
+        print(w[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         d = decisions(df, metas)
         print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
         print(d.to_string(index=False))

@@ -267,14 +267,17 @@ def collect(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
     return meta
 
 
-def stored_or_collect(store: Any, spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
-    """The implementation's metadata for this device and source, collected and stored on first use."""
+def stored_or_collect(store: Any, spec: OpSpec, impl: Impl, device: torch.device, device_key: str | None = None,
+                      collector: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The implementation's metadata for this device and source, collected and stored on first use.
+    ``device_key``: the device's fingerprint key when already known; ``collector``: how to collect it when it
+    is missing (default: ``collect`` in this process; the sweep passes one that asks a worker process)."""
     from .timing import fingerprint
 
-    key = fingerprint(device).key
+    key = device_key or fingerprint(device).key
     meta = store.get_meta(spec.name, impl.name, key, impl.source_hash)
     if meta is None:
-        meta = collect(spec, impl, device)
+        meta = collector() if collector is not None else collect(spec, impl, device)
         store.put_meta(spec.name, impl.name, key, impl.source_hash, meta)
     return meta
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bench import decisions
+from .bench import decisions, winners
 from .store import COLUMN_NAMES
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
@@ -37,32 +37,6 @@ def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.
                 m = json.loads(line)
                 metas[(m["op"], m["impl"])] = m
     return df, metas
-
-
-def _tie(a: pd.Series, b: pd.Series) -> bool:
-    """The two timings' p20-p80 ranges overlap (caller time scaled by the kernel spread)."""
-    def rng(r: pd.Series) -> tuple[float, float]:
-        if pd.isna(r.p20_us) or pd.isna(r.p80_us) or not r.p50_us:
-            return r.caller_us, r.caller_us
-        return r.caller_us * r.p20_us / r.p50_us, r.caller_us * r.p80_us / r.p50_us
-    (lo_a, hi_a), (lo_b, hi_b) = rng(a), rng(b)
-    return hi_a >= lo_b and hi_b >= lo_a
-
-
-def winners(df: pd.DataFrame) -> pd.DataFrame:
-    ok = df[(df.ok == 1) & df.caller_us.notna()]
-    out = []
-    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        g = g.sort_values("caller_us")
-        best = g.iloc[0]
-        second = g.iloc[1] if len(g) > 1 else None
-        eager = g[g.tier == "eager"].caller_us.min()
-        out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
-                        us=best.caller_us, runner_up=None if second is None else second.impl,
-                        margin=math.nan if second is None else second.caller_us / best.caller_us,
-                        tie=bool(second is not None and _tie(best, second)),
-                        vs_eager=eager / best.caller_us if eager == eager else math.nan))
-    return pd.DataFrame(out)
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, int, list[str]]:
@@ -123,7 +97,7 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
             dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
             dr = dec.iloc[0] if len(dec) else None
             margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
-            lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.us:.1f} | {margin} | "
+            lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} | "
                          f"{r.runner_up or '-'} | {dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
                          f"{dr.cold_start_1000 if dr is not None else '-'} |")
