@@ -133,6 +133,49 @@ def test_fastest_correct_wins_from_stored_rows(private_store):
         sel_mod.set_tuning(None)
 
 
+def test_tuning_off_decides_from_the_nearest_measured_bucket_and_never_picks_a_peer(private_store):
+    """A shape nobody measured takes the decision of the nearest measured bucket (sizes in log2, same flags);
+    a peer that is fastest there is still not chosen."""
+    from tiered_ops.registry import Impl, Tier
+
+    spec = get_op("softmax")
+    peer = spec.impls.get("liger")
+    assert peer is not None and peer.tier == Tier.PEER  # registered by tiered_ops.ops
+    rows = []
+    for problem, fast in ((spec.problem((8, 64)), "eager"), (spec.problem((8, 4096)), "compile")):
+        for impl in [i for i in spec.impls.values() if i.tier in (Tier.EAGER, Tier.COMPILE)] + [peer]:
+            r = measure(spec, impl, problem, torch.float32, CPU)
+            r.update(ok=1, reason=None, caller_us={"liger": 0.5, fast: 1.0}.get(impl.name, 5.0))
+            rows.append(r)
+    Store(private_store).add(rows)
+    sel_mod.set_tuning(False)
+    try:
+        near_small = tiered_ops.select_backend("softmax", (8, 100), "fp32", "cpu")
+        near_big = tiered_ops.select_backend("softmax", (2, 3000), "fp32", "cpu")
+        other_dim = tiered_ops.select_backend("softmax", (8, 64, 3), "fp32", "cpu", dim=1)
+    finally:
+        sel_mod.set_tuning(None)
+    assert near_small.name == "eager" and "nearest measured bucket 8|64|True" in near_small.record["reason"]
+    assert near_big.name == "compile" and "8|4096|True" in near_big.record["reason"]
+    assert other_dim.name == "eager" and "no stored decision" in other_dim.record["reason"]  # dim flag differs
+    assert isinstance(peer, Impl) and all(s.name != "liger" for s in (near_small, near_big))
+
+
+def test_winners_and_decisions_skip_peers_but_show_the_fastest(private_store):
+    import pandas as pd
+
+    from tiered_ops.bench import decisions, winners
+
+    base = dict(op="softmax", problem="8x64,dim=-1", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
+                p80_us=None, first_call_s=0.0)
+    df = pd.DataFrame([dict(base, impl="eager", tier="eager", caller_us=4.0),
+                       dict(base, impl="triton", tier="triton", caller_us=2.0),
+                       dict(base, impl="liger", tier="peer", caller_us=1.0)])
+    w = winners(df).iloc[0]
+    assert (w.winner, w.runner_up, w.peer, w.peer_us, w.margin) == ("triton", "eager", "liger", 1.0, 2.0)
+    assert decisions(df, {}).iloc[0].fastest == "triton"
+
+
 def test_dispatch_uses_the_decision_and_is_correct(planted):
     x = torch.randn(64, 300)
     y = tiered_ops.softmax(x)

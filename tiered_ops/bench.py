@@ -142,13 +142,16 @@ def _tie(a: pd.Series, b: pd.Series) -> bool:
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct timed implementation per (op, problem, dtype, mode): its time, the runner-up and
-    the margin over it (runner-up time / winner time), ``tie`` when their p20-p80 ranges overlap, and the
-    speed-up over the best eager implementation."""
+    """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
+    and the margin over it (runner-up time / winner time), ``tie`` when their p20-p80 ranges overlap, the
+    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time."""
     ok = df[(df.ok == 1) & df.caller_us.notna()]
     out = []
     for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        g = g.sort_values("caller_us")
+        peers = g[g.tier == "peer"].sort_values("caller_us")
+        g = g[g.tier != "peer"].sort_values("caller_us")
+        if g.empty:
+            continue
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
         eager = g[g.tier == "eager"].caller_us.min()
@@ -156,14 +159,16 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
                         caller_us=best.caller_us, runner_up=None if second is None else second.impl,
                         margin=math.nan if second is None else second.caller_us / best.caller_us,
                         tie=bool(second is not None and _tie(best, second)),
-                        vs_eager=eager / best.caller_us if eager == eager else math.nan))
+                        vs_eager=eager / best.caller_us if eager == eager else math.nan,
+                        peer=peers.impl.iloc[0] if len(peers) else None,
+                        peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan))
     return pd.DataFrame(out)
 
 
 def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple[int, ...] = (DEFAULT_CALLS, 10**6)
               ) -> pd.DataFrame:
     """The choice under each policy per (op, problem, dtype, mode), from this sweep's rows and cost metadata."""
-    ok = df[(df.ok == 1) & df.caller_us.notna()]
+    ok = df[(df.ok == 1) & df.caller_us.notna() & (df.tier != "peer")]  # a peer is never chosen
     out = []
     for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
         cands = [dict(impl=r.impl, tier=r.tier, caller_us=r.caller_us, first_call_s=r.first_call_s,

@@ -34,6 +34,7 @@ PORTABILITY: dict[Tier, str] = {
     Tier.COMPILE: "what inductor supports: CPU (C++/OpenMP), NVIDIA and AMD GPUs, Intel XPU",
     Tier.TRITON: "NVIDIA and AMD GPUs (and the CPU interpreter, for correctness only)",
     Tier.CUDA: "NVIDIA GPUs only; rebuilt per architecture",
+    Tier.PEER: "the peer library's own (a peer is measured for comparison, never selected)",
 }
 
 

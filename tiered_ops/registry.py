@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Tier(enum.IntEnum):
-    """Implementation tiers, ordered by maintenance cost (cheapest first)."""
+    """Implementation tiers, ordered by maintenance cost (cheapest first). ``PEER``: another library's kernel
+    (``tiered_ops.peers``), measured and reported beside ours, never selected."""
 
     EAGER = 0
     COMPILE = 1
     TRITON = 2
     CUDA = 3
+    PEER = 4
 
     @property
     def label(self) -> str:

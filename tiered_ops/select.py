@@ -9,7 +9,10 @@ decision of its bucket. The decision is derived from the freshest stored measure
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
 sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
 persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
-``set_tuning(False)``): then it returns the eager tier and the record says so.
+``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2),
+(for fp16 or bf16 with nothing measured in that dtype: of the other one), or returns the eager tier when
+nothing of the op is measured; the record says which. Peers
+(``tiered_ops.peers``) are never measured or chosen here.
 
 Which correct implementation wins is the policy's call (``tiered_ops.policy``): ``fastest`` by default,
 ``cost-aware`` or ``cold-start`` per call of select_backend or for the process (``set_policy`` or
@@ -18,6 +21,7 @@ Which correct implementation wins is the policy's call (``tiered_ops.policy``): 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -141,14 +145,37 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
             meta = store.get_meta(spec.name, impl.name, r["device_key"], impl.source_hash) or {}
             c["build_s"] = meta.get("build_s_extension")
         cands.append(c)
-        if fresh and r["ok"] and r["caller_us"] is not None and impl.why_not(device, dtype) is None:
-            ok.append(c)
+        if (fresh and impl.tier != Tier.PEER and r["ok"] and r["caller_us"] is not None
+                and impl.why_not(device, dtype) is None):
+            ok.append(c)  # a peer is measured for comparison, never chosen
     best, reason, totals = choose(ok, policy, calls)
     for c in cands:
         c["policy_figure"] = totals.get(c["impl"]) if c in ok else None
     if best is None:
         return spec.impls["eager"], f"{reason}: eager", cands
     return spec.impls[best["impl"]], reason, cands
+
+
+def _bucket_distance(a: str, b: str) -> float:
+    """How far apart two buckets are: the sum of |log2| ratios of their numeric parts; inf when a non-numeric
+    part (a flag, a dim) differs."""
+    pa, pb = a.split("|"), b.split("|")
+    if len(pa) != len(pb):
+        return math.inf
+    d = 0.0
+    for x, y in zip(pa, pb):
+        if x.lstrip("-").isdigit() and y.lstrip("-").isdigit():
+            d += abs(math.log2(max(int(x), 1)) - math.log2(max(int(y), 1)))
+        elif x != y:
+            return math.inf
+    return d
+
+
+def nearest_bucket(store: Store, spec: OpSpec, bucket: str, dtype: str, device_key: str, mode: str) -> str | None:
+    """The measured bucket closest to ``bucket`` (same flags; nearest in log2 of the sizes), or None."""
+    best = min(((_bucket_distance(bucket, b), b) for b in store.buckets(spec.name, dtype, device_key, mode)
+                if b != bucket), default=(math.inf, None))
+    return best[1] if best[0] < math.inf else None
 
 
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
@@ -171,7 +198,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
         rows = store.latest(spec.name, bkey, dname, fp.key, mode)
         have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
-        missing = [i for i in spec.impls.values() if i.name not in have]
+        missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
         tune = tuning_enabled() if tune is None else tune
         if missing and tune:
             new = []
@@ -181,10 +208,20 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                 new.append(measure(spec, impl, problem, dtype, device, mode))
             store.add(new)
             rows = store.latest(spec.name, bkey, dname, fp.key, mode)
+        near = None
+        if not rows and not tune:
+            # the nearest measured bucket of this dtype, else of the other 16-bit dtype (same bytes per element)
+            for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []))):
+                b = nearest_bucket(store, spec, bkey, dn, fp.key, mode)
+                if b is not None:
+                    near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
+                    break
         if not rows and not tune:
             impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
         else:
             impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
+            if near is not None:
+                reason = f"tuning off, nothing measured in this bucket: the nearest measured bucket {near}'s {reason}"
         record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                       policy=policy, calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                       chosen=impl.name, tier=impl.tier.label, reason=reason, candidates=cands)

@@ -213,6 +213,12 @@ class Store:
         )
         return [dict(r) for r in cur.fetchall()]
 
+    def buckets(self, op: str, dtype: str, device_key: str, mode: str) -> list[str]:
+        """Every bucket with a stored measurement for (op, dtype, device, mode)."""
+        cur = self.conn.execute("SELECT DISTINCT bucket FROM measurements WHERE op=? AND dtype=? AND device_key=? "
+                                "AND mode=? ORDER BY bucket", (op, dtype, device_key, mode))
+        return [r[0] for r in cur.fetchall()]
+
     def rows(self, **where: Any) -> list[dict]:
         cond = " AND ".join(f"{k}=?" for k in where) or "1=1"
         cur = self.conn.execute(f"SELECT * FROM measurements WHERE {cond} ORDER BY id", tuple(where.values()))
