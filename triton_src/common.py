@@ -38,9 +38,15 @@ def check_float(op: str, name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{op}: {name} must be a CUDA tensor (or TRITON_INTERPRET=1 on the CPU), got {t.device}")
 
 
+# Longest row a forward program keeps in registers: 32 fp32 values per thread at 32 warps (1024 threads, so at
+# most 64 registers each). The backward keeps two rows (x or y, and dy): it stays at 16384.
+MAX_FUSED_FWD = 32768
+
+
 def num_warps_for(block: int) -> int:
-    """Warps per program for a block of `block` elements: about 8-16 elements per thread."""
-    return max(1, min(16, block // 512))
+    """Warps per program for a block of `block` elements: about 8-16 elements per thread up to 16384, then
+    32 warps (32 per thread at 32768)."""
+    return max(1, min(16, block // 512)) if block <= 16384 else 32
 
 
 def row_settings(n: int, max_fused: int) -> tuple[int, int, int]:

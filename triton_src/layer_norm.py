@@ -3,7 +3,7 @@
 
 Backward, with xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)),
 dw = sum over rows of dy * xhat, db = sum over rows of dy.
-Bytes: forward 1 read + 1 write of x for rows up to MAX_FUSED elements (two-pass variance in registers);
+Bytes: forward 1 read + 1 write of x for rows up to MAX_FUSED_FWD elements (two-pass variance in registers);
 longer rows read x three times (mean, variance, normalize). Backward: read x, dy, write dx; with a weight
 or bias, x and dy are read once more by the parameter-gradient kernel.
 Few rows longer than MAX_FUSED (fewer rows than 4 programs per SM) are split over programs of SPLIT_BLOCK
@@ -13,6 +13,7 @@ the small partials), then a normalize pass: x is read twice, y written once. The
 Limits: any row length. Non-contiguous x is made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw/db kernel.
 v2 — split rows for few giant rows (16 rows of 2^22: 161 GB/s fp32 fwd with one program per row on the H100).
+v3 — the forward keeps rows up to 32768 in registers (32 warps; v2 looped from 16384: 4096x32768 read 3 times).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import check_norm, check_same, norm_param_grads, row_settings, target_programs
+from .common import MAX_FUSED_FWD, check_norm, check_same, norm_param_grads, row_settings, target_programs
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -182,9 +183,9 @@ def _ln_split_bwd(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, part_ptr, c_ptr, dx_
         tl.store(part_ptr + base + 1, tl.sum(g, axis=0))
 
 
-def _split_rows(rows: int, n: int, device: torch.device) -> bool:
+def _split_rows(rows: int, n: int, device: torch.device, fused: int = MAX_FUSED) -> bool:
     """Few rows longer than one fused block: split each row over programs so that every SM has work."""
-    return n > MAX_FUSED and rows < target_programs(device)
+    return n > fused and rows < target_programs(device)
 
 
 def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
@@ -201,8 +202,8 @@ def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torc
     w = weight.contiguous() if weight is not None else xc  # dummy pointers, never read without HAS_W / HAS_B
     b = bias.contiguous() if bias is not None else xc
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if _split_rows(rows, n, x.device):
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
         splits = triton.cdiv(n, SPLIT_BLOCK)
         part = torch.empty((rows, splits, 2), dtype=torch.float32, device=x.device)
         wrap_triton(_ln_split_stats)[(rows, splits)](xc, part, n, splits, BLOCK_N=SPLIT_BLOCK, num_warps=16)
@@ -213,7 +214,7 @@ def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torc
         rstd.copy_(torch.rsqrt(m2 / n + eps))
         wrap_triton(_ln_split_apply)[(rows, splits)](xc, w, b, y, mean, rstd, n, **flags, BLOCK_N=SPLIT_BLOCK,
                                                      num_warps=16)
-    elif n <= MAX_FUSED:
+    elif n <= MAX_FUSED_FWD:
         wrap_triton(_layer_norm_rows)[(triton.cdiv(rows, per),)](xc, w, b, y, mean, rstd, rows, n, eps, **flags,
                                                                    BLOCK_N=block, ROWS=per, num_warps=warps)
     else:

@@ -3,11 +3,12 @@
 Backward, with r = rsqrt(mean(x^2) + eps) and g = dy * w: dx = r * (g - x * r^2 * mean(g * x)),
 dw = sum over rows of dy * x * r. r is recomputed from x (the backward reads x anyway), so the forward
 saves nothing but its inputs.
-Bytes: forward 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED elements; longer rows loop
+Bytes: forward 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED_FWD elements; longer rows loop
 twice (sum of squares, then scale): 2 reads + 1 write. Backward: read x, dy, write dx; with a weight,
 x and dy are read once more by the dw kernel (v1: 5 passes where 3 would do).
 Limits: any row length; non-contiguous x is made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw kernel.
+v2 — the forward keeps rows up to 32768 in registers (32 warps; v1 looped from 16384: 4096x32768 read twice).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import check_norm, check_same, norm_param_grads, row_settings
+from .common import MAX_FUSED_FWD, check_norm, check_same, norm_param_grads, row_settings
 
 MAX_FUSED = 16384
 
@@ -114,8 +115,8 @@ def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.
         return y
     rows = xc.numel() // n
     w = weight if weight is not None else xc  # dummy pointer, never read when HAS_W is False
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
         wrap_triton(_rms_norm_rows)[(triton.cdiv(rows, per),)](xc, w, y, rows, n, eps, HAS_W=weight is not None,
                                                                  BLOCK_N=block, ROWS=per, num_warps=warps)
     else:

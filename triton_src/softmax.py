@@ -1,12 +1,13 @@
 """softmax, Triton tier: y = exp(x - max) / sum(exp(x - max)) along one dim, fp32 math; backward
 dx = y * (dy - sum(dy * y)).
 
-Bytes: forward 1 read + 1 write for rows up to MAX_FUSED elements (the row stays in registers); longer rows
+Bytes: forward 1 read + 1 write for rows up to MAX_FUSED_FWD elements (the row stays in registers); longer rows
 loop twice over the row (online max/sum, then normalize): 2 reads + 1 write. Backward: 2 reads (y, dy) +
 1 write; longer rows read y and dy twice.
 Limits: any row length (the looped kernel); the dim is moved last and made contiguous first (a copy
 when it was not last). Rows of one program: ROWS short rows per program to fill the block.
-Versions: v1 — fused rows kernel + looped kernel; a split-row kernel for few giant rows is next.
+Versions: v1 — fused rows kernel + looped kernel. v2 — the forward keeps rows up to 32768 in registers (32 warps;
+v1 looped from 16384: 4096x32768 read twice).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import check_float, check_same, row_settings
+from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
 
-MAX_FUSED = 16384  # longest row kept in registers by one program
+MAX_FUSED = 16384  # longest row the backward keeps in registers
 
 
 @triton.jit
@@ -87,8 +88,8 @@ def _softmax_bwd_looped(dy_ptr, y_ptr, dx_ptr, n_cols, BLOCK_N: tl.constexpr):
 
 def softmax_rows(x: torch.Tensor, y: torch.Tensor, rows: int, n: int) -> None:
     """Launch on contiguous (rows, n) x into y."""
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
         wrap_triton(_softmax_rows)[(triton.cdiv(rows, per),)](x, y, rows, n, BLOCK_N=block, ROWS=per,
                                                                 num_warps=warps)
     else:

@@ -124,7 +124,8 @@ SPEC = register_op(OpSpec(
         _problem((1, 4096)),  # 1 row
         _problem((4096, 1)),  # 1 column: y = bias, dx = 0
         _problem((1823, 781)),  # no multiple of any block
-        _problem((2, 20003)),  # rows longer than one block: Triton splits few rows, CUDA loops
+        _problem((2, 20003)),  # rows longer than one block: Triton's backward splits few rows, CUDA loops
+        _problem((2, 40009)),  # longer than the forward's register-resident rows: Triton splits few rows
         _problem((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
         _problem((5, 64), weight=False, bias=False),  # no affine parameters
         _problem((5, 64), bias=False),  # weight only

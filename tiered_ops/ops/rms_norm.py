@@ -120,7 +120,8 @@ SPEC = register_op(OpSpec(
         _problem((1, 4096)),  # 1 row
         _problem((4096, 1)),  # 1 column
         _problem((1823, 781)),  # no multiple of any block
-        _problem((2, 20003)),  # a row longer than one block: looped kernels
+        _problem((2, 20003)),  # a row longer than one block: the backward's looped kernels
+        _problem((2, 40009)),  # longer than the forward's register-resident rows: looped kernels
         _problem((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
         _problem((5, 64), weight=False),  # no weight
         _problem((0, 16)),  # empty

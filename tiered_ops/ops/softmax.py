@@ -91,7 +91,8 @@ SPEC = register_op(OpSpec(
         _problem((1, 4096)),  # 1 row
         _problem((4096, 1)),  # 1 column
         _problem((1823, 781)),  # sizes that are no multiple of any block
-        _problem((3, 20003)),  # a row longer than one block: looped kernels
+        _problem((3, 20003)),  # a row longer than one block: the backward's looped kernels
+        _problem((2, 40009)),  # longer than the forward's register-resident rows: looped kernels
         _problem((5, 33), dim=0),  # softmax over a non-last dim
         _problem((0, 16)),  # empty
         _problem((7,)),  # 1-D
