@@ -84,6 +84,51 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return warp_max(v);
 }
 
+// ---- register-resident rows (the v2 kernels of softmax, rms_norm, layer_norm) ----
+// A row of n elements (n a multiple of the pack width V, every row 16-byte aligned) is held by `tpr` threads
+// (a power of two), P packs of V elements each, in registers: the row is read once and written once. Rows of
+// at most 32 lanes are reduced with shuffles inside their group (several rows per block); longer ones get a
+// block each. At most 32 floats per thread, so rows up to 1024 * 32 = 32768 elements.
+constexpr int kMaxRowFloats = 32;
+
+// Sum / max over the `tpr` threads of a row: shuffles when tpr <= 32 (every lane of the warp takes part), else a
+// block reduction (the block is one row).
+__device__ __forceinline__ float group_sum(float v, int tpr, float* smem) {
+  if (tpr > 32) return block_sum(v, smem);
+  for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float group_max(float v, int tpr, float* smem) {
+  if (tpr > 32) return block_max(v, smem);
+  for (int o = tpr >> 1; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+struct RowsConfig {
+  int packs = 0;    // P: packs per thread (0: the row does not fit, use v1)
+  int tpr = 0;      // threads per row
+  int threads = 0;  // threads per block (rows per block = threads / tpr)
+  unsigned blocks = 0;
+};
+
+// P and tpr for rows of n elements of a V-wide pack: the fewest packs per thread that keep a row within 128
+// threads, then the threads that cover the row (up to 1024).
+inline RowsConfig rows_config(int64_t rows, int64_t n, int V, bool aligned) {
+  RowsConfig c;
+  if (!aligned || n % V != 0 || n > 1024 * kMaxRowFloats) return c;
+  const int64_t packs = n / V;
+  int p = 1;
+  while (p * V < kMaxRowFloats && (packs + p - 1) / p > 128) p *= 2;
+  int t = 1;
+  while (t < (packs + p - 1) / p) t *= 2;
+  if (t > 1024) return c;
+  c.packs = p, c.tpr = t, c.threads = t < 128 ? 128 : t;
+  const int64_t rpb = c.threads / t, want = (rows + rpb - 1) / rpb;
+  c.blocks = (unsigned)(want < 65535 * 32 ? want : 65535 * 32);
+  return c;
+}
+
 // Threads per block for a row of n elements moved in packs of `vec`: enough warps to cover the row
 // once, at most 1024.
 inline int row_threads(int64_t n, int vec) {
@@ -130,6 +175,18 @@ inline cudaError_t launch_norm_param_grads(const T* dy, const T* x, const float*
 }
 
 }  // namespace tiered_ops
+
+// Runs the statement with `constexpr int P` set to the config's packs per thread (1, 2, 4, 8 with P * V <= 32);
+// use inside a function templated on the element type (V = its pack width), so that the discarded cases are
+// never instantiated.
+#define TIERED_OPS_WITH_PACKS(packs, V, P, ...)                                                     \
+  switch (packs) {                                                                                \
+    case 1: { constexpr int P = 1; __VA_ARGS__; } break;                                          \
+    case 2: { constexpr int P = 2; __VA_ARGS__; } break;                                          \
+    case 4: if constexpr (4 * (V) <= ::tiered_ops::kMaxRowFloats) { constexpr int P = 4; __VA_ARGS__; } break; \
+    case 8: if constexpr (8 * (V) <= ::tiered_ops::kMaxRowFloats) { constexpr int P = 8; __VA_ARGS__; } break; \
+    default: return cudaErrorInvalidValue;                                                        \
+  }
 
 #define TIERED_OPS_DISPATCH(dtype, T, ...)                                 \
   switch (dtype) {                                                         \

@@ -9,6 +9,9 @@
 // common.cuh (x and dy read once more).
 // Limits: any row length; one block per row, so a few giant rows use few SMs (split rows: issue 7).
 // Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
+// are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
+// reduced with shuffles. v1 does the rest.
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -95,11 +98,70 @@ static bool rows_vec(int64_t n, const T* p0, const T* p1, const T* p2, const T* 
   return n % Pack<T>::N == 0 && aligned16(p0) && aligned16(p1) && (!p2 || aligned16(p2)) && (!p3 || aligned16(p3));
 }
 
+template <typename T, int P>
+__global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int n, float eps, int tpr) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
+  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
+    const int64_t r = base + threadIdx.x / tpr;
+    const bool live = r < rows;
+    float v[P][V];
+    float s = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+        load_f<T, V>(x, r * n + i, v[p]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += v[p][j];
+      }
+    }
+    const float mean = group_sum(s, tpr, smem) / (float)n;
+    float ss = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) ss += (v[p][j] - mean) * (v[p][j] - mean);
+      }
+    }
+    const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+        float pw[V], pb[V];
+        if (w) load_f<T, V>(w, i, pw);
+        if (b) load_f<T, V>(b, i, pb);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          float a = (v[p][j] - mean) * rstd;
+          if (w) a *= pw[j];
+          if (b) a += pb[j];
+          v[p][j] = a;
+        }
+        store_f<T, V>(y, r * n + i, v[p]);
+      }
+    }
+    if (live && lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+  }
+}
+
 template <typename T>
 static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
                                      int64_t n, float eps, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, x, y, w, b);
+  const RowsConfig c = rows_config(rows, n, V, vec);
+  if (c.packs) {
+    TIERED_OPS_WITH_PACKS(c.packs, V, P, layer_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
+                                             x, w, b, y, mean, rstd, rows, (int)n, eps, c.tpr));
+    return cudaGetLastError();
+  }
   const int threads = row_threads(n, vec ? V : 1);
   if (vec)
     layer_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, n, eps);

@@ -5,6 +5,8 @@
 // then scale); the second read hits L1/L2 for rows up to ~100 KB.
 // Limits: any row length; one block per row.
 // Versions: v1 — block per row, 16-byte loads when rows and w are 16-byte aligned.
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
+// are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row: x, dy read twice, dx written once); dw = sum over rows of dy * x * r by the column kernel of
 // common.cuh (x and dy read once more: 5 passes where 3 would do, v1).
@@ -50,10 +52,52 @@ __global__ void rms_norm_v1_kernel(const T* __restrict__ x, const T* __restrict_
   }
 }
 
+template <typename T, int P>
+__global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                              T* __restrict__ y, int64_t rows, int n, float eps,
+                                                              int tpr) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
+  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
+    const int64_t r = base + threadIdx.x / tpr;
+    const bool live = r < rows;
+    float v[P][V];
+    float ss = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+        load_f<T, V>(x, r * n + i, v[p]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) ss += v[p][j] * v[p][j];
+      }
+    }
+    const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+        float pw[V];
+        if (w) load_f<T, V>(w, i, pw);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[p][j] = w ? v[p][j] * rstd * pw[j] : v[p][j] * rstd;
+        store_f<T, V>(y, r * n + i, v[p]);
+      }
+    }
+  }
+}
+
 template <typename T>
 static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps,
                                    cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
+  const RowsConfig c = rows_config(rows, n, V, aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w)));
+  if (c.packs) {
+    TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
+                                             x, w, y, rows, (int)n, eps, c.tpr));
+    return cudaGetLastError();
+  }
   const bool vec = n % V == 0 && aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
   const int threads = row_threads(n, vec ? V : 1);
   if (vec)

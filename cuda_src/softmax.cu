@@ -6,6 +6,8 @@
 // Limits: any row length (the block loops over the row); one block per row, so few-row giant rows
 // use few SMs (a split-row version is the next one to add).
 // Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
+// are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward: dx = y * (dy - sum(dy * y)); block per row, reads y and dy twice (the second time from L1/L2 for
 // rows up to ~100 KB), writes dx once.
 #include "common.cuh"
@@ -56,9 +58,59 @@ __global__ void softmax_v1_kernel(const T* __restrict__ x, T* __restrict__ y, in
   }
 }
 
+template <typename T, int P>
+__global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int n, int tpr) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
+  // Every thread of the block runs the same iterations (the reductions need all of them); rows past the end
+  // are masked.
+  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
+    const int64_t r = base + threadIdx.x / tpr;
+    const bool live = r < rows;
+    float v[P][V];
+    float m = -INFINITY;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+        load_f<T, V>(x, r * n + i, v[p]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = fmaxf(m, v[p][j]);
+      }
+    }
+    m = group_max(m, tpr, smem);
+    float s = 0.f;  // a NaN anywhere makes s NaN, so the whole row is NaN, as in torch
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[p][j] = __expf(v[p][j] - m), s += v[p][j];
+      }
+    }
+    const float inv = 1.f / group_sum(s, tpr, smem);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[p][j] *= inv;
+        store_f<T, V>(y, r * n + i, v[p]);
+      }
+    }
+  }
+}
+
 template <typename T>
 static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
+  const RowsConfig c = rows_config(rows, n, V, aligned16(x) && aligned16(y));
+  if (c.packs) {
+    TIERED_OPS_WITH_PACKS(c.packs, V, P,
+                          softmax_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(x, y, rows, (int)n, c.tpr));
+    return cudaGetLastError();
+  }
   const bool vec = n % V == 0 && aligned16(x) && aligned16(y);
   const int threads = row_threads(n, vec ? V : 1);
   if (vec)
