@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -233,9 +234,59 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     rendered_by = "tiered-ops report " + " ".join(sys.argv[2:] if args.argv is None else args.argv)
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
-                   repeat=args.repeat)
+                   repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None)
     for f in files:
         print(f"wrote {f}")
+    return 0
+
+
+def _read_targets(folder: str | None) -> dict:
+    import pandas as pd
+
+    out = {}
+    for name in ("grid", "picks", "dispatch"):
+        f = Path(folder) / f"{name}.csv" if folder else None
+        out[name] = pd.read_csv(f) if f is not None and f.exists() else None
+    return out
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from . import targets
+
+    if args.live:
+        dev = _device(args.device)
+        if dev.type != "cuda":
+            print("error: targets --live needs a GPU (the targets are GPU figures)", file=sys.stderr)
+            return 2
+        main_db = args.db or os.environ.get("TIERED_OPS_DB")
+        if not main_db or not Path(main_db).exists():
+            print("error: targets --live decides from the default sweep's store: pass --db (or set TIERED_OPS_DB) "
+                  "to a store the bench filled", file=sys.stderr)
+            return 2
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        picks = targets.live_grid(dev, main_db, str(out / "grid.sqlite"), timeout_s=args.timeout)
+        picks.to_csv(out / "picks.csv", index=False)
+        from .store import Store
+
+        grid_store = Store(out / "grid.sqlite")
+        pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
+        grid_store.close()
+        targets.live_dispatch(dev, main_db).to_csv(out / "dispatch.csv", index=False)
+        print(f"wrote {out}/grid.csv, picks.csv, dispatch.csv")
+        args.results = args.results or []
+    t = _read_targets(args.out_dir)
+    results = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True) if args.results else None
+    if results is None and t["grid"] is None:
+        print("error: targets needs --results (and/or --live / --out-dir with grid.csv)", file=sys.stderr)
+        return 2
+    if t["grid"] is not None and t["picks"] is not None:
+        n, geo, worst = targets.regret_summary(t["grid"], t["picks"])
+        print(f"selection regret over {n} grid points: geomean {geo:.3f}, max {worst:.3f} (targets 1.03 / 1.10)")
+    if results is not None:
+        print(targets.render(results, t["grid"], t["picks"], t["dispatch"]))
     return 0
 
 
@@ -325,7 +376,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
     s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
     s.add_argument("--repeat", nargs="+", help="results of a second sweep on the same GPU: report the agreement rate")
+    s.add_argument("--targets", help="folder with grid.csv, picks.csv, dispatch.csv (`targets --live`): add the "
+                                     "issue 7 targets section")
     s.set_defaults(func=cmd_report, argv=None)
+
+    s = sub.add_parser("targets", help="issue 7's targets: measure the regret grid and dispatch cost (--live), "
+                                       "or render every target's figure from results")
+    s.add_argument("--results", nargs="+", help="the default sweep's results CSV(s)")
+    s.add_argument("--live", action="store_true", help="measure the grid and the dispatch cost now on this GPU")
+    s.add_argument("--out-dir", help="where grid.csv, picks.csv and dispatch.csv are written (--live) or read")
+    s.add_argument("--timeout", type=float, default=300.0, help="--live: seconds one candidate may take")
+    s.add_argument("--device")
+    s.set_defaults(func=cmd_targets)
 
     s = sub.add_parser("export", help="write every stored measurement to CSV")
     s.add_argument("--csv", required=True)

@@ -185,9 +185,11 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
-           rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None) -> list[Path]:
+           rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None,
+           targets: dict[str, pd.DataFrame | None] | None = None) -> list[Path]:
     """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
-    results of a second sweep on the same GPU, for the agreement rate."""
+    results of a second sweep on the same GPU, for the agreement rate; ``targets``: the grid, picks and
+    dispatch tables of ``tiered-ops targets --live``, for issue 7's targets section."""
     df, metas = load(results, meta)
     again = load(repeat)[0] if repeat else None
     out = Path(out)
@@ -199,5 +201,10 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
         df[cols].to_csv(csv, index=False)
         written.append(csv)
     readme = out / "README.md"
-    readme.write_text(markdown(df, metas, command, rendered_by, again))
+    text = markdown(df, metas, command, rendered_by, again)
+    if targets is not None:
+        from .targets import render as render_targets
+
+        text += "\n" + render_targets(df, targets.get("grid"), targets.get("picks"), targets.get("dispatch"))
+    readme.write_text(text)
     return [*written, readme, *plots(df, out)]
