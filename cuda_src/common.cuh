@@ -86,10 +86,13 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 
 // ---- register-resident rows (the v2 kernels of softmax, rms_norm, layer_norm) ----
 // A row of n elements (n a multiple of the pack width V, every row 16-byte aligned) is held by `tpr` threads
-// (a power of two), P packs of V elements each, in registers: the row is read once and written once. Rows of
-// at most 32 lanes are reduced with shuffles inside their group (several rows per block); longer ones get a
-// block each. At most 32 floats per thread, so rows up to 1024 * 32 = 32768 elements.
-constexpr int kMaxRowFloats = 32;
+// (a power of two), P raw 16-byte packs each, in registers (4 registers a pack whatever the dtype, converted to
+// fp32 where used): the row is read once and written once. Rows of at most 32 lanes are reduced with shuffles
+// inside their group (several rows per block); longer ones get a block each. At most 8 packs per thread: rows
+// up to 1024 * 8 * 4 = 32768 fp32 elements; 16-bit rows stop at 4 packs (also 32768 elements): their 8-pack
+// kernels spill at the 64 registers of a 1024-thread block.
+constexpr int kMaxRowPacks = 8;
+constexpr int max_packs(int V) { return V == 4 ? kMaxRowPacks : kMaxRowPacks / 2; }
 
 // Sum / max over the `tpr` threads of a row: shuffles when tpr <= 32 (every lane of the warp takes part), else a
 // block reduction (the block is one row).
@@ -116,14 +119,15 @@ struct RowsConfig {
 // threads, then the threads that cover the row (up to 1024).
 inline RowsConfig rows_config(int64_t rows, int64_t n, int V, bool aligned) {
   RowsConfig c;
-  if (!aligned || n % V != 0 || n > 1024 * kMaxRowFloats) return c;
+  if (!aligned || n % V != 0 || n > (int64_t)1024 * max_packs(V) * V) return c;
   const int64_t packs = n / V;
   int p = 1;
-  while (p * V < kMaxRowFloats && (packs + p - 1) / p > 128) p *= 2;
+  while (p < max_packs(V) && (packs + p - 1) / p > 128) p *= 2;
   int t = 1;
   while (t < (packs + p - 1) / p) t *= 2;
   if (t > 1024) return c;
-  c.packs = p, c.tpr = t, c.threads = t < 128 ? 128 : t;
+  // Rows of more than a warp are reduced over the whole block: one row per block. Shorter rows share a block.
+  c.packs = p, c.tpr = t, c.threads = t > 32 ? t : 128;
   const int64_t rpb = c.threads / t, want = (rows + rpb - 1) / rpb;
   c.blocks = (unsigned)(want < 65535 * 32 ? want : 65535 * 32);
   return c;
@@ -176,16 +180,16 @@ inline cudaError_t launch_norm_param_grads(const T* dy, const T* x, const float*
 
 }  // namespace tiered_ops
 
-// Runs the statement with `constexpr int P` set to the config's packs per thread (1, 2, 4, 8 with P * V <= 32);
-// use inside a function templated on the element type (V = its pack width), so that the discarded cases are
-// never instantiated.
-#define TIERED_OPS_WITH_PACKS(packs, V, P, ...)                                                     \
-  switch (packs) {                                                                                \
-    case 1: { constexpr int P = 1; __VA_ARGS__; } break;                                          \
-    case 2: { constexpr int P = 2; __VA_ARGS__; } break;                                          \
-    case 4: if constexpr (4 * (V) <= ::tiered_ops::kMaxRowFloats) { constexpr int P = 4; __VA_ARGS__; } break; \
-    case 8: if constexpr (8 * (V) <= ::tiered_ops::kMaxRowFloats) { constexpr int P = 8; __VA_ARGS__; } break; \
-    default: return cudaErrorInvalidValue;                                                        \
+// Runs the statement with `constexpr int P` set to the config's packs per thread (1, 2, 4, or 8 where the pack
+// width V allows it); use inside a function templated on the element type, so that a discarded case is never
+// instantiated.
+#define TIERED_OPS_WITH_PACKS(packs, V, P, ...)                                                   \
+  switch (packs) {                                                                              \
+    case 1: { constexpr int P = 1; __VA_ARGS__; } break;                                        \
+    case 2: { constexpr int P = 2; __VA_ARGS__; } break;                                        \
+    case 4: { constexpr int P = 4; __VA_ARGS__; } break;                                        \
+    case 8: if constexpr (::tiered_ops::max_packs(V) >= 8) { constexpr int P = 8; __VA_ARGS__; } break; \
+    default: return cudaErrorInvalidValue;                                                      \
   }
 
 #define TIERED_OPS_DISPATCH(dtype, T, ...)                                 \

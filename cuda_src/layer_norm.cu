@@ -9,8 +9,8 @@
 // common.cuh (x and dy read once more).
 // Limits: any row length; one block per row, so a few giant rows use few SMs (split rows: issue 7).
 // Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
-// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
-// are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
+// elements that are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
 // reduced with shuffles. v1 does the rest.
 #include "common.cuh"
 
@@ -108,15 +108,15 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
   for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
     const int64_t r = base + threadIdx.x / tpr;
     const bool live = r < rows;
-    float v[P][V];
+    Pack<T> q[P];  // raw: 4 registers a pack
     float s = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
-        load_f<T, V>(x, r * n + i, v[p]);
+        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) s += v[p][j];
+        for (int j = 0; j < V; ++j) s += to_f(q[p].v[j]);
       }
     }
     const float mean = group_sum(s, tpr, smem) / (float)n;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) ss += (v[p][j] - mean) * (v[p][j] - mean);
+        for (int j = 0; j < V; ++j) ss += (to_f(q[p].v[j]) - mean) * (to_f(q[p].v[j]) - mean);
       }
     }
     const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
@@ -134,17 +134,16 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
     for (int p = 0; p < P; ++p) {
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
-        float pw[V], pb[V];
+        float pw[V], pb[V], a[V];
         if (w) load_f<T, V>(w, i, pw);
         if (b) load_f<T, V>(b, i, pb);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          float a = (v[p][j] - mean) * rstd;
-          if (w) a *= pw[j];
-          if (b) a += pb[j];
-          v[p][j] = a;
+          a[j] = (to_f(q[p].v[j]) - mean) * rstd;
+          if (w) a[j] *= pw[j];
+          if (b) a[j] += pb[j];
         }
-        store_f<T, V>(y, r * n + i, v[p]);
+        store_f<T, V>(y, r * n + i, a);
       }
     }
     if (live && lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;

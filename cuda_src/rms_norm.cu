@@ -5,8 +5,8 @@
 // then scale); the second read hits L1/L2 for rows up to ~100 KB.
 // Limits: any row length; one block per row.
 // Versions: v1 — block per row, 16-byte loads when rows and w are 16-byte aligned.
-// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
-// are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
+// elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row: x, dy read twice, dx written once); dw = sum over rows of dy * x * r by the column kernel of
 // common.cuh (x and dy read once more: 5 passes where 3 would do, v1).
@@ -62,15 +62,15 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
   for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
     const int64_t r = base + threadIdx.x / tpr;
     const bool live = r < rows;
-    float v[P][V];
+    Pack<T> q[P];  // raw: 4 registers a pack
     float ss = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
-        load_f<T, V>(x, r * n + i, v[p]);
+        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) ss += v[p][j] * v[p][j];
+        for (int j = 0; j < V; ++j) ss += to_f(q[p].v[j]) * to_f(q[p].v[j]);
       }
     }
     const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
@@ -78,11 +78,11 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
     for (int p = 0; p < P; ++p) {
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
-        float pw[V];
+        float pw[V], a[V];
         if (w) load_f<T, V>(w, i, pw);
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[p][j] = w ? v[p][j] * rstd * pw[j] : v[p][j] * rstd;
-        store_f<T, V>(y, r * n + i, v[p]);
+        for (int j = 0; j < V; ++j) a[j] = w ? to_f(q[p].v[j]) * rstd * pw[j] : to_f(q[p].v[j]) * rstd;
+        store_f<T, V>(y, r * n + i, a);
       }
     }
   }

@@ -6,8 +6,8 @@
 // Limits: any row length (the block loops over the row); one block per row, so few-row giant rows
 // use few SMs (a split-row version is the next one to add).
 // Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
-// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768 elements that
-// are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
+// v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
+// elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward: dx = y * (dy - sum(dy * y)); block per row, reads y and dy twice (the second time from L1/L2 for
 // rows up to ~100 KB), writes dx once.
 #include "common.cuh"
@@ -68,15 +68,15 @@ __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict
   for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
     const int64_t r = base + threadIdx.x / tpr;
     const bool live = r < rows;
-    float v[P][V];
+    Pack<T> q[P];  // raw: 4 registers a pack
     float m = -INFINITY;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
-        load_f<T, V>(x, r * n + i, v[p]);
+        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) m = fmaxf(m, v[p][j]);
+        for (int j = 0; j < V; ++j) m = fmaxf(m, to_f(q[p].v[j]));
       }
     }
     m = group_max(m, tpr, smem);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[p][j] = __expf(v[p][j] - m), s += v[p][j];
+        for (int j = 0; j < V; ++j) s += __expf(to_f(q[p].v[j]) - m);
       }
     }
     const float inv = 1.f / group_sum(s, tpr, smem);
@@ -95,8 +95,10 @@ __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict
       const int i = (p * tpr + lane) * V;
       if (live && i < n) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[p][j] *= inv;
-        store_f<T, V>(y, r * n + i, v[p]);
+        float a[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[j] = __expf(to_f(q[p].v[j]) - m) * inv;
+        store_f<T, V>(y, r * n + i, a);
       }
     }
   }
