@@ -6,7 +6,10 @@
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
-#                 bench2 (the sweep again, for `tiered-ops report --repeat`))
+#                 bench2 (the sweep again, for `tiered-ops report --repeat`), targets (issue 7: the regret grid and
+#                 the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back))
+# Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
+# first, so the sweep measures them beside ours.
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -24,6 +27,12 @@ if [ -n "${RESUME_DB:-}" ]; then
 fi
 PY=python3
 rc=0
+# The default sweep: inference and training steps, bf16 and fp32 (BENCH_ARGS adds to or overrides it).
+SWEEP_ARGS=${SWEEP_ARGS:---modes fwd_nograd,fwd+bwd --dtypes bf16,fp32}
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH && echo "peers installed: $(ls .whl)"
+fi
 {
   echo "# $(date -u +%FT%TZ) scripts/gpu.sh $STAGES  (git $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty))"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
@@ -61,18 +70,33 @@ PY
       # BENCH_TIMEOUT (s): stop the sweep there and still export. Every finished measurement is already in the
       # store, so running the stage again on the same machine resumes where it stopped. BENCH_ARGS: extra
       # arguments of `tiered-ops bench` (e.g. --modes fwd_nograd,fwd+bwd --dtypes bf16).
-      timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress ${BENCH_ARGS:-} 2>&1 \
-        | tee "$OUT/bench.log"
+      timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress $SWEEP_ARGS \
+        ${BENCH_ARGS:-} 2>&1 | grep --line-buffered -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
-      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" || rc=1
+      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
       ;;
     bench2)
       # The same sweep measured again (--force) into a second store: `tiered-ops report --repeat` turns the pair
       # into the agreement rate of non-tied decisions (issue 6 asks for >= 95 %).
       echo "== bench, second time (for the agreement rate)"
       TIERED_OPS_DB=$OUT/store2.sqlite timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench \
-        --no-progress --force ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
+        --no-progress $SWEEP_ARGS ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
       TIERED_OPS_DB=$OUT/store2.sqlite $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
+      ;;
+    targets)
+      echo "== targets (issue 7): regret grid + dispatch cost, decided from $TIERED_OPS_DB"
+      $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live --out-dir "$OUT/targets" --results "$OUT/results.csv" \
+        2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      rm -f "$OUT/targets/grid.sqlite"*
+      ;;
+    pack)
+      # At most 8 files come back: keep env, results, meta and the store; everything else goes into logs.tar.gz.
+      (cd "$OUT" && tar czf /tmp/logs.tar.gz --exclude='env.txt' --exclude='results*.csv' --exclude='meta.jsonl' \
+        --exclude='store.sqlite*' --exclude='store2.sqlite*' --exclude='logs.tar.gz' . ; mv /tmp/logs.tar.gz . \
+        && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name env.txt ! -name 'results*.csv' \
+           ! -name meta.jsonl ! -name 'store.sqlite' -exec rm -rf {} +)
+      ls "$OUT"
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"

@@ -9,6 +9,7 @@ is reused rather than taken again (``force=True`` re-measures).
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, Iterable
 
 import pandas as pd
@@ -85,7 +86,7 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
         if device.type == "cpu":
             log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
                 "correctness only; CUDA unavailable)")
-        results, measured, broken = [], 0, {}
+        results, measured, broken, started = [], 0, {}, time.perf_counter()
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
         bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for spec, problem, dtype, mode, impl in bar:
@@ -106,6 +107,9 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
                         broken[(spec.name, impl.name)] = why
                 store.add([done])
                 measured += 1
+                if not progress and measured % 50 == 0:
+                    log(f"{measured} measured ({len(results) + 1} of {len(todo)} done, "
+                        f"{time.perf_counter() - started:.0f} s)")
             results.append(done)
         bar.close()
         for spec in specs:
