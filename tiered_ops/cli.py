@@ -267,15 +267,21 @@ def cmd_targets(args: argparse.Namespace) -> int:
             return 2
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        picks = targets.live_grid(dev, main_db, str(out / "grid.sqlite"), timeout_s=args.timeout)
-        picks.to_csv(out / "picks.csv", index=False)
         from .store import Store
 
-        grid_store = Store(out / "grid.sqlite")
-        pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
-        grid_store.close()
+        # The quick part first (dispatch cost), then the grid, exported even when interrupted: what finished counts.
         targets.live_dispatch(dev, main_db).to_csv(out / "dispatch.csv", index=False)
-        print(f"wrote {out}/grid.csv, picks.csv, dispatch.csv")
+        print(f"wrote {out}/dispatch.csv")
+        try:
+            targets.live_grid(dev, main_db, str(out / "grid.sqlite"), timeout_s=args.timeout,
+                              picks_csv=str(out / "picks.csv"))
+        except KeyboardInterrupt:
+            print("grid interrupted: the points measured so far are kept")
+        finally:
+            grid_store = Store(out / "grid.sqlite")
+            pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
+            grid_store.close()
+        print(f"wrote {out}/grid.csv, picks.csv")
         args.results = args.results or []
     t = _read_targets(args.out_dir)
     results = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True) if args.results else None

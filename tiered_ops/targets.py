@@ -48,9 +48,10 @@ def grid_problem(op: str, shape: tuple[int, ...]) -> Any:
 
 
 def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[str], None] = print,
-              isolate: bool = True, timeout_s: float = 300.0) -> pd.DataFrame:
+              isolate: bool = True, timeout_s: float = 300.0, picks_csv: str | None = None) -> pd.DataFrame:
     """Measure every implementation at each GRID point into ``grid_db``; return one row per point with the
-    implementation selection picks there from ``main_db`` with tuning off."""
+    implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
+    grid is measured, so an interrupted grid still has them)."""
     from . import select as sel
     from .bench import sweep
     from .store import Store
@@ -64,6 +65,8 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[s
             picks.append(dict(op=op, problem=str(p), dtype=dt, selected=s.name, reason=s.record["reason"]))
     finally:
         sel.use_store(None)
+    if picks_csv:
+        pd.DataFrame(picks).to_csv(picks_csv, index=False)
     store = Store(grid_db)
     try:
         for k, (op, shape, dt) in enumerate(GRID):
