@@ -296,6 +296,21 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .report import cross
+
+    frames = {Path(f).parent.name: pd.read_csv(f) for f in args.results}
+    if len(frames) < 2:
+        print("error: compare needs results of at least two GPUs (reports/<gpu>/results.csv each)", file=sys.stderr)
+        return 2
+    text = cross(frames, "tiered-ops compare " + " ".join(sys.argv[2:] if args.argv is None else args.argv))
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -395,14 +410,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device")
     s.set_defaults(func=cmd_targets)
 
+    s = sub.add_parser("compare", help="the cross-GPU view (reports/README.md) from per-GPU results files")
+    s.add_argument("--results", nargs="+", required=True, help="reports/<gpu>/results.csv of each GPU")
+    s.add_argument("--out", default="reports/README.md")
+    s.set_defaults(func=cmd_compare, argv=None)
+
     s = sub.add_parser("export", help="write every stored measurement to CSV")
     s.add_argument("--csv", required=True)
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
     s.set_defaults(func=cmd_export)
 
     args = p.parse_args(argv)
-    if getattr(args, "func", None) is cmd_report and argv is not None:
-        args.argv = argv[argv.index("report") + 1:]
+    if getattr(args, "func", None) in (cmd_report, cmd_compare) and argv is not None:
+        args.argv = argv[argv.index(args.cmd) + 1:]
     try:
         return args.func(args)
     except (ValueError, IndexError, TypeError) as e:

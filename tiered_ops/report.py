@@ -26,6 +26,7 @@ from .store import COLUMN_NAMES
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
 FLAG_SPEEDUP = 10.0
+HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
 
 
 def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
@@ -85,6 +86,15 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         lines += ["", f"**Repeatability:** a second sweep on the same GPU picks the same winner in {agree} of {total} "
                   f"non-tied cases ({rate}; the target is at least 95 %)."]
         lines += [f"- differs: {d}" for d in differ]
+    host = df[(df.ok == 1) & (df["mode"] == "fwd_nograd") & (df.p50_us >= HOST_FLAG_MIN_US)
+              & (df.host_us > HOST_FLAG_RATIO * df.p50_us)]
+    if len(host):
+        lines += ["", f"**Host-time flags ({len(host)}):** in fwd_nograd a kernel of {HOST_FLAG_MIN_US:.0f} us or "
+                  f"more hides its host path, so a host time above {HOST_FLAG_RATIO}x the kernel time suggests "
+                  "interference on the host during this run; decisions use max(kernel, host) and may be off "
+                  "there: " + "; ".join(
+                      f"{r.op} {r.impl} {r.problem.split(',')[0]} {r.dtype}: host {r.host_us:.0f} us, kernel "
+                      f"{r.p50_us:.0f} us" for r in host.itertuples())]
     flagged = w[w.vs_eager > FLAG_SPEEDUP] if len(w) else w
     if len(flagged):
         lines += ["", f"**Flagged ({len(flagged)}):** " + "; ".join(
@@ -208,3 +218,57 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
         text += "\n" + render_targets(df, targets.get("grid"), targets.get("picks"), targets.get("dispatch"))
     readme.write_text(text)
     return [*written, readme, *plots(df, out)]
+
+
+# ---------------------------------------------------------------------------------------------- cross-GPU view
+def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
+    """``reports/README.md``: per (op, problem, dtype, mode) the winner on each GPU, where they differ, and the
+    speed ratio between GPUs (winner's time on the first GPU over the other's); a "what we learned" section
+    computed from the same tables."""
+    names = list(frames)
+    wins = {g: winners(df).set_index(["op", "problem", "dtype", "mode"]) for g, df in frames.items()}
+    keys = [k for k in wins[names[0]].index if all(k in w.index for w in wins.values())]
+    first = {g: df.iloc[0] for g, df in frames.items()}
+    lines = ["# tiered_ops across GPUs", "",
+             "Every figure below is computed from the per-GPU results files (" + ", ".join(
+                 f"`{g}`: {first[g].gpu_name}, torch {first[g].torch_version}, Triton {first[g].triton_version}, "
+                 f"{len(frames[g])} measurements" for g in names) + ").  ",
+             f"Rendered by: `{rendered_by}`", ""]
+    rows, differ, ratios = [], [], []
+    for k in keys:
+        ws = [wins[g].loc[k] for g in names]
+        same = len({w.winner for w in ws}) == 1
+        ratio = ws[0].caller_us / ws[1].caller_us if len(ws) > 1 else math.nan
+        ratios.append((k, ratio))
+        if not same:
+            differ.append((k, ws))
+        rows.append(f"| {k[0]} | {k[1].split(',')[0]} | {k[2]} | {k[3]} | " + " | ".join(
+            f"{w.winner}{' (tie)' if w.tie else ''} {w.caller_us:.1f}" for w in ws)
+            + f" | {'same' if same else '**differs**'} | {_f(ratio, '.2f')} |")
+    learned = ["## What we learned (computed)", ""]
+    learned.append(f"- {len(keys)} cases measured on {' and '.join(names)}; the winner is the same in "
+                   f"{len(keys) - len(differ)} and differs in {len(differ)}; of those, "
+                   f"{sum(any(w.tie for w in ws) for _, ws in differ)} are a tie on at least one GPU.")
+    for g in names:
+        counts = wins[g].loc[keys].tier.value_counts()
+        learned.append(f"- Winning tiers on {g}: " + ", ".join(f"{t} {n}" for t, n in counts.items()) + ".")
+    big = [(k, r) for k, r in ratios if r == r]
+    if len(names) > 1 and big:
+        large = [r for k, r in big if k[1].split(",")[0] in ("16384x4096", "4096x32768", "512x393216", "65536x256")
+                 or "x64x256x256" in k[1]]
+        small = [r for k, r in big if k[1].split(",")[0] in ("1x4096", "32x4096")]
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else math.nan  # noqa: E731
+        learned.append(f"- Speed ratio {names[0]} time / {names[1]} time of the winners: median {med(large):.2f} over "
+                       f"the large shapes, {med(small):.2f} over the launch-bound ones (1x4096, 32x4096).")
+        copies = {g: frames[g].copy_gbps.dropna().median() for g in names}
+        learned.append("- Copy bandwidth measured in each run: " + ", ".join(f"{g} {c:.0f} GB/s" for g, c in
+                                                                             copies.items())
+                       + f" (ratio {copies[names[1]] / copies[names[0]]:.2f}).")
+    if differ:
+        learned.append("- Where the winner differs: " + "; ".join(
+            f"{k[0]} {k[1].split(',')[0]} {k[2]} {k[3]}: " + " vs ".join(f"{w.winner} ({w.margin:.2f}x)" for w in ws)
+            for k, ws in differ[:12]) + ("; ..." if len(differ) > 12 else "") + ".")
+    lines += learned + ["", "## Winner per GPU", "",
+                        "| op | shape | dtype | mode | " + " | ".join(f"{g} winner us" for g in names)
+                        + " | winner | time ratio |", "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
+    return "\n".join(lines + rows) + "\n"
