@@ -10,8 +10,26 @@ from __future__ import annotations
 
 from .registry import get_op
 
-# (op, implementation) -> why it is retired, with the evidence.
-RETIRED: dict[tuple[str, str], str] = {}
+# (op, implementation) -> why it is retired, with the evidence. Figures: `tiered-ops check --results` on the
+# committed results of both GPUs; "loses at a of b" counts the target cases (default problems x dtype x mode) where
+# it does not beat the best compiler tier by its 10 % margin plus the noise.
+_EVIDENCE = "reports/nvidia-h100/results.csv and reports/nvidia-h200/results.csv (2026-11-23)"
+RETIRED: dict[tuple[str, str], str] = {
+    ("softmax", "cuda"): "v2 (row in registers) loses at 20 of 24 target cases on the H100 and 21 of 24 on the H200; "
+    "16384x4096 bf16 fwd: 0.86x / 0.70x Triton, 4096x32768 bf16: 0.66x / 0.64x Triton. Triton reaches 93-98 % of "
+    "copy there. Retire to triton (eager at 1x4096). Evidence: " + _EVIDENCE,
+    ("rms_norm", "cuda"): "v2 loses at 17 of 20 target cases on both GPUs; 16384x4096 bf16 fwd: 0.92x compile (H100), "
+    "0.83x Triton (H200); 4096x32768 bf16: 0.80x Triton / 0.66x compile. Retire to triton/compile. Evidence: "
+    + _EVIDENCE,
+    ("layer_norm", "cuda"): "v2 loses at 21 of 24 (H100) and 22 of 24 (H200) target cases; 4096x32768 bf16 fwd: "
+    "0.70x / 0.71x compile; 16384x4096 bf16: 0.72x Triton on the H200. Retire to triton/compile. Evidence: "
+    + _EVIDENCE,
+    ("gelu", "cuda"): "v1 loses at 10 of 16 (H100) and 14 of 16 (H200) target cases; 16384x4096 bf16 fwd: "
+    "0.78x / 0.75x Triton. Retire to triton. Evidence: " + _EVIDENCE,
+    ("muladd", "cuda"): "v1 ties the compiler tiers at copy bandwidth (16384x4096 bf16: 0.99x addcmul on the H100, "
+    "1.00x compile on the H200) and loses at 1x4096 (0.56x / 0.63x eager addcmul): nothing left to win. "
+    "Retire to compile (eager_addcmul at small shapes). Evidence: " + _EVIDENCE,
+}
 
 
 def apply(table: dict[tuple[str, str], str] | None = None) -> None:
