@@ -53,3 +53,28 @@ def test_agreement_between_two_sweeps_skips_ties():
     agree, total, differ = agreement(first, second)
     assert (agree, total) == (1, 2)  # "c" is a tie in the first run: not counted either way
     assert len(differ) == 1 and differ[0].startswith("muladd b bf16 fwd_nograd: triton (1.25x) then eager")
+
+
+def test_compare_writes_the_cross_gpu_view_from_two_results_files(tmp_path):
+    base = dict(op="muladd", problem="64x64", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
+                p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0)
+    for gpu, fast, speed in (("gpu-a", "eager", 1.0), ("gpu-b", "compile", 2.0)):
+        (tmp_path / gpu).mkdir()
+        pd.DataFrame([dict(base, impl=i, tier=i, gpu_name=gpu.upper(), caller_us=(1.0 if i == fast else 3.0) / speed)
+                      for i in ("eager", "compile")]).to_csv(tmp_path / gpu / "results.csv", index=False)
+    out = tmp_path / "README.md"
+    assert main(["compare", "--results", str(tmp_path / "gpu-a" / "results.csv"),
+                 str(tmp_path / "gpu-b" / "results.csv"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| muladd | 64x64 | fp32 | fwd_nograd | eager 1.0 | compile 0.5 | **differs** | 2.00 |" in text
+    assert "the winner is the same in 0 and differs in 1" in text and "Rendered by: `tiered-ops compare" in text
+    assert main(["compare", "--results", str(tmp_path / "gpu-a" / "results.csv"), "--out", str(out)]) == 2
+
+
+def test_retiring_an_unknown_implementation_is_an_error():
+    import pytest
+
+    from tiered_ops import retired
+
+    with pytest.raises(KeyError, match="no implementation 'cuda_v9'"):
+        retired.apply({("softmax", "cuda_v9"): "never existed"})
