@@ -11,13 +11,13 @@ its figure (``tiered-ops targets --results ...``): nothing in it is typed by han
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Callable
 
 import pandas as pd
 import torch
 
 from .registry import DTYPES, get_op
+from .timing import host_time_per_call
 
 LARGE_BYTES = 64 << 20  # target 1: shapes moving at least 64 MiB
 T2_OPS, T2_SHAPES = ("softmax", "rms_norm", "layer_norm"), ("16384x4096", "4096x32768")
@@ -42,9 +42,8 @@ GRID: list[tuple[str, tuple[int, ...], str]] = [
 
 
 def grid_problem(op: str, shape: tuple[int, ...]) -> Any:
-    spec = get_op(op)
-    return spec.problem(shape, normalized_shape=shape[-1:]) if op in ("rms_norm", "layer_norm") else \
-        spec.problem(shape)
+    """The op's problem at ``shape`` with its default parameters (the norms normalize the last dim)."""
+    return get_op(op).problem(shape)
 
 
 def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[str], None] = print,
@@ -78,23 +77,6 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[s
     return pd.DataFrame(picks)
 
 
-def _host_us(fn: Callable[[], Any], device: torch.device, calls: int = 200, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the host time per call of ``calls`` back-to-back calls (synchronized)."""
-    for _ in range(10):
-        fn()
-    out = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        out.append((time.perf_counter() - t) / calls * 1e6)
-    return sorted(out)[len(out) // 2]
-
-
 def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
     """Per-call host time of ``tiered_ops.<op>`` (the main store's decision) and of every implementation of ours
     called directly, at the launch-bound SMALL_SHAPES, bf16 and fp32, in one process."""
@@ -113,12 +95,12 @@ def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
                     inp = spec.make_inputs(p, DTYPES[dt], device, 0)
                     public = getattr(tiered_ops, op)
                     with torch.no_grad():
-                        t_pub = _host_us(lambda: public(*inp.args, **inp.kwargs), device)
+                        t_pub = host_time_per_call(lambda: public(*inp.args, **inp.kwargs), device)
                         chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
                         for impl in spec.impls.values():
                             if impl.tier.label == "peer" or impl.why_not(device, DTYPES[dt]):
                                 continue
-                            t = _host_us(lambda: impl.fn(*inp.args, **inp.kwargs), device)
+                            t = host_time_per_call(lambda: impl.fn(*inp.args, **inp.kwargs), device)
                             rows.append(dict(op=op, problem=str(p), dtype=dt, impl=impl.name, direct_us=t,
                                              public_us=t_pub, chosen=chosen))
     finally:
@@ -213,10 +195,11 @@ def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.Da
                   "Selected: what `select_backend` picks there with tuning off (the nearest measured bucket of the "
                   "default sweep); best: the fastest correct implementation measured at the point, peers included.", "",
                   "| op | shape | dtype | selected us (impl) | best us (impl) | regret |", "|---|---|---|---|---|---|"]
-        for r in regrets(grid, picks):
+        rs = regrets(grid, picks)
+        for r in rs:
             lines.append(f"| {r['op']} | {_shape(r['problem'])} | {r['dtype']} | {_f(r['selected_us'], '.1f')} "
                          f"({r['selected']}) | {_f(r['best_us'], '.1f')} ({r['best']}) | {_f(r['regret'], '.3f')} |")
-        n, geo, worst = regret_summary(grid, picks)
+        n, geo, worst = _summary(rs)
         if n:
             met = "met" if geo <= 1.03 and worst <= 1.10 else "NOT met"
             lines += ["", f"**Regret over {n} points: geomean {geo:.3f} (target <= 1.03), max {worst:.3f} "
@@ -242,7 +225,11 @@ def regrets(grid: pd.DataFrame, picks: pd.DataFrame) -> list[dict[str, Any]]:
 
 def regret_summary(grid: pd.DataFrame, picks: pd.DataFrame) -> tuple[int, float, float]:
     """(points with a regret, geomean, max) of the selection regret, for the bench output."""
-    vals = [r["regret"] for r in regrets(grid, picks) if not math.isnan(r["regret"])]
+    return _summary(regrets(grid, picks))
+
+
+def _summary(rs: list[dict[str, Any]]) -> tuple[int, float, float]:
+    vals = [r["regret"] for r in rs if not math.isnan(r["regret"])]
     if not vals:
         return 0, math.nan, math.nan
     return len(vals), math.exp(sum(math.log(v) for v in vals) / len(vals)), max(vals)
