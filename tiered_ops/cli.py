@@ -26,6 +26,15 @@ def _device(arg: str | None) -> torch.device:
     return default_device()
 
 
+def _gpu(args: argparse.Namespace, what: str, why: str) -> torch.device | None:
+    """The device for a command that measures on a GPU only; None (after saying so) when there is none."""
+    dev = _device(args.device)
+    if dev.type != "cuda":
+        print(f"error: {what} needs a GPU ({why})", file=sys.stderr)
+        return None
+    return dev
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(d) for d in text.lower().replace("×", "x").split("x"))
@@ -210,9 +219,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         from .bench import sweep
         from .timing import fingerprint
 
-        dev = _device(args.device)
-        if dev.type != "cuda":
-            print("error: check --live needs a GPU (the CUDA tier runs nowhere else)", file=sys.stderr)
+        dev = _gpu(args, "check --live", "the CUDA tier runs nowhere else")
+        if dev is None:
             return 2
         specs = [s for s in all_ops() if any(i.tier.label == "cuda" for i in s.impls.values())]
         store = _store(args)
@@ -256,9 +264,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
     from . import targets
 
     if args.live:
-        dev = _device(args.device)
-        if dev.type != "cuda":
-            print("error: targets --live needs a GPU (the targets are GPU figures)", file=sys.stderr)
+        dev = _gpu(args, "targets --live", "the targets are GPU figures")
+        if dev is None:
             return 2
         main_db = args.db or os.environ.get("TIERED_OPS_DB")
         if not main_db or not Path(main_db).exists():
