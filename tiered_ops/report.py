@@ -27,6 +27,7 @@ from .store import COLUMN_NAMES
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
 FLAG_SPEEDUP = 10.0
 HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
+LARGE_BYTES, SMALL_BYTES = 64 << 20, 1 << 20  # the cross view's large and launch-bound cases, by bytes moved
 
 
 def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
@@ -254,12 +255,15 @@ def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
         learned.append(f"- Winning tiers on {g}: " + ", ".join(f"{t} {n}" for t, n in counts.items()) + ".")
     big = [(k, r) for k, r in ratios if r == r]
     if len(names) > 1 and big:
-        large = [r for k, r in big if k[1].split(",")[0] in ("16384x4096", "4096x32768", "512x393216", "65536x256")
-                 or "x64x256x256" in k[1]]
-        small = [r for k, r in big if k[1].split(",")[0] in ("1x4096", "32x4096")]
+        ref = frames[names[0]]
+        moved = ((ref.gbps * ref.p50_us * 1e3).groupby([ref.op, ref.problem, ref.dtype, ref["mode"]]).max()
+                 if {"gbps", "p50_us"} <= set(ref.columns) else pd.Series(dtype=float))
+        large = [r for k, r in big if moved.get(k, 0) >= LARGE_BYTES]
+        small = [r for k, r in big if moved.get(k, math.inf) < SMALL_BYTES]
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else math.nan  # noqa: E731
         learned.append(f"- Speed ratio {names[0]} time / {names[1]} time of the winners: median {med(large):.2f} over "
-                       f"the large shapes, {med(small):.2f} over the launch-bound ones (1x4096, 32x4096).")
+                       f"the {len(large)} cases moving at least {LARGE_BYTES >> 20} MiB, {med(small):.2f} over the "
+                       f"{len(small)} launch-bound ones (under {SMALL_BYTES >> 20} MiB).")
         copies = {g: frames[g].copy_gbps.dropna().median() for g in names}
         learned.append("- Copy bandwidth measured in each run: " + ", ".join(f"{g} {c:.0f} GB/s" for g, c in
                                                                              copies.items())
