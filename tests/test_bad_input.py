@@ -82,3 +82,21 @@ def test_a_tensor_on_the_wrong_device_names_the_argument(op, impl):
         with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{names[i]}\b.*(CUDA|cuda|device)"):
             spec.impls[impl].fn(*args, **inp.kwargs)
     torch.cuda.synchronize()  # and the context is still healthy: no kernel ran on a host pointer
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("grad", [False, True])
+def test_public_op_names_an_argument_that_is_not_a_tensor(op, grad):
+    """``tiered_ops.<op>``'s hot path reads ``.requires_grad`` of each tensor argument: a list in their place is a
+    TypeError naming it, with grad mode on or off (not an AttributeError from inside the package)."""
+    import tiered_ops
+
+    spec, inp = _inputs(op, torch.device("cpu"))
+    names = arg_names(spec)
+    for i, a in enumerate(inp.args):
+        if not isinstance(a, torch.Tensor):
+            continue
+        args = list(inp.args)
+        args[i] = a.tolist()
+        with torch.set_grad_enabled(grad), pytest.raises(TypeError, match=rf"'{names[i]}' must be a torch.Tensor"):
+            getattr(tiered_ops, op)(*args, **inp.kwargs)

@@ -271,9 +271,13 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     return sel
 
 
-def training(*tensors: torch.Tensor | None) -> bool:
-    """Whether a call records a graph for backward: grad enabled and an input requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def not_tensors(op: str, optional: tuple[str, ...] = (), **args: object) -> TypeError:
+    """The error for a tensor argument of ``tiered_ops.<op>`` that is not a tensor (``None`` where ``optional``):
+    the hot path reads ``.requires_grad`` of each and lands here on an AttributeError."""
+    name, v = next((k, v) for k, v in args.items()
+                   if not isinstance(v, torch.Tensor) and not (v is None and k in optional))
+    return TypeError(f"{op}: argument '{name}' must be a torch.Tensor{' or None' if name in optional else ''}, "
+                     f"got {type(v).__name__}")
 
 
 def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any],

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, training
+from ..select import _calls, dispatch, not_tensors
 from ._tiers import gen, randn, standard_impls
 
 APPROXIMATIONS = ("none", "tanh")
@@ -121,7 +121,10 @@ standard_impls(SPEC, reference, _kernel_args)
 
 def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> torch.Tensor:
     """F.gelu(x + bias) through the implementation selected for this shape, dtype, device and mode."""
-    train = training(x, bias)
+    try:  # inline, not a helper: the per-call hot path
+        train = (x.requires_grad or (bias is not None and bias.requires_grad)) and torch.is_grad_enabled()
+    except AttributeError:
+        raise not_tensors("gelu", ("bias",), x=x, bias=bias) from None
     key = ("gelu", x.shape, x.dtype, x.get_device(), bias is None, approximate, train)
     sel = _calls.get(key)
     if sel is None:

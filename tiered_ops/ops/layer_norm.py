@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, training
+from ..select import _calls, dispatch, not_tensors
 from ._tiers import gen, randn, standard_impls
 from .rms_norm import _norm_shape
 
@@ -143,7 +143,11 @@ standard_impls(SPEC, reference, _kernel_args, first_output=True)
 def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """F.layer_norm through the implementation selected for this shape, dtype, device and mode."""
-    train = training(x, weight, bias)
+    try:  # inline, not a helper: the per-call hot path
+        train = (x.requires_grad or (weight is not None and weight.requires_grad)
+                 or (bias is not None and bias.requires_grad)) and torch.is_grad_enabled()
+    except AttributeError:
+        raise not_tensors("layer_norm", ("weight", "bias"), x=x, weight=weight, bias=bias) from None
     key = ("layer_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
            else tuple(normalized_shape), weight is None, bias is None, train)
     sel = _calls.get(key)

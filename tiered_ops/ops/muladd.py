@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, training
+from ..select import _calls, dispatch, not_tensors
 from ._tiers import gen, randn, standard_impls
 
 
@@ -100,7 +100,10 @@ SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_function
 
 def muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c through the implementation selected for this shape, dtype and device."""
-    train = training(a, b, c)
+    try:  # inline, not a helper: the per-call hot path
+        train = (a.requires_grad or b.requires_grad or c.requires_grad) and torch.is_grad_enabled()
+    except AttributeError:
+        raise not_tensors("muladd", a=a, b=b, c=c) from None
     key = ("muladd", a.shape, a.dtype, a.get_device(), train)
     sel = _calls.get(key)
     if sel is None:

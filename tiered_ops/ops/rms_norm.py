@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, training
+from ..select import _calls, dispatch, not_tensors
 from ._tiers import gen, randn, standard_impls
 
 
@@ -137,7 +137,10 @@ standard_impls(SPEC, reference, _kernel_args)
 def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
              eps: float | None = None) -> torch.Tensor:
     """F.rms_norm through the implementation selected for this shape, dtype and device."""
-    train = training(x, weight)
+    try:  # inline, not a helper: the per-call hot path
+        train = (x.requires_grad or (weight is not None and weight.requires_grad)) and torch.is_grad_enabled()
+    except AttributeError:
+        raise not_tensors("rms_norm", ("weight",), x=x, weight=weight) from None
     key = ("rms_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
            else tuple(normalized_shape), weight is None, train)
     sel = _calls.get(key)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, training
+from ..select import _calls, dispatch, not_tensors
 from ._tiers import gen, randn, standard_impls
 
 
@@ -108,7 +108,10 @@ standard_impls(SPEC, reference, _kernel_args)
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax of ``x`` along ``dim`` through the implementation selected for this shape, dtype and device."""
-    train = training(x)
+    try:  # inline, not a helper: the per-call hot path
+        train = x.requires_grad and torch.is_grad_enabled()
+    except AttributeError:
+        raise not_tensors("softmax", x=x) from None
     key = ("softmax", x.shape, x.dtype, x.get_device(), dim, train)
     sel = _calls.get(key)
     if sel is None:
