@@ -67,6 +67,9 @@ class Worker:
 
     def __init__(self, device: str, modules: list[str]) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # Inductor compiles in-process: its pool of compile workers would start (one process per core, each
+        # importing torch) while the next candidate's host time is being measured.
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         local = device
         if device.startswith("cuda"):
             index = device.split(":")[1] if ":" in device else "0"
