@@ -31,11 +31,18 @@ def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_pa
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None, modes=["fwd_nograd"], impls=["eager", "eager_addcmul"])
     store.close()
-    monkeypatch.setattr(targets, "GRID", [("muladd", (50, 100), "fp32"), ("muladd", (3, 5), "fp32")])
+    monkeypatch.setattr(targets, "GRID", [("muladd", (50, 100), "fp32"), ("muladd", (3, 5), "bf16")])
     picks = targets.live_grid(CPU, str(main), str(tmp_path / "grid.sqlite"), log=lambda s: None, isolate=False)
-    assert list(picks.selected) != [] and all("nearest measured bucket" in r for r in picks.reason)
-    grid = pd.DataFrame(Store(tmp_path / "grid.sqlite").rows())
+    assert "nearest measured bucket" in picks.reason[0]  # fp32 was measured, bf16 (no fp16 either) was not
+    assert picks.selected[1] == "eager" and "no stored decision" in picks.reason[1]
+    gstore = Store(tmp_path / "grid.sqlite")
+    grid = pd.DataFrame(gstore.rows())
     assert {"eager", "eager_addcmul"} <= set(grid.impl)
+    # one sweep over both points, each in its own dtype, and no cost metadata (the grid needs timings only)
+    assert set(zip(grid.problem, grid.dtype)) == {("50x100", "fp32"), ("3x5", "bf16")}
+    r = grid.iloc[0]
+    assert gstore.get_meta("muladd", r.impl, r.device_key, r.source_hash) is None
+    gstore.close()
     n, geo, worst = targets.regret_summary(grid, picks)
     assert n == 2 and 1.0 <= geo <= worst  # the selected one is never faster than the best measured
 

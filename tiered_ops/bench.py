@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import torch
@@ -42,24 +42,32 @@ def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fing
 
 
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
-          device: torch.device, store: Store, force: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None,
-          modes: Iterable[str] = MODES, isolate: bool = False, timeout_s: float = 300.0,
-          impls: Iterable[str] | None = None) -> pd.DataFrame:
+          device: torch.device, store: Store, **kw: Any) -> pd.DataFrame:
     """Measure every (op, problem, dtype, mode, implementation); returns one row per measurement.
+    ``problems[op]`` are measured in every dtype of ``dtypes``; the keywords are those of :func:`sweep_cases`."""
+    return sweep_cases([(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes], device, store, **kw)
+
+
+def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.device, store: Store,
+                force: bool = False, progress: bool = True, log: Callable[[str], None] = print,
+                metas: dict[tuple[str, str], dict] | None = None, modes: Iterable[str] = MODES,
+                isolate: bool = False, timeout_s: float = 300.0, impls: Iterable[str] | None = None,
+                cost_metadata: bool = True) -> pd.DataFrame:
+    """Measure every implementation of each (op, problem, dtype) case in each mode; one row per measurement.
 
     With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
     runs past ``timeout_s`` seconds is stored as failed with the reason, and the sweep goes on with a new
-    worker (the CLI isolates by default). The worker imports the ops by module, so an op or implementation
+    worker (the CLI isolates by default). One worker serves every case, so each implementation's edge-case gate
+    and compilation caches are paid once. The worker imports the ops by module, so an op or implementation
     added at run time (a test's monkeypatch) is only seen in-process. Each measurement is committed as soon
     as it is taken; one already stored for this source and device is reused unless ``force``.
-    After an op's measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
+    After the measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
     registers) is collected once per source and device, stored, and put in ``metas`` when given.
-    ``impls`` limits the sweep to implementations of those names.
+    ``impls`` limits the sweep to implementations of those names; ``cost_metadata=False`` skips the metadata.
     """
     from tqdm import tqdm
 
-    specs = list(specs)
+    specs = list({s.name: s for s, _, _ in cases}.values())
     modes = list(modes)
     only = set(impls) if impls is not None else None
     if only is not None:
@@ -71,8 +79,7 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
     def chosen(spec: OpSpec) -> list[Impl]:
         return [i for i in spec.impls.values() if only is None or i.name in only]
 
-    todo = [(s, p, dt, m, i) for s in specs for p in problems[s.name] for dt in dtypes for m in modes
-            for i in chosen(s)]
+    todo = [(s, p, dt, m, i) for s, p, dt in cases for m in modes for i in chosen(s)]
     say = tqdm.write if progress else log
     pool = Pool(device, sorted({s.reference.__module__ for s in specs}), timeout_s, log=say) if isolate else None
     try:
@@ -112,7 +119,7 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
                         f"{time.perf_counter() - started:.0f} s)")
             results.append(done)
         bar.close()
-        for spec in specs:
+        for spec in specs if cost_metadata else []:
             for impl in chosen(spec):
                 if progress:
                     log(f"cost metadata: {spec.name} {impl.name}")

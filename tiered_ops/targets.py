@@ -52,7 +52,7 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[s
     implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
     grid is measured, so an interrupted grid still has them)."""
     from . import select as sel
-    from .bench import sweep
+    from .bench import sweep_cases
     from .store import Store
 
     picks = []
@@ -67,11 +67,10 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[s
     if picks_csv:
         pd.DataFrame(picks).to_csv(picks_csv, index=False)
     store = Store(grid_db)
-    try:
-        for k, (op, shape, dt) in enumerate(GRID):
-            log(f"grid point {k + 1}/{len(GRID)}: {op} {shape} {dt}")
-            sweep([get_op(op)], {op: [grid_problem(op, shape)]}, [DTYPES[dt]], device, store, progress=False,
-                  log=lambda s: None, modes=["fwd_nograd"], isolate=isolate, timeout_s=timeout_s)
+    try:  # one sweep, so one worker gates and compiles each implementation once for every point
+        sweep_cases([(get_op(op), grid_problem(op, shape), DTYPES[dt]) for op, shape, dt in GRID], device, store,
+                    progress=False, log=log, modes=["fwd_nograd"], isolate=isolate, timeout_s=timeout_s,
+                    cost_metadata=False)
     finally:
         store.close()
     return pd.DataFrame(picks)
