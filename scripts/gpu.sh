@@ -7,7 +7,8 @@
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
 #                 bench2 (the sweep again, for `tiered-ops report --repeat`), targets (issue 7: the regret grid and
-#                 the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back))
+#                 the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
+#                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
@@ -136,6 +137,20 @@ PY
       $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtypes fp32 --modes fwd_nograd \
         --timeout "${PLANT_TIMEOUT:-90}" --no-progress ${PLANT_ARGS:-} 2>&1 | tee "$OUT/plants.log"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    diag)
+      # Issue 7 target 4: where the Triton tier's per-call host time goes, layer by layer.
+      echo "== diag: Triton launch paths"
+      $PY scripts/diag/triton_launch.py 2>&1 | grep -v -E "UserWarning|warn_once" | tee "$OUT/diag.txt" || rc=1
+      ;;
+    ncu)
+      # Issue 7: Nsight Compute on the CUDA v2 forward vs Triton at the bf16 gap (clocks as they run).
+      echo "== ncu"
+      timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
+        $PY scripts/diag/ncu_cases.py > "$OUT/ncu.txt" 2>&1 || rc=1
+      grep -E "profiled case|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per" \
+        "$OUT/ncu.txt" | head -60
       ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
