@@ -81,10 +81,11 @@ PY
       # into the agreement rate of non-tied decisions (issue 6 asks for >= 95 %).
       echo "== bench, second time (for the agreement rate)"
       # STORE2: where the second store lives (a path outside $OUT survives to the next call on a warm machine).
-      TIERED_OPS_DB=${STORE2:-$OUT/store2.sqlite} timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli \
-        bench --no-progress $SWEEP_ARGS ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
+      store2=${STORE2:-$OUT/store2.sqlite}
+      TIERED_OPS_DB=$store2 timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench \
+        --no-progress $SWEEP_ARGS ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
       tail -2 "$OUT/bench2.log"
-      TIERED_OPS_DB=${STORE2:-$OUT/store2.sqlite} $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
+      TIERED_OPS_DB=$store2 $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
       ;;
     targets)
       echo "== targets (issue 7): regret grid + dispatch cost, decided from $TIERED_OPS_DB"

@@ -30,6 +30,16 @@ def _inputs(op: str, dev: torch.device, **params):
     return spec, spec.make_inputs(problem, torch.float32, dev, 0)
 
 
+def _each_tensor_replaced(spec, inp, how):
+    """(argument name, args) for each tensor argument of ``inp`` in turn replaced by ``how(tensor)``."""
+    names = arg_names(spec)
+    for i, a in enumerate(inp.args):
+        if isinstance(a, torch.Tensor):
+            args = list(inp.args)
+            args[i] = how(a)
+            yield names[i], args
+
+
 def test_every_op_is_covered():
     assert set(OPS) == set(PROBLEMS)
 
@@ -58,13 +68,8 @@ def test_nan_and_inf_propagate_like_eager(op, impl):
 def test_integer_input_names_the_argument(op, impl):
     dev = _dev(impl)
     spec, inp = _inputs(op, dev)
-    names = arg_names(spec)
-    for i, a in enumerate(inp.args):
-        if not isinstance(a, torch.Tensor):
-            continue
-        args = list(inp.args)
-        args[i] = a.to(torch.int32)
-        with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{names[i]}\b.*(dtype|float)"):
+    for name, args in _each_tensor_replaced(spec, inp, lambda a: a.to(torch.int32)):
+        with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{name}\b.*(dtype|float)"):
             spec.impls[impl].fn(*args, **inp.kwargs)
 
 
@@ -73,13 +78,8 @@ def test_integer_input_names_the_argument(op, impl):
 @pytest.mark.parametrize("op", OPS)
 def test_a_tensor_on_the_wrong_device_names_the_argument(op, impl):
     spec, inp = _inputs(op, torch.device("cuda"))
-    names = arg_names(spec)
-    for i, a in enumerate(inp.args):
-        if not isinstance(a, torch.Tensor):
-            continue
-        args = list(inp.args)
-        args[i] = a.cpu()
-        with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{names[i]}\b.*(CUDA|cuda|device)"):
+    for name, args in _each_tensor_replaced(spec, inp, lambda a: a.cpu()):
+        with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{name}\b.*(CUDA|cuda|device)"):
             spec.impls[impl].fn(*args, **inp.kwargs)
     torch.cuda.synchronize()  # and the context is still healthy: no kernel ran on a host pointer
 
@@ -92,11 +92,6 @@ def test_public_op_names_an_argument_that_is_not_a_tensor(op, grad):
     import tiered_ops
 
     spec, inp = _inputs(op, torch.device("cpu"))
-    names = arg_names(spec)
-    for i, a in enumerate(inp.args):
-        if not isinstance(a, torch.Tensor):
-            continue
-        args = list(inp.args)
-        args[i] = a.tolist()
-        with torch.set_grad_enabled(grad), pytest.raises(TypeError, match=rf"'{names[i]}' must be a torch.Tensor"):
+    for name, args in _each_tensor_replaced(spec, inp, lambda a: a.tolist()):
+        with torch.set_grad_enabled(grad), pytest.raises(TypeError, match=rf"'{name}' must be a torch.Tensor"):
             getattr(tiered_ops, op)(*args, **inp.kwargs)
