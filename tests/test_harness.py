@@ -242,3 +242,20 @@ def test_kernel_time_excludes_a_slow_host_path():
     assert t.p50_us < 100, t
     assert t.host_us > 350, t
     assert t.caller_us == t.host_us
+    assert t.host_us <= t.host_p20_us <= t.host_p80_us
+
+
+@pytest.mark.gpu
+def test_host_time_of_a_gpu_bound_call_is_its_launch_path_not_the_gpu():
+    """A call whose kernel moves 1 GiB (~0.3 ms on an H100) issues in a few us: its host time must read that, not
+    the GPU's back-to-back time (which a final synchronize adds, with its noise), and its caller time is the
+    kernel's."""
+    from tiered_ops.timing import time_call
+
+    dev = torch.device("cuda")
+    x = torch.randn(1 << 27, device=dev)
+    t = time_call(lambda: x.mul_(1.0001), dev)
+    assert t.p50_us > 100, t
+    assert t.host_us < 0.2 * t.p50_us, t
+    assert t.host_us <= t.host_p20_us <= t.host_p80_us < t.p50_us, t
+    assert t.caller_us == t.p50_us

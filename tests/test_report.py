@@ -1,6 +1,7 @@
 """tiered-ops report from a small results file produced by a real CPU bench run: Markdown, CSV and plots."""
 
 import pandas as pd
+import pytest
 
 from tiered_ops.bench import winners
 from tiered_ops.cli import main
@@ -78,3 +79,28 @@ def test_retiring_an_unknown_implementation_is_an_error():
 
     with pytest.raises(KeyError, match="no implementation 'cuda_v9'"):
         retired.apply({("softmax", "cuda_v9"): "never existed"})
+
+
+def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
+    """Where the launch path sets a caller's time, the host batches' p20-p80 is the noise a margin must clear: a
+    1.18x margin between two host-bound calls whose host spreads overlap is a tie (on an H100 such a pair flipped
+    between two sweeps), one whose spreads do not overlap is a winner; a GPU-bound pair is judged by the kernel's
+    spread alone, and rows without host spread (results before schema 3) by the kernel spread scaled."""
+    from tiered_ops.timing import caller_range
+
+    def row(impl, p50, host, host_p80, spread=0.02):
+        return dict(op="muladd", impl=impl, tier="eager", mode="fwd+bwd", problem="32x4096", dtype="fp32", ok=1,
+                    p20_us=p50 * (1 - spread / 2), p50_us=p50, p80_us=p50 * (1 + spread / 2), host_us=host,
+                    host_p20_us=host, host_p80_us=host_p80, caller_us=max(p50, host))
+
+    noisy = pd.DataFrame([row("eager", 15, 132, 150), row("eager_addcmul", 16, 112, 140)])
+    w = winners(noisy).iloc[0]
+    assert w.winner == "eager_addcmul" and w.margin == pytest.approx(132 / 112) and w.tie
+    clear = pd.DataFrame([row("eager", 15, 132, 136), row("eager_addcmul", 16, 112, 118)])
+    assert not winners(clear).iloc[0].tie
+    gpu_bound = pd.DataFrame([row("eager", 318, 150, 400), row("eager_addcmul", 390, 160, 420)])
+    assert caller_range(gpu_bound.iloc[0]) == (318 * 0.99, 400)  # the host's p80 still bounds it from above
+    assert not winners(gpu_bound.assign(host_p80_us=[200, 210])).iloc[0].tie
+    legacy = noisy.drop(columns=["host_p20_us", "host_p80_us"])
+    assert caller_range(legacy.iloc[0]) == pytest.approx((132 * 0.99, 132 * 1.01))
+    assert not winners(legacy).iloc[0].tie

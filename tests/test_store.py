@@ -82,3 +82,29 @@ def test_two_processes_writing_at_once_lose_nothing(path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     problems = {r["problem"] for r in Store(path).rows()}
     assert len(problems) == 300
+
+
+def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
+    """A store written before the host spread existed (schema 2) opens with the new columns (empty in old rows),
+    its rows intact, and rows come back in the declared column order whatever order the table has."""
+    from tiered_ops.store import COLUMN_NAMES, COLUMNS
+
+    old = [(n, t) for n, t in COLUMNS if n not in ("host_p20_us", "host_p80_us")]
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    con.execute(f"CREATE TABLE measurements (id INTEGER PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in old)})")
+    con.execute("CREATE TABLE impl_meta (op TEXT NOT NULL, impl TEXT NOT NULL, device_key TEXT NOT NULL, "
+                "source_hash TEXT NOT NULL, meta TEXT NOT NULL, timestamp REAL NOT NULL, "
+                "PRIMARY KEY (op, impl, device_key, source_hash))")
+    con.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    con.execute("INSERT INTO measurements (op, impl, tier, mode, problem, bucket, dtype, device_key, ok, host_us, "
+                "source_hash, timestamp) VALUES ('x', 'a', 'eager', 'fwd', '1', '1', 'fp32', 'd', 1, 7.0, 'h', 1.0)")
+    con.commit()
+    con.close()
+    store = Store(path)
+    (row,) = store.rows()
+    assert row["host_us"] == 7.0 and row["host_p80_us"] is None
+    assert list(row) == ["id", *COLUMN_NAMES]
+    store.add([dict(row, id=None, host_p20_us=7.5, host_p80_us=9.0)])
+    assert store.rows()[-1]["host_p80_us"] == 9.0
+    assert store.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "3"

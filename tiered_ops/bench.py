@@ -20,7 +20,7 @@ from .meta import breaks_str, stored_or_collect
 from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .store import Store
-from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint
+from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint
 from .worker import Pool
 
 
@@ -143,12 +143,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
 
 
 def _tie(a: pd.Series, b: pd.Series) -> bool:
-    """The two timings' p20-p80 ranges overlap (caller time scaled by the kernel spread)."""
-    def rng(r: pd.Series) -> tuple[float, float]:
-        if pd.isna(r.p20_us) or pd.isna(r.p80_us) or not r.p50_us:
-            return r.caller_us, r.caller_us
-        return r.caller_us * r.p20_us / r.p50_us, r.caller_us * r.p80_us / r.p50_us
-    (lo_a, hi_a), (lo_b, hi_b) = rng(a), rng(b)
+    """The two timings' p20-p80 ranges as a caller sees them overlap (:func:`timing.caller_range`: the kernel's
+    spread, and the host batches' where the launch path sets the time)."""
+    (lo_a, hi_a), (lo_b, hi_b) = caller_range(a), caller_range(b)
     return hi_a >= lo_b and hi_b >= lo_a
 
 

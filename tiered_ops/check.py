@@ -19,6 +19,7 @@ import pandas as pd
 
 from .policy import margins
 from .registry import OpSpec, Tier, get_op
+from .timing import caller_range
 
 
 @dataclass
@@ -34,9 +35,9 @@ class Finding:
 
 
 def _spread(r: Any) -> float:
-    if pd.isna(r.p20_us) or pd.isna(r.p80_us) or not r.p50_us:
-        return 0.0
-    return max(0.0, (r.p80_us - r.p20_us) / r.p50_us)
+    """The p20-p80 width of a caller's time relative to it (``timing.caller_range``: host spread included)."""
+    lo, hi = caller_range(r)
+    return max(0.0, (hi - lo) / r.caller_us) if r.caller_us else 0.0
 
 
 def _latest(df: pd.DataFrame) -> pd.DataFrame:

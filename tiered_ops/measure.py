@@ -268,7 +268,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     nbytes = spec.mode_bytes(problem, dtype, mode)
     copy = copy_bandwidth_gbps(device)
     gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
-    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, caller_us=t.caller_us,
+    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
+               host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
     return row
 

@@ -139,8 +139,8 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
     for r in rows:
         impl = spec.fresh_impl(r)
         fresh = impl is not None
-        c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "gbps",
-                                   "frac_copy", "rel_error", "ok", "reason", "first_call_s")} | {"fresh": fresh}
+        c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "host_p80_us",
+                                   "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s")} | {"fresh": fresh}
         if fresh and impl.tier == Tier.CUDA and policy == "cold-start":
             meta = store.get_meta(spec.name, impl.name, r["device_key"], impl.source_hash) or {}
             c["build_s"] = meta.get("build_s_extension")

@@ -17,13 +17,15 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Explicit migrations: MIGRATIONS[v] takes a store at version v to v + 1.
 MIGRATIONS: dict[int, list[str]] = {
     1: ["CREATE TABLE IF NOT EXISTS impl_meta (op TEXT NOT NULL, impl TEXT NOT NULL, device_key TEXT NOT NULL, "
         "source_hash TEXT NOT NULL, meta TEXT NOT NULL, timestamp REAL NOT NULL, "
         "PRIMARY KEY (op, impl, device_key, source_hash))"],
+    # 3: the host time's p20-p80 (a decision where the launch path sets the time needs the host's noise).
+    2: ["ALTER TABLE measurements ADD COLUMN host_p20_us REAL", "ALTER TABLE measurements ADD COLUMN host_p80_us REAL"],
 }
 
 COLUMNS: list[tuple[str, str]] = [
@@ -46,6 +48,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("p50_us", "REAL"),
     ("p80_us", "REAL"),
     ("host_us", "REAL"),
+    ("host_p20_us", "REAL"),
+    ("host_p80_us", "REAL"),
     ("caller_us", "REAL"),
     ("gbps", "REAL"),
     ("copy_gbps", "REAL"),
@@ -188,9 +192,12 @@ class Store:
                     f"store {self.path} has schema version {version}, newer than this tiered_ops "
                     f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB elsewhere"
                 )
+            have = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
             for v in range(version, SCHEMA_VERSION):
                 for stmt in MIGRATIONS[v]:
-                    self.conn.execute(stmt)
+                    added = stmt.split("ADD COLUMN ")[1].split()[0] if "ADD COLUMN " in stmt else None
+                    if added not in have:  # a new store's table was created with every column already
+                        self.conn.execute(stmt)
             self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -220,8 +227,10 @@ class Store:
         return [r[0] for r in cur.fetchall()]
 
     def rows(self, **where: Any) -> list[dict]:
+        """Rows with their columns in ``COLUMN_NAMES`` order (a migrated store has added columns last)."""
         cond = " AND ".join(f"{k}=?" for k in where) or "1=1"
-        cur = self.conn.execute(f"SELECT * FROM measurements WHERE {cond} ORDER BY id", tuple(where.values()))
+        cur = self.conn.execute(f"SELECT id, {', '.join(COLUMN_NAMES)} FROM measurements WHERE {cond} ORDER BY id",
+                                tuple(where.values()))
         return [dict(r) for r in cur.fetchall()]
 
     def put_meta(self, op: str, impl: str, device_key: str, source_hash: str, meta: dict[str, Any]) -> None:

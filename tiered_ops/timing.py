@@ -2,9 +2,10 @@
 
 On CUDA a call gets two numbers: the kernel time (median and p20/p80 over calls timed with CUDA events,
 L2 flushed between repetitions as ``triton.testing.do_bench`` does, the GPU kept ahead of the host: see
-``gpu_times_ms``) and the host time per call over back-to-back calls, which carries the
-launch path a model pays (torch.compile's guards, Triton's launcher). The time a caller sees is the
-larger of the two: a big kernel is bound by the GPU, a tiny one by its launch path.
+``gpu_times_ms``) and the host time per call: what issuing back-to-back calls costs the host, the GPU not
+waited for, which is the launch path a model pays (torch.compile's guards, Triton's launcher, autograd). The
+time a caller sees is the larger of the two: a big kernel is bound by the GPU, a tiny one by its launch path.
+Both come with a p20-p80 spread, so a decision between two timings can tell a margin from noise.
 
 On the CPU a call is timed with ``torch.utils.benchmark`` (median over repeated blocks).
 """
@@ -69,12 +70,33 @@ class Timing:
     p20_us: float
     p50_us: float
     p80_us: float
-    host_us: float  # per call, back-to-back (CUDA); equals p50 on the CPU
+    host_us: float  # per call, issuing back-to-back calls (CUDA), fastest batch; equals p50 on the CPU
+    host_p20_us: float | None = None  # the spread of the host batches (CUDA); None on the CPU
+    host_p80_us: float | None = None
 
     @property
     def caller_us(self) -> float:
         """What a caller sees per call: bound by the GPU for big work, by the launch path for small."""
         return max(self.p50_us, self.host_us)
+
+
+def _num(v: object) -> float | None:
+    return None if v is None or v != v else float(v)  # None and NaN (a CSV's empty cell) alike
+
+
+def caller_range(r: object) -> tuple[float, float]:
+    """The p20-p80 range of what a caller sees per call, for a stored row (attributes as the store's columns):
+    the kernel's p20-p80 and, where the launch path sets the time, the host batches' spread up to their p80.
+    A row without host spread (the CPU's, whose host figure is its median; results from before schema 3) gets
+    the caller time scaled by the kernel spread."""
+    caller = float(r.caller_us)
+    p20, p50, p80 = _num(r.p20_us), _num(r.p50_us), _num(r.p80_us)
+    if p20 is None or p80 is None or not p50:
+        return caller, caller
+    host, host_p80 = _num(getattr(r, "host_us", None)), _num(getattr(r, "host_p80_us", None))
+    if host is None or host_p80 is None:
+        return caller * p20 / p50, caller * p80 / p50
+    return max(p20, host), max(p80, host_p80)
 
 
 def sync(device: torch.device) -> None:
@@ -88,7 +110,9 @@ def default_device() -> torch.device:
 
 
 def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s: float = 0.05) -> float:
-    """Fastest of 5 batches of back-to-back calls, in microseconds per call: interference from other work on the
+    """Throughput of back-to-back calls, GPU waited for at the end of each batch (the dispatch target compares
+    launch-bound calls with it; a measurement's host time is :func:`issue_times_us`).
+    Fastest of 5 batches, in microseconds per call: interference from other work on the
     host only ever adds time (the median let it through: an H100 run of 2026-11-23 has layer_norm's Triton host
     time at 4x its 367 us kernel time)."""
     sync(device)
@@ -106,6 +130,36 @@ def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s:
         sync(device)
         per.append((time.perf_counter() - t0) / n * 1e6)
     return min(per)
+
+
+def issue_times_us(fn: Callable[[], object], device: torch.device, budget_s: float = 0.025,
+                   batches: int = 5) -> list[float]:
+    """Host time per call (us) of each of ``batches`` batches of back-to-back calls, measured up to the return of
+    the last call, the GPU not waited for (it is synchronized before each batch, untimed): the launch path a
+    caller pays. A GPU-bound call returns early and reads below its kernel time (the caller then waits on the
+    GPU, which the kernel time carries); a call that synchronizes inside waits and reads it. Timing up to a final
+    synchronize instead adds the GPU's back-to-back time and its noise to a host figure: on an H100 (2026-11-23)
+    a Triton rms_norm of 184 us kernel time read 247 us in one sweep and 202 us in the next."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    one = max(time.perf_counter() - t0, 1e-6)
+    n = int(min(max(budget_s / batches / one, 3), 2000))
+    per = []
+    for _ in range(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per.append((time.perf_counter() - t0) / n * 1e6)
+    sync(device)
+    return per
+
+
+def quantile(sorted_values: list[float], f: float) -> float:
+    """The ``f`` quantile of already sorted values, nearest rank below (as the timings' p20/p80)."""
+    return sorted_values[min(len(sorted_values) - 1, int(f * len(sorted_values)))]
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,30 +217,30 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
 def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
     """Time ``fn`` (already warmed up) the way the device allows."""
     if device.type == "cuda":
-        # The host time is taken in two windows, before and after the GPU timing, and the faster one kept: a burst
-        # of other work on the host (a compile worker starting, the OS) rarely covers both. No garbage collection
-        # runs inside the timed windows (as timeit): a collection pause is the caller's, not the op's.
+        # The host time is taken in two windows of 5 batches, before and after the GPU timing: the fastest batch is
+        # the figure (a burst of other work on the host, a compile worker starting, the OS, only ever adds time)
+        # and the p20-p80 of all 10 its spread. No garbage collection runs inside the timed windows (as timeit):
+        # a collection pause is the caller's, not the op's.
         gc.collect()
         enabled = gc.isenabled()
         gc.disable()
         try:
             with torch.cuda.device(device):
-                host = host_time_per_call(fn, device, budget_s=0.025)
-                times = sorted(gpu_times_ms(fn, device))
-                host = min(host, host_time_per_call(fn, device, budget_s=0.025))
+                host = issue_times_us(fn, device)
+                times = sorted(t * 1e3 for t in gpu_times_ms(fn, device))
+                host = sorted(host + issue_times_us(fn, device))
         finally:
             if enabled:
                 gc.enable()
-        q = lambda f: times[min(len(times) - 1, int(f * len(times)))] * 1e3  # noqa: E731
-        return Timing(q(0.2), statistics.median(times) * 1e3, q(0.8), host)
+        return Timing(quantile(times, 0.2), statistics.median(times), quantile(times, 0.8), host[0],
+                      quantile(host, 0.2), quantile(host, 0.8))
     import torch.utils.benchmark as tb
 
     m = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).blocked_autorange(
         min_run_time=0.2
     )
-    times = sorted(m.times)
-    q = lambda f: times[min(len(times) - 1, int(f * len(times)))] * 1e6  # noqa: E731
-    return Timing(q(0.2), m.median * 1e6, q(0.8), m.median * 1e6)
+    times = sorted(t * 1e6 for t in m.times)
+    return Timing(quantile(times, 0.2), m.median * 1e6, quantile(times, 0.8), m.median * 1e6)
 
 
 @functools.lru_cache(maxsize=None)
