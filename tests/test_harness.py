@@ -134,31 +134,45 @@ def test_fastest_correct_wins_from_stored_rows(private_store):
 
 
 def test_tuning_off_decides_from_the_nearest_measured_bucket_and_never_picks_a_peer(private_store):
-    """A shape nobody measured takes the decision of the nearest measured bucket (sizes in log2, same flags);
-    a peer that is fastest there is still not chosen."""
+    """A shape nobody measured is decided from the nearest measured bucket (sizes in log2, same flags), each time
+    predicted there: the launch path (fastest host time) against the kernel time scaled by the bytes moved at the
+    bandwidth of the nearest bandwidth-bound bucket. A peer that is fastest is still not chosen."""
     from tiered_ops.registry import Impl, Tier
 
     spec = get_op("softmax")
     peer = spec.impls.get("liger")
     assert peer is not None and peer.tier == Tier.PEER  # registered by tiered_ops.ops
+    # (host us, kernel us at 8x64, kernel us at 8x4096): eager launches fast, compile moves bytes fast
+    figures = {"eager": (1.0, 0.5, 8.0), "compile": (3.0, 0.3, 4.0), "liger": (0.2, 0.1, 0.5)}
     rows = []
-    for problem, fast in ((spec.problem((8, 64)), "eager"), (spec.problem((8, 4096)), "compile")):
+    for k, problem in enumerate((spec.problem((8, 64)), spec.problem((8, 4096)))):
+        nbytes = spec.mode_bytes(problem, torch.float32, "fwd_nograd")
         for impl in [i for i in spec.impls.values() if i.tier in (Tier.EAGER, Tier.COMPILE)] + [peer]:
+            host, kernel = figures[impl.name][0], figures[impl.name][1 + k]
             r = measure(spec, impl, problem, torch.float32, CPU)
-            r.update(ok=1, reason=None, caller_us={"liger": 0.5, fast: 1.0}.get(impl.name, 5.0))
+            r.update(ok=1, reason=None, p50_us=kernel, host_us=host, caller_us=max(host, kernel),
+                     gbps=nbytes / kernel / 1e3)
             rows.append(r)
     Store(private_store).add(rows)
     sel_mod.set_tuning(False)
     try:
         near_small = tiered_ops.select_backend("softmax", (8, 100), "fp32", "cpu")
-        near_big = tiered_ops.select_backend("softmax", (2, 3000), "fp32", "cpu")
+        near_big = tiered_ops.select_backend("softmax", (16, 20000), "fp32", "cpu")
+        launch_bound = tiered_ops.select_backend("softmax", (2, 2048), "fp32", "cpu")
         other_dim = tiered_ops.select_backend("softmax", (8, 64, 3), "fp32", "cpu", dim=1)
     finally:
         sel_mod.set_tuning(None)
     assert near_small.name == "eager" and "nearest measured bucket 8|64|True" in near_small.record["reason"]
+    # 16x20000 moves 9.8x the bytes of 8x4096: eager 0.5 + 7.5 x 9.8 us, compile 0.3 + 3.7 x 9.8
     assert near_big.name == "compile" and "8|4096|True" in near_big.record["reason"]
+    got = {c["impl"]: c["caller_us"] for c in near_big.record["candidates"]}
+    ratio = spec.mode_bytes(spec.problem((16, 20000)), torch.float32, "fwd_nograd") / \
+        spec.mode_bytes(spec.problem((8, 4096)), torch.float32, "fwd_nograd")
+    assert got["eager"] == pytest.approx(0.5 + 7.5 * ratio) and got["compile"] == pytest.approx(0.3 + 3.7 * ratio)
+    # nearest is 8x4096, where compile wins; at 1/8 of its bytes compile's 3 us launch path is the larger figure
+    assert "8|4096|True" in launch_bound.record["reason"] and launch_bound.name == "eager"
     assert other_dim.name == "eager" and "no stored decision" in other_dim.record["reason"]  # dim flag differs
-    assert isinstance(peer, Impl) and all(s.name != "liger" for s in (near_small, near_big))
+    assert isinstance(peer, Impl) and all(s.name != "liger" for s in (near_small, near_big, launch_bound))
 
 
 def test_winners_and_decisions_skip_peers_but_show_the_fastest(private_store):

@@ -9,9 +9,10 @@ decision of its bucket. The decision is derived from the freshest stored measure
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
 sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
 persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
-``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2),
-(for fp16 or bf16 with nothing measured in that dtype: of the other one), or returns the eager tier when
-nothing of the op is measured; the record says which. Peers
+``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2;
+for fp16 or bf16 with nothing measured in that dtype: of the other one), each candidate's time predicted at
+the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
+the eager tier when nothing of the op is measured; the record says which. Peers
 (``tiered_ops.peers``) are never measured or chosen here.
 
 Which correct implementation wins is the policy's call (``tiered_ops.policy``): ``fastest`` by default,
@@ -171,6 +172,42 @@ def _bucket_distance(a: str, b: str) -> float:
     return d
 
 
+BANDWIDTH_BOUND = 4.0  # a kernel time this many times an implementation's shortest one is read as bandwidth
+
+
+def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near: list[dict], measured: list[dict]
+            ) -> list[dict]:
+    """The ``near`` rows (the nearest measured bucket's) with each caller time predicted at ``problem`` from every
+    fresh measurement of the same implementation at buckets of the same flags (``measured``): the larger of
+    its launch path (its fastest host time at any of them: the launch path does not grow with the shape) and its
+    kernel time there, its shortest kernel time (the latency) plus the bytes ``problem`` moves at the bandwidth it
+    reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
+    that latency (a launch-bound bucket says nothing of bandwidth). On an H100 (session 15), taking the nearest
+    bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
+    2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path."""
+    target, nbytes = bucket_str(spec.bucket(problem)), spec.mode_bytes(problem, dtype, mode)
+    latest: dict[tuple[str, str], dict] = {}
+    for r in measured:  # ordered by id: the newest per (implementation, bucket) wins
+        if (r["ok"] and r["p50_us"] and r["gbps"] and r["host_us"] is not None and spec.fresh_impl(r) is not None
+                and _bucket_distance(target, r["bucket"]) < math.inf):
+            latest[(r["impl"], r["bucket"])] = r
+    out = []
+    for r in near:
+        mine = [x for (impl, _), x in latest.items() if impl == r["impl"]]
+        if not mine or not r["ok"] or r["caller_us"] is None:
+            out.append(r)
+            continue
+        latency = min(x["p50_us"] for x in mine)
+        kernel = latency
+        bound = [x for x in mine if x["p50_us"] >= BANDWIDTH_BOUND * latency]
+        if bound:
+            x = min(bound, key=lambda x: _bucket_distance(target, x["bucket"]))
+            moved = x["gbps"] * 1e3 * x["p50_us"]  # bytes: GB/s x us
+            kernel = latency + nbytes * (x["p50_us"] - latency) / moved
+        out.append(dict(r, caller_us=max(min(x["host_us"] for x in mine), kernel)))
+    return out
+
+
 def nearest_bucket(store: Store, spec: OpSpec, bucket: str, dtype: str, device_key: str, mode: str) -> str | None:
     """The measured bucket closest to ``bucket`` (same flags; nearest in log2 of the sizes), or None."""
     best = min(((_bucket_distance(bucket, b), b) for b in store.buckets(spec.name, dtype, device_key, mode)
@@ -215,13 +252,16 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                 b = nearest_bucket(store, spec, bkey, dn, fp.key, mode)
                 if b is not None:
                     near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
+                    rows = predict(spec, problem, dtype, mode, rows,
+                                   store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
                     break
         if not rows and not tune:
             impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
         else:
             impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
             if near is not None:
-                reason = f"tuning off, nothing measured in this bucket: the nearest measured bucket {near}'s {reason}"
+                reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
+                          f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
         record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                       policy=policy, calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                       chosen=impl.name, tier=impl.tier.label, reason=reason, candidates=cands)
