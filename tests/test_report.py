@@ -56,6 +56,17 @@ def test_agreement_between_two_sweeps_skips_ties():
     assert len(differ) == 1 and differ[0].startswith("muladd b bf16 fwd_nograd: triton (1.25x) then eager")
 
 
+def test_agreement_skips_cases_a_cut_second_sweep_left_half_measured():
+    """A second sweep stopped by its time limit has cases where only some implementations were timed: its
+    'winner' there is no decision (on an H200, eager alone against the first run's cuda) and is not compared."""
+    from tiered_ops.report import agreement
+
+    first = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100, "cuda": 50}})
+    second = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100}})
+    assert agreement(first, second)[:2] == (1, 1)
+    assert agreement(first, _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100, "cuda": 150}}))[:2] == (1, 2)
+
+
 def test_compare_writes_the_cross_gpu_view_from_two_results_files(tmp_path):
     base = dict(op="muladd", problem="64x64", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
                 p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0)

@@ -43,11 +43,17 @@ def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, int, list[str]]:
-    """Two sweeps of one GPU: (agreeing, compared, disagreements) over the cases that neither run calls a tie."""
+    """Two sweeps of one GPU: (agreeing, compared, disagreements) over the cases that neither run calls a tie and
+    where both timed the same implementations (a second sweep cut short leaves cases half measured)."""
     wa, wb = winners(a), winners(b)
     key = ["op", "problem", "dtype", "mode"]
-    both = wa.merge(wb, on=key, suffixes=("_a", "_b"))
-    both = both[~both.tie_a & ~both.tie_b]
+
+    def timed(df: pd.DataFrame) -> pd.DataFrame:
+        ok = df[(df.ok == 1) & df.caller_us.notna()]
+        return ok.groupby(key).impl.agg(lambda s: ",".join(sorted(s))).rename("timed").reset_index()
+
+    both = wa.merge(timed(a), on=key).merge(wb.merge(timed(b), on=key), on=key, suffixes=("_a", "_b"))
+    both = both[~both.tie_a & ~both.tie_b & (both.timed_a == both.timed_b)]
     differ = both[both.winner_a != both.winner_b]
     lines = [f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner_a} ({r.margin_a:.2f}x) then {r.winner_b} "
              f"({r.margin_b:.2f}x)" for r in differ.itertuples()]
