@@ -24,6 +24,8 @@ def test_report_from_a_real_cpu_bench(private_store, tmp_path, capsys):
     for r in w.itertuples():  # every winner in the Markdown, with its margin (or tie) and time from the CSV
         margin = "tie" if r.tie else f"{r.margin:.2f}x"
         assert f"| {r.problem} | fp32 | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} |" in text
+        assert r.p20 <= r.caller_us <= r.p80 and r.runner_p20 <= r.runner_p80  # and both spreads beside it
+        assert f"| {r.runner_up} | {r.p20:.1f}-{r.p80:.1f} / {r.runner_p20:.1f}-{r.runner_p80:.1f} |" in text
     assert "Measured by: `tiered-ops bench --ops muladd ...`" in text and "torch " in text
     assert "Rendered by: `tiered-ops report --results" in text
     for png in ("muladd-gbps.png", "winners.png"):

@@ -151,7 +151,8 @@ def _tie(a: pd.Series, b: pd.Series) -> bool:
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
-    and the margin over it (runner-up time / winner time), ``tie`` when their p20-p80 ranges overlap, the
+    and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
+    (``p20``/``p80``, ``runner_p20``/``runner_p80``), ``tie`` when those ranges overlap, the
     speed-up over the best eager implementation, and the fastest peer (never a winner) with its time."""
     ok = df[(df.ok == 1) & df.caller_us.notna()]
     out = []
@@ -163,10 +164,12 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
         eager = g[g.tier == "eager"].caller_us.min()
+        spread = [caller_range(best), caller_range(second) if second is not None else (math.nan, math.nan)]
         out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
                         caller_us=best.caller_us, runner_up=None if second is None else second.impl,
                         margin=math.nan if second is None else second.caller_us / best.caller_us,
                         tie=bool(second is not None and _tie(best, second)),
+                        p20=spread[0][0], p80=spread[0][1], runner_p20=spread[1][0], runner_p80=spread[1][1],
                         vs_eager=eager / best.caller_us if eager == eager else math.nan,
                         peer=peers.impl.iloc[0] if len(peers) else None,
                         peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan))

@@ -84,15 +84,19 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         f"Measured by: `{command}`  ",
         f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
         "",
-        "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges overlap. "
+        "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges as a caller sees "
+        "them overlap (the kernel's and, where the launch path sets the time, the host's: fastest batch to p80). "
         f"A speed-up over eager above {FLAG_SPEEDUP:.0f}x is flagged: check for an artefact (inputs in L2, zeros, "
         "skipped work) before believing it.",
     ]
     if repeat is not None:
         agree, total, differ = agreement(df, repeat)
         rate = f"{100 * agree / total:.1f} %" if total else "-"
+        w2 = winners(repeat)
         lines += ["", f"**Repeatability:** a second sweep on the same GPU picks the same winner in {agree} of {total} "
-                  f"non-tied cases ({rate}; the target is at least 95 %)."]
+                  f"non-tied cases ({rate}; the target is at least 95 %). Ties: {int(w.tie.sum())} of {len(w)} cases "
+                  f"in this sweep, {int(w2.tie.sum())} of {len(w2)} in the second; a case the second timed with "
+                  "other implementations (cut short) is not compared."]
         lines += [f"- differs: {d}" for d in differ]
     host = df[(df.ok == 1) & (df["mode"] == "fwd_nograd") & (df.p50_us >= HOST_FLAG_MIN_US)
               & (df.host_us > HOST_FLAG_RATIO * df.p50_us)]
@@ -109,14 +113,17 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
             f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner} {r.vs_eager:.1f}x eager" for r in flagged.itertuples())]
     for op, g in df.groupby("op", sort=False):
         lines += ["", f"## {op}", "", f"![GB/s per implementation]({op}-gbps.png)", "",
-                  "| problem | dtype | mode | winner | us/call | margin | runner-up | fastest | cost-aware | "
-                  "cold-start 1000 |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| problem | dtype | mode | winner | us/call | margin | runner-up | "
+                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in w[w.op == op].itertuples():
             dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
             dr = dec.iloc[0] if len(dec) else None
             margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
             lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} | "
-                         f"{r.runner_up or '-'} | {dr.fastest if dr is not None else '-'} | "
+                         f"{r.runner_up or '-'} | {_f(r.p20, '.1f')}-{_f(r.p80, '.1f')} / "
+                         f"{_f(r.runner_p20, '.1f')}-{_f(r.runner_p80, '.1f')} | "
+                         f"{dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
                          f"{dr.cold_start_1000 if dr is not None else '-'} |")
         lines += ["", "<details><summary>every measurement</summary>", "",
