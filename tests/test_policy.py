@@ -28,6 +28,22 @@ def test_cost_aware_margin_arithmetic():
     # CUDA 20 % faster: it wins.
     cands[-1]["caller_us"] = 40
     assert policy.choose(cands, "cost-aware", tier_margins=m)[0]["impl"] == "cuda"
+
+
+
+def test_cost_aware_gives_a_tie_to_the_cheaper_tier():
+    """A tier 1.2x faster than eager by its point estimate, but with p20-p80 ranges overlapping eager's (a host-
+    bound H100 case: cuda 389 [388-480] against eager 474 [473-475]), is a tie, and a tie goes to the cheaper
+    tier; clear of the noise, it wins. ``fastest`` ignores the ranges."""
+    m = dict(policy.DEFAULT_MARGINS)
+    eager = dict(_c("eager", "eager", 474), lo=473, hi=475)
+    cuda = dict(_c("cuda", "cuda", 389), lo=388, hi=480)
+    best, why, _ = policy.choose([eager, cuda], "cost-aware", tier_margins=m)
+    assert best["impl"] == "eager" and "outside their noise" in why
+    assert policy.choose([eager, cuda], "fastest")[0]["impl"] == "cuda"
+    assert policy.choose([eager, dict(cuda, hi=400)], "cost-aware", tier_margins=m)[0]["impl"] == "cuda"
+    assert policy.choose([_c("eager", "eager", 474), _c("cuda", "cuda", 389)], "cost-aware",
+                         tier_margins=m)[0]["impl"] == "cuda"  # no ranges: the margin alone
     # a tier that does not beat eager by its margin loses to eager, even if faster
     cands = [_c("eager", "eager", 100), _c("cuda", "cuda", 95)]
     assert policy.choose(cands, "cost-aware", tier_margins=m)[0]["impl"] == "eager"
@@ -94,3 +110,26 @@ def test_default_policy_from_environment(monkeypatch):
         assert sel_mod.default_policy() == ("cost-aware", None)
     finally:
         sel_mod.set_policy(None)
+
+
+def test_cost_aware_through_select_backend_reads_the_stored_spreads(private_store):
+    """select_backend gives each stored candidate its p20-p80 range as a caller sees it: compile at 20 us whose
+    host batches reach 35 us ties eager's 30 us under cost-aware (eager chosen) and wins under fastest."""
+    spec = get_op("muladd")
+    problem = spec.problem((64, 64))
+    rows = []
+    for name, (p50, host, host_p80) in {"eager": (30.0, 30.0, 30.5), "compile": (5.0, 20.0, 35.0)}.items():
+        r = measure(spec, spec.impls[name], problem, torch.float32, CPU)
+        r.update(ok=1, reason=None, p20_us=p50 * 0.99, p50_us=p50, p80_us=p50 * 1.01, host_us=host,
+                 host_p20_us=host, host_p80_us=host_p80, caller_us=max(p50, host))
+        rows.append(r)
+    Store(private_store).add(rows)
+    sel_mod.set_tuning(False)
+    try:
+        pick = {p: tiered_ops.select_backend("muladd", (64, 64), "fp32", "cpu", policy=p)
+                for p in ("fastest", "cost-aware")}
+    finally:
+        sel_mod.set_tuning(None)
+    assert pick["fastest"].name == "compile" and pick["cost-aware"].name == "eager"
+    c = {x["impl"]: x for x in pick["cost-aware"].record["candidates"]}
+    assert (c["compile"]["lo"], c["compile"]["hi"]) == (20.0, 35.0) and c["eager"]["hi"] == pytest.approx(30.5)

@@ -184,7 +184,7 @@ def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple
     for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
         cands = [dict(impl=r.impl, tier=r.tier, caller_us=r.caller_us, first_call_s=r.first_call_s,
                       build_s=metas.get((op, r.impl), {}).get("build_s_extension") if r.tier == "cuda" else None)
-                 for r in g.itertuples()]
+                 | dict(zip(("lo", "hi"), caller_range(r))) for r in g.itertuples()]
         row = dict(op=op, problem=problem, dtype=dtype, mode=mode, fastest=choose(cands, "fastest")[0]["impl"],
                    cost_aware=choose(cands, "cost-aware")[0]["impl"])
         for n in calls:

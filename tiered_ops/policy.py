@@ -2,8 +2,9 @@
 
 - ``fastest`` (default): the lowest per-call time a caller sees.
 - ``cost-aware``: a tier is chosen only if its best implementation beats the fastest implementation of
-  every cheaper tier by the tier's margin (defaults: compile 0 %, Triton 5 %, CUDA 10 %); else the fastest
-  among the cheaper tiers that qualify (eager always does) wins.
+  every cheaper tier by the tier's margin (defaults: compile 0 %, Triton 5 %, CUDA 10 %) and outside the noise
+  (when candidates carry ``lo``/``hi``, their p20-p80 range as a caller sees it: a tie goes to the cheaper
+  tier); else the fastest among the cheaper tiers that qualify (eager always does) wins.
 - ``cold-start`` with N expected calls: minimizes up-front seconds + N x per-call time. Up front is the
   first call at this shape (torch.compile's compile, Triton's JIT) plus, for the CUDA tier, the extension
   build (a process that must build it pays it once).
@@ -45,6 +46,13 @@ def _rank(tier: str) -> int:
     return Tier[tier.upper()].value
 
 
+def _tie(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Both carry a p20-p80 range (``lo``, ``hi``) and the ranges overlap."""
+    if any(x.get(k) is None for x in (a, b) for k in ("lo", "hi")):
+        return False
+    return a["hi"] >= b["lo"] and b["hi"] >= a["lo"]
+
+
 def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | None = None,
            tier_margins: dict[str, float] | None = None) -> tuple[dict[str, Any] | None, str, dict[str, float]]:
     """(chosen candidate or None, why, the figure each candidate was judged by) under ``policy``."""
@@ -71,13 +79,14 @@ def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | No
     for i, t in enumerate(tiers):
         c = by_tier[t]
         totals[c["impl"]] = c["caller_us"] * (1 + m.get(t, 0.0))  # the time it must beat cheaper tiers with
-        cheaper = [by_tier[u]["caller_us"] for u in tiers[:i]]
-        if cheaper and totals[c["impl"]] < min(cheaper):
+        cheaper = [by_tier[u] for u in tiers[:i]]
+        if cheaper and totals[c["impl"]] < min(x["caller_us"] for x in cheaper) and not any(
+                _tie(c, x) for x in cheaper):
             qualifying.append(c)
     best = min(qualifying, key=lambda c: c["caller_us"])
     fastest = min(cands, key=lambda c: c["caller_us"])
     why = f"cost-aware: {best['tier']} ({best['caller_us']:.1f} us per call)"
     if fastest is not best:
         why += (f"; {fastest['impl']} is {best['caller_us'] / fastest['caller_us']:.2f}x faster but not by its "
-                f"{m.get(fastest['tier'], 0.0):.0%} margin over cheaper tiers")
+                f"{m.get(fastest['tier'], 0.0):.0%} margin over cheaper tiers and outside their noise")
     return best, why, totals

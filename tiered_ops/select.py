@@ -34,7 +34,7 @@ from .measure import bucket_str, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
 from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_mode, get_op
 from .store import Store
-from .timing import default_device, fingerprint
+from .timing import caller_range, default_device, fingerprint
 
 _tune: bool | None = None
 _policy: tuple[str, int | None] | None = None
@@ -142,6 +142,8 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
         fresh = impl is not None
         c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "host_p80_us",
                                    "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s")} | {"fresh": fresh}
+        if fresh and r["ok"] and r["caller_us"] is not None and not r.get("predicted"):
+            c["lo"], c["hi"] = caller_range(r)  # a time predicted at another shape has no measured spread
         if fresh and impl.tier == Tier.CUDA and policy == "cold-start":
             meta = store.get_meta(spec.name, impl.name, r["device_key"], impl.source_hash) or {}
             c["build_s"] = meta.get("build_s_extension")
@@ -204,7 +206,7 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
             x = min(bound, key=lambda x: _bucket_distance(target, x["bucket"]))
             moved = x["gbps"] * 1e3 * x["p50_us"]  # bytes: GB/s x us
             kernel = latency + nbytes * (x["p50_us"] - latency) / moved
-        out.append(dict(r, caller_us=max(min(x["host_us"] for x in mine), kernel)))
+        out.append(dict(r, caller_us=max(min(x["host_us"] for x in mine), kernel), predicted=True))
     return out
 
 

@@ -85,15 +85,18 @@ def _num(v: object) -> float | None:
 
 
 def caller_range(r: object) -> tuple[float, float]:
-    """The p20-p80 range of what a caller sees per call, for a stored row (attributes as the store's columns):
+    """The p20-p80 range of what a caller sees per call, for a stored row (a dict or attributes, the store's columns):
     the kernel's p20-p80 and, where the launch path sets the time, the host batches' spread up to their p80.
     A row without host spread (the CPU's, whose host figure is its median; results from before schema 3) gets
     the caller time scaled by the kernel spread."""
-    caller = float(r.caller_us)
-    p20, p50, p80 = _num(r.p20_us), _num(r.p50_us), _num(r.p80_us)
+    def get(k: str) -> float | None:
+        return _num(r.get(k) if isinstance(r, dict) else getattr(r, k, None))
+
+    caller = float(get("caller_us"))
+    p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
     if p20 is None or p80 is None or not p50:
         return caller, caller
-    host, host_p80 = _num(getattr(r, "host_us", None)), _num(getattr(r, "host_p80_us", None))
+    host, host_p80 = get("host_us"), get("host_p80_us")
     if host is None or host_p80 is None:
         return caller * p20 / p50, caller * p80 / p50
     return max(p20, host), max(p80, host_p80)
