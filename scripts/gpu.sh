@@ -4,10 +4,9 @@
 # everything under $OUT (at most 8 files come back from the device tool: keep it so). The store itself comes
 # back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
-#   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench info; pick with args;
+#   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
-#                 bench2 (the sweep again, for `tiered-ops report --repeat`), targets (issue 7: the regret grid and
-#                 the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
+#                 targets (issue 7: the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
 #                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
@@ -15,7 +14,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STAGES=${*:-build ptxas tests bench info}
+STAGES=${*:-build ptxas tests bench bench2 info}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # The store lives under $OUT: what a call finished comes back even when the call is killed at its limit (with
 # its -wal file: open it locally from a writable copy of both).
