@@ -65,6 +65,10 @@ def test_render_shows_each_target_with_its_figure_and_verdict():
     assert "| softmax | 16384x4096 | bf16 | triton | 95.0 | 57.0 | 90.0 | yes |" in text  # target 1
     assert "| softmax | 16384x4096 | 100.0 | liger 95.0 | 90.0 | 0.950 | 1.00 | NOT met |" in text  # target 2
     assert "| softmax | triton 290.0 | 400.0 | 300.0 | 1.38 | 1.03 | yes |" in text  # target 3
+    # target 1 reads kernel bandwidth: a Triton kernel whose caller time is its launch path still counts
+    host_bound = [dict(r, caller_us=200.0) if r["impl"] == "triton" and r["mode"] == "fwd_nograd" else r
+                  for r in rows]
+    assert "| softmax | 16384x4096 | bf16 | triton | 95.0 |" in targets.render(pd.DataFrame(host_bound))
 
 
 def test_render_regret_and_dispatch():

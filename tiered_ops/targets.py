@@ -116,9 +116,13 @@ def _f(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _best(g: pd.DataFrame, tiers: tuple[str, ...]) -> pd.Series | None:
+def _best(g: pd.DataFrame, tiers: tuple[str, ...], by: str = "caller_us") -> pd.Series | None:
+    """The correct timed row of ``tiers`` with the lowest caller time (``by="frac_copy"``: the highest kernel
+    bandwidth, for the speed-of-light target, where a launch-bound caller time would pick the other kernel)."""
     g = g[g.tier.isin(tiers) & (g.ok == 1) & g.caller_us.notna()]
-    return None if g.empty else g.loc[g.caller_us.idxmin()]
+    if g.empty:
+        return None
+    return g.loc[g[by].idxmax()] if by == "frac_copy" else g.loc[g[by].idxmin()]
 
 
 def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.DataFrame | None = None,
@@ -129,14 +133,15 @@ def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.Da
     df["bytes"] = df.gbps * df.p50_us * 1e3
     lines = ["## Issue 7 targets", ""]
 
-    lines += ["### 1. Large shapes (>= 64 MiB moved, fwd_nograd): best of our Triton/CUDA >= 90 % of copy", "",
+    lines += ["### 1. Large shapes (>= 64 MiB moved, fwd_nograd): best of our Triton/CUDA kernels >= 90 % of copy "
+              "(kernel time)", "",
               "| op | shape | dtype | ours (impl) | % copy | compile % | best peer % | met |",
               "|---|---|---|---|---|---|---|---|"]
     fwd = df[(df["mode"] == "fwd_nograd")]
     for (op, shape, dtype), g in fwd.groupby(["op", "shape", "dtype"], sort=False):
         if g.bytes.max() < LARGE_BYTES:
             continue
-        ours, comp, peer = _best(g, ("triton", "cuda")), _best(g, ("compile",)), _best(g, ("peer",))
+        ours, comp, peer = (_best(g, t, by="frac_copy") for t in (("triton", "cuda"), ("compile",), ("peer",)))
         if ours is None:
             continue
         pct = 100 * ours.frac_copy
