@@ -20,7 +20,7 @@ from .meta import breaks_str, stored_or_collect
 from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .store import Store
-from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint
+from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint, overlap
 from .worker import Pool
 
 
@@ -142,13 +142,6 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     return df
 
 
-def _tie(a: pd.Series, b: pd.Series) -> bool:
-    """The two timings' p20-p80 ranges as a caller sees them overlap (:func:`timing.caller_range`: the kernel's
-    spread, and the host batches' where the launch path sets the time)."""
-    (lo_a, hi_a), (lo_b, hi_b) = caller_range(a), caller_range(b)
-    return hi_a >= lo_b and hi_b >= lo_a
-
-
 def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
     and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
@@ -164,11 +157,13 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
         eager = g[g.tier == "eager"].caller_us.min()
+        # the p20-p80 ranges as a caller sees them (timing.caller_range: the kernel's spread, and the host batches'
+        # where the launch path sets the time); overlapping ranges are a tie
         spread = [caller_range(best), caller_range(second) if second is not None else (math.nan, math.nan)]
         out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
                         caller_us=best.caller_us, runner_up=None if second is None else second.impl,
                         margin=math.nan if second is None else second.caller_us / best.caller_us,
-                        tie=bool(second is not None and _tie(best, second)),
+                        tie=bool(second is not None and overlap(*spread)),
                         p20=spread[0][0], p80=spread[0][1], runner_p20=spread[1][0], runner_p80=spread[1][1],
                         vs_eager=eager / best.caller_us if eager == eager else math.nan,
                         peer=peers.impl.iloc[0] if len(peers) else None,

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from .registry import Tier
+from .timing import overlap
 
 POLICIES = ("fastest", "cost-aware", "cold-start")
 DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}
@@ -50,7 +51,7 @@ def _tie(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Both carry a p20-p80 range (``lo``, ``hi``) and the ranges overlap."""
     if any(x.get(k) is None for x in (a, b) for k in ("lo", "hi")):
         return False
-    return a["hi"] >= b["lo"] and b["hi"] >= a["lo"]
+    return overlap((a["lo"], a["hi"]), (b["lo"], b["hi"]))
 
 
 def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | None = None,

@@ -116,13 +116,13 @@ def _f(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _best(g: pd.DataFrame, tiers: tuple[str, ...], by: str = "caller_us") -> pd.Series | None:
-    """The correct timed row of ``tiers`` with the lowest caller time (``by="frac_copy"``: the highest kernel
-    bandwidth, for the speed-of-light target, where a launch-bound caller time would pick the other kernel)."""
+def _best(g: pd.DataFrame, tiers: tuple[str, ...], by: str = "caller_us", highest: bool = False) -> pd.Series | None:
+    """The correct timed row of ``tiers`` with the lowest ``by`` (the highest with ``highest``: kernel bandwidth
+    for the speed-of-light target, where a launch-bound caller time would pick the other kernel)."""
     g = g[g.tier.isin(tiers) & (g.ok == 1) & g.caller_us.notna()]
     if g.empty:
         return None
-    return g.loc[g[by].idxmax()] if by == "frac_copy" else g.loc[g[by].idxmin()]
+    return g.loc[g[by].idxmax() if highest else g[by].idxmin()]
 
 
 def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.DataFrame | None = None,
@@ -141,7 +141,8 @@ def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.Da
     for (op, shape, dtype), g in fwd.groupby(["op", "shape", "dtype"], sort=False):
         if g.bytes.max() < LARGE_BYTES:
             continue
-        ours, comp, peer = (_best(g, t, by="frac_copy") for t in (("triton", "cuda"), ("compile",), ("peer",)))
+        ours, comp, peer = (_best(g, t, "frac_copy", highest=True)
+                            for t in (("triton", "cuda"), ("compile",), ("peer",)))
         if ours is None:
             continue
         pct = 100 * ours.frac_copy

@@ -102,6 +102,11 @@ def caller_range(r: object) -> tuple[float, float]:
     return max(p20, host), max(p80, host_p80)
 
 
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Two (lo, hi) ranges overlap: the two timings are a tie."""
+    return a[1] >= b[0] and b[1] >= a[0]
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -112,37 +117,12 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s: float = 0.05) -> float:
-    """Throughput of back-to-back calls, GPU waited for at the end of each batch (the dispatch target compares
-    launch-bound calls with it; a measurement's host time is :func:`issue_times_us`).
-    Fastest of 5 batches, in microseconds per call: interference from other work on the
-    host only ever adds time (the median let it through: an H100 run of 2026-11-23 has layer_norm's Triton host
-    time at 4x its 367 us kernel time)."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    one = max(time.perf_counter() - t0, 1e-6)
-    n = int(min(max(budget_s / 5 / one, 3), 2000))
-    per = []
-    for _ in range(5):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync(device)
-        per.append((time.perf_counter() - t0) / n * 1e6)
-    return min(per)
-
-
-def issue_times_us(fn: Callable[[], object], device: torch.device, budget_s: float = 0.025,
-                   batches: int = 5) -> list[float]:
-    """Host time per call (us) of each of ``batches`` batches of back-to-back calls, measured up to the return of
-    the last call, the GPU not waited for (it is synchronized before each batch, untimed): the launch path a
-    caller pays. A GPU-bound call returns early and reads below its kernel time (the caller then waits on the
-    GPU, which the kernel time carries); a call that synchronizes inside waits and reads it. Timing up to a final
-    synchronize instead adds the GPU's back-to-back time and its noise to a host figure: on an H100 (2026-11-23)
-    a Triton rms_norm of 184 us kernel time read 247 us in one sweep and 202 us in the next."""
+def batch_times_us(fn: Callable[[], object], device: torch.device, budget_s: float, batches: int = 5,
+                   wait: bool = False) -> list[float]:
+    """Host time per call (us) of each of ``batches`` batches of back-to-back calls (the GPU synchronized before each
+    batch, untimed). ``wait=False``: timed up to the return of the last call, the GPU not waited for: the launch path
+    a caller pays (a GPU-bound call returns early and reads below its kernel time; one that synchronizes inside
+    waits and reads it). ``wait=True``: up to a final synchronize, the throughput of back-to-back calls."""
     sync(device)
     t0 = time.perf_counter()
     fn()
@@ -155,9 +135,19 @@ def issue_times_us(fn: Callable[[], object], device: torch.device, budget_s: flo
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
+        if wait:
+            sync(device)
         per.append((time.perf_counter() - t0) / n * 1e6)
     sync(device)
     return per
+
+
+def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s: float = 0.05) -> float:
+    """Throughput of back-to-back calls, GPU waited for (the dispatch target compares launch-bound calls with it; a
+    measurement's host time is the issue time, :func:`batch_times_us` without ``wait``). Fastest of 5 batches, in
+    microseconds per call: interference from other work on the host only ever adds time (the median let it
+    through: an H100 run of 2026-11-23 has layer_norm's Triton host time at 4x its 367 us kernel time)."""
+    return min(batch_times_us(fn, device, budget_s, wait=True))
 
 
 def quantile(sorted_values: list[float], f: float) -> float:
@@ -229,9 +219,11 @@ def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
         gc.disable()
         try:
             with torch.cuda.device(device):
-                host = issue_times_us(fn, device)
+                # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
+                # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
+                host = batch_times_us(fn, device, 0.025)
                 times = sorted(t * 1e3 for t in gpu_times_ms(fn, device))
-                host = sorted(host + issue_times_us(fn, device))
+                host = sorted(host + batch_times_us(fn, device, 0.025))
         finally:
             if enabled:
                 gc.enable()
