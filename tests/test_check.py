@@ -100,3 +100,17 @@ def test_the_current_evidence_passes_with_every_losing_kernel_retired(csv, monke
     assert main(["check", "--results", str(path)]) == 0
     out = capsys.readouterr().out
     assert "check passed" in out and out.count("[retired") == 5
+
+
+def test_check_compares_rows_of_one_device_only():
+    """Two GPUs' results checked together: on GPU A the kernel beats the compiler tiers by 1.5x, on GPU B it loses
+    (its compiler tiers are faster than GPU A's cuda row). Mixed, GPU A's cuda row would be judged against GPU B's
+    faster Triton row and lose; per device, GPU A's cases all win and GPU B's all lose."""
+    a = _rows(cuda_us=100.0).assign(device_key="gpu-a")
+    b = _rows(cuda_us=100.0, triton_us=60.0).assign(device_key="gpu-b")
+    b.loc[b.impl.isin(["eager", "compile"]), "caller_us"] = 60.0
+    f = _one(pd.concat([a, b]))
+    assert f.kind == "loses"
+    assert f.text.count("cuda 100.0 us vs") == len(SPEC.default_problems("cuda"))  # only GPU B's cases lose
+    assert "needs" in f.text and "60.0 us" in f.text and "150.0 us" not in f.text
+    assert _one(a).kind == "beats"

@@ -3,7 +3,8 @@
 For every CUDA implementation, on each of its op's target problems (the op's default GPU problems) and each
 (dtype, mode) in the evidence, the kernel must beat the best correct compiler-tier implementation (eager,
 compile, Triton) by more than its cost-aware margin (``policy.margins``, CUDA 10 % by default) plus the
-noise: the larger relative p20-p80 spread of the two. A kernel that fails anywhere fails the check (exit 1),
+noise: the larger relative p20-p80 spread of the two, each compared only with rows of its own device fingerprint
+(several GPUs' results checked together are never mixed). A kernel that fails anywhere fails the check (exit 1),
 listed with its figures and the tier to retire it to (the best compiler tier there). The check also fails
 when the evidence is stale: a CUDA or Triton row whose source hash differs from the source in the tree.
 A kernel marked retired (``Impl.retired``: the reason) is reported, not failed, and is flagged when it
@@ -72,8 +73,8 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> list[Finding]:
                 continue
             losses, wins = [], []
             for r in cuda.itertuples():
-                same = mine[(mine.problem == r.problem) & (mine.dtype == r.dtype) & (mine["mode"] == r.mode)
-                            & (mine.ok == 1) & mine.caller_us.notna()
+                same = mine[(mine.device_key == r.device_key) & (mine.problem == r.problem) & (mine.dtype == r.dtype)
+                            & (mine["mode"] == r.mode) & (mine.ok == 1) & mine.caller_us.notna()
                             & mine.tier.isin(["eager", "compile", "triton"])]
                 same = same[same.impl.isin(list(spec.impls))]
                 if same.empty:
