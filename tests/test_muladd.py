@@ -38,7 +38,7 @@ def test_non_contiguous_and_misaligned(impl):
 def test_shape_mismatch_is_a_clear_error(impl):
     dev = device_for(impl)
     fn = tiered_ops.get_op("muladd").impls[impl].fn
-    with pytest.raises((ValueError, RuntimeError), match="same shape"):
+    with pytest.raises((ValueError, RuntimeError), match="must broadcast to one shape"):
         fn(torch.randn(4, 5, device=dev), torch.randn(4, 5, device=dev), torch.randn(5, 4, device=dev))
 
 
@@ -49,3 +49,53 @@ def test_cpu_tensor_to_gpu_tier_is_rejected(impl):
     x = torch.randn(8)
     with pytest.raises((ValueError, RuntimeError), match="a must be a CUDA tensor"):
         fn(x, x, x)
+
+
+BROADCASTS = [
+    ((4, 1), (1, 5), (4, 5)),  # every operand broadcast along another dim
+    ((), (3, 7), (7,)),  # a 0-d operand and a row vector
+    ((64, 256), (256,), (256,)),  # a scale and a shift per column
+    ((2, 1, 33), (2, 5, 1), (1,)),  # 3-D, a size-1 dim on each side
+]
+
+
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
+@pytest.mark.parametrize("impl", IMPLS + ["eager_addcmul"])
+def test_broadcasts_like_the_expression(impl, shapes):
+    """Every tier broadcasts like a * b + c; gradients come back at each operand's own shape (summed)."""
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("muladd").impls[impl].fn
+    a, b, c = (torch.randn(s, device=dev, requires_grad=True)
+               for s in shapes)
+    out = fn(a, b, c)
+    ref = a.detach().double() * b.detach().double() + c.detach().double()
+    assert tuple(out.shape) == tuple(ref.shape) and rel(out, ref) < 1e-6
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (a, b, c), g)
+    a64, b64, c64 = (t.detach().double().requires_grad_() for t in (a, b, c))
+    refs = torch.autograd.grad(a64 * b64 + c64, (a64, b64, c64), g.double())
+    for name, got, want in zip("abc", grads, refs):
+        assert got.shape == want.shape, name
+        assert rel(got, want) < 1e-5, name
+
+
+def test_public_op_broadcasts_and_keys_its_fast_path_on_every_shape(private_store):
+    """tiered_ops.muladd takes broadcast operands; a call with another b shape is not served from the fast path of
+    the first (which would skip the shape check)."""
+    a, b, c = torch.randn(6, 5), torch.randn(5), torch.randn(6, 1)
+    torch.testing.assert_close(tiered_ops.muladd(a, b, c), a * b + c)
+    with pytest.raises(ValueError, match="must broadcast"):
+        tiered_ops.muladd(a, torch.randn(4), c)
+    with pytest.raises(TypeError, match="share one dtype"):
+        tiered_ops.muladd(a, b.double(), c)
+
+
+def test_broadcast_problem_round_trips():
+    spec = tiered_ops.get_op("muladd")
+    p = P((4, 5), "4x1,1x5,4x5")
+    inp = spec.make_inputs(p, torch.float32, torch.device("cpu"), 0)
+    assert [tuple(t.shape) for t in inp.args] == [(4, 1), (1, 5), (4, 5)]
+    assert spec.problem_of(*inp.args) == p and spec.bucket(p) != spec.bucket(P((4, 5)))
+    assert P((4, 5), "4x5,4x5,4x5") == P((4, 5))  # one shape: no operands parameter
+    with pytest.raises(ValueError, match="broadcast to"):
+        P((4, 6), "4x1,1x5,4x5")
