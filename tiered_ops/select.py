@@ -22,6 +22,7 @@ Which correct implementation wins is the policy's call (``tiered_ops.policy``): 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -30,12 +31,13 @@ from typing import Any, Callable
 
 import torch
 
-from .measure import bucket_str, measure
+from .measure import bucket_str, gate, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
-from .registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_mode, get_op
+from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode, get_op
 from .store import Store
 from .timing import caller_range, default_device, fingerprint
 
+log = logging.getLogger(__name__)
 _tune: bool | None = None
 _policy: tuple[str, int | None] | None = None
 _store: Store | None = None
@@ -240,6 +242,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
         tune = tuning_enabled() if tune is None else tune
         if missing and tune:
+            log.info("tiered_ops: %s %s %s %s: no stored decision, measuring %d implementations (once; stored in %s)",
+                     spec.name, problem, dname, mode, len(missing), store.path)
             new = []
             for impl in missing:
                 if progress:
@@ -247,7 +251,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                 new.append(measure(spec, impl, problem, dtype, device, mode))
             store.add(new)
             rows = store.latest(spec.name, bkey, dname, fp.key, mode)
-        near = None
+        near, near_dtype = None, dname
         if not rows and not tune:
             # the nearest measured bucket of this dtype, else of the other 16-bit dtype (same bytes per element)
             for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []))):
@@ -256,11 +260,15 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                     near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
                     rows = predict(spec, problem, dtype, mode, rows,
                                    store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
+                    near_dtype = dn
                     break
         if not rows and not tune:
             impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
         else:
             impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
+            if near_dtype != dname:
+                impl, reason, cands = _gated(spec, problem, dtype, device, mode, rows, (policy, calls, store),
+                                             (impl, reason, cands))
             if near is not None:
                 reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
                           f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
@@ -270,6 +278,30 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         sel = Selection(impl.fn, impl, record)
         _decisions[key] = sel
         return sel
+
+
+def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, rows: list[dict],
+           how: tuple, decided: tuple[Impl, str, list]) -> tuple[Impl, str, list]:
+    """A decision read from another dtype's measurements, gated at the requested dtype before it is returned.
+
+    Nothing returns an implementation that never passed the float64 gate at the requested dtype: the choice is
+    gated now at ``problem`` (the gate alone, no timing; cached per implementation, dtype and device like every
+    gate), and one that fails is struck and the choice made again among the rest, eager last."""
+    policy, calls, store = how
+    impl, reason, cands = decided
+    failed: list[str] = []
+    while True:
+        _, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+        if why is None:
+            break
+        failed.append(f"{impl.name} failed the gate at {DTYPE_NAMES[dtype]}: {why}")
+        log.warning("%s %s %s: %s", spec.name, problem, DTYPE_NAMES[dtype], failed[-1])
+        rows = [r for r in rows if r["impl"] != impl.name]
+        if impl.name == "eager":
+            break  # nothing left that passes: eager, with the failures on record
+        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
+    gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
+    return impl, f"{reason}; {gated}", cands
 
 
 @torch.compiler.disable(reason="tiered_ops has no decision for this op/shape bucket yet: call "
@@ -291,17 +323,17 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     ``fwd+bwd`` (training), ``fwd`` or ``bwd``. Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
+        dev = torch.device("cuda", torch.cuda.current_device())
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
-        fast = (op, tuple(shapes), dtype, device, tune, policy, calls, mode, tuple(params.items()))
+        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, mode, tuple(params.items()))
         sel = _selects.get(fast)
         if sel is not None:
             return sel
     except TypeError:
         fast = None
     spec = get_op(op)
-    dev = torch.device(device) if device is not None else default_device()
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     if policy is not None:
         check_policy(policy, calls)
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,

@@ -1,0 +1,63 @@
+"""select_backend's decisions with tuning off and its per-call fast path."""
+
+import torch
+
+import tiered_ops
+from tiered_ops import select as sel_mod
+from tiered_ops.measure import measure
+from tiered_ops.registry import Impl, Tier, get_op
+from tiered_ops.store import Store
+
+CPU = torch.device("cpu")
+
+
+def _right_in_bf16_wrong_in_fp16(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    y = torch.softmax(x, dim)
+    return y * 1.5 if x.dtype == torch.float16 else y
+
+
+def test_tuning_off_never_returns_an_implementation_ungated_at_the_requested_dtype(private_store, monkeypatch):
+    """Nothing stored in fp16; bf16 has a bucket where a planted implementation (correct in bf16, wrong in fp16) is
+    the fastest. Tuning off reads the bf16 decision for an fp16 request: the planted one must be gated at fp16
+    first, fail there, and give way to the next fastest that passes; the record says which and why."""
+    spec = get_op("softmax")
+    plant = Impl("plant_fp16", Tier.TRITON, _right_in_bf16_wrong_in_fp16, (spec.source,))
+    monkeypatch.setitem(spec.impls, "plant_fp16", plant)
+    problem = spec.problem((8, 64))
+    rows = []
+    for impl, us in (("plant_fp16", 1.0), ("compile", 3.0), ("eager", 5.0)):
+        r = measure(spec, spec.impls[impl], problem, torch.bfloat16, CPU)
+        assert r["ok"] == 1, r["reason"]  # the plant passes the gate in bf16
+        r.update(p50_us=us, host_us=us, caller_us=us, gbps=1.0)
+        rows.append(r)
+    Store(private_store).add(rows)
+    sel_mod.set_tuning(False)
+    try:
+        bf16 = tiered_ops.select_backend("softmax", (8, 100), "bf16", "cpu")
+        fp16 = tiered_ops.select_backend("softmax", (8, 100), "fp16", "cpu")
+    finally:
+        sel_mod.set_tuning(None)
+    assert bf16.name == "plant_fp16"  # gated at bf16 already: read from the nearest bf16 bucket as it is
+    assert fp16.name == "compile"
+    assert "plant_fp16 failed the gate at fp16" in fp16.record["reason"] and "(bf16)" in fp16.record["reason"]
+    x = torch.randn(8, 100, dtype=torch.float16)
+    torch.testing.assert_close(fp16(x, -1), torch.softmax(x, -1))
+
+
+def test_select_backend_fast_path_keys_on_the_resolved_device(monkeypatch):
+    """device=None means the current device: after the current device changes, the decision is made for the new
+    one, not returned from the fast path of the old one."""
+    current = [torch.device("cuda", 0)]
+    seen = []
+    monkeypatch.setattr(sel_mod, "default_device", lambda: current[0])
+    monkeypatch.setattr(sel_mod, "select_problem", lambda spec, problem, dtype, dev, *a, **k: seen.append(dev) or dev)
+    sel_mod.clear_cache()
+    try:
+        first = tiered_ops.select_backend("softmax", (4, 8), "fp32")
+        current[0] = torch.device("cuda", 1)
+        second = tiered_ops.select_backend("softmax", (4, 8), "fp32")
+        again = tiered_ops.select_backend("softmax", (4, 8), "fp32")
+    finally:
+        sel_mod.clear_cache()
+    assert (first, second, again) == (torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 1))
+    assert seen == [torch.device("cuda", 0), torch.device("cuda", 1)]  # the third call took the fast path
