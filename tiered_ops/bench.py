@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 import torch
 
-from .measure import base_row, measure
+from .measure import base_row, contended, measure
 from .meta import breaks_str, stored_or_collect
 from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
@@ -27,8 +27,8 @@ from .worker import Pool
 def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str) -> dict:
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode)
     out: dict[str, dict] = {}
-    for r in rows:  # ordered by id: the last fresh row per implementation wins
-        if spec.fresh_impl(r) is not None:
+    for r in rows:  # ordered by id: the last fresh row per implementation wins; one timed on a busy machine is redone
+        if spec.fresh_impl(r) is not None and not contended(r):
             out[r["impl"]] = r
     return out
 
@@ -93,7 +93,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         if device.type == "cpu":
             log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
                 "correctness only; CUDA unavailable)")
-        results, measured, broken, started = [], 0, {}, time.perf_counter()
+        results, measured, broken, started, busy = [], 0, {}, time.perf_counter(), 0
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
         bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for spec, problem, dtype, mode, impl in bar:
@@ -113,6 +113,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                         done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
                 store.add([done])
+                if contended(done):
+                    busy += 1
+                    say(f"{what}: {done['reason']}: stored, excluded from decisions")
                 measured += 1
                 if not progress and measured % 50 == 0:
                     log(f"{measured} measured ({len(results) + 1} of {len(todo)} done, "
@@ -135,6 +138,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             pool.close()
     log(f"{measured} measured now, {len(results) - measured} taken from the store (same source, same device)"
         + (f"; {pool.started} worker process(es) used" if pool else ""))
+    if busy:
+        log(f"{busy} measurement(s) taken while the machine was busy (reason 'contended: ...'): stored for the record, "
+            "excluded from every decision; run the same command on an idle machine to measure them again")
     df = pd.DataFrame(results)
     if metas is not None and len(df):
         df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]

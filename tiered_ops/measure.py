@@ -13,6 +13,7 @@ usually reads as NaN (on the CPU it reads as whatever was there, still caught as
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
 import time
@@ -21,8 +22,9 @@ from typing import Any, Callable
 import torch
 
 from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_mode, rel_error
-from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint, sync, time_call
+from .timing import COPY_BYTES, Fingerprint, copy_bandwidth_gbps, fingerprint, sync, time_call
 
+log = logging.getLogger(__name__)
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
 _edge_results: dict[tuple, tuple[bool, float, str | None]] = {}
 _problem_results: dict[tuple, tuple[float, str | None]] = {}
@@ -264,14 +266,59 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if not_timeable:
         row["reason"] = f"correct; not timed: {not_timeable}"
         return row
-    t = time_call(call, device)
     nbytes = spec.mode_bytes(problem, dtype, mode)
-    copy = copy_bandwidth_gbps(device)
-    gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
+    for attempt in range(1, CONTENDED_TRIES + 1):
+        t = time_call(call, device)
+        copy = copy_bandwidth_gbps(device)
+        gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
+        busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
+        if not busy:
+            break
+        log.info("%s %s %s %s %s: %s (attempt %d of %d)", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode,
+                 busy, attempt, CONTENDED_TRIES)
+        if attempt < CONTENDED_TRIES:
+            time.sleep(CONTENDED_PAUSE_S)
     row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
                host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
+    if busy:
+        flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
     return row
+
+
+CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
+CONTENDED_TRIES = 3  # a CPU timing that looks contended is taken again up to this many times in all
+CONTENDED_PAUSE_S = 0.2
+COPY_BOUND = 1.5  # an op moving at least the copy's bytes cannot beat the copy bandwidth by more than this
+
+
+def _beyond_copy(gbps: float | None, copy: float, nbytes: int, device: torch.device) -> str | None:
+    """On the CPU, a bandwidth no memory system gives: above COPY_BOUND x the copy bandwidth for an op that moves at
+    least the copy's bytes (beyond every cache), so the copy figure or this timing was taken on a busy machine."""
+    if device.type != "cpu" or not gbps or nbytes < 2 * COPY_BYTES["cpu"] or gbps <= COPY_BOUND * copy:
+        return None
+    return f"{gbps:.1f} GB/s is {gbps / copy:.2f} x the copy bandwidth {copy:.1f} GB/s (limit {COPY_BOUND:g} x)"
+
+
+def flag_contended(row: dict[str, Any], why: str) -> dict[str, Any]:
+    """Mark a timed row as taken on a busy machine: ok stays 1 (the implementation is correct) and the figures stay
+    for the record, but it has no caller time, so no decision, winner or prediction can use it (they all need
+    one), and a sweep measures it again."""
+    row.update(reason=CONTENDED + why, caller_us=None, host_us=None, host_p20_us=None, host_p80_us=None)
+    return row
+
+
+def contended(row: Any) -> bool:
+    """Whether a stored row (a dict or attributes) was flagged as timed on a busy machine."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(CONTENDED)
+
+
+def usable(row: Any) -> bool:
+    """Whether a decision may use a stored row: correct, timed, not flagged as contended."""
+    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k, None)
+    caller = get("caller_us")
+    return bool(get("ok")) and caller is not None and caller == caller and not contended(row)
 
 
 def bucket_str(bucket: tuple) -> str:

@@ -7,18 +7,25 @@ waited for, which is the launch path a model pays (torch.compile's guards, Trito
 time a caller sees is the larger of the two: a big kernel is bound by the GPU, a tiny one by its launch path.
 Both come with a p20-p80 spread, so a decision between two timings can tell a margin from noise.
 
-On the CPU a call is timed with ``torch.utils.benchmark`` (median over repeated blocks).
+On the CPU a call is timed in at least ``CPU_MIN_SAMPLES`` blocks of back-to-back calls, each block long enough to
+stand far above the clock's resolution (``cpu_blocks``); p20/p50/p80 are taken over the blocks. A CPU timing also says
+whether the machine was busy while it ran (``contention``): the thread's wait for a CPU (Linux schedstat), block
+times on multiples of a large quantum, a p80/p20 spread far beyond a quiet machine's, or a copy-bandwidth probe far
+below the best copy bandwidth seen. Interference only ever adds time, so the copy bandwidth the results are compared
+with is the best seen in the process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import math
 import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -73,6 +80,8 @@ class Timing:
     host_us: float  # per call, issuing back-to-back calls (CUDA), fastest batch; equals p50 on the CPU
     host_p20_us: float | None = None  # the spread of the host batches (CUDA); None on the CPU
     host_p80_us: float | None = None
+    samples: int | None = None  # the CPU's blocks (each a per-call time); None on CUDA
+    contended: str | None = None  # the CPU: why the machine looked busy while this was timed (see ``contention``)
 
     @property
     def caller_us(self) -> float:
@@ -207,6 +216,19 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
     return timed(n)
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """No garbage collection inside a timed window (as timeit): a collection pause is the caller's, not the op's."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
     """Time ``fn`` (already warmed up) the way the device allows."""
     if device.type == "cuda":
@@ -214,35 +236,177 @@ def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
         # the figure (a burst of other work on the host, a compile worker starting, the OS, only ever adds time)
         # and the p20-p80 of all 10 its spread. No garbage collection runs inside the timed windows (as timeit):
         # a collection pause is the caller's, not the op's.
-        gc.collect()
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.device(device):
-                # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
-                # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
-                host = batch_times_us(fn, device, 0.025)
-                times = sorted(t * 1e3 for t in gpu_times_ms(fn, device))
-                host = sorted(host + batch_times_us(fn, device, 0.025))
-        finally:
-            if enabled:
-                gc.enable()
+        with no_gc(), torch.cuda.device(device):
+            # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
+            # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
+            host = batch_times_us(fn, device, 0.025)
+            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device))
+            host = sorted(host + batch_times_us(fn, device, 0.025))
         return Timing(quantile(times, 0.2), statistics.median(times), quantile(times, 0.8), host[0],
                       quantile(host, 0.2), quantile(host, 0.8))
-    import torch.utils.benchmark as tb
+    return cpu_timing(fn, device)
 
-    m = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).blocked_autorange(
-        min_run_time=0.2
-    )
-    times = sorted(t * 1e6 for t in m.times)
-    return Timing(quantile(times, 0.2), m.median * 1e6, quantile(times, 0.8), m.median * 1e6)
+
+CPU_MIN_SAMPLES = 10  # blocks per CPU timing: p20 and p80 are order statistics over at least this many
+CPU_MAX_SAMPLES = 200
+CPU_MIN_BLOCK_S = 1e-3  # a block lasts at least this long, and CPU_BLOCK_RESOLUTIONS x the clock's resolution
+CPU_BLOCK_RESOLUTIONS = 1000
+CPU_BUDGET_S = 0.2  # more blocks, up to CPU_MAX_SAMPLES, while the budget lasts
+WAIT_LIMIT = 0.3  # the timing thread waited for a CPU longer than this fraction of the timing: the cores were busy
+SPREAD_LIMIT = 2.0  # p80 / p20 of the blocks beyond this: a quiet machine's blocks of >= 1 ms are within a few %
+QUANTUM_MIN_S = 1e-3  # block times all on multiples of a step this large are the scheduler's, not the op's
+COPY_PROBE_LIMIT = 0.5  # a copy probe below this fraction of the best copy bandwidth seen: the memory system is shared
+_clock = time.perf_counter  # the CPU timings' clock (tests replace it)
 
 
 @functools.lru_cache(maxsize=None)
+def clock_resolution_s() -> float:
+    """The smallest step the CPU timings' clock is seen to take (its nominal resolution can be finer than its tick)."""
+    steps = []
+    for _ in range(20):
+        t0 = t1 = _clock()
+        while t1 == t0:
+            t1 = _clock()
+        steps.append(t1 - t0)
+    return min(steps)
+
+
+def _run_delay_s() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat); None where not exposed."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_blocks(fn: Callable[[], object], budget_s: float = CPU_BUDGET_S, min_samples: int = CPU_MIN_SAMPLES
+               ) -> tuple[list[float], int, float | None]:
+    """Time ``fn`` (already warmed up) in blocks of back-to-back calls: (each block's seconds, calls per block, the
+    fraction of the timed wall time this thread waited for a CPU, None where unknown). The calls per block double
+    until a block lasts twice ``CPU_MIN_BLOCK_S`` (and far above the clock's resolution: a warmer block can run
+    faster than the first); then at least ``min_samples`` blocks, more while ``budget_s`` lasts."""
+    block_s = 2 * max(CPU_MIN_BLOCK_S, CPU_BLOCK_RESOLUTIONS * clock_resolution_s())
+    n = 1
+    while True:
+        t0 = _clock()
+        for _ in range(n):
+            fn()
+        took = _clock() - t0
+        if took >= block_s:
+            break
+        n *= 2 if took * 4 >= block_s else max(2, min(1 << 20, math.ceil(block_s / max(took, 1e-9))))
+    blocks = max(min_samples, min(CPU_MAX_SAMPLES, int(budget_s / took)))
+    wait0, wall0 = _run_delay_s(), _clock()
+    out = []
+    for _ in range(blocks):
+        t0 = _clock()
+        for _ in range(n):
+            fn()
+        out.append(_clock() - t0)
+    wall, wait1 = _clock() - wall0, _run_delay_s()
+    waited = (wait1 - wait0) / wall if wait0 is not None and wait1 is not None and wall > 0 else None
+    return out, n, waited
+
+
+def quantum_s(blocks_s: list[float]) -> float | None:
+    """The step all block times sit on when they sit on multiples of one at least ``QUANTUM_MIN_S`` long (a coarse
+    clock, or a busy scheduler handing out whole slices), else None. Block times on a fine clock spread continuously."""
+    if len(blocks_s) < 3:
+        return None
+    vals = sorted(blocks_s)
+    tol = max(2e-5, 0.01 * vals[0])
+    levels = [vals[0]] + [b for a, b in zip(vals, vals[1:]) if b - a > tol]
+    steps = [b - a for a, b in zip(levels, levels[1:])]
+    if not steps:
+        return None  # all blocks alike: a quiet machine's
+    q = min(steps + [vals[0]])
+    if q < QUANTUM_MIN_S:
+        return None
+    if all(abs(v / q - round(v / q)) * q <= max(tol, 0.03 * q) for v in vals):
+        return q
+    return None
+
+
+def contention(blocks_s: list[float], calls: int, waited: float | None, probe_gbps: float | None = None,
+               best_copy_gbps: float | None = None) -> str | None:
+    """Why a CPU timing cannot be trusted as an idle machine's, or None: the timing thread waited for a CPU, the
+    blocks sit on a large quantum, their p80/p20 spread is far beyond a quiet machine's, or a copy probe taken with
+    it is far below the best copy bandwidth seen."""
+    why = []
+    if waited is not None and waited > WAIT_LIMIT:
+        why.append(f"the timing thread waited for a CPU {waited:.0%} of the time (limit {WAIT_LIMIT:.0%})")
+    q = quantum_s(blocks_s)
+    if q is not None:
+        why.append(f"block times on multiples of {q * 1e3:.1f} ms ({calls} call(s) per block)")
+    vals = sorted(blocks_s)
+    lo, hi = quantile(vals, 0.2), quantile(vals, 0.8)
+    if lo > 0 and hi / lo > SPREAD_LIMIT:
+        why.append(f"p80/p20 = {hi / lo:.1f} over {len(vals)} blocks (limit {SPREAD_LIMIT:g})")
+    if probe_gbps is not None and best_copy_gbps and probe_gbps < COPY_PROBE_LIMIT * best_copy_gbps:
+        why.append(f"copy probe {probe_gbps:.1f} GB/s < {COPY_PROBE_LIMIT:g} x the best copy bandwidth seen "
+                   f"{best_copy_gbps:.1f} GB/s")
+    return "; ".join(why) or None
+
+
+def cpu_timing(fn: Callable[[], object], device: torch.device) -> Timing:
+    """CPU timing of ``fn`` (already warmed up): p20/p50/p80 of the per-call time over at least ``CPU_MIN_SAMPLES``
+    blocks, whether the machine was busy meanwhile (a copy probe right after is compared with the best copy
+    bandwidth seen, which it raises when higher)."""
+    with no_gc():
+        blocks, n, waited = cpu_blocks(fn)
+    best = copy_bandwidth_gbps(device)
+    probe = copy_probe_gbps(device)
+    times = sorted(b / n * 1e6 for b in blocks)
+    p50 = statistics.median(times)
+    return Timing(quantile(times, 0.2), p50, quantile(times, 0.8), p50, samples=len(times),
+                  contended=contention(blocks, n, waited, probe, best))
+
+
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # the copy's size per device type: far beyond the caches
+_copy_best: dict[str, float] = {}
+
+
+def _copy_pair(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.randn(COPY_BYTES.get(device.type, COPY_BYTES["cpu"]) // 4, device=device)  # random data, never zeros
+    return src, torch.empty_like(src)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_pair(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return _copy_pair(device)  # kept: every CPU timing probes with it
+
+
+def _gbps(src: torch.Tensor, us: float) -> float:
+    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
+
+
 def copy_bandwidth_gbps(device: torch.device) -> float:
-    """Measured device-to-device copy bandwidth (bytes read + written), the ceiling for memory-bound ops."""
-    nbytes = (1 << 30) if device.type == "cuda" else (64 << 20)
-    src = torch.randn(nbytes // 4, device=device)  # random data, never zeros
-    dst = torch.empty_like(src)
-    t = time_call(lambda: dst.copy_(src), device)
-    return 2 * nbytes / (t.p50_us * 1e-6) / 1e9
+    """Device-to-device copy bandwidth (bytes read + written), the ceiling for memory-bound ops: measured on the
+    first call; on the CPU the best of it and every copy probe since (a busy machine only ever lowers it)."""
+    key = str(device)
+    if key not in _copy_best:
+        if device.type == "cuda":
+            src, dst = _copy_pair(device)
+            _copy_best[key] = _gbps(src, time_call(lambda: dst.copy_(src), device).p50_us)
+        else:
+            src, dst = _probe_pair(device)
+            dst.copy_(src)
+            blocks, n, _ = cpu_blocks(lambda: dst.copy_(src))
+            _copy_best[key] = _gbps(src, statistics.median(blocks) / n * 1e6)
+    return _copy_best[key]
+
+
+def copy_probe_gbps(device: torch.device, copies: int = 3) -> float:
+    """A quick copy bandwidth (the fastest of ``copies`` copies of the reference size) for the CPU timings'
+    contention check; it raises the best copy bandwidth seen when higher."""
+    src, dst = _probe_pair(device)
+    took = []
+    for _ in range(copies):
+        t0 = _clock()
+        dst.copy_(src)
+        took.append((_clock() - t0) * 1e6)
+    gbps = _gbps(src, min(took))
+    key = str(device)
+    _copy_best[key] = max(_copy_best.get(key, 0.0), gbps)
+    return gbps

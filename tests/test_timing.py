@@ -1,0 +1,164 @@
+"""CPU timings: enough samples for a spread, and a measurement taken on a busy machine noticed, flagged, never used.
+
+The contention tests are deterministic (the sample source and the copy probe replaced) except the planted busy loop,
+which oversubscribes every core twice over: only more load than that could make its assertion fail the other way.
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tiered_ops import select as sel_mod
+from tiered_ops import timing
+from tiered_ops.bench import sweep
+from tiered_ops.measure import CONTENDED, base_row, contended, flag_contended, measure, usable
+from tiered_ops.registry import get_op
+from tiered_ops.store import Store
+
+CPU = torch.device("cpu")
+MULADD = get_op("muladd")
+QUANTIZED = [0.008] * 6 + [0.016] * 4  # block seconds on multiples of 8 ms: a scheduler's slices, not an op's time
+FINE = [0.0010 + 1e-6 * (i * 37 % 11) for i in range(12)]  # a quiet machine's 1 ms blocks, a few us apart
+
+
+def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
+    """A call of 30 ms: the timing budget (0.2 s) holds only 6 of them; the minimum sample count still holds, and the
+    percentiles are taken over those samples (before, one benchmark block of a slow call gave p20 = p50 = p80)."""
+    def slow() -> None:
+        time.sleep(0.03)
+
+    t = timing.time_call(slow, CPU)
+    assert t.samples >= timing.CPU_MIN_SAMPLES, t
+    assert t.p20_us <= t.p50_us <= t.p80_us and t.p50_us >= 30_000, t
+    assert t.host_us == t.p50_us and t.host_p80_us is None  # the CPU has no separate host time
+
+
+def test_idle_timing_of_a_small_op_has_a_spread():
+    x = torch.randn(4096)
+    t = timing.time_call(lambda: x.mul(1.0001), CPU)
+    assert t.samples >= timing.CPU_MIN_SAMPLES, t
+    assert t.p20_us < t.p80_us, t  # distinct order statistics of >= 10 blocks on a fine clock
+    blocks, calls, _ = timing.cpu_blocks(lambda: x.mul(1.0001))
+    assert len(blocks) >= timing.CPU_MIN_SAMPLES and calls > 1  # a 4096-element multiply is far below 1 ms
+    assert statistics.median(blocks) >= timing.CPU_MIN_BLOCK_S
+
+
+def test_contention_signals():
+    assert timing.contention(FINE, 100, 0.0, 9.0, 10.0) is None
+    assert timing.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
+    why = timing.contention(QUANTIZED, 1, 0.0)
+    assert "multiples of 8.0 ms" in why and "p80/p20 = 2.0" not in why, why
+    assert "multiples" not in (timing.contention([0.008, 0.0101, 0.0123, 0.0149, 0.0171], 1, 0.0) or "")
+    assert "copy probe 3.0 GB/s < 0.5 x" in timing.contention(FINE, 100, 0.0, 3.0, 10.0)
+    assert "waited for a CPU 60%" in timing.contention(FINE, 100, 0.6)
+    assert "p80/p20 = 3.0" in timing.contention([0.001] * 3 + [0.002] * 4 + [0.003] * 3 + [0.00301], 10, 0.0)
+
+
+@pytest.fixture
+def busy(monkeypatch):
+    """The CPU sample source returns block times on an 8 ms quantum and the copy probe a fifth of the best copy
+    bandwidth; ``busy.calls`` counts the timings. ``busy.on = False`` makes the machine quiet again."""
+    class State:
+        on, calls = True, 0
+
+    def blocks(fn, budget_s=timing.CPU_BUDGET_S, min_samples=timing.CPU_MIN_SAMPLES):
+        State.calls += 1
+        fn()
+        return (list(QUANTIZED) if State.on else list(FINE)), 1, None
+
+    monkeypatch.setitem(timing._copy_best, "cpu", 10.0)
+    monkeypatch.setattr(timing, "cpu_blocks", blocks)
+    monkeypatch.setattr(timing, "copy_probe_gbps", lambda device, copies=3: 2.0 if State.on else 10.0)
+    monkeypatch.setattr("tiered_ops.measure.CONTENDED_PAUSE_S", 0.0)
+    return State
+
+
+def test_a_contended_measurement_is_retried_then_flagged(busy):
+    from tiered_ops.measure import CONTENDED_TRIES
+
+    p = MULADD.problem((64, 64))
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU)
+    assert busy.calls == CONTENDED_TRIES
+    assert row["ok"] == 1 and row["reason"].startswith(CONTENDED), row
+    assert "multiples of 8.0 ms" in row["reason"] and "copy probe 2.0 GB/s" in row["reason"]
+    assert row["caller_us"] is None and row["host_us"] is None and row["p50_us"] > 0  # figures kept, no decision
+    assert contended(row) and not usable(row)
+    busy.on, busy.calls = False, 0
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU)
+    assert busy.calls == 1 and row.get("reason") is None and row["caller_us"] == row["p50_us"] > 0, row
+    assert usable(row) and not contended(row)
+
+
+def test_a_bandwidth_beyond_the_copy_is_contended(monkeypatch):
+    """On the CPU an op that moves more than the copy's bytes cannot run at 2x the copy bandwidth: the copy figure
+    was taken on a busy machine (a sweep stored 499 % of copy) or the timing was."""
+    from tiered_ops.measure import _beyond_copy
+
+    big = 4 * timing.COPY_BYTES["cpu"]
+    assert "2.00 x the copy bandwidth" in _beyond_copy(20.0, 10.0, big, CPU)
+    assert _beyond_copy(14.0, 10.0, big, CPU) is None
+    assert _beyond_copy(50.0, 10.0, 1 << 20, CPU) is None  # a small problem lives in the caches
+    assert _beyond_copy(50.0, 10.0, big, torch.device("cuda")) is None  # the GPU path is not judged this way
+
+
+def test_a_flagged_row_is_never_selected(private_store):
+    """The fastest stored row was timed on a busy machine: the slower clean one is chosen, and the flagged one is
+    shown among the candidates with its reason."""
+    p = MULADD.problem((64, 64))
+    fp = timing.fingerprint(CPU)
+    figures = dict(ok=1, p20_us=0.9, p50_us=1.0, p80_us=1.1, gbps=1.0, copy_gbps=10.0, frac_copy=0.1)
+    fast = dict(base_row(MULADD, MULADD.impls["compile"], p, torch.float32, "fwd_nograd", fp), **figures,
+                host_us=1.0, caller_us=1.0)
+    flag_contended(fast, "block times on multiples of 8.0 ms (1 call(s) per block)")
+    slow = dict(base_row(MULADD, MULADD.impls["eager"], p, torch.float32, "fwd_nograd", fp), **figures)
+    slow.update(p20_us=4.9, p50_us=5.0, p80_us=5.1, host_us=5.0, caller_us=5.0)
+    Store(private_store).add([fast, slow])
+    for policy in ("fastest", "cost-aware", "cold-start"):
+        sel = sel_mod.select_problem(MULADD, p, torch.float32, CPU, tune=False, policy=policy)
+        assert sel.name == "eager", sel.record
+        cands = {c["impl"]: c for c in sel.record["candidates"]}
+        assert cands["compile"]["reason"].startswith(CONTENDED) and cands["compile"].get("policy_figure") is None
+
+
+def test_sweep_logs_flagged_rows_and_measures_them_again(private_store, monkeypatch, busy):
+    monkeypatch.setattr(MULADD, "impls", {"eager": MULADD.impls["eager"]})
+    store, said = Store(private_store), []
+    kw = dict(progress=False, log=said.append, modes=["fwd_nograd"], cost_metadata=False)
+    df = sweep([MULADD], {"muladd": [MULADD.problem((64, 64))]}, [torch.float32], CPU, store, **kw)
+    assert df.reason.iloc[0].startswith(CONTENDED) and df.caller_us.isna().all()
+    assert any("excluded from decisions" in s for s in said), said
+    assert any("1 measurement(s) taken while the machine was busy" in s for s in said), said
+    busy.on = False
+    df = sweep([MULADD], {"muladd": [MULADD.problem((64, 64))]}, [torch.float32], CPU, store, **kw)
+    assert "reason" not in df and (df.caller_us > 0).all()  # measured again, not taken from the store
+    assert [contended(r) for r in store.rows(op="muladd")] == [True, False]
+
+
+def _spinners(n: int, seconds: float) -> list[subprocess.Popen]:
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+@pytest.mark.skipif(timing._run_delay_s() is None, reason="needs Linux schedstat (/proc/thread-self/schedstat)")
+def test_a_planted_busy_loop_is_noticed():
+    """Two spinning processes per core (bounded at 10 s, stopped at the end) while a CPU timing runs: the timing
+    thread waits for a CPU and the timing says the machine was busy."""
+    def work() -> int:
+        return sum(range(2000))
+
+    procs = _spinners(2 * len(os.sched_getaffinity(0)), 10.0)
+    try:
+        time.sleep(0.5)  # the spinners are running
+        blocks, calls, waited = timing.cpu_blocks(work)
+        why = timing.contention(blocks, calls, waited)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert waited is not None and waited > timing.WAIT_LIMIT, (waited, blocks)
+    assert why is not None and "waited for a CPU" in why, why
