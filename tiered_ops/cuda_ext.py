@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .registry import ROOT
+from .registry import package_dir
 
-CUDA_SRC = ROOT / "cuda_src"
+# The installed package cuda_src (its .cu/.cuh/.h/.cpp are package data); the build directory stays outside it.
+CUDA_SRC = package_dir("cuda_src")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 

@@ -17,7 +17,17 @@ from typing import Any, Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def package_dir(name: str) -> Path:
+    """The directory of the importable package ``name`` (``triton_src``, ``cuda_src``: the kernel sources), wherever
+    it is installed: a source tree, an editable install or site-packages."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"package {name!r} (kernel sources of tiered_ops) is not importable: reinstall "
+                                  f"tiered_ops with its {name}/ folder", name=name)
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 class Tier(enum.IntEnum):

@@ -11,9 +11,9 @@ from typing import Any, Callable
 import torch
 
 from .. import cuda_ext
-from ..registry import ROOT, Impl, OpSpec, Tier
+from ..registry import Impl, OpSpec, Tier, package_dir
 
-TRITON_SRC = ROOT / "triton_src"
+TRITON_SRC = package_dir("triton_src")
 
 
 def _triton_module(op: str):
