@@ -12,7 +12,10 @@ from __future__ import annotations
 import os as _os
 
 if not _os.environ.get("TRITON_INTERPRET"):
-    try:  # no GPU: run the Triton tier on the interpreter (must be set before triton is imported)
+    # No GPU: run the Triton tier on the interpreter. Triton reads the variable when a kernel is defined and launched;
+    # when something imported triton before this, the Triton tier re-makes the functions defined without it
+    # (tiered_ops.ops._tiers.interpreter_ready) or says why it cannot run.
+    try:
         import torch as _torch
 
         if not _torch.cuda.is_available():

@@ -6,6 +6,7 @@ Triton and CUDA availability checks, source files for staleness) lives here and 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
@@ -14,6 +15,7 @@ from .. import cuda_ext
 from ..registry import Impl, OpSpec, Tier, package_dir
 
 TRITON_SRC = package_dir("triton_src")
+log = logging.getLogger(__name__)
 
 
 def _triton_module(op: str):
@@ -35,11 +37,66 @@ def register_kernel_ops(spec: OpSpec, tier: str, fakes: bool) -> None:
                                         setup_context=setup)
 
 
+# Modules (and the class) whose Triton functions a kernel of triton_src calls: triton's library (tl.max, tl.sum, the
+# tensor methods) and triton_src itself.
+_TRITON_FUNCTION_MODULES = ("triton.language", "triton_src")
+_late_interpreter: list[str | None] = []  # [] until checked on the interpreter, then [None] or [why not]
+
+
+def _triton_function_holders() -> list[Any]:
+    import sys
+
+    import triton.language as tl
+
+    mods = [m for n, m in list(sys.modules.items()) if m is not None
+            and any(n == p or n.startswith(p + ".") for p in _TRITON_FUNCTION_MODULES)]
+    return [*mods, tl.tensor]
+
+
+def interpreter_ready() -> str | None:
+    """None when every Triton function a kernel may call runs on the interpreter, else why not.
+
+    ``@triton.jit`` reads TRITON_INTERPRET when it defines a function. When triton was imported before the variable
+    was set (by torch or a test suite before ``import tiered_ops``), triton's library functions are compiled-only
+    and a kernel calling ``tl.max`` fails inside the interpreter with "Cannot call @triton.jit'd outside of the scope
+    of a kernel". Those functions are made again here as interpreted ones, as ``@triton.jit`` makes them when the
+    variable is set first (their Python source is the same); the check runs once per process.
+    """
+    if _late_interpreter:
+        return _late_interpreter[0]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        remade: dict[int, Any] = {}
+        for holder in _triton_function_holders():
+            for name, value in list(vars(holder).items()):
+                if isinstance(value, JITFunction):
+                    if id(value) not in remade:
+                        remade[id(value)] = InterpretedFunction(value.fn)
+                    setattr(holder, name, remade[id(value)])
+        if remade:
+            log.info("TRITON_INTERPRET=1 was set after triton was imported: %d Triton functions made again for the "
+                     "interpreter", len(remade))
+        left = sorted(f"{getattr(h, '__name__', h)}.{n}" for h in _triton_function_holders()
+                      for n, v in vars(h).items() if isinstance(v, JITFunction))
+        why = (f"triton was imported before TRITON_INTERPRET=1 was set and {', '.join(left[:3])} stay compiled-only; "
+               "set TRITON_INTERPRET=1 before anything imports triton") if left else None
+    except Exception as e:  # a triton whose internals differ: the tier says why instead of failing in a kernel
+        why = (f"triton was imported before TRITON_INTERPRET=1 was set and its functions could not be made for the "
+               f"interpreter ({type(e).__name__}: {e}); set TRITON_INTERPRET=1 before anything imports triton")
+    _late_interpreter.append(why)
+    return why
+
+
 def _triton_load(spec: OpSpec) -> str | None:
     """Import triton_src/<op>.py (registers its triton_ops) and register autograd once; None or why it failed."""
     try:
         from triton_src import common
 
+        why = interpreter_ready() if common.interpreted() else None
+        if why:
+            return why
         mod = _triton_module(spec.name)
     except Exception as e:  # triton missing or broken on this machine
         return f"triton unavailable: {type(e).__name__}: {e}"
