@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from .measure import base_row, contended, measure
-from .meta import breaks_str, stored_or_collect
+from .meta import breaks_str, stored_or_collect, with_progress
 from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .store import Store
@@ -122,17 +122,14 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                         f"{time.perf_counter() - started:.0f} s)")
             results.append(done)
         bar.close()
-        for spec in specs if cost_metadata else []:
-            for impl in chosen(spec):
-                if progress:
-                    log(f"cost metadata: {spec.name} {impl.name}")
-                if (spec.name, impl.name) in broken:  # it would crash or hang again
-                    why = broken[spec.name, impl.name]
-                    meta = {"error": f"not collected: the implementation crashed or hung ({why})"}
-                else:
-                    meta = _meta(store, spec, impl, device, fp, pool)
-                if metas is not None:
-                    metas[(spec.name, impl.name)] = meta
+        for spec, impl in with_progress([(s, i) for s in specs if cost_metadata for i in chosen(s)], progress):
+            if (spec.name, impl.name) in broken:  # it would crash or hang again
+                why = broken[spec.name, impl.name]
+                meta = {"error": f"not collected: the implementation crashed or hung ({why})"}
+            else:
+                meta = _meta(store, spec, impl, device, fp, pool)
+            if metas is not None:
+                metas[(spec.name, impl.name)] = meta
     finally:
         if pool is not None:
             pool.close()

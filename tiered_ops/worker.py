@@ -83,6 +83,7 @@ class Worker:
         )
         self._buf = b""
         self._task_start = 0
+        self._busy = False  # a task was sent and its reply not read: the worker reads no EOF until it is done
 
     def stderr_tail(self, n: int = 3) -> str:
         """What the worker wrote to stderr during the current task: its error lines (a fatal signal's line from
@@ -100,6 +101,7 @@ class Worker:
     def call(self, task: tuple, timeout_s: float) -> Any:
         """Send one task and wait for its reply; WorkerDied / WorkerTimeout when there is none."""
         self._task_start = os.path.getsize(self.log.name)
+        self._busy = True
         try:
             _send(self.proc.stdin, task)
         except (BrokenPipeError, OSError):
@@ -112,6 +114,7 @@ class Worker:
                 if len(self._buf) >= _HEADER.size + size:
                     data = self._buf[_HEADER.size:_HEADER.size + size]
                     self._buf = self._buf[_HEADER.size + size:]
+                    self._busy = False
                     return pickle.loads(data)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -142,7 +145,7 @@ class Worker:
             self.proc.wait()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self._busy:  # interrupted mid-task (Ctrl-C): kill, do not wait for it
             try:
                 self.proc.stdin.close()  # EOF: the worker exits on its own
                 self.proc.wait(timeout=10)
