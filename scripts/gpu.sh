@@ -28,7 +28,7 @@ fi
 PY=python3
 rc=0
 # The default sweep: inference and training steps, bf16 and fp32 (BENCH_ARGS adds to or overrides it).
-SWEEP_ARGS=${SWEEP_ARGS:---modes fwd_nograd,fwd+bwd --dtypes bf16,fp32}
+SWEEP_ARGS=${SWEEP_ARGS:---mode fwd_nograd,fwd+bwd --dtype bf16,fp32}
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PYTHONPATH && echo "peers installed: $(ls .whl)"
@@ -69,7 +69,7 @@ PY
       echo "== bench (default sweep, every mode unless BENCH_ARGS says otherwise)"
       # BENCH_TIMEOUT (s): stop the sweep there and still export. Every finished measurement is already in the
       # store, so running the stage again on the same machine resumes where it stopped. BENCH_ARGS: extra
-      # arguments of `tiered-ops bench` (e.g. --modes fwd_nograd,fwd+bwd --dtypes bf16).
+      # arguments of `tiered-ops bench` (e.g. --mode fwd_nograd,fwd+bwd --dtype bf16).
       timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress $SWEEP_ARGS \
         ${BENCH_ARGS:-} 2>&1 | grep --line-buffered -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
@@ -136,7 +136,7 @@ PY
       # The default fp32 forward sweep of every op plus the planted faulty kernels (tests/plants), isolated: each
       # plant must cost one candidate, with its reason, and the sweep must finish. Its own store (not $OUT's).
       echo "== sweep with planted crashing / hanging / uncompilable kernels"
-      $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtypes fp32 --modes fwd_nograd \
+      $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtype fp32 --mode fwd_nograd \
         --timeout "${PLANT_TIMEOUT:-90}" --no-progress ${PLANT_ARGS:-} 2>&1 | tee "$OUT/plants.log"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;

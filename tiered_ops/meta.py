@@ -9,6 +9,7 @@ Per implementation (op, impl, device, source hash), collected once and stored ne
   tier across shapes of one bucket (``dynamic=False`` as used, and ``dynamic=True`` for contrast);
 - registers, spills, shared memory: ``ptxas -v`` for CUDA kernels, the compiled kernels' metadata for Triton;
 - portability: where each tier can run, and the architecture the CUDA build targets.
+Collecting them takes seconds to minutes per implementation; ``with_progress`` says how far a sweep has got.
 First-call seconds per shape and dtype are in the measurement rows; "last verified" is derived from them.
 """
 
@@ -18,16 +19,21 @@ import ast
 import functools
 import hashlib
 import io
+import logging
 import re
 import shutil
 import subprocess
+import sys
+import time
 import tokenize
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .registry import Impl, OpSpec, Tier
+
+log = logging.getLogger(__name__)
 
 PORTABILITY: dict[Tier, str] = {
     Tier.EAGER: "any torch device (CPU, CUDA, ROCm, MPS, XPU)",
@@ -292,3 +298,21 @@ def breaks_str(meta: dict[str, Any]) -> str:
 
     reg = one(gb.get("registered"))
     return reg + (f"/{one(gb['unregistered'])}" if gb.get("unregistered") else "")
+
+
+def with_progress(pairs: Sequence[tuple[OpSpec, Impl]], bar: bool = True) -> Iterator[tuple[OpSpec, Impl]]:
+    """The (op, implementation) pairs of a cost-metadata phase, one at a time, saying how far it has got: a tqdm
+    bar on stderr when ``bar`` and stderr is a terminal, else an INFO log line per implementation."""
+    if bar and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        with tqdm(pairs, desc="cost metadata", unit="impl", file=sys.stderr, dynamic_ncols=True) as shown:
+            for spec, impl in shown:
+                shown.set_postfix_str(f"{spec.name} {impl.name}")
+                yield spec, impl
+        return
+    start = time.perf_counter()
+    for n, (spec, impl) in enumerate(pairs, 1):
+        log.info("cost metadata %d/%d: %s %s (%.0f s into the phase)", n, len(pairs), spec.name, impl.name,
+                 time.perf_counter() - start)
+        yield spec, impl
