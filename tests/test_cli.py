@@ -75,6 +75,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def test_every_argument_has_help_and_every_subcommand_is_listed():
     parser = build_parser()
     top = parser.format_help()
+    assert "tiered-ops COMMAND -h" in top
     subs = _subcommands(parser)
     assert len(subs) == 9
     for name, sub in subs.items():

@@ -119,8 +119,11 @@ def _globals(default: object) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; each subcommand's name is ``cmd`` in the parsed namespace."""
-    p = argparse.ArgumentParser(prog="tiered-ops", description=__doc__.splitlines()[0], parents=[_globals(None)])
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = argparse.ArgumentParser(prog="tiered-ops", parents=[_globals(None)],
+                                description="Gate every tier of every op against float64, time it, store it, and "
+                                            "select the fastest correct one per shape. `tiered-ops COMMAND -h`: the "
+                                            "arguments of one command.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of these:")
     common = [_globals(argparse.SUPPRESS)]
     device = argparse.ArgumentParser(add_help=False)
     device.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
