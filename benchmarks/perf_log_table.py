@@ -1,22 +1,34 @@
 """The % of copy bandwidth per kernel version, from committed H100 results (the PERF_LOG table).
 
-Run: python benchmarks/perf_log_table.py. Each column is one run; compare versions through their ratio to the
-Triton tier measured in the same run, not across runs.
+Run: python benchmarks/perf_log_table.py (from the repository root). Each column is one run; compare versions
+through their ratio to the Triton tier measured in the same run, not across runs. A run whose file has since been
+replaced by a later sweep is read at the commit that holds it ("commit:path", through git show).
 """
 
 from __future__ import annotations
+
+import io
+import subprocess
 
 import pandas as pd
 
 RUNS = {"v1 (training run)": "reports/nvidia-h100/training/results.csv",
         "v2a (call 2)": "reports/nvidia-h100/v2a-call2/results.csv",
-        "v2b (calls 3+4)": "reports/nvidia-h100/results.csv"}
+        "v2b (calls 3+4)": "7d92ff7:reports/nvidia-h100/results.csv"}
+
+
+def read_results(where: str) -> pd.DataFrame:
+    """A results CSV from the working tree, or from a commit when ``where`` is "commit:path"."""
+    if ":" not in where:
+        return pd.read_csv(where)
+    text = subprocess.run(["git", "show", where], capture_output=True, text=True, check=True).stdout
+    return pd.read_csv(io.StringIO(text))
 
 
 def main() -> None:
     rows = []
     for run, f in RUNS.items():
-        df = pd.read_csv(f)
+        df = read_results(f)
         df = df[(df.ok == 1) & (df["mode"] == "fwd_nograd")].assign(shape=lambda d: d.problem.str.split(",").str[0])
         for (op, shape, dtype), g in df[df.op.isin(["softmax", "rms_norm", "layer_norm"])].groupby(
                 ["op", "shape", "dtype"]):
