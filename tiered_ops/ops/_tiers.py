@@ -53,40 +53,57 @@ def _triton_function_holders() -> list[Any]:
     return [*mods, tl.tensor]
 
 
-def interpreter_ready() -> str | None:
-    """None when every Triton function a kernel may call runs on the interpreter, else why not.
+def _interpreted_launch() -> str | None:
+    """None when torch launches interpreted kernels through ``wrap_triton`` (torch >= 2.13), else why not."""
+    from torch.library import wrap_triton
+    from triton.runtime.interpreter import InterpretedFunction
 
-    ``@triton.jit`` reads TRITON_INTERPRET when it defines a function. When triton was imported before the variable
-    was set (by torch or a test suite before ``import tiered_ops``), triton's library functions are compiled-only
-    and a kernel calling ``tl.max`` fails inside the interpreter with "Cannot call @triton.jit'd outside of the scope
-    of a kernel". Those functions are made again here as interpreted ones, as ``@triton.jit`` makes them when the
-    variable is set first (their Python source is the same); the check runs once per process.
-    """
-    if _late_interpreter:
-        return _late_interpreter[0]
     try:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
+        wrap_triton(InterpretedFunction(_triton_function_holders))  # checks the kernel's type only, launches nothing
+    except RuntimeError as e:
+        return (f"torch {torch.__version__} cannot launch Triton kernels on the interpreter ({e}); torch >= 2.13 "
+                "can, or run the Triton tier on a GPU")
+    return None
 
-        remade: dict[int, Any] = {}
-        for holder in _triton_function_holders():
-            for name, value in list(vars(holder).items()):
-                if isinstance(value, JITFunction):
-                    if id(value) not in remade:
-                        remade[id(value)] = InterpretedFunction(value.fn)
-                    setattr(holder, name, remade[id(value)])
-        if remade:
-            log.info("TRITON_INTERPRET=1 was set after triton was imported: %d Triton functions made again for the "
-                     "interpreter", len(remade))
-        left = sorted(f"{getattr(h, '__name__', h)}.{n}" for h in _triton_function_holders()
-                      for n, v in vars(h).items() if isinstance(v, JITFunction))
-        why = (f"triton was imported before TRITON_INTERPRET=1 was set and {', '.join(left[:3])} stay compiled-only; "
-               "set TRITON_INTERPRET=1 before anything imports triton") if left else None
-    except Exception as e:  # a triton whose internals differ: the tier says why instead of failing in a kernel
-        why = (f"triton was imported before TRITON_INTERPRET=1 was set and its functions could not be made for the "
-               f"interpreter ({type(e).__name__}: {e}); set TRITON_INTERPRET=1 before anything imports triton")
-    _late_interpreter.append(why)
-    return why
+
+def _remake_for_interpreter() -> str | None:
+    """Triton functions defined before TRITON_INTERPRET=1 was set, made again as interpreted ones; None or why not."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    remade: dict[int, Any] = {}
+    for holder in _triton_function_holders():
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in remade:
+                    remade[id(value)] = InterpretedFunction(value.fn)
+                setattr(holder, name, remade[id(value)])
+    if remade:
+        log.info("TRITON_INTERPRET=1 was set after triton was imported: %d Triton functions made again for the "
+                 "interpreter", len(remade))
+    left = sorted(f"{getattr(h, '__name__', h)}.{n}" for h in _triton_function_holders()
+                  for n, v in vars(h).items() if isinstance(v, JITFunction))
+    return (f"triton was imported before TRITON_INTERPRET=1 was set and {', '.join(left[:3])} stay compiled-only; "
+            "set TRITON_INTERPRET=1 before anything imports triton") if left else None
+
+
+def interpreter_ready() -> str | None:
+    """None when the Triton tier runs on the interpreter in this process, else why not (checked once per process).
+
+    torch must launch interpreted kernels through ``wrap_triton``. And ``@triton.jit`` reads TRITON_INTERPRET when it
+    defines a function: when triton was imported before the variable was set (by torch or a test suite before
+    ``import tiered_ops``), triton's library functions are compiled-only and a kernel calling ``tl.max`` fails inside
+    the interpreter with "Cannot call @triton.jit'd outside of the scope of a kernel". Those functions are made again
+    as interpreted ones, as ``@triton.jit`` makes them when the variable is set first (the same Python source).
+    """
+    if not _late_interpreter:
+        try:
+            why = _interpreted_launch() or _remake_for_interpreter()
+        except Exception as e:  # a triton whose internals differ: the tier says why instead of failing in a kernel
+            why = (f"the Triton interpreter could not be set up ({type(e).__name__}: {e}); where triton was imported "
+                   "first, set TRITON_INTERPRET=1 before anything imports triton")
+        _late_interpreter.append(why)
+    return _late_interpreter[0]
 
 
 def _triton_load(spec: OpSpec) -> str | None:
