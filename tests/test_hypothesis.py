@@ -1,5 +1,6 @@
-"""Property-based parity on the CPU: random shapes, dims, dtypes and options; eager vs the Triton interpreter
-(forward and backward, against float64), and a few draws through torch.compile."""
+"""Property-based checks on the CPU: random shapes, dims, dtypes and options; eager (against the float64 formulas of
+helpers.truth64) and the Triton interpreter (through the gate), forward and backward, and a few draws through
+torch.compile."""
 
 import zlib
 

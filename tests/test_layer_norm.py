@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
 
 import tiered_ops
 from tiered_ops.ops.layer_norm import _problem as P
@@ -50,7 +50,24 @@ def test_non_trailing_dim_through_movedim(impl):
     x = torch.randn(6, 40, 9, device=dev).movedim(1, -1)
     w, b = torch.randn(40, device=dev), torch.randn(40, device=dev)
     assert not x.is_contiguous()
-    assert rel(fn(x, (40,), w, b), ref64("layer_norm", x, (40,), w, b)) < 1e-5
+    assert rel(fn(x, (40,), w, b), truth64("layer_norm", x, (40,), w, b)) < 1e-5
+
+
+@pytest.mark.parametrize("n", [100, 20003], ids=["one-block", "looped"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_special_values_match_the_math(impl, n):
+    # (x - mean) / sqrt(var + eps) * w + b in IEEE float64: a NaN makes its row NaN, and so does a +-inf (the mean is
+    # infinite, x - mean is -inf or NaN, the variance NaN); the other rows are untouched
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("layer_norm").impls[impl].fn
+    y, w, b = torch.randn(5, n, device=dev), torch.randn(n, device=dev), torch.randn(n, device=dev)
+    y[0, 3] = float("nan")
+    y[1, :] = float("-inf")
+    y[2, n - 1] = float("inf")
+    y[3, 0], y[3, 7] = float("inf"), float("-inf")
+    want = truth64("layer_norm", y, (n,), w, b)
+    assert want[:4].isnan().all() and want[4].isfinite().all()
+    assert_like_truth(fn(y, (n,), w, b), want, 1e-5, f"layer_norm/{impl} special values, rows of {n}")
 
 
 @pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])

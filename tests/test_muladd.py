@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
 
 import tiered_ops
 from tiered_ops.ops.muladd import _problem as P
@@ -31,7 +31,24 @@ def test_non_contiguous_and_misaligned(impl):
     fn = tiered_ops.get_op("muladd").impls[impl].fn
     a, b = torch.randn(50, 70, device=dev).t(), torch.randn(70, 50, device=dev)
     c = torch.randn(70 * 50 + 1, device=dev)[1:].view(70, 50)  # storage offset: not 16-byte aligned
-    assert rel(fn(a, b, c), ref64("muladd", a, b, c)) < 1e-6
+    assert rel(fn(a, b, c), truth64("muladd", a, b, c)) < 1e-6
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["eager_addcmul"])
+def test_special_values_match_the_math(impl):
+    # IEEE 754: inf * 0 and inf - inf are NaN, NaN stays NaN, inf * finite + finite keeps its sign
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("muladd").impls[impl].fn
+    inf, nan = float("inf"), float("nan")
+    cases = [(inf, 0.0, 1.0, nan), (0.0, -inf, 1.0, nan), (inf, 1.0, -inf, nan), (nan, 0.0, 1.0, nan),
+             (2.0, 3.0, nan, nan), (-inf, 2.0, 1.0, -inf), (2.0, 3.0, inf, inf), (-2.0, inf, -inf, -inf)]
+    n = 40  # beyond one vector of any CPU path and the scalar tail
+    a, b, c = (torch.randn(n, device=dev) for _ in range(3))
+    for k, (av, bv, cv, _) in enumerate(cases):
+        a[3 * k], b[3 * k], c[3 * k] = av, bv, cv
+    want = truth64("muladd", a, b, c)
+    assert all(w == v or w != w and v != v for w, v in zip(want[::3].tolist(), [e[3] for e in cases]))
+    assert_like_truth(fn(a, b, c), want, 1e-6, f"muladd/{impl} special values")
 
 
 @pytest.mark.parametrize("impl", ["eager", "triton", pytest.param("cuda", marks=gpu)])

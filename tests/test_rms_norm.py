@@ -1,6 +1,17 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+from helpers import (
+    DTYPES,
+    IMPLS,
+    assert_like_truth,
+    assert_matches,
+    device_for,
+    gpu,
+    rel,
+    torch_rms_norm_deviation,
+    truth64,
+    xfail_if,
+)
 
 import tiered_ops
 from tiered_ops.ops.rms_norm import _problem as P
@@ -40,10 +51,32 @@ def test_non_contiguous_and_default_eps(impl):
     fn = tiered_ops.get_op("rms_norm").impls[impl].fn
     x = torch.randn(96, 40, device=dev).t()  # (40, 96), strided
     w = torch.randn(96, device=dev)
-    assert rel(fn(x, (96,), w), ref64("rms_norm", x, (96,), w, torch.finfo(torch.float32).eps)) < 1e-5
-    # eps=None is finfo(x.dtype).eps, as in F.rms_norm: visible on a row of tiny values.
+    assert rel(fn(x, (96,), w), truth64("rms_norm", x, (96,), w, torch.finfo(torch.float32).eps)) < 1e-5
+    # eps=None is finfo(x.dtype).eps, as in F.rms_norm: visible on a row of tiny values (1e-4 / sqrt(1e-8 + 1.2e-7)).
     tiny = torch.full((2, 8), 1e-4, device=dev)
-    assert rel(fn(tiny, 8), torch.nn.functional.rms_norm(tiny, (8,))) < 1e-5
+    want = truth64("rms_norm", tiny, (8,))
+    assert want[0, 0].item() == pytest.approx(1e-4 / (1e-8 + torch.finfo(torch.float32).eps) ** 0.5, rel=1e-6)
+    assert rel(fn(tiny, 8), want) < 1e-5
+
+
+@pytest.mark.parametrize("n", [100, 20003], ids=["one-block", "looped"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_special_values_match_the_math(impl, n, request):
+    # x / sqrt(mean(x^2) + eps) * w in IEEE float64: a NaN makes its row NaN; in a row holding +-inf the mean square
+    # is inf, so each infinite entry is NaN (inf / inf) and each finite one 0
+    dev = device_for(impl)
+    if impl == "eager":
+        xfail_if(request, torch_rms_norm_deviation(dev.type))
+    fn = tiered_ops.get_op("rms_norm").impls[impl].fn
+    y, w = torch.randn(5, n, device=dev), torch.randn(n, device=dev)
+    y[0, 3] = float("nan")
+    y[1, :] = float("-inf")
+    y[2, n - 1] = float("inf")
+    y[3, 0], y[3, 7] = float("inf"), float("-inf")
+    want = truth64("rms_norm", y, (n,), w)
+    assert want[[0, 1]].isnan().all() and want[2, -1].isnan() and want[3, [0, 7]].isnan().all()
+    assert (want[2, :-1] == 0).all() and want[4].isfinite().all()
+    assert_like_truth(fn(y, (n,), w), want, 1e-5, f"rms_norm/{impl} special values, rows of {n}")
 
 
 @pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_matches, device_for, gpu, ref64, rel
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
 
 import tiered_ops
 from tiered_ops.ops.softmax import _problem as P
@@ -37,20 +37,30 @@ def test_giant_row(impl, dtype):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_non_contiguous_and_special_values(impl):
+def test_non_contiguous(impl):
     dev = device_for(impl)
     fn = tiered_ops.get_op("softmax").impls[impl]
     assert fn.why_not(dev) is None
     x = torch.randn(300, 130, device=dev).t()  # transposed: rows are strided
-    assert rel(fn.fn(x, -1), ref64("softmax", x, -1)) < 1e-5
-    y = torch.randn(4, 100, device=dev)
-    y[0, 3] = float("nan")  # NaN row stays NaN, as in torch
-    y[1, :] = float("-inf")  # all -inf row: NaN in torch
-    y[2, 5] = float("-inf")  # one -inf: exactly 0 there
-    out, ref = fn.fn(y, -1), torch.softmax(y, -1)
-    assert torch.equal(torch.isnan(out), torch.isnan(ref))
-    assert out[2, 5].item() == 0.0
-    assert rel(out[2:], ref[2:]) < 1e-5
+    assert rel(fn.fn(x, -1), truth64("softmax", x, -1)) < 1e-5
+
+
+@pytest.mark.parametrize("n", [100, 20003], ids=["one-block", "looped"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_special_values_match_the_math(impl, n):
+    # exp(x - max) / sum in IEEE float64: a NaN, a +inf (inf / inf) or an all -inf row (0 / 0) is NaN everywhere,
+    # a single -inf is exactly 0 there and the rest of its row is the softmax of the rest
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("softmax").impls[impl].fn
+    y = torch.randn(6, n, device=dev)
+    y[0, 3] = float("nan")
+    y[1, :] = float("-inf")
+    y[2, 5] = float("-inf")
+    y[3, n - 1] = float("inf")
+    y[4, 0], y[4, 7] = float("inf"), float("-inf")
+    want = truth64("softmax", y, -1)
+    assert want[[0, 1, 3, 4]].isnan().all() and want[2, 5].item() == 0.0 and want[[2, 5]].isfinite().all()
+    assert_like_truth(fn(y, -1), want, 1e-5, f"softmax/{impl} special values, rows of {n}")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
