@@ -87,9 +87,11 @@ def test_triton_tier_works_when_triton_was_imported_first(first, supported_order
     assert outcome(run_fresh(first, tmp_path)) == supported_order
 
 
-def test_triton_tier_says_why_when_the_interpreter_cannot_be_brought_up(tmp_path):
+def test_triton_tier_says_why_when_the_interpreter_cannot_be_brought_up(supported_order, tmp_path):
     # A triton whose functions cannot be made again for the interpreter: the tier is unavailable with the reason,
     # and a call says so instead of failing inside a kernel.
+    if supported_order != "MATCHES":
+        pytest.skip(f"the Triton tier does not run on this CPU in any order: {supported_order}")
     first = """
     import triton
     import triton.runtime.interpreter as interp
