@@ -11,11 +11,13 @@
 namespace tiered_ops {
 
 __device__ __forceinline__ float gelu_f(float v, bool tanh_approx) {
+  if (v == -INFINITY) return 0.f;  // the limit; the formula gives -inf * 0 = NaN
   if (tanh_approx) return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
   return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
 }
 
 __device__ __forceinline__ float gelu_grad_f(float v, bool tanh_approx) {
+  if (isinf(v)) return v > 0.f ? 1.f : 0.f;  // the limits, not +-inf * 0
   if (tanh_approx) {
     const float t = tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v));
     return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * 0.7978845608028654f * (1.f + 0.134145f * v * v);

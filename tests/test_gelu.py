@@ -51,9 +51,10 @@ def test_non_contiguous_and_extremes(impl):
 
 
 # gelu at a special value is its limit there, for both approximations: gelu(+inf) = +inf, gelu(-inf) = 0 (x * Phi(x)
-# -> 0), gelu(NaN) = NaN. Our kernels evaluate 0.5 * x * (1 + erf(...)) (or tanh), which is -inf * 0 = NaN at -inf.
+# -> 0), gelu(NaN) = NaN; its derivative tends to 1 at +inf and 0 at -inf. The formula 0.5 * x * (1 + erf(...)) alone
+# gives -inf * 0 = NaN at -inf: our kernels take the limits there.
 SPECIAL = {"nan": (float("nan"), float("nan")), "+inf": (float("inf"), float("inf")), "-inf": (-float("inf"), 0.0)}
-KERNEL_AT_MINUS_INF = "our kernels compute 0.5 * x * (1 + erf(x / sqrt 2)) (or tanh): -inf * 0 is NaN at -inf"
+GRAD_LIMIT = {"nan": float("nan"), "+inf": 1.0, "-inf": 0.0}
 
 
 @pytest.mark.parametrize("value", SPECIAL)
@@ -64,14 +65,30 @@ def test_special_values_match_the_math(impl, approximate, value, request):
     v, limit = SPECIAL[value]
     if impl == "eager":
         xfail_if(request, torch_gelu_deviation(dev.type, approximate, v))
-    elif value == "-inf":
-        xfail_if(request, KERNEL_AT_MINUS_INF)
     fn = tiered_ops.get_op("gelu").impls[impl].fn
     x = torch.linspace(-8.0, 8.0, 33, device=dev)  # 33 elements: vectorized paths and a tail
     x[0] = x[17] = v
     want = truth64("gelu", x, None, approximate)
     assert all(w == limit or math.isnan(w) and math.isnan(limit) for w in want[[0, 17]].tolist())
     assert_like_truth(fn(x, None, approximate), want, 1e-5, f"gelu/{impl} approximate={approximate} at {value}")
+
+
+@pytest.mark.parametrize("value", SPECIAL)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_special_values_of_the_gradient_are_its_limits(impl, approximate, value):
+    """Our backward kernels: gelu'(+inf) = 1, gelu'(-inf) = 0, NaN at NaN; finite entries as the float64 math."""
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("gelu").impls[impl].fn
+    x = torch.linspace(-8.0, 8.0, 33, device=dev)
+    x[0] = x[17] = SPECIAL[value][0]
+    x.requires_grad_(True)
+    (dx,) = torch.autograd.grad(fn(x, None, approximate), x, torch.ones(33, device=dev))
+    limit = GRAD_LIMIT[value]
+    assert all(g == limit or math.isnan(g) and math.isnan(limit) for g in dx[[0, 17]].tolist()), dx[[0, 17]]
+    x64 = x.detach().double()[1:17].requires_grad_(True)
+    (want,) = torch.autograd.grad(truth64("gelu", x64, None, approximate).sum(), x64)
+    assert rel(dx[1:17], want) < 1e-5
 
 
 @pytest.mark.parametrize("impl", ["eager", "triton", pytest.param("cuda", marks=gpu)])

@@ -42,6 +42,7 @@ def _gelu_fwd(x_ptr, b_ptr, y_ptr, numel, n_cols, HAS_B: tl.constexpr, TANH: tl.
         y = 0.5 * v * (1.0 + _tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
     else:
         y = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    y = tl.where(v == -float("inf"), 0.0, y)  # the limit; the formula gives -inf * 0 = NaN
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -56,6 +57,7 @@ def _gelu_bwd(dy_ptr, x_ptr, b_ptr, dx_ptr, numel, n_cols, HAS_B: tl.constexpr, 
         d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * v * v)
     else:
         d = 0.5 * (1.0 + tl.math.erf(v * 0.7071067811865476)) + v * 0.3989422804014327 * tl.exp(-0.5 * v * v)
+    d = tl.where(v == float("inf"), 1.0, tl.where(v == -float("inf"), 0.0, d))  # the limits, not +-inf * 0
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(dx_ptr + offs, (dy * d).to(dx_ptr.dtype.element_ty), mask=mask)
 
