@@ -1,13 +1,25 @@
-"""The store under abuse: foreign and damaged files at its path, two processes writing at once."""
+"""The store under abuse: foreign and damaged files at its path, two processes writing at once, paths where no store
+can be, stores that cannot be written, failures that were the environment's."""
 
+import logging
+import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
-from tiered_ops.store import Store, StoreWarning
+import tiered_ops
+from tiered_ops import select as sel_mod
+from tiered_ops.bench import sweep
+from tiered_ops.measure import base_row
+from tiered_ops.registry import Impl, Tier, get_op
+from tiered_ops.store import Store, StoreError, StoreWarning
+from tiered_ops.timing import fingerprint
 
 ROW = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="1", dtype="fp32", device_key="d", ok=1,
            source_hash="h", timestamp=1.0)
@@ -87,9 +99,9 @@ def test_two_processes_writing_at_once_lose_nothing(path):
 def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
     """A store written before the host spread existed (schema 2) opens with the new columns (empty in old rows),
     its rows intact, and rows come back in the declared column order whatever order the table has."""
-    from tiered_ops.store import COLUMN_NAMES, COLUMNS
+    from tiered_ops.store import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION
 
-    old = [(n, t) for n, t in COLUMNS if n not in ("host_p20_us", "host_p80_us")]
+    old = [(n, t) for n, t in COLUMNS if n not in ("host_p20_us", "host_p80_us", "env")]
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     con.execute(f"CREATE TABLE measurements (id INTEGER PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in old)})")
@@ -107,4 +119,216 @@ def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
     assert list(row) == ["id", *COLUMN_NAMES]
     store.add([dict(row, id=None, host_p20_us=7.5, host_p80_us=9.0)])
     assert store.rows()[-1]["host_p80_us"] == 9.0
-    assert store.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "3"
+    assert store.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    assert row["env"] is None  # schema 4: a failure's build environment, and the claims of concurrent sweeps
+    assert store.conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 0
+
+
+# ------------------------------------------------------------------------------------ paths where no store can be
+def _writes_blocked(directory: Path) -> bool:
+    """Whether the permissions of ``directory`` stop this process writing in it (they do not for root)."""
+    probe = directory / ".probe"
+    try:
+        probe.write_bytes(b"")
+    except OSError:
+        return True
+    probe.unlink()
+    return False
+
+
+@pytest.fixture
+def locked_dir(tmp_path):
+    """A directory chmod 0o555 (restored afterwards); the test is skipped where that does not stop writes."""
+    d = tmp_path / "locked"
+    d.mkdir()
+
+    def lock() -> Path:
+        d.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+        if not _writes_blocked(d):
+            pytest.skip("running as root: chmod 0o555 does not stop writes here (the read_only=True tests cover the "
+                        "read-only path)")
+        return d
+
+    yield d, lock
+    d.chmod(0o755)
+
+
+def test_a_directory_is_a_store_error_naming_it(tmp_path):
+    with pytest.raises(StoreError, match=f"{tmp_path}: is a directory") as e:
+        Store(tmp_path)
+    assert isinstance(e.value, OSError)
+
+
+def test_a_file_where_a_directory_must_be_is_a_store_error(tmp_path):
+    (tmp_path / "notes").write_text("a file")
+    with pytest.raises(StoreError, match="notes is a file, not a directory"):
+        Store(tmp_path / "notes" / "results.sqlite")
+
+
+def test_a_path_under_a_missing_parent_that_cannot_be_created_is_a_store_error(locked_dir):
+    d, lock = locked_dir
+    path = lock() / "missing" / "results.sqlite"
+    with pytest.raises(StoreError, match=f"{path}: no store there and none can be created: directory {d} is not"):
+        Store(path)
+    assert not (d / "missing").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (nothing can be created in it)")
+def test_a_path_where_the_directory_cannot_be_made_is_a_store_error_even_for_root():
+    path = Path("/proc/tiered-ops-missing/results.sqlite")
+    with pytest.raises(StoreError, match=str(path)):
+        Store(path)
+
+
+def _valid_store(path: Path) -> None:
+    store = Store(path)
+    store.add([ROW])
+    store.close()
+
+
+def test_a_valid_store_in_a_read_only_directory_is_read_not_moved_aside(locked_dir, caplog):
+    d, lock = locked_dir
+    path = d / "results.sqlite"
+    _valid_store(path)
+    before = sorted(p.name for p in d.iterdir())
+    lock()
+    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        store = Store(path)
+        store.add([dict(ROW, problem="2")])
+    assert [r["problem"] for r in store.rows()] == ["1", "2"]  # served from it, the new one kept in memory
+    assert store.moved_aside is None and "not writable" in store.kept_in_memory
+    assert sorted(p.name for p in d.iterdir()) == before
+    assert f"{path} cannot be written" in caplog.text and "kept in memory" in caplog.text
+    d.chmod(0o755)
+    assert [r["problem"] for r in Store(path).rows()] == ["1"]
+
+
+def test_a_store_opened_read_only_serves_its_rows_and_keeps_new_ones_in_memory(path, caplog):
+    _valid_store(path)
+    data = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        store = Store(path, read_only=True)
+        store.add([dict(ROW, problem="2")])
+    assert [r["problem"] for r in store.rows()] == ["1", "2"]
+    assert store.kept_in_memory == f"{path} cannot be written: opened read-only on request"
+    assert "opened read-only" in caplog.text and "1 new measurement(s) kept in memory only" in caplog.text
+    assert path.read_bytes() == data and [r["problem"] for r in Store(path).rows()] == ["1"]
+
+
+def test_a_damaged_store_that_cannot_be_written_is_a_store_error_not_moved(path):
+    path.write_bytes(b"my notes, not a database\n" * 100)
+    with pytest.raises(StoreError, match=f"{path}: not an SQLite file; it cannot be moved aside"):
+        Store(path, read_only=True)
+    assert path.read_bytes() == b"my notes, not a database\n" * 100 and not _aside(path)
+
+
+SOFTMAX = get_op("softmax")
+
+
+@pytest.fixture
+def two_softmaxes(monkeypatch):
+    """softmax with eager and one more correct implementation (fast to measure on the CPU)."""
+    impls = {"eager": SOFTMAX.impls["eager"],
+             "again": Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))}
+    monkeypatch.setattr(SOFTMAX, "impls", impls)
+    return impls
+
+
+@pytest.mark.parametrize("how", ["read_only", "chmod"])
+def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, locked_dir, caplog):
+    d, lock = locked_dir
+    path = d / "results.sqlite"
+    tiered_ops.use_store(str(path))
+    tiered_ops.softmax(torch.randn(4, 8))  # a valid store with a decision for another shape
+    tiered_ops.use_store(Store(path, read_only=True) if how == "read_only" else str(lock() / "results.sqlite"))
+    n = len(Store(path, read_only=True).rows())
+    x = torch.randn(64, 300)
+    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        y = tiered_ops.softmax(x)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert "kept in memory only" in caplog.text
+    assert len(sel_mod.get_store().rows()) == n + 2  # measured here (2 implementations), kept in memory
+    assert len(Store(path, read_only=True).rows()) == n  # the file is as it was
+
+
+def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path))  # a directory
+    monkeypatch.setattr(sel_mod, "_store", None)  # first use in a new process
+    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
+    x = torch.randn(64, 300)
+    with caplog.at_level(logging.WARNING, logger="tiered_ops"):
+        y = tiered_ops.softmax(x)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert f"{tmp_path}: is a directory" in caplog.text and "runs eager" in caplog.text
+    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False)].name == "eager"
+    assert "is a directory" in sel_mod.get_store().unusable
+
+
+def test_model_code_runs_eager_when_the_store_fails_while_deciding(two_softmaxes, monkeypatch, caplog):
+    def full(rows):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(sel_mod.get_store(), "add", full)
+    x = torch.randn(64, 300)
+    with caplog.at_level(logging.WARNING, logger="tiered_ops"):
+        y = tiered_ops.softmax(x)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert "disk is full" in caplog.text
+    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False)].name == "eager"
+
+
+# ----------------------------------------------------------------------- failures that were the environment's
+@pytest.fixture
+def needs_cxx(monkeypatch, tmp_path):
+    """softmax with eager, an implementation that raises while no ``c++`` is on PATH (a compile tier without its
+    compiler) and one that is wrong (its failure is its own); PATH starts without any compiler."""
+    def compiled(x, dim=-1):
+        if shutil.which("c++") is None:
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return torch.softmax(x, dim)
+
+    impls = {"eager": SOFTMAX.impls["eager"],
+             "needs_cxx": Impl("needs_cxx", Tier.COMPILE, compiled, (SOFTMAX.source,)),
+             "wrong": Impl("wrong", Tier.TRITON, lambda x, dim=-1: x.clone(), (SOFTMAX.source,))}
+    monkeypatch.setattr(SOFTMAX, "impls", impls)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return bin_dir
+
+
+def _install_cxx(bin_dir: Path) -> None:
+    cxx = bin_dir / "c++"
+    cxx.write_text("#!/bin/sh\n")
+    cxx.chmod(0o755)
+
+
+def test_an_environment_failure_is_measured_again_after_the_environment_changes(needs_cxx, private_store):
+    first = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    cands = {c["impl"]: c for c in first.record["candidates"]}
+    assert cands["needs_cxx"]["ok"] == 0 and "InvalidCxxCompiler" in cands["needs_cxx"]["reason"]
+    (failed,) = Store(private_store).rows(impl="needs_cxx")
+    assert '"c++":null' in failed["env"]
+    assert Store(private_store).rows(impl="wrong")[0]["env"] is None  # a wrong answer is the kernel's own
+    sel_mod.clear_cache()
+    tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")  # same environment: the failure stands
+    assert len(Store(private_store).rows()) == 3
+    _install_cxx(needs_cxx)
+    sel_mod.clear_cache()
+    again = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
+    rows = Store(private_store).rows()
+    assert [r["impl"] for r in rows[3:]] == ["needs_cxx"]  # measured again, alone
+    assert rows[-1]["ok"] == 1 and rows[-1]["env"] is None
+    assert {c["impl"]: c for c in again.record["candidates"]}["needs_cxx"]["ok"] == 1
+
+
+def test_a_sweep_measures_again_a_failure_recorded_in_another_environment(needs_cxx, private_store):
+    _install_cxx(needs_cxx)
+    store, problem, cpu = Store(private_store), SOFTMAX.problem((64, 300)), torch.device("cpu")
+    rows = {name: base_row(SOFTMAX, SOFTMAX.impls[name], problem, torch.float32, "fwd_nograd", fingerprint(cpu))
+            for name in ("needs_cxx", "wrong")}
+    store.add([dict(rows["needs_cxx"], reason="first call raised: InvalidCxxCompiler", env='{"tools":{"c++":null}}'),
+               dict(rows["wrong"], reason="wrong output at 64x300")])  # recorded where no compiler was; a wrong one
+    sweep([SOFTMAX], {"softmax": [problem]}, [torch.float32], cpu, store, progress=False, log=lambda s: None,
+          modes=["fwd_nograd"], cost_metadata=False, impls=["needs_cxx", "wrong"])
+    assert [(r["impl"], r["ok"]) for r in store.rows()[2:]] == [("needs_cxx", 1)]

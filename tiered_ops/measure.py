@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from .environment import environment
 from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_mode, rel_error
 from .timing import COPY_BYTES, Fingerprint, copy_bandwidth_gbps, fingerprint, sync, time_call
 
@@ -244,7 +245,7 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
     why = impl.why_not(device, dtype)
     if why:
-        row["reason"] = f"unavailable: {why}"
+        row.update(reason=f"unavailable: {why}", env=environment())  # failures that may be the environment's
         return row
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
@@ -253,13 +254,15 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
         call()  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
         sync(device)
     except Exception as e:
-        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0)
+        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
         return row
     row["first_call_s"] = time.perf_counter() - t0
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row["reason"] = why
+        if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
+            row["env"] = environment()
         return row
     row["ok"] = 1
     not_timeable = impl.timeable(device)

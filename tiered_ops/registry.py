@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+from .environment import environment
+
 
 def package_dir(name: str) -> Path:
     """The directory of the importable package ``name`` (``triton_src``, ``cuda_src``: the kernel sources), wherever
@@ -144,9 +146,12 @@ class OpSpec:
         return bwd if mode == "bwd" else fwd + bwd
 
     def fresh_impl(self, row: dict) -> Impl | None:
-        """The implementation a stored row measured, if it still exists with the same source; else None."""
+        """The implementation a stored row measured, if it still exists with the same source and, for a failure
+        stored with its build environment (``env``), that environment is still this process's; else None."""
         impl = self.impls.get(row["impl"])
-        return impl if impl is not None and row["source_hash"] == impl.source_hash else None
+        if impl is None or row["source_hash"] != impl.source_hash:
+            return None
+        return None if row.get("env") and row["env"] != environment() else impl
 
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:

@@ -34,7 +34,7 @@ import torch
 from .measure import bucket_str, gate, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
 from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode, get_op
-from .store import Store
+from .store import STORE_ERRORS, Store, open_store
 from .timing import caller_range, default_device, fingerprint
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,8 @@ def default_policy() -> tuple[str, int | None]:
 
 
 def use_store(store: Store | str | None) -> Store:
-    """Point selection at a store (object or path); None re-reads TIERED_OPS_DB."""
+    """Point selection at a store (object or path); None re-reads TIERED_OPS_DB. A path where no store can be
+    opened raises ``StoreError`` (naming it and what is wrong); a valid store that cannot be written is read-only."""
     global _store
     with _lock:
         if _store is not None and _store is not store:
@@ -90,8 +91,10 @@ def use_store(store: Store | str | None) -> Store:
 
 
 def get_store() -> Store:
+    """The store in use; first use opens TIERED_OPS_DB's, or where none can be opened there, an empty in-memory
+    store (``unusable`` says why, the log warns once), so model code keeps running."""
     with _lock:
-        return _store if _store is not None else use_store(None)
+        return _store if _store is not None else use_store(open_store())
 
 
 def clear_cache() -> None:
@@ -364,7 +367,17 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
-    sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode="fwd+bwd" if train else "fwd_nograd")
+    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
+    # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
+    unusable = not torch.compiler.is_compiling() and get_store().unusable
+    try:
+        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
+                             mode="fwd+bwd" if train else "fwd_nograd")
+    except STORE_ERRORS as e:
+        log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
+        eager = spec.impls["eager"]
+        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
+                                              reason=f"the store failed: {e}: eager", candidates=[]))
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel

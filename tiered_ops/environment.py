@@ -1,0 +1,48 @@
+"""The build environment a failure can depend on: which compilers and build tools are on PATH (resolved), the
+compiler variables, the Python executable and the torch/Triton versions.
+
+A candidate that failed with an exception (unavailable here, raised while compiling, building or importing) may
+have failed for its environment rather than for its code: a missing C++ compiler fails the compile tier, and
+installing one fixes it. Such a failure is stored with :func:`environment`, and a stored failure whose
+environment differs from the current one is not fresh (``OpSpec.fresh_impl``): the next sweep or selection
+measures the candidate again. A wrong answer is the kernel's own and is stored without one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import sys
+
+TOOLS = ("cc", "c++", "gcc", "g++", "clang", "clang++", "nvcc", "ninja")
+VARIABLES = ("CC", "CXX", "CUDA_HOME")
+
+
+def _resolved(exe: str | None) -> str | None:
+    return os.path.realpath(exe) if exe else None
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    import torch
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "none"
+    return {"python": sys.executable, "torch": torch.__version__, "triton": triton}
+
+
+def environment() -> str:
+    """This process's build environment as compact JSON with sorted keys (equal environments give equal strings).
+
+    Looked up on every call (a few ``stat``s), not cached: a compiler installed while a process runs counts."""
+    tools = {t: _resolved(shutil.which(t)) for t in TOOLS}
+    variables = {v: os.environ.get(v) for v in VARIABLES}
+    compilers = {f"{v} resolved": _resolved(shutil.which(variables[v] or "")) for v in ("CC", "CXX")}
+    return json.dumps({"tools": tools, **variables, **compilers, **_versions()}, sort_keys=True,
+                      separators=(",", ":"))
