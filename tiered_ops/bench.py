@@ -3,7 +3,9 @@
 Each measurement is committed to the store as soon as it is taken, so an interrupted sweep keeps
 what it finished (a crashing or hanging candidate costs itself only when isolated in a worker); a
 measurement that is already stored with the current source hash for this device
-is reused rather than taken again (``force=True`` re-measures).
+is reused rather than taken again (``force=True`` re-measures). Sweeps sharing one store claim each candidate
+before measuring it (``Store.claim``): one that another sweep holds is left for later, then taken from the store
+once that sweep stored it, or measured here if its claim expires (a dead or stuck sweep).
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ from .store import Store
 from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint, overlap
 from .worker import Pool
 
+CLAIM_POLL_S = 0.5  # how often a sweep looks again at candidates another sweep holds
 
-def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str) -> dict:
-    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode)
+
+def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str,
+           since: float = -math.inf, **where: str) -> dict:
+    """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns."""
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
+                      **where)
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins; one timed on a busy machine is redone
-        if spec.fresh_impl(r) is not None and not contended(r):
+        if spec.fresh_impl(r) is not None and not contended(r) and r["timestamp"] >= since:
             out[r["impl"]] = r
     return out
 
@@ -93,18 +100,21 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         if device.type == "cpu":
             log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
                 "correctness only; CUDA unavailable)")
-        results, measured, broken, started, busy = [], 0, {}, time.perf_counter(), 0
-        fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
-        bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
-        for spec, problem, dtype, mode, impl in bar:
-            what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
-            bar.set_description(what)
-            case = (spec.name, str(problem), dtype, mode)
-            if not force and case not in fresh:
-                fresh.clear()  # cases come in order: only the current one is needed
-                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode)
-            done = None if force else fresh[case].get(impl.name)
-            if done is None:
+        measured, broken, started, busy = 0, {}, time.perf_counter(), 0
+        # a claim outlives the longest a candidate may take; with force, a row another sweep took after this one
+        # started counts as done
+        ttl, since = 2 * timeout_s + 60, time.time() if force else -math.inf
+
+        def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl) -> tuple[dict | None, bool]:
+            """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it."""
+            key = (spec.name, impl.name, str(problem), DTYPE_NAMES[dtype], mode, fp.key, impl.source_hash)
+            if not store.claim(key, ttl):
+                return None, False
+            try:
+                done = _fresh(store, spec, problem, dtype, fp.key, mode, since, impl=impl.name).get(impl.name)
+                if done is not None:  # another sweep stored it between our look and our claim
+                    return done, False
+                what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
                 if pool is None:
                     done = measure(spec, impl, problem, dtype, device, mode)
                 else:
@@ -114,14 +124,43 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                         broken[(spec.name, impl.name)] = why
                 store.add([done])
                 if contended(done):
-                    busy += 1
                     say(f"{what}: {done['reason']}: stored, excluded from decisions")
-                measured += 1
-                if not progress and measured % 50 == 0:
-                    log(f"{measured} measured ({len(results) + 1} of {len(todo)} done, "
+                return done, True
+            finally:
+                store.release(key)
+
+        results: list[dict | None] = [None] * len(todo)
+        waiting: list[int] = []  # candidates another sweep holds
+        fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
+        bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
+        for n, (spec, problem, dtype, mode, impl) in enumerate(bar):
+            bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
+            case = (spec.name, str(problem), dtype, mode)
+            if not force and case not in fresh:
+                fresh.clear()  # cases come in order: only the current one is needed
+                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode)
+            done = None if force else fresh[case].get(impl.name)
+            if done is None:
+                done, now = take(spec, problem, dtype, mode, impl)
+                measured, busy = measured + now, busy + (now and contended(done))
+                if now and not progress and measured % 50 == 0:
+                    log(f"{measured} measured ({n + 1} of {len(todo)} looked at, "
                         f"{time.perf_counter() - started:.0f} s)")
-            results.append(done)
+                if done is None:
+                    waiting.append(n)
+            results[n] = done
         bar.close()
+        if waiting:
+            log(f"{len(waiting)} candidate(s) claimed by another sweep on this store: taking them from the store once "
+                "it has stored them, or measuring them here if its claims expire")
+        while waiting:
+            for n in list(waiting):
+                results[n], now = take(*todo[n])
+                measured, busy = measured + now, busy + (now and contended(results[n]))
+                if results[n] is not None:
+                    waiting.remove(n)
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
         for spec, impl in with_progress([(s, i) for s in specs if cost_metadata for i in chosen(s)], progress):
             if (spec.name, impl.name) in broken:  # it would crash or hang again
                 why = broken[spec.name, impl.name]
