@@ -28,7 +28,7 @@ from .targets import LARGE_BYTES
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
 FLAG_SPEEDUP = 10.0
 HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
-SMALL_BYTES = 1 << 20  # the cross view's launch-bound cases, by bytes moved (large ones: issue 7's LARGE_BYTES)
+SMALL_BYTES = 1 << 20  # the cross view's launch-bound cases, by bytes moved (large ones: targets.LARGE_BYTES)
 
 
 def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:

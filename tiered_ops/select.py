@@ -189,7 +189,7 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
     its launch path (its fastest host time at any of them: the launch path does not grow with the shape) and its
     kernel time there, its shortest kernel time (the latency) plus the bytes ``problem`` moves at the bandwidth it
     reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
-    that latency (a launch-bound bucket says nothing of bandwidth). On an H100 (session 15), taking the nearest
+    that latency (a launch-bound bucket says nothing of bandwidth). On an H100, taking the nearest
     bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
     2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path."""
     target, nbytes = bucket_str(spec.bucket(problem)), spec.mode_bytes(problem, dtype, mode)
