@@ -61,3 +61,15 @@ def test_select_backend_fast_path_keys_on_the_resolved_device(monkeypatch):
         sel_mod.clear_cache()
     assert (first, second, again) == (torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 1))
     assert seen == [torch.device("cuda", 0), torch.device("cuda", 1)]  # the third call took the fast path
+
+
+def test_the_first_call_that_measures_says_so_once(private_store, caplog):
+    """A first call with no stored decision measures every implementation (seconds on a GPU): one log line names the
+    op, shape, dtype and how many implementations it measures; the second call of that bucket is silent."""
+    x = torch.randn(3, 17)
+    with caplog.at_level("INFO", logger="tiered_ops.select"):
+        tiered_ops.softmax(x)
+        tiered_ops.softmax(torch.randn(4, 17))  # same bucket: decided already
+    lines = [r.getMessage() for r in caplog.records if "measuring" in r.getMessage()]
+    n = sum(1 for i in get_op("softmax").impls.values() if i.tier != Tier.PEER)
+    assert len(lines) == 1 and "softmax 3x17" in lines[0] and "fp32" in lines[0] and f"measuring {n} impl" in lines[0]
