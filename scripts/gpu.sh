@@ -6,7 +6,7 @@
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
-#                 targets (issue 7: the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
+#                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
 #                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
@@ -77,7 +77,7 @@ PY
       ;;
     bench2)
       # The same sweep measured again (--force) into a second store: `tiered-ops report --repeat` turns the pair
-      # into the agreement rate of non-tied decisions (issue 6 asks for >= 95 %).
+      # into the agreement rate of non-tied decisions.
       echo "== bench, second time (for the agreement rate)"
       # STORE2: where the second store lives (a path outside $OUT survives to the next call on a warm machine).
       store2=${STORE2:-$OUT/store2.sqlite}
@@ -87,7 +87,7 @@ PY
       TIERED_OPS_DB=$store2 $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
       ;;
     targets)
-      echo "== targets (issue 7): regret grid + dispatch cost, decided from $TIERED_OPS_DB"
+      echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
       timeout --signal=INT "${TARGETS_TIMEOUT:-100000}" \
         $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live --out-dir "$OUT/targets" --results "$OUT/results.csv" \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
@@ -141,12 +141,12 @@ PY
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     diag)
-      # Issue 7 target 4: where the Triton tier's per-call host time goes, layer by layer.
+      # Where the Triton tier's per-call host time goes, layer by layer.
       echo "== diag: Triton launch paths"
       $PY scripts/diag/triton_launch.py 2>&1 | grep -v -E "UserWarning|warn_once" | tee "$OUT/diag.txt" || rc=1
       ;;
     ncu)
-      # Issue 7: Nsight Compute on the CUDA v2 forward vs Triton at the bf16 gap (clocks as they run).
+      # Nsight Compute on the CUDA v2 forward vs Triton at the bf16 gap (clocks as they run).
       echo "== ncu"
       timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \

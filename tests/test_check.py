@@ -78,8 +78,8 @@ def test_cli_exit_codes(tmp_path, capsys):
 
 @pytest.mark.parametrize("csv", ["reports/nvidia-h100/training/results.csv"])
 def test_the_committed_h100_evidence_is_checked_and_its_verdict_is_what_it_is(csv, capsys):
-    """Not a pass: the issue 3 training run measured kernel sources that have changed since, so the check calls
-    that evidence stale. This pins that the check reads real results and says so."""
+    """Not a pass: the training run (reports/nvidia-h100/training) measured kernel sources that have changed since,
+    so the check calls that evidence stale. This pins that the check reads real results and says so."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / csv

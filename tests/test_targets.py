@@ -1,4 +1,4 @@
-"""Issue 7's targets: the grid selection and regret on the CPU (a real sweep of two grid points), the render of
+"""The speed targets: the grid selection and regret on the CPU (a real sweep of two grid points), the render of
 every target from crafted results (met and NOT met), and the dispatch measurement's shape."""
 
 import math

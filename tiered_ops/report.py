@@ -214,7 +214,7 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
            targets: dict[str, pd.DataFrame | None] | None = None) -> list[Path]:
     """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
     results of a second sweep on the same GPU, for the agreement rate; ``targets``: the grid, picks and
-    dispatch tables of ``tiered-ops targets --live``, for issue 7's targets section."""
+    dispatch tables of ``tiered-ops targets --live``, for the speed targets section."""
     df, metas = load(results, meta)
     again = load(repeat)[0] if repeat else None
     out = Path(out)

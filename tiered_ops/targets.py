@@ -1,4 +1,4 @@
-"""Issue 7's targets, measured: speed of light, the peers, the dispatch cost and the selection regret.
+"""The speed targets, measured: speed of light, the peers, the dispatch cost and the selection regret.
 
 Two parts. ``live_grid`` and ``live_dispatch`` measure on the local GPU (``tiered-ops targets --live``): a grid of
 30 (op, shape, dtype) points that no default sweep tunes on, every implementation of each (peers included,
@@ -131,7 +131,7 @@ def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.Da
     df = results.copy()
     df["shape"] = df.problem.map(_shape)
     df["bytes"] = df.gbps * df.p50_us * 1e3
-    lines = ["## Issue 7 targets", ""]
+    lines = ["## Speed targets", ""]
 
     lines += ["### 1. Large shapes (>= 64 MiB moved, fwd_nograd): best of our Triton/CUDA kernels >= 90 % of copy "
               "(kernel time)", "",

@@ -1,5 +1,5 @@
-"""Run a few (op, impl, shape, dtype) forward calls inside NVTX ranges named "prof", for Nsight Compute (issue 7:
-why the CUDA v2 forward reaches 94-99 % of copy bandwidth in fp32 and only 61-87 % in bf16):
+"""Run a few (op, impl, shape, dtype) forward calls inside NVTX ranges named "prof", for Nsight Compute
+(why the CUDA v2 forward reaches 94-99 % of copy bandwidth in fp32 and only 61-87 % in bf16):
 
   ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \

@@ -1,4 +1,4 @@
-"""Where the Triton tier's per-call host time goes (issue 7, target 4), on a GPU: host microseconds per call of
+"""Where the Triton tier's per-call host time goes (the speed targets), on a GPU: host microseconds per call of
 softmax at 1x4096 fp32 through each layer, fastest of 5 batches (tiered_ops.timing.host_time_per_call):
 
   torch.softmax                      the eager floor
