@@ -26,6 +26,11 @@ QUANTIZED = [0.008] * 6 + [0.016] * 4  # block seconds on multiples of 8 ms: a s
 FINE = [0.0010 + 1e-6 * (i * 37 % 11) for i in range(12)]  # a quiet machine's 1 ms blocks, a few us apart
 
 
+
+@pytest.fixture(autouse=True)
+def contention_check_on(monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "1")
+
 def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
     """A call of 30 ms: the timing budget (0.2 s) holds only 6 of them; the minimum sample count still holds, and the
     percentiles are taken over those samples (before, one benchmark block of a slow call gave p20 = p50 = p80)."""
@@ -92,6 +97,13 @@ def test_a_contended_measurement_is_retried_then_flagged(busy):
     row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU)
     assert busy.calls == 1 and row.get("reason") is None and row["caller_us"] == row["p50_us"] > 0, row
     assert usable(row) and not contended(row)
+
+
+def test_the_check_switched_off_stores_a_busy_timing_as_taken(busy, monkeypatch):
+    """TIERED_OPS_CONTENTION_CHECK=0: one timing, stored with its figures and a caller time, not flagged."""
+    monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
+    row = measure(MULADD, MULADD.impls["eager"], MULADD.problem((64, 64)), torch.float32, CPU)
+    assert busy.calls == 1 and row.get("reason") is None and row["caller_us"] == row["p50_us"] > 0, row
 
 
 def test_a_bandwidth_beyond_the_copy_is_contended(monkeypatch):

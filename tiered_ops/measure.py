@@ -23,7 +23,7 @@ import torch
 
 from .environment import environment
 from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_mode, rel_error
-from .timing import COPY_BYTES, Fingerprint, copy_bandwidth_gbps, fingerprint, sync, time_call
+from .timing import COPY_BYTES, Fingerprint, contention_check, copy_bandwidth_gbps, fingerprint, sync, time_call
 
 log = logging.getLogger(__name__)
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
@@ -275,7 +275,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
         copy = copy_bandwidth_gbps(device)
         gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
         busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
-        if not busy:
+        if not busy or not contention_check():
+            busy = ""
             break
         log.info("%s %s %s %s %s: %s (attempt %d of %d)", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode,
                  busy, attempt, CONTENDED_TRIES)

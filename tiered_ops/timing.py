@@ -21,6 +21,7 @@ import contextlib
 import functools
 import gc
 import math
+import os
 import platform
 import statistics
 import time
@@ -255,6 +256,13 @@ CPU_BUDGET_S = 0.2  # more blocks, up to CPU_MAX_SAMPLES, while the budget lasts
 WAIT_LIMIT = 0.3  # the timing thread waited for a CPU longer than this fraction of the timing: the cores were busy
 SPREAD_LIMIT = 2.0  # p80 / p20 of the blocks beyond this: a quiet machine's blocks of >= 1 ms are within a few %
 QUANTUM_MIN_S = 1e-3  # block times all on multiples of a step this large are the scheduler's, not the op's
+def contention_check() -> bool:
+    """Whether CPU timings are checked for a busy machine (default on). ``TIERED_OPS_CONTENTION_CHECK=0`` stores them
+    as taken: for a machine known to be shared, whose figures are read with that in mind (the test suite, which
+    tests the check itself separately, runs its sweeps so)."""
+    return os.environ.get("TIERED_OPS_CONTENTION_CHECK", "1").lower() not in ("0", "false", "no", "off")
+
+
 COPY_PROBE_LIMIT = 0.5  # a copy probe below this fraction of the best copy bandwidth seen: the memory system is shared
 _clock = time.perf_counter  # the CPU timings' clock (tests replace it)
 
