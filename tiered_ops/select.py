@@ -326,8 +326,6 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     ``fwd+bwd`` (training), ``fwd`` or ``bwd``. Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
-    if any(int(d) < 1 for d in shapes):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
-        raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(int(d)) for d in shapes)}")
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -338,6 +336,9 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
             return sel
     except TypeError:
         fast = None
+    # after the fast path: a shape that fails here is never cached
+    if any(int(d) < 1 for d in shapes):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
+        raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(int(d)) for d in shapes)}")
     spec = get_op(op)
     if policy is not None:
         check_policy(policy, calls)
