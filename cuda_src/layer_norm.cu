@@ -7,7 +7,7 @@
 // Backward, xhat = (x - mean) * rstd, g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (block per
 // row, x and dy read twice), then dw = sum of dy * xhat and db = sum of dy over rows by the column kernel of
 // common.cuh (x and dy read once more).
-// Limits: any row length; one block per row, so a few giant rows use few SMs (split rows: issue 7).
+// Limits: any row length; one block per row, so a few giant rows use few SMs (split rows across blocks is not done here).
 // Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,

@@ -16,8 +16,9 @@ import time
 
 import torch
 
+from tiered_ops.catalog import all_ops
 from tiered_ops.measure import grad_output, with_grad
-from tiered_ops.registry import DTYPES, Tier, all_ops
+from tiered_ops.registry import DTYPES, Tier
 
 
 def main() -> int:

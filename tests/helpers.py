@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import torch
 
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import arg_names, check_one, grad_output, with_grad
-from tiered_ops.registry import DTYPE_NAMES, Problem, get_op, rel_error
+from tiered_ops.registry import DTYPE_NAMES, Problem, rel_error
 from tiered_ops.timing import fingerprint
 
 HAS_CUDA = torch.cuda.is_available()

@@ -6,8 +6,8 @@ from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiered_ops
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
-from tiered_ops.registry import get_op
 
 OPS = ["softmax", "rms_norm", "muladd", "layer_norm", "gelu"]
 

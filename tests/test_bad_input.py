@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import HAS_CUDA, gpu
 
+from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.measure import arg_names
-from tiered_ops.registry import all_ops, get_op
 
 OPS = [s.name for s in all_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]

@@ -4,9 +4,9 @@ plus the noise, fails on stale evidence, and a retired kernel is reported (and f
 import pandas as pd
 import pytest
 
+from tiered_ops.catalog import get_op
 from tiered_ops.check import check
 from tiered_ops.cli import main
-from tiered_ops.registry import get_op
 
 SPEC = get_op("softmax")
 TIMES = {"eager": 200.0, "compile": 150.0, "triton": 150.0}

@@ -15,10 +15,10 @@ import pytest
 
 import tiered_ops
 from tiered_ops.bench import table
+from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.cli import _shown, main
 from tiered_ops.cli_args import build_parser
 from tiered_ops.meta import with_progress
-from tiered_ops.registry import all_ops, get_op
 
 
 def test_list_shows_every_tier_with_reasons(capsys):

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from tiered_ops import bench
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import base_row
-from tiered_ops.registry import DTYPE_NAMES, get_op
+from tiered_ops.registry import DTYPE_NAMES
 from tiered_ops.store import Store
 from tiered_ops.timing import fingerprint
 
@@ -58,7 +59,7 @@ def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path):
         import pathlib, sys, time
         import torch
         from tiered_ops import bench
-        from tiered_ops.registry import get_op
+        from tiered_ops.catalog import get_op
         from tiered_ops.store import Store
         bench.measure = fake_measure
         spec = get_op("muladd")

@@ -7,10 +7,11 @@ import torch
 from helpers import HAS_CUDA, gpu
 
 import tiered_ops
-from tiered_ops import select as sel_mod
+from tiered_ops import decide as sel_mod
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import bucket_str
 from tiered_ops.meta import _between_pointwise
-from tiered_ops.registry import DTYPE_NAMES, get_op
+from tiered_ops.registry import DTYPE_NAMES
 from tiered_ops.store import Store
 from tiered_ops.timing import fingerprint
 

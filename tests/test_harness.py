@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import select as sel_mod
+from tiered_ops import decide as sel_mod
 from tiered_ops.bench import sweep
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
-from tiered_ops.registry import Impl, Tier, get_op, rel_error
+from tiered_ops.registry import Impl, Tier, rel_error
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")
@@ -194,7 +195,7 @@ def test_dispatch_uses_the_decision_and_is_correct(planted):
     x = torch.randn(64, 300)
     y = tiered_ops.softmax(x)
     assert torch.allclose(y, torch.softmax(x, -1))
-    key = ("softmax", x.shape, x.dtype, x.get_device(), -1, False)  # False: not training
+    key = ("softmax", x.shape, x.dtype, x.get_device(), -1, False, 0)  # False: not training; 0: an eager caller
     assert sel_mod._calls[key].name == "eager"
 
 

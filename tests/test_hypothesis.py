@@ -10,7 +10,7 @@ from helpers import assert_matches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiered_ops.registry import get_op
+from tiered_ops.catalog import get_op
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
 SHAPES = st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple)

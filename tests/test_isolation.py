@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tiered_ops.bench import sweep
+from tiered_ops.decide import select_backend, use_store
 from tiered_ops.registry import make_problem
-from tiered_ops.select import select_backend, use_store
 from tiered_ops.store import Store
 from tiered_ops.worker import Pool
 

@@ -7,8 +7,9 @@ import torch
 from helpers import HAS_CUDA, gpu
 
 from tiered_ops import cuda_ext, meta
+from tiered_ops.catalog import get_op
 from tiered_ops.cli import main
-from tiered_ops.registry import get_op, package_dir
+from tiered_ops.registry import package_dir
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")
@@ -148,7 +149,7 @@ def test_a_first_call_inside_a_trace_does_not_break_the_graph():
     """The kernel op is resolved on its first call; when that call is inside a trace (a model compiled before any
     eager call), resolving must not be traced: importlib and the extension's lock broke the graph there (seen on
     the H100 under pytest-xdist, where no earlier test had called the op)."""
-    from tiered_ops.ops._tiers import _kernel_op, _triton_load
+    from tiered_ops.tiers import _kernel_op, _triton_load
 
     spec = get_op("softmax")
     dev = torch.device("cuda" if HAS_CUDA else "cpu")

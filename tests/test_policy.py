@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import tiered_ops
+from tiered_ops import decide as sel_mod
 from tiered_ops import policy
-from tiered_ops import select as sel_mod
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
-from tiered_ops.registry import get_op
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")

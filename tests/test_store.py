@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import select as sel_mod
+from tiered_ops import decide as sel_mod
 from tiered_ops.bench import sweep
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import base_row
-from tiered_ops.registry import Impl, Tier, get_op
+from tiered_ops.registry import Impl, Tier
 from tiered_ops.store import Store, StoreError, StoreWarning
 from tiered_ops.timing import fingerprint
 
@@ -260,7 +261,7 @@ def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch
         y = tiered_ops.softmax(x)
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert f"{tmp_path}: is a directory" in caplog.text and "runs eager" in caplog.text
-    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False)].name == "eager"
+    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
     assert "is a directory" in sel_mod.get_store().unusable
 
 
@@ -274,7 +275,7 @@ def test_model_code_runs_eager_when_the_store_fails_while_deciding(two_softmaxes
         y = tiered_ops.softmax(x)
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert "disk is full" in caplog.text
-    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False)].name == "eager"
+    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
 
 
 # ----------------------------------------------------------------------- failures that were the environment's

@@ -8,7 +8,7 @@ import torch
 
 from tiered_ops import targets
 from tiered_ops.bench import sweep
-from tiered_ops.registry import get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")

@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-from tiered_ops import select as sel_mod
+from tiered_ops import decide as sel_mod
 from tiered_ops import timing
 from tiered_ops.bench import sweep
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import CONTENDED, base_row, contended, flag_contended, measure, usable
-from tiered_ops.registry import get_op
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")

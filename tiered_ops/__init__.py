@@ -5,6 +5,8 @@
     sel = tiered_ops.select_backend("rms_norm", (8, 4096), torch.bfloat16, normalized_shape=(4096,))
     sel.tier, sel.name, sel.record             # what was chosen and why
     y = tiered_ops.layer_norm(x, (4096,), w, b)  # training (x requires grad): the fwd+bwd decision
+
+Every op declared in ``tiered_ops/ops`` is a function here, made from its declaration (``dispatch.make_public``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os as _os
 if not _os.environ.get("TRITON_INTERPRET"):
     # No GPU: run the Triton tier on the interpreter. Triton reads the variable when a kernel is defined and launched;
     # when something imported triton before this, the Triton tier re-makes the functions defined without it
-    # (tiered_ops.ops._tiers.interpreter_ready) or says why it cannot run.
+    # (tiered_ops.tiers.interpreter_ready) or says why it cannot run.
     try:
         import torch as _torch
 
@@ -23,16 +25,16 @@ if not _os.environ.get("TRITON_INTERPRET"):
     except ImportError:
         pass
 
-from .ops.gelu import gelu  # noqa: E402
-from .ops.layer_norm import layer_norm  # noqa: E402
-from .ops.muladd import muladd  # noqa: E402
-from .ops.rms_norm import rms_norm  # noqa: E402
-from .ops.softmax import softmax  # noqa: E402
-from .registry import OPS, Impl, OpSpec, Tier, all_ops, get_op  # noqa: E402
-from .select import Selection, clear_cache, select_backend, set_policy, set_tuning, use_store  # noqa: E402
+from .catalog import all_ops, get_op  # noqa: E402
+from .decide import Selection, clear_cache, select_backend, set_policy, set_tuning, use_store  # noqa: E402
+from .dispatch import make_public  # noqa: E402
+from .registry import OPS, Impl, OpSpec, Tier  # noqa: E402
+
+for _spec in all_ops():
+    globals()[_spec.name] = make_public(_spec)
 
 __all__ = [
-    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "gelu", "get_op", "layer_norm", "muladd",
-    "rms_norm", "select_backend", "set_policy", "set_tuning", "softmax", "use_store",
+    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "select_backend", "set_policy",
+    "set_tuning", "use_store", *(s.name for s in all_ops()),
 ]
 __version__ = "0.1.0"

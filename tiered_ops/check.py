@@ -18,8 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from .catalog import get_op
 from .policy import margins
-from .registry import OpSpec, Tier, get_op
+from .registry import OpSpec, Tier
 from .timing import caller_range
 
 

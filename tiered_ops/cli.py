@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
-from .registry import DTYPES, GRAD_MODES, MODES, all_ops, get_op
+from .registry import DTYPES, GRAD_MODES, MODES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,7 +138,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from .select import select_backend, use_store
+    from .decide import select_backend, use_store
 
     params = op_kwargs(args.op, args)  # before anything runs
     use_store(_store(args))

@@ -12,7 +12,8 @@ import re
 
 import torch
 
-from .registry import DTYPES, MODES, all_ops, get_op
+from .catalog import all_ops, get_op
+from .registry import DTYPES, MODES
 
 # A shape whose first dim is negative ("-1x4") reads to argparse as an option; main() hands it on with a leading
 # space (no longer an option, stripped by _shape) so that the shape's own error names it.

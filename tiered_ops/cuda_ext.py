@@ -14,15 +14,18 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from . import envs
 from .registry import package_dir
 
 # The installed package cuda_src (its .cu/.cuh/.h/.cpp are package data); the build directory stays outside it.
 CUDA_SRC = package_dir("cuda_src")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
+_on_load: list[Callable[[], None]] = []
 
 
 def sources() -> list[Path]:
@@ -35,11 +38,8 @@ def all_files() -> list[Path]:
 
 
 def build_dir_root() -> Path:
-    env = os.environ.get("TIERED_OPS_BUILD_DIR")
-    if env:
-        return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "tiered_ops" / "cuda_build"
+    env = envs.build_dir()
+    return Path(env) if env else envs.cache_dir() / "cuda_build"
 
 
 def _arch(device: torch.device) -> str:
@@ -92,7 +92,7 @@ def load(device: torch.device | None = None) -> str | None:
                 # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
                 # segfaulted when a TORCH_CHECK threw out of the op.
                 extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
-                is_python_module=True, verbose=os.environ.get("TIERED_OPS_VERBOSE_BUILD") == "1",
+                is_python_module=True, verbose=envs.verbose_build(),
             )
         except Exception as e:  # recorded as the reason the CUDA tier is unavailable
             _state["error"] = f"CUDA extension failed to build: {_first_error(str(e))}"
@@ -103,12 +103,17 @@ def load(device: torch.device | None = None) -> str | None:
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old
         _state.update(name=name, load_s=time.perf_counter() - t0, arch=arch, module=module, build_dir=bdir)
-        from .ops._tiers import register_kernel_ops
-        from .registry import all_ops
-
-        for spec in all_ops():
-            register_kernel_ops(spec, "cuda", fakes=True)
+        for hook in _on_load:
+            hook()
         return None
+
+
+def on_load(hook: Callable[[], None]) -> None:
+    """Call ``hook`` once the extension is loaded (now, when it is already): the tiers register the autograd and fake
+    kernels of the ops it defines there, so this module needs nothing above it."""
+    _on_load.append(hook)
+    if "name" in _state:
+        hook()
 
 
 def pybind_function(name: str):

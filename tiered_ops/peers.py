@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .registry import Impl, OpSpec, Tier, get_op
+from .registry import OPS, Impl, OpSpec, Tier
 
 LIGER = "liger_kernel"
 
@@ -92,9 +92,9 @@ def register(specs: Sequence[OpSpec] | None = None) -> list[Impl]:
     """Add the ``liger`` peer to each op it covers (idempotent); returns the impls added."""
     added = []
     for op, (fn, module) in LIGER_OPS.items():
-        spec = get_op(op) if specs is None else next((s for s in specs if s.name == op), None)
+        spec = OPS.get(op) if specs is None else next((s for s in specs if s.name == op), None)
         if spec is None or "liger" in spec.impls:
             continue
         added.append(spec.add(Impl("liger", Tier.PEER, fn, _liger_files(module), devices=("cuda",),
-                                   available=liger_available, notes="Liger-Kernel 0.8.5 (peer: never selected)")))
+                                   available=liger_available)))
     return added

@@ -14,9 +14,9 @@ The candidates are dicts with at least ``impl``, ``tier``, ``caller_us``, ``firs
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from . import envs
 from .registry import Tier
 from .timing import overlap
 
@@ -28,7 +28,7 @@ DEFAULT_CALLS = 1000
 def margins() -> dict[str, float]:
     """Cost-aware margins; ``TIERED_OPS_MARGINS="triton=0.05,cuda=0.2"`` overrides some."""
     out = dict(DEFAULT_MARGINS)
-    for item in filter(None, os.environ.get("TIERED_OPS_MARGINS", "").split(",")):
+    for item in filter(None, envs.margins().split(",")):
         tier, _, value = item.partition("=")
         if tier.strip() not in out:
             raise ValueError(f"TIERED_OPS_MARGINS: unknown tier {tier!r}; expected one of {', '.join(out)}")

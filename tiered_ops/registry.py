@@ -1,9 +1,11 @@
 """Op specs and implementations: the one place every tier of every op is declared.
 
-An op (``OpSpec``) is declared once: its float64-capable reference, an inputs factory, bytes moved and
-flops, per-dtype error bounds, edge problems and default benchmark problems. Each implementation
+An op (``OpSpec``) is declared once (one file per op in ``tiered_ops/ops``): its float64-capable reference (the
+eager tier), an inputs factory, problem and bucket, bytes moved, fakes, the autograd formula its kernel tiers share,
+per-dtype error bounds, edge problems and default benchmark problems. Each implementation
 (``Impl``) declares its tier, the dtypes it supports and an availability check that says *why* it
-cannot run here. The harness (correctness, timing, store, selection, CLI) is driven by these alone.
+cannot run here. The harness (correctness, timing, store, selection, CLI) is driven by these alone. This module is
+the bottom layer: it imports nothing of the package but ``environment``; ``tiered_ops.catalog`` loads the ops.
 """
 
 from __future__ import annotations
@@ -116,15 +118,17 @@ class OpSpec:
     problem_of: Callable[..., Problem]  # the op's call arguments -> Problem (per-call dispatch)
     bucket: Callable[[Problem], tuple]  # Problem -> decision key (documented per op)
     bytes_moved: Callable[[Problem, torch.dtype], int]
-    flops: Callable[[Problem], int]
     edge_problems: Callable[[], list[Problem]]
     default_problems: Callable[[str], list[Problem]]  # device type -> problems to bench
     source: Path  # the op file (eager + compile tiers live here)
     # Shape/stride-only version of the op for torch.library.register_fake (the CUDA ops; the Triton ops on the
     # interpreter, where triton_op's own fake would run kernels on fake tensors).
     fake: Callable[..., torch.Tensor] | None = None
-    # The op's call arguments -> the kernel ops' schema arguments (set by standard_impls from its ``adapt``).
+    # The eager tier (defaults to ``reference``) and the op's call arguments -> the kernel ops' schema arguments;
+    # ``first_output``: the kernel ops return (out, saved statistics...) and the op returns out.
+    eager: Callable[..., torch.Tensor] | None = None
     kernel_args: Callable[..., tuple] | None = None
+    first_output: bool = False
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
     grad_rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_GRAD_RTOL))
     # Backward: positions in Inputs.args of the differentiable inputs (floating tensors there get requires_grad),
@@ -174,7 +178,6 @@ class Impl:
     available: Callable[[torch.device], str | None] = lambda device: None
     # Returns None when the implementation can be timed on this device, else why not.
     timeable: Callable[[torch.device], str | None] = lambda device: None
-    notes: str = ""
     # The same kernel reached without torch.library (raw Triton launcher, pybind11 function): measured for
     # contrast in the graph-break metadata, never selected. Returns None where it does not exist here.
     unregistered: Callable[[], Callable[..., torch.Tensor] | None] | None = None
@@ -214,21 +217,6 @@ def register_op(spec: OpSpec) -> OpSpec:
         raise ValueError(f"op {spec.name!r} registered twice")
     OPS[spec.name] = spec
     return spec
-
-
-def get_op(name: str) -> OpSpec:
-    from . import ops  # noqa: F401  (registers the built-in ops)
-
-    try:
-        return OPS[name]
-    except KeyError:
-        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
-
-
-def all_ops() -> list[OpSpec]:
-    from . import ops  # noqa: F401
-
-    return list(OPS.values())
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0, chunk: int = 1 << 24) -> float:

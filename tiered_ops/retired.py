@@ -8,7 +8,7 @@ again is flagged by the check.
 
 from __future__ import annotations
 
-from .registry import get_op
+from .registry import OPS
 
 # (op, implementation) -> why it is retired, with the evidence. Figures: `tiered-ops check --results` on the
 # committed results of both GPUs; "loses at a of b" counts the target cases (default problems x dtype x mode) where
@@ -37,7 +37,7 @@ RETIRED: dict[tuple[str, str], str] = {
 def apply(table: dict[tuple[str, str], str] | None = None) -> None:
     """Mark the implementations in ``table`` (default RETIRED) retired; an unknown name is an error."""
     for (op, impl), why in (RETIRED if table is None else table).items():
-        spec = get_op(op)
-        if impl not in spec.impls:
+        spec = OPS.get(op)
+        if spec is None or impl not in spec.impls:
             raise KeyError(f"tiered_ops/retired.py: {op} has no implementation {impl!r}")
         spec.impls[impl].retired = why

@@ -16,7 +16,8 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from .registry import DTYPES, get_op
+from .catalog import get_op
+from .registry import DTYPES
 from .timing import host_time_per_call
 
 LARGE_BYTES = 64 << 20  # target 1: shapes moving at least 64 MiB
@@ -51,7 +52,7 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[s
     """Measure every implementation at each GRID point into ``grid_db``; return one row per point with the
     implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
     grid is measured, so an interrupted grid still has them)."""
-    from . import select as sel
+    from . import decide as sel
     from .bench import sweep_cases
     from .store import Store
 
@@ -81,7 +82,7 @@ def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
     called directly, at the launch-bound SMALL_SHAPES, bf16 and fp32, in one process."""
     import tiered_ops
 
-    from . import select as sel
+    from . import decide as sel
 
     rows = []
     sel.use_store(main_db)

@@ -30,6 +30,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import envs
+
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -67,7 +69,6 @@ def fingerprint(device: torch.device) -> Fingerprint:
             "cuda", p.name, f"{p.major}.{p.minor}", p.multi_processor_count, torch.__version__, tv,
             torch.version.cuda or "none",
         )
-    import os
 
     name = platform.processor() or platform.machine() or "cpu"
     return Fingerprint("cpu", f"cpu-{name}", "-", os.cpu_count() or 1, torch.__version__, tv, "none")
@@ -260,7 +261,7 @@ def contention_check() -> bool:
     """Whether CPU timings are checked for a busy machine (default on). ``TIERED_OPS_CONTENTION_CHECK=0`` stores them
     as taken: for a machine known to be shared, whose figures are read with that in mind (the test suite, which
     tests the check itself separately, runs its sweeps so)."""
-    return os.environ.get("TIERED_OPS_CONTENTION_CHECK", "1").lower() not in ("0", "false", "no", "off")
+    return envs.contention_check()
 
 
 COPY_PROBE_LIMIT = 0.5  # a copy probe below this fraction of the best copy bandwidth seen: the memory system is shared

@@ -253,11 +253,12 @@ def _serve(device_str: str, modules: list[str]) -> None:
 
     import torch
 
-    from . import ops  # noqa: F401  (registers the built-in ops)
-    from .registry import DTYPES, OPS
+    from .catalog import load
+    from .registry import DTYPES
 
     for m in modules:
         importlib.import_module(m)
+    OPS = load()  # the built-in ops and those the modules declared, built into their tiers
     device = torch.device(device_str)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from tiered_ops.registry import get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.timing import host_time_per_call
 from triton_src import softmax as ts
 from triton_src.common import row_settings

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tiered_ops.ops._tiers import gen, randn
+from tiered_ops.ops._common import gen, randn
 from tiered_ops.registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
 
 HERE = Path(__file__).resolve().parent
@@ -124,7 +124,6 @@ SPEC = register_op(OpSpec(
     problem_of=lambda x: _problem(tuple(x.shape)),
     bucket=lambda p: (pow2_ceil(math.prod(p.shape)),),
     bytes_moved=lambda p, dt: 2 * math.prod(p.shape) * torch.empty((), dtype=dt).element_size(),
-    flops=lambda p: math.prod(p.shape),
     edge_problems=lambda: [make_problem((1,)), make_problem((1823, 781))],
     default_problems=lambda device_type: [make_problem((1 << 20,))],  # one: each hang costs a timeout
     source=Path(__file__),

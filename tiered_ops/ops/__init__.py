@@ -1,8 +1,4 @@
-"""Built-in ops. Importing this package registers every op and its tiers, then the peers (other libraries'
-kernels, measured beside ours and never selected) and the retirements (``tiered_ops/retired.py``)."""
+"""The op declarations, one file per op. Importing this package declares each op (``registry.register_op``);
+``tiered_ops.catalog`` builds their tiers."""
 
-from .. import peers, retired  # noqa: E402
 from . import gelu, layer_norm, muladd, rms_norm, softmax  # noqa: F401
-
-peers.register()
-retired.apply()

@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, not_tensors
-from ._tiers import gen, randn, standard_impls
+from ._common import gen, randn
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -101,7 +100,7 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
 SPEC = register_op(OpSpec(
     name="gelu", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=lambda p, dt: (2 * _numel(p) + _bias_elems(p)) * dt.itemsize,
-    flops=lambda p: 10 * _numel(p),
+   
     bwd_bytes=lambda p, dt: (3 * _numel(p) + 2 * _bias_elems(p)) * dt.itemsize, grad_args=(0, 1),
     autograd=(_setup, _backward_for), bwd_fake=_bwd_fake,
     edge_problems=lambda: [
@@ -114,19 +113,6 @@ SPEC = register_op(OpSpec(
     ],
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])],
-    source=Path(__file__), fake=_fake,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
 ))
-standard_impls(SPEC, reference, _kernel_args)
 
-
-def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> torch.Tensor:
-    """F.gelu(x + bias) through the implementation selected for this shape, dtype, device and mode."""
-    try:  # inline, not a helper: the per-call hot path
-        train = (x.requires_grad or (bias is not None and bias.requires_grad)) and torch.is_grad_enabled()
-    except AttributeError:
-        raise not_tensors("gelu", ("bias",), x=x, bias=bias) from None
-    key = ("gelu", x.shape, x.dtype, x.get_device(), bias is None, approximate, train)
-    sel = _calls.get(key)
-    if sel is None:
-        return dispatch(SPEC, key, x, (x, bias, approximate), {}, train)
-    return sel.fn(x, bias, approximate)

@@ -18,20 +18,18 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, not_tensors
-from ._tiers import gen, randn, standard_impls
-from .rms_norm import _norm_shape
+from ._common import gen, norm_shape, norm_split, randn
 
 
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """Eager tier and reference: torch's own layer_norm (computes in fp32 for low precision)."""
-    return F.layer_norm(x, _norm_shape(normalized_shape), weight, bias, eps)
+    return F.layer_norm(x, norm_shape(normalized_shape), weight, bias, eps)
 
 
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
              bias: bool = True) -> Problem:
-    ns = _norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"layer_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
@@ -43,13 +41,8 @@ def _problem_of(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: 
     return _problem(tuple(x.shape), normalized_shape, weight is not None, bias is not None)
 
 
-def _split(p: Problem) -> tuple[int, int]:
-    n = math.prod(p.kw["normalized_shape"])
-    return math.prod(p.shape[: len(p.shape) - len(p.kw["normalized_shape"])]), n
-
-
 def _bucket(p: Problem) -> tuple:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return pow2_ceil(rows), n, p.kw["weight"], p.kw["bias"]
 
 
@@ -67,19 +60,19 @@ def _params(p: Problem) -> int:
 
 
 def _bytes(p: Problem, dt: torch.dtype) -> int:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return (2 * rows * n + _params(p) * n) * dt.itemsize
 
 
 def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return (3 * rows * n + (n if p.kw["weight"] else 0) + _params(p) * n) * dt.itemsize
 
 
 def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
                  bias: torch.Tensor | None = None, eps: float = 1e-5) -> tuple:
     """F.layer_norm's signature onto the kernel ops' schema (x, int[] normalized_shape, weight?, bias?, eps)."""
-    return x, list(_norm_shape(normalized_shape)), weight, bias, float(eps)
+    return x, list(norm_shape(normalized_shape)), weight, bias, float(eps)
 
 
 def _rows(x: torch.Tensor, normalized_shape: list[int]) -> Any:
@@ -118,7 +111,7 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
 
 SPEC = register_op(OpSpec(
     name="layer_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
-    bucket=_bucket, bytes_moved=_bytes, flops=lambda p: 8 * _split(p)[0] * _split(p)[1],
+    bucket=_bucket, bytes_moved=_bytes,
     bwd_bytes=_bwd_bytes, grad_args=(0, 2, 3), autograd=(_setup, _backward_for), bwd_fake=_bwd_fake,
     edge_problems=lambda: [
         _problem((1, 4096)),  # 1 row
@@ -135,22 +128,6 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])] + ([_problem((16, 64, 256, 256), normalized_shape=(64, 256, 256))]
                                               if dev == "cuda" else []),
-    source=Path(__file__), fake=_fake,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
 ))
-standard_impls(SPEC, reference, _kernel_args, first_output=True)
 
-
-def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """F.layer_norm through the implementation selected for this shape, dtype, device and mode."""
-    try:  # inline, not a helper: the per-call hot path
-        train = (x.requires_grad or (weight is not None and weight.requires_grad)
-                 or (bias is not None and bias.requires_grad)) and torch.is_grad_enabled()
-    except AttributeError:
-        raise not_tensors("layer_norm", ("weight", "bias"), x=x, weight=weight, bias=bias) from None
-    key = ("layer_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
-           else tuple(normalized_shape), weight is None, bias is None, train)
-    sel = _calls.get(key)
-    if sel is None:
-        return dispatch(SPEC, key, x, (x, normalized_shape, weight, bias, eps), {}, train)
-    return sel.fn(x, normalized_shape, weight, bias, eps)

@@ -17,8 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, not_tensors
-from ._tiers import gen, randn, standard_impls
+from ._common import gen, randn
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -142,7 +141,7 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
 SPEC = register_op(OpSpec(
     name="muladd", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=lambda p: (pow2_ceil(_numel(p.shape)), "operands" in p.kw), bytes_moved=_bytes,
-    flops=lambda p: 2 * _numel(p.shape), bwd_bytes=_bwd_bytes, grad_args=(0, 1, 2),
+    bwd_bytes=_bwd_bytes, grad_args=(0, 1, 2),
     autograd=(_setup, _backward_for), bwd_fake=_bwd_fake,
     edge_problems=lambda: [
         _problem((1,)),  # one element
@@ -157,21 +156,7 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])]
     + [_problem((16384, 4096) if dev == "cuda" else (256, 1024), "16384x4096,4096,4096" if dev == "cuda"
                 else "256x1024,1024,1024")],  # a scale and a shift per column
-    source=Path(__file__), fake=_fake,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_operands,
 ))
-standard_impls(SPEC, reference, _operands)
 SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_functions=((SPEC.source, "addcmul"),)))
 
-
-def muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """a * b + c (broadcasting like the expression) through the implementation selected for these shapes, dtype and
-    device."""
-    try:  # inline, not a helper: the per-call hot path
-        train = (a.requires_grad or b.requires_grad or c.requires_grad) and torch.is_grad_enabled()
-    except AttributeError:
-        raise not_tensors("muladd", a=a, b=b, c=c) from None
-    key = ("muladd", a.shape, b.shape, c.shape, a.dtype, b.dtype, c.dtype, a.get_device(), train)
-    sel = _calls.get(key)
-    if sel is None:
-        return dispatch(SPEC, key, a, (a, b, c), {}, train)
-    return sel.fn(a, b, c)

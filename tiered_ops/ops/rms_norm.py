@@ -16,23 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, not_tensors
-from ._tiers import gen, randn, standard_impls
-
-
-def _norm_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    return (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(d) for d in normalized_shape)
+from ._common import gen, norm_shape, norm_split, randn
 
 
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
               eps: float | None = None) -> torch.Tensor:
     """Eager tier and reference: torch's own rms_norm (computes in fp32 for low precision)."""
-    return F.rms_norm(x, _norm_shape(normalized_shape), weight, eps)
+    return F.rms_norm(x, norm_shape(normalized_shape), weight, eps)
 
 
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
              ) -> Problem:
-    ns = _norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
@@ -44,18 +39,8 @@ def _problem_of(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: 
     return _problem(tuple(x.shape), normalized_shape, weight is not None)
 
 
-def _split(p: Problem) -> tuple[int, int]:
-    n = 1
-    for d in p.kw["normalized_shape"]:
-        n *= d
-    numel = 1
-    for d in p.shape:
-        numel *= d
-    return (numel // n if n else 0), n
-
-
 def _bucket(p: Problem) -> tuple:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return pow2_ceil(rows), n, p.kw["weight"]
 
 
@@ -68,12 +53,12 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
 
 
 def _bytes(p: Problem, dt: torch.dtype) -> int:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return (2 * rows * n + (n if p.kw["weight"] else 0)) * dt.itemsize
 
 
 def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
-    rows, n = _split(p)
+    rows, n = norm_split(p)
     return (3 * rows * n + (2 * n if p.kw["weight"] else 0)) * dt.itemsize
 
 
@@ -84,7 +69,7 @@ def _eps(x: torch.Tensor, eps: float | None) -> float:
 def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
                  eps: float | None = None) -> tuple:
     """F.rms_norm's signature onto the kernel ops' schema (x, int[] normalized_shape, weight?, float eps)."""
-    return x, list(_norm_shape(normalized_shape)), weight, _eps(x, eps)
+    return x, list(norm_shape(normalized_shape)), weight, _eps(x, eps)
 
 
 def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -113,7 +98,7 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
 
 SPEC = register_op(OpSpec(
     name="rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
-    bucket=_bucket, bytes_moved=_bytes, flops=lambda p: 4 * _split(p)[0] * _split(p)[1],
+    bucket=_bucket, bytes_moved=_bytes,
     bwd_bytes=_bwd_bytes, grad_args=(0, 2), autograd=(_setup, _backward_for),
     bwd_fake=_bwd_fake,
     edge_problems=lambda: [
@@ -129,21 +114,6 @@ SPEC = register_op(OpSpec(
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
-    source=Path(__file__), fake=_fake,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
 ))
-standard_impls(SPEC, reference, _kernel_args)
 
-
-def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-             eps: float | None = None) -> torch.Tensor:
-    """F.rms_norm through the implementation selected for this shape, dtype and device."""
-    try:  # inline, not a helper: the per-call hot path
-        train = (x.requires_grad or (weight is not None and weight.requires_grad)) and torch.is_grad_enabled()
-    except AttributeError:
-        raise not_tensors("rms_norm", ("weight",), x=x, weight=weight) from None
-    key = ("rms_norm", x.shape, x.dtype, x.get_device(), normalized_shape if isinstance(normalized_shape, int)
-           else tuple(normalized_shape), weight is None, train)
-    sel = _calls.get(key)
-    if sel is None:
-        return dispatch(SPEC, key, x, (x, normalized_shape, weight, eps), {}, train)
-    return sel.fn(x, normalized_shape, weight, eps)

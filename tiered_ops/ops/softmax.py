@@ -13,8 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ..select import _calls, dispatch, not_tensors
-from ._tiers import gen, randn, standard_impls
+from ._common import gen, randn
 
 
 def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -84,7 +83,7 @@ def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
 
 SPEC = register_op(OpSpec(
     name="softmax", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
-    bucket=_bucket, bytes_moved=lambda p, dt: 2 * _numel(p) * dt.itemsize, flops=lambda p: 5 * _numel(p),
+    bucket=_bucket, bytes_moved=lambda p, dt: 2 * _numel(p) * dt.itemsize,
     bwd_bytes=lambda p, dt: 3 * _numel(p) * dt.itemsize, grad_args=(0,), autograd=(_setup, _backward_for),
     bwd_fake=lambda dy, y, dim: _fake(y, dim),
     edge_problems=lambda: [
@@ -101,19 +100,6 @@ SPEC = register_op(OpSpec(
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (512, 393216), (32, 4096), (1, 4096)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
-    source=Path(__file__), fake=_fake,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
 ))
-standard_impls(SPEC, reference, _kernel_args)
 
-
-def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """softmax of ``x`` along ``dim`` through the implementation selected for this shape, dtype and device."""
-    try:  # inline, not a helper: the per-call hot path
-        train = x.requires_grad and torch.is_grad_enabled()
-    except AttributeError:
-        raise not_tensors("softmax", x=x) from None
-    key = ("softmax", x.shape, x.dtype, x.get_device(), dim, train)
-    sel = _calls.get(key)
-    if sel is None:
-        return dispatch(SPEC, key, x, (x, dim), {}, train)
-    return sel.fn(x, dim)

@@ -23,18 +23,19 @@ Which correct implementation wins is the policy's call (``tiered_ops.policy``): 
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from . import envs
+from .catalog import get_op
 from .measure import bucket_str, gate, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
-from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode, get_op
-from .store import STORE_ERRORS, Store, open_store
+from .predict import nearest_bucket, predict
+from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode
+from .store import Store, open_store
 from .timing import caller_range, default_device, fingerprint
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,7 @@ def set_tuning(enabled: bool | None) -> None:
 
 
 def tuning_enabled() -> bool:
-    if _tune is not None:
-        return _tune
-    return os.environ.get("TIERED_OPS_TUNE", "1").lower() not in ("0", "false", "no", "off")
+    return _tune if _tune is not None else envs.tune()
 
 
 def set_policy(policy: str | None, calls: int | None = None) -> None:
@@ -72,8 +71,7 @@ def set_policy(policy: str | None, calls: int | None = None) -> None:
 def default_policy() -> tuple[str, int | None]:
     if _policy is not None:
         return _policy
-    calls = os.environ.get("TIERED_OPS_CALLS")
-    policy, n = os.environ.get("TIERED_OPS_POLICY", "fastest"), int(calls) if calls else None
+    policy, n = envs.policy(), envs.calls()
     check_policy(policy, n)
     return policy, n
 
@@ -162,64 +160,6 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
     if best is None:
         return spec.impls["eager"], f"{reason}: eager", cands
     return spec.impls[best["impl"]], reason, cands
-
-
-def _bucket_distance(a: str, b: str) -> float:
-    """How far apart two buckets are: the sum of |log2| ratios of their numeric parts; inf when a non-numeric
-    part (a flag, a dim) differs."""
-    pa, pb = a.split("|"), b.split("|")
-    if len(pa) != len(pb):
-        return math.inf
-    d = 0.0
-    for x, y in zip(pa, pb):
-        if x.lstrip("-").isdigit() and y.lstrip("-").isdigit():
-            d += abs(math.log2(max(int(x), 1)) - math.log2(max(int(y), 1)))
-        elif x != y:
-            return math.inf
-    return d
-
-
-BANDWIDTH_BOUND = 4.0  # a kernel time this many times an implementation's shortest one is read as bandwidth
-
-
-def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near: list[dict], measured: list[dict]
-            ) -> list[dict]:
-    """The ``near`` rows (the nearest measured bucket's) with each caller time predicted at ``problem`` from every
-    fresh measurement of the same implementation at buckets of the same flags (``measured``): the larger of
-    its launch path (its fastest host time at any of them: the launch path does not grow with the shape) and its
-    kernel time there, its shortest kernel time (the latency) plus the bytes ``problem`` moves at the bandwidth it
-    reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
-    that latency (a launch-bound bucket says nothing of bandwidth). On an H100, taking the nearest
-    bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
-    2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path."""
-    target, nbytes = bucket_str(spec.bucket(problem)), spec.mode_bytes(problem, dtype, mode)
-    latest: dict[tuple[str, str], dict] = {}
-    for r in measured:  # ordered by id: the newest per (implementation, bucket) wins
-        if (r["ok"] and r["p50_us"] and r["gbps"] and r["host_us"] is not None and spec.fresh_impl(r) is not None
-                and _bucket_distance(target, r["bucket"]) < math.inf):
-            latest[(r["impl"], r["bucket"])] = r
-    out = []
-    for r in near:
-        mine = [x for (impl, _), x in latest.items() if impl == r["impl"]]
-        if not mine or not r["ok"] or r["caller_us"] is None:
-            out.append(r)
-            continue
-        latency = min(x["p50_us"] for x in mine)
-        kernel = latency
-        bound = [x for x in mine if x["p50_us"] >= BANDWIDTH_BOUND * latency]
-        if bound:
-            x = min(bound, key=lambda x: _bucket_distance(target, x["bucket"]))
-            moved = x["gbps"] * 1e3 * x["p50_us"]  # bytes: GB/s x us
-            kernel = latency + nbytes * (x["p50_us"] - latency) / moved
-        out.append(dict(r, caller_us=max(min(x["host_us"] for x in mine), kernel), predicted=True))
-    return out
-
-
-def nearest_bucket(store: Store, spec: OpSpec, bucket: str, dtype: str, device_key: str, mode: str) -> str | None:
-    """The measured bucket closest to ``bucket`` (same flags; nearest in log2 of the sizes), or None."""
-    best = min(((_bucket_distance(bucket, b), b) for b in store.buckets(spec.name, dtype, device_key, mode)
-                if b != bucket), default=(math.inf, None))
-    return best[1] if best[0] < math.inf else None
 
 
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
@@ -349,37 +289,3 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
             _selects.clear()
         _selects[fast] = sel
     return sel
-
-
-def not_tensors(op: str, optional: tuple[str, ...] = (), **args: object) -> TypeError:
-    """The error for a tensor argument of ``tiered_ops.<op>`` that is not a tensor (``None`` where ``optional``):
-    the hot path reads ``.requires_grad`` of each and lands here on an AttributeError."""
-    name, v = next((k, v) for k, v in args.items()
-                   if not isinstance(v, torch.Tensor) and not (v is None and k in optional))
-    return TypeError(f"{op}: argument '{name}' must be a torch.Tensor{' or None' if name in optional else ''}, "
-                     f"got {type(v).__name__}")
-
-
-def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any],
-             train: bool = False) -> torch.Tensor:
-    """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
-
-    ``train`` (the last element of ``key`` too) picks the fwd+bwd decision, else the fwd_nograd one."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
-    problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
-    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
-    # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
-    unusable = not torch.compiler.is_compiling() and get_store().unusable
-    try:
-        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
-                             mode="fwd+bwd" if train else "fwd_nograd")
-    except STORE_ERRORS as e:
-        log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
-        eager = spec.impls["eager"]
-        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
-                                              reason=f"the store failed: {e}: eager", candidates=[]))
-    if len(_calls) > 4096:
-        _calls.clear()
-    _calls[key] = sel
-    return sel.fn(*args, **kwargs)

@@ -1,7 +1,8 @@
-"""The four standard implementations of an op, built from its eager function and its kernels.
+"""The tiers: the four standard implementations of an op, built from its declaration and its kernel files.
 
-Every op file calls ``standard_impls`` once; the plumbing of each tier (lazy torch.compile, the
-Triton and CUDA availability checks, source files for staleness) lives here and nowhere else.
+``standard_impls(spec)`` turns a declaration (``tiered_ops/ops/<op>.py``) into its eager, compile, triton and cuda
+implementations; the plumbing of each tier (lazy torch.compile, the Triton interpreter, the CUDA extension's
+registrations, availability checks, source files for staleness) lives here and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from .. import cuda_ext
-from ..registry import Impl, OpSpec, Tier, package_dir
+from . import cuda_ext
+from .registry import Impl, OpSpec, Tier, package_dir
 
 TRITON_SRC = package_dir("triton_src")
 log = logging.getLogger(__name__)
@@ -198,17 +199,21 @@ def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: 
     return lambda *a, **k: kernel(*kernel_args(*a, **k))
 
 
-def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor], kernel_args: Callable[..., tuple],
-                   first_output: bool = False) -> None:
-    """Register eager, compile, triton and cuda implementations of ``spec`` (files named after the op).
+def standard_impls(spec: OpSpec) -> None:
+    """Register the eager, compile, triton and cuda implementations of ``spec`` (kernel files named after the op),
+    ahead of any implementation the declaration added itself.
 
-    ``kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
-    list); ``first_output``: the kernel ops return (out, saved statistics...) and the op returns out. The
+    ``spec.kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
+    list); ``spec.first_output``: the kernel ops return (out, saved statistics...) and the op returns out. The
     Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``, each with a backward op
     ``<op>_bwd_<tier>`` that ``spec.autograd`` calls.
     """
-    name, op_file = spec.name, spec.source
-    spec.kernel_args = kernel_args
+    name, op_file, first_output = spec.name, spec.source, spec.first_output
+    eager = spec.eager or spec.reference
+    kernel_args = spec.kernel_args
+    if kernel_args is None:
+        raise ValueError(f"{name}: the declaration needs kernel_args to build its kernel tiers")
+    declared, spec.impls = dict(spec.impls), {}
     triton_file = TRITON_SRC / f"{name}.py"
     cu_file = cuda_ext.CUDA_SRC / f"{name}.cu"
     binding = cuda_ext.CUDA_SRC / "binding.cpp"
@@ -227,12 +232,6 @@ def standard_impls(spec: OpSpec, eager: Callable[..., torch.Tensor], kernel_args
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
-
-
-def gen(device: torch.device, seed: int) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, g: torch.Generator) -> torch.Tensor:
-    """Standard normal values (never zeros), drawn in fp32 and rounded to dtype."""
-    return torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+    for impl in declared.values():
+        spec.add(impl)
+    cuda_ext.on_load(lambda: register_kernel_ops(spec, "cuda", fakes=True))

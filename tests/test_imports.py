@@ -1,0 +1,127 @@
+"""The package's imports run one way: no cycle among its modules, counting imports inside functions, and no module
+importing one of a higher layer (catalog -> tiers -> measure/timing/store -> decide/dispatch -> sweep/analysis ->
+cli). Built from the source with ``ast``, so an import hidden in a function body counts like any other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "tiered_ops"
+
+# Layer of each module (dotted name under tiered_ops); a module may import only its own layer or lower ones.
+LAYERS: dict[int, tuple[str, ...]] = {
+    0: ("envs", "environment", "buckets", "method"),
+    1: ("registry", "ops", "ops.*"),
+    2: ("tiers", "cuda_ext", "peers", "retired", "catalog"),
+    3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),
+    4: ("predict", "decide", "dispatch", "record"),
+    5: ("bench", "report", "check", "targets", "territories", "packs", "patch", "tune", "analysis", "shard"),
+    6: ("cli", "cli_*", "__main__", "__init__"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _layer(mod: str) -> int | None:
+    for n, names in LAYERS.items():
+        for pat in names:
+            if mod == pat or (pat.endswith("*") and mod.startswith(pat[:-1])):
+                return n
+    return None
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the package modules it imports (anywhere in its body)."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        if mod == "__init__":
+            here = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                    base = base + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == "tiered_ops":
+                    base = node.module.split(".")[1:]
+                else:
+                    continue
+                for a in node.names:
+                    sub = ".".join(base + [a.name])
+                    targets.append(sub if sub in mods else ".".join(base) or "__init__")
+            elif isinstance(node, ast.Import):
+                targets += [".".join(a.name.split(".")[1:]) or "__init__" for a in node.names
+                            if a.name.split(".")[0] == "tiered_ops"]
+            for t in targets:
+                if t in mods and t != mod:
+                    edges[mod].add(t)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = _cycle(_edges(_modules()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_layer_and_imports_no_higher_one():
+    mods = _modules()
+    unplaced = sorted(m for m in mods if _layer(m) is None)
+    assert not unplaced, f"modules with no layer in tests/test_imports.py LAYERS: {unplaced}"
+    upward = sorted(f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})" for m, ts in _edges(mods).items()
+                    for t in ts if _layer(t) > _layer(m))
+    assert not upward, "imports pointing up:\n" + "\n".join(upward)
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path, monkeypatch):
+    """The checker itself: a lazy import inside a function closes a cycle it must report."""
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import x\n    return x\n")
+    monkeypatch.setattr(f"{__name__}.PKG", tmp_path)
+    assert _cycle(_edges(_modules())) in (["a", "b", "a"], ["b", "a", "b"])
+
+
+@pytest.mark.parametrize("words", [r"[Ii]ssue [0-9]", r"[Ss]ession [0-9]"])
+def test_the_product_names_no_issue_or_session(words):
+    import re
+
+    root = PKG.parent
+    hits = [f"{p.relative_to(root)}:{i}" for d in ("tiered_ops", "triton_src", "cuda_src") for p in (root / d).rglob("*")
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(words, line)]
+    assert not hits, f"{words} in the product: {hits}"

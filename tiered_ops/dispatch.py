@@ -1,0 +1,117 @@
+"""The per-call path of ``tiered_ops.<op>``: the public functions, made from each op's declaration, and the slow
+path that resolves a call signature's selection once.
+
+Each public function is generated from its op's eager signature (like ``dataclasses`` makes ``__init__``): its
+fast path reads ``requires_grad`` of each tensor argument, builds a key of every tensor's shape and dtype, the
+first tensor's device, the other arguments and whether the call trains, and calls the cached selection; a miss
+goes to ``dispatch``. Generated code keeps the hot path as short as a hand-written one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable
+
+import torch
+
+from .decide import Selection, _as_dtype, _calls, get_store, select_problem
+from .registry import OpSpec
+from .store import STORE_ERRORS
+
+log = logging.getLogger(__name__)
+
+
+def not_tensors(op: str, optional: tuple[str, ...] = (), **args: object) -> TypeError:
+    """The error for a tensor argument of ``tiered_ops.<op>`` that is not a tensor (``None`` where ``optional``):
+    the hot path reads ``.requires_grad`` of each and lands here on an AttributeError."""
+    name, v = next((k, v) for k, v in args.items()
+                   if not isinstance(v, torch.Tensor) and not (v is None and k in optional))
+    return TypeError(f"{op}: argument '{name}' must be a torch.Tensor{' or None' if name in optional else ''}, "
+                     f"got {type(v).__name__}")
+
+
+def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any],
+             train: bool = False) -> torch.Tensor:
+    """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
+
+    ``train`` (the last element of ``key`` too) picks the fwd+bwd decision, else the fwd_nograd one."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
+    problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
+    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
+    # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
+    unusable = not torch.compiler.is_compiling() and get_store().unusable
+    try:
+        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
+                             mode="fwd+bwd" if train else "fwd_nograd")
+    except STORE_ERRORS as e:
+        log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
+        eager = spec.impls["eager"]
+        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
+                                              reason=f"the store failed: {e}: eager", candidates=[]))
+    if len(_calls) > 4096:
+        _calls.clear()
+    _calls[key] = sel
+    return sel.fn(*args, **kwargs)
+
+
+def _is_tensor(p: inspect.Parameter) -> bool:
+    return "Tensor" in str(p.annotation)
+
+
+def _key_part(p: inspect.Parameter) -> str:
+    """The fast-path key's expression for one argument: a tensor's shape and dtype, a sequence as a tuple."""
+    n, ann = p.name, str(p.annotation)
+    if _is_tensor(p):
+        return f"None if {n} is None else ({n}.shape, {n}.dtype)" if "None" in ann else f"{n}.shape, {n}.dtype"
+    if "Sequence" in ann or "list" in ann:
+        return f"{n} if {n}.__class__ is int or {n} is None else tuple({n})"
+    return n
+
+
+def make_public(spec: OpSpec) -> Callable[..., Any]:
+    """``tiered_ops.<op>``: the op's eager signature over the selected implementation, with a generated fast path."""
+    params = list(inspect.signature(spec.reference).parameters.values())
+    names = [p.name for p in params]
+    first = names[0]
+    if not _is_tensor(params[0]):
+        raise TypeError(f"{spec.name}: the first argument of its reference must be a tensor")
+    grads = [names[i] for i in spec.grad_args]
+    optional = tuple(p.name for p in params if _is_tensor(p) and "None" in str(p.annotation))
+    tensors = [p.name for p in params if _is_tensor(p)]
+    ns: dict[str, Any] = dict(_calls=_calls, _dispatch=dispatch, _not_tensors=not_tensors, _SPEC=spec,
+                              _grad=torch.is_grad_enabled, _compiling=torch.compiler.is_compiling,
+                              _capturing=torch.cuda.is_current_stream_capturing)
+    sig = []
+    for i, p in enumerate(params):
+        if p.default is inspect.Parameter.empty:
+            sig.append(p.name)
+        else:
+            ns[f"_D{i}"] = p.default
+            sig.append(f"{p.name}=_D{i}")
+    req = " or ".join(f"{g}.requires_grad" if g not in optional else f"({g} is not None and {g}.requires_grad)"
+                      for g in grads)
+    parts = [f"{first}.shape, {first}.dtype, _dev"] + [_key_part(p) for p in params[1:]]
+    call = ", ".join(names)
+    src = f'''def {spec.name}({", ".join(sig)}):
+    try:
+        train = ({req}) and _grad()
+        _dev = {first}.get_device()
+        key = ({spec.name!r}, {", ".join(parts)}, train,
+               1 if _compiling() else 2 if _dev >= 0 and _capturing() else 0)
+    except AttributeError:
+        raise _not_tensors({spec.name!r}, {optional!r}, {", ".join(f"{t}={t}" for t in tensors)}) from None
+    sel = _calls.get(key)
+    if sel is None:
+        return _dispatch(_SPEC, key, {first}, ({call},), {{}}, train)
+    return sel.fn({call})
+'''
+    exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
+    fn = ns[spec.name]
+    fn.__module__, fn.__qualname__ = "tiered_ops", spec.name
+    fn.__doc__ = (f"{spec.name}{inspect.signature(spec.reference)}: through the implementation selected for the "
+                  "call's shapes, dtype, device, mode (training when grad is on and an input requires it), context.\n\n"
+                  + (inspect.getdoc(inspect.getmodule(spec.reference)) or ""))
+    fn.__source__ = src
+    return fn

@@ -1,0 +1,55 @@
+"""Every ``TIERED_OPS_*`` environment variable the package reads, in one place (read at each use, so a process or a
+test that sets one later sees it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+OFF = ("0", "false", "no", "off")
+
+
+def tune() -> bool:
+    """TIERED_OPS_TUNE: measure on a miss (default on)."""
+    return os.environ.get("TIERED_OPS_TUNE", "1").lower() not in OFF
+
+
+def policy() -> str:
+    """TIERED_OPS_POLICY: the process's default policy (fastest, cost-aware, cold-start)."""
+    return os.environ.get("TIERED_OPS_POLICY", "fastest")
+
+
+def calls() -> int | None:
+    """TIERED_OPS_CALLS: expected calls of the cold-start policy."""
+    v = os.environ.get("TIERED_OPS_CALLS")
+    return int(v) if v else None
+
+
+def margins() -> str:
+    """TIERED_OPS_MARGINS: per-tier margins over the tier below, e.g. ``triton=0.05,cuda=0.1``."""
+    return os.environ.get("TIERED_OPS_MARGINS", "")
+
+
+def db() -> str | None:
+    """TIERED_OPS_DB: the store's path (the CLI's --db overrides it)."""
+    return os.environ.get("TIERED_OPS_DB") or None
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/tiered_ops, or ~/.cache/tiered_ops."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tiered_ops"
+
+
+def build_dir() -> str | None:
+    """TIERED_OPS_BUILD_DIR: where the CUDA extension is built."""
+    return os.environ.get("TIERED_OPS_BUILD_DIR") or None
+
+
+def verbose_build() -> bool:
+    """TIERED_OPS_VERBOSE_BUILD=1: ninja's output while building the CUDA extension."""
+    return os.environ.get("TIERED_OPS_VERBOSE_BUILD") == "1"
+
+
+def contention_check() -> bool:
+    """TIERED_OPS_CONTENTION_CHECK: notice a busy machine while timing on the CPU (default on)."""
+    return os.environ.get("TIERED_OPS_CONTENTION_CHECK", "1").lower() not in OFF
