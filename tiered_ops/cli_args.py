@@ -13,7 +13,7 @@ import re
 import torch
 
 from .catalog import all_ops, get_op
-from .registry import DTYPES, MODES
+from .registry import CONTEXTS, DTYPES, MODES
 
 # A shape whose first dim is negative ("-1x4") reads to argparse as an option; main() hands it on with a leading
 # space (no longer an option, stripped by _shape) so that the shape's own error names it.
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="default fp32")
     s.add_argument("--mode", default="fwd_nograd", choices=list(MODES),
                    help="what the decision is for: inference (fwd_nograd, default) or training (fwd+bwd), ...")
+    s.add_argument("--context", default="eager", choices=list(CONTEXTS),
+                   help="who launches the op: a Python caller (eager, default), a torch.compile graph (compiled) or "
+                   "a CUDA-graph replay (graphed)")
     _add_op_options(s)
     s.add_argument("--no-tune", action="store_true", help="do not measure when no decision is stored")
     s.add_argument("--policy", choices=["fastest", "cost-aware", "cold-start"], help="default: fastest")

@@ -1,6 +1,8 @@
 """select_backend and the per-call dispatch of ``tiered_ops.<op>``.
 
-A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode). The mode is what the call is
+A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode, context). The context is who launches
+the op (``registry.CONTEXTS``: a Python caller, a torch.compile graph, a CUDA-graph replay; ``in_context`` says what
+each pays). The mode is what the call is
 for: ``fwd_nograd`` (inference, the default of select_backend) or ``fwd+bwd`` (training), or ``fwd`` / ``bwd``
 alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is enabled and an input requires grad,
 else ``fwd_nograd``, so inference and training can run different tiers. Each op documents its bucket
@@ -34,7 +36,7 @@ from .catalog import get_op
 from .measure import bucket_str, gate, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
 from .predict import nearest_bucket, predict
-from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode
+from .registry import CONTEXTS, DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_context, check_mode
 from .store import Store, open_store
 from .timing import caller_range, default_device, fingerprint
 
@@ -164,18 +166,21 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                    tune: bool | None = None, progress: Callable[[str], None] | None = None,
-                   policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd") -> Selection:
+                   policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd",
+                   context: str = "eager") -> Selection:
+    """The selection for one problem in one context; the decisions of the other contexts are made from the same
+    rows at the same time, so a compiled region finds its decision at trace time after any eager call decided."""
     if policy is None:
         policy, calls = default_policy()
     bucket = spec.bucket(problem)
-    key = (spec.name, bucket, dtype, device, policy, calls, mode)
+    key = (spec.name, bucket, dtype, device, policy, calls, mode, context)
     sel = _decisions.get(key)
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
-        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode)
+        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode, context)
     with _lock:
         store = get_store()
         fp = fingerprint(device)
@@ -205,22 +210,44 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                                    store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
                     near_dtype = dn
                     break
-        if not rows and not tune:
-            impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision for this bucket: eager", []
-        else:
-            impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
-            if near_dtype != dname:
-                impl, reason, cands = _gated(spec, problem, dtype, device, mode, rows, (policy, calls, store),
-                                             (impl, reason, cands))
-            if near is not None:
-                reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
-                          f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
-        record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
-                      policy=policy, calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
-                      chosen=impl.name, tier=impl.tier.label, reason=reason, candidates=cands)
-        sel = Selection(impl.fn, impl, record)
-        _decisions[key] = sel
-        return sel
+        for ctx in CONTEXTS:
+            ctx_rows, why = in_context(rows, ctx)
+            if not ctx_rows and not tune:
+                impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision: eager", []
+            else:
+                impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store)
+                if near_dtype != dname:
+                    impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
+                                                 (policy, calls, store), (impl, reason, cands))
+                if near is not None:
+                    reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
+                              f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
+            record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
+                          context=ctx, policy=policy,
+                          calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
+                          chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
+            _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
+        return _decisions[key]
+
+
+def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
+    """The rows as a caller in ``context`` pays them, and what that means for the record. ``eager``: the larger of
+    kernel and host time (the launch path from Python), as measured. ``graphed`` (inside CUDA-graph capture or
+    reduce-overhead): nothing is launched from Python on replay, so the kernel time with its p20-p80. ``compiled``
+    (traced into a caller's torch.compile graph): Inductor launches the op; without a measurement of the op
+    between pointwise neighbours in a compiled function, the kernel time is the figure, and the record says so."""
+    if context == "eager" or not rows:
+        return rows, ""
+    out = []
+    for r in rows:
+        kernel = r.get("kernel_us") if r.get("predicted") else r.get("p50_us")
+        if kernel is None or r.get("device_key", "").startswith("cpu") or not r.get("ok"):
+            out.append(r)  # a CPU row: its time is the call's, there is no launch path apart from it
+            continue
+        out.append(dict(r, caller_us=kernel, host_us=None, host_p80_us=None))
+    why = ("graphed caller (CUDA-graph replay): kernel times; " if context == "graphed" else
+           "compiled caller: kernel times (no compiled-context measurement stored); ")
+    return out, why
 
 
 def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, rows: list[dict],
@@ -251,13 +278,14 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
                          "tiered_ops.select_backend(...) or the op once outside the compiled region first")
 def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                           tune: bool | None, progress: Callable[[str], None] | None, policy: str,
-                          calls: int | None, mode: str) -> Selection:
-    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode)
+                          calls: int | None, mode: str, context: str) -> Selection:
+    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context)
 
 
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
-                   calls: int | None = None, mode: str = "fwd_nograd", **params: Any) -> Selection:
+                   calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
+                   **params: Any) -> Selection:
     """The implementation to use for ``op`` at ``shapes`` (shape of the first input) on this device.
 
     ``params`` are the op's non-tensor arguments that shape the work (``dim`` for softmax,
@@ -270,7 +298,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
         dev = torch.device("cuda", torch.cuda.current_device())
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
-        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, mode, tuple(params.items()))
+        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, mode, context, tuple(params.items()))
         sel = _selects.get(fast)
         if sel is not None:
             return sel
@@ -283,7 +311,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     if policy is not None:
         check_policy(policy, calls)
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
-                         calls=calls, mode=check_mode(mode))
+                         calls=calls, mode=check_mode(mode), context=check_context(context))
     if fast is not None:
         if len(_selects) > 4096:
             _selects.clear()

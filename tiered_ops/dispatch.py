@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
-from .registry import OpSpec
+from .registry import CONTEXTS, OpSpec
 from .store import STORE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
              train: bool = False) -> torch.Tensor:
     """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
 
-    ``train`` (the last element of ``key`` too) picks the fwd+bwd decision, else the fwd_nograd one."""
+    ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
+    (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
@@ -44,7 +45,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     unusable = not torch.compiler.is_compiling() and get_store().unusable
     try:
         sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
-                             mode="fwd+bwd" if train else "fwd_nograd")
+                             mode="fwd+bwd" if train else "fwd_nograd", context=CONTEXTS[key[-1]])
     except STORE_ERRORS as e:
         log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
         eager = spec.impls["eager"]

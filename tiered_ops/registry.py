@@ -67,6 +67,17 @@ MODES: tuple[str, ...] = ("fwd_nograd", "fwd", "bwd", "fwd+bwd")
 GRAD_MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
 
 
+# Call contexts: who launches the op. eager: a Python caller (the launch path counts); compiled: the op traced into
+# a caller's torch.compile graph (Inductor launches it); graphed: inside CUDA-graph capture (replay launches nothing).
+CONTEXTS: tuple[str, ...] = ("eager", "compiled", "graphed")
+
+
+def check_context(context: str) -> str:
+    if context not in CONTEXTS:
+        raise ValueError(f"context: expected one of {', '.join(CONTEXTS)}, got {context!r}")
+    return context
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")

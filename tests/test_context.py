@@ -1,0 +1,82 @@
+"""Call contexts: who launches the op (a Python caller, a torch.compile graph, a CUDA-graph replay) is part of the
+decision's key, each context is priced as it pays, and the CLI and select_backend take it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiered_ops
+from tiered_ops import decide
+from tiered_ops.cli import main
+
+
+@pytest.fixture()
+def no_tune(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "ctx.sqlite"))
+    decide.use_store(None)
+    decide.set_tuning(False)
+    yield
+    decide.set_tuning(None)
+    decide.use_store(None)
+
+
+def _row(impl: str, p50: float, host: float, device_key: str = "cuda-NVIDIA H100") -> dict:
+    return dict(impl=impl, tier=impl, ok=1, caller_us=max(p50, host), p50_us=p50, p20_us=0.9 * p50, p80_us=1.1 * p50,
+                host_us=host, host_p80_us=1.1 * host, device_key=device_key)
+
+
+def test_graphed_and_compiled_callers_pay_kernel_time_and_eager_pays_the_launch_path():
+    rows = [_row("triton", p50=10.0, host=60.0), _row("eager", p50=30.0, host=12.0)]
+    eager, why = decide.in_context(rows, "eager")
+    assert eager is rows and why == ""
+    for ctx in ("graphed", "compiled"):
+        priced, why = decide.in_context(rows, ctx)
+        assert [r["caller_us"] for r in priced] == [10.0, 30.0] and ctx in why
+        assert all(r["host_us"] is None for r in priced)  # the tie range is the kernel's alone
+    assert [r["caller_us"] for r in rows] == [60.0, 30.0]  # the stored rows are left as measured
+
+
+def test_a_cpu_row_keeps_its_time_in_every_context():
+    rows = [_row("eager", p50=30.0, host=12.0, device_key="cpu-x86_64")]
+    assert decide.in_context(rows, "graphed")[0][0]["caller_us"] == 30.0
+
+
+def test_select_backend_takes_a_context_and_records_it(no_tune):
+    for ctx in ("eager", "compiled", "graphed"):
+        sel = tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context=ctx)
+        assert sel.record["context"] == ctx
+
+
+def test_an_unknown_context_is_rejected_by_name(no_tune):
+    with pytest.raises(ValueError, match="context: expected one of eager, compiled, graphed, got 'jit'"):
+        tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context="jit")
+
+
+def test_the_cli_select_takes_a_context(no_tune, capsys):
+    assert main(["select", "softmax", "4x8", "--device", "cpu", "--no-tune", "--context", "graphed"]) == 0
+    assert "fwd_nograd graphed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["select", "softmax", "4x8", "--device", "cpu", "--context", "jit"])
+
+
+def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(no_tune):
+    decide.clear_cache()
+    x = torch.randn(3, 17)
+    torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x.double(), -1).float())
+    assert [k[-1] for k in decide._calls if k[0] == "softmax"] == [0]
+    contexts = {k[-1] for k in decide._decisions if k[0] == "softmax"}
+    assert contexts == {"eager", "compiled", "graphed"}  # a compiled region finds its decision at trace time
+
+
+def test_a_compiled_caller_is_detected_and_traced_without_a_graph_break(no_tune):
+    decide.clear_cache()
+    x = torch.randn(3, 17)
+    tiered_ops.softmax(x, -1)  # decided outside the graph first
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.softmax(t * 2, -1) + 1
+
+    explained = torch._dynamo.explain(f)(x)
+    assert explained.graph_break_count == 0
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), torch.softmax(2 * x.double(), -1).float() + 1)
