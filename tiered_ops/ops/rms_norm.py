@@ -112,7 +112,7 @@ SPEC = register_op(OpSpec(
         _problem((0, 16)),  # empty
     ],
     default_problems=lambda dev: [_problem(s) for s in (
-        [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda"
+        [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096), (12, 250000)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
 ))

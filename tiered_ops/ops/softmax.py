@@ -98,7 +98,8 @@ SPEC = register_op(OpSpec(
         _problem((3, 1, 5), dim=1),  # a size-1 softmax dim: y = 1, dx = 0
     ],
     default_problems=lambda dev: [_problem(s) for s in (
-        [(16384, 4096), (4096, 32768), (65536, 256), (512, 393216), (32, 4096), (1, 4096)] if dev == "cuda"
+        [(16384, 4096), (4096, 32768), (65536, 256), (512, 393216), (32, 4096), (1, 4096), (12, 250000)]
+        if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
 ))
