@@ -19,6 +19,8 @@ row with two, and neither torch nor any tier computes it: the IEEE evaluation is
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 import math
 from typing import Any
 
@@ -51,49 +53,9 @@ def versions(device: torch.device) -> str:
 
 # ---- the float64 truth ------------------------------------------------------------------------------------------
 
-def _dims(x: torch.Tensor, normalized_shape: Any) -> tuple[int, ...]:
-    n = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
-    return tuple(range(x.dim() - n, x.dim()))
-
-
-def _softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    if x.numel() == 0:
-        return x * 1.0  # amax has no identity over an empty dim
-    e = torch.exp(x - x.amax(dim, keepdim=True))
-    return e / e.sum(dim, keepdim=True)
-
-
-def _rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None, eps: float | None = None,
-              *, dtype: torch.dtype) -> torch.Tensor:
-    eps = torch.finfo(dtype).eps if eps is None else eps  # F.rms_norm: eps=None is the input dtype's eps
-    y = x / torch.sqrt((x * x).mean(_dims(x, normalized_shape), keepdim=True) + eps)
-    return y if weight is None else y * weight
-
-
-def _layer_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    dims = _dims(x, normalized_shape)
-    xc = x - x.mean(dims, keepdim=True)
-    y = xc / torch.sqrt((xc * xc).mean(dims, keepdim=True) + eps)
-    y = y if weight is None else y * weight
-    return y if bias is None else y + bias
-
-
-def _gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> torch.Tensor:
-    v = x if bias is None else x + bias
-    if approximate == "tanh":
-        y = 0.5 * v * (1 + torch.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v * v * v)))
-    else:
-        y = 0.5 * v * (1 + torch.erf(v / math.sqrt(2)))
-    # the limits at +-inf (the formula is inf * 0 = NaN at -inf); where() keeps the gradient of the finite entries
-    return torch.where(torch.isinf(v), torch.where(v > 0, v, torch.zeros_like(v)), y)
-
-
-def _muladd(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    return a * b + c
-
-
-_TRUTH = {"softmax": _softmax, "rms_norm": _rms_norm, "layer_norm": _layer_norm, "gelu": _gelu, "muladd": _muladd}
+def truth_of(op: str) -> Any:
+    """``tests/truths/<op>.py``'s ``truth``: each op's float64 math lives in its own file (adding an op adds one)."""
+    return importlib.import_module(f"truths.{op}").truth
 
 
 def truth64(op: str, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -102,9 +64,10 @@ def truth64(op: str, *args: Any, **kwargs: Any) -> torch.Tensor:
     on it (rms_norm's eps); by default the first tensor's."""
     dtype = kwargs.pop("dtype", None) or next(a.dtype for a in args if isinstance(a, torch.Tensor))
     conv = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    if op == "rms_norm":
+    fn = truth_of(op)
+    if "dtype" in inspect.signature(fn).parameters:
         kwargs["dtype"] = dtype
-    return _TRUTH[op](*conv, **kwargs)
+    return fn(*conv, **kwargs)
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -206,7 +169,7 @@ def torch_gelu_deviation(device: str, approximate: str, value: float) -> str | N
     x = torch.ones(17, device=device)
     x[0] = value
     got = torch.nn.functional.gelu(x, approximate=approximate)[0].item()
-    want = _gelu(torch.tensor([value], dtype=torch.float64), None, approximate).item()
+    want = truth_of("gelu")(torch.tensor([value], dtype=torch.float64), None, approximate).item()
     if got == want or (math.isnan(got) and math.isnan(want)):
         return None
     if value > 0 and device == "cpu":

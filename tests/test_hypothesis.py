@@ -2,6 +2,7 @@
 helpers.truth64) and the Triton interpreter (through the gate), forward and backward, and a few draws through
 torch.compile."""
 
+import importlib
 import zlib
 
 import pytest
@@ -10,7 +11,7 @@ from helpers import assert_matches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiered_ops.catalog import get_op
+from tiered_ops.catalog import all_ops, get_op
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
 SHAPES = st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple)
@@ -19,24 +20,18 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], der
 
 @st.composite
 def problems(draw, op: str):
+    """A random problem of the op: its test data's ``random_problem`` (tests/truths/<op>.py), else a random shape."""
     shape = draw(SHAPES)
     spec = get_op(op)
-    if op == "softmax":
-        return spec.problem(shape, dim=draw(st.integers(-len(shape), len(shape) - 1)))
-    if op in ("rms_norm", "layer_norm"):
-        k = draw(st.integers(1, len(shape)))
-        extra = {"bias": draw(st.booleans())} if op == "layer_norm" else {}
-        return spec.problem(shape, normalized_shape=shape[len(shape) - k:], weight=draw(st.booleans()), **extra)
-    if op == "gelu":
-        return spec.problem(shape, bias=draw(st.booleans()), approximate=draw(st.sampled_from(["none", "tanh"])))
-    return spec.problem(shape)
+    draw_params = getattr(importlib.import_module(f"truths.{op}"), "random_problem", None)
+    return spec.problem(shape, **draw_params(draw, shape)) if draw_params else spec.problem(shape)
 
 
 def _check(op, impl, problem, dtype, grad):
     assert_matches(op, impl, problem, dtype, seed=zlib.crc32(str(problem).encode()) % 1000, grad=grad)
 
 
-@pytest.mark.parametrize("op", ["softmax", "rms_norm", "muladd", "layer_norm", "gelu"])
+@pytest.mark.parametrize("op", [s.name for s in all_ops()])
 @pytest.mark.parametrize("impl", ["eager", "triton"])
 def test_random_problems_forward_and_backward(op, impl):
     @settings(max_examples=12, **SETTINGS)

@@ -121,7 +121,18 @@ def test_the_product_names_no_issue_or_session(words):
     import re
 
     root = PKG.parent
-    hits = [f"{p.relative_to(root)}:{i}" for d in ("tiered_ops", "triton_src", "cuda_src") for p in (root / d).rglob("*")
+    files = [p for d in ("tiered_ops", "triton_src", "cuda_src") for p in (root / d).rglob("*")]
+    hits = [f"{p.relative_to(root)}:{i}" for p in files
             if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h", ".cpp")
             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(words, line)]
     assert not hits, f"{words} in the product: {hits}"
+
+
+def test_every_op_has_its_test_file_and_its_float64_truth():
+    """Tests take their ops from the registry; what an op adds for them is its test file and its truth."""
+    from tiered_ops.catalog import all_ops
+
+    tests = Path(__file__).resolve().parent
+    missing = [f"{s.name}: {f}" for s in all_ops() for f in (f"test_{s.name}.py", f"truths/{s.name}.py")
+               if not (tests / f).is_file()]
+    assert not missing, f"ops without their test data: {missing}"

@@ -7,7 +7,7 @@ import torch
 from helpers import HAS_CUDA, gpu
 
 from tiered_ops import cuda_ext, meta
-from tiered_ops.catalog import get_op
+from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.cli import main
 from tiered_ops.registry import package_dir
 from tiered_ops.store import Store
@@ -127,8 +127,8 @@ def test_metadata_is_stored_per_source_and_info_prints_it(private_store, capsys)
 @gpu
 def test_gpu_graph_breaks_registered_zero_unregistered_cuda_breaks():
     dev = torch.device("cuda")
-    for op in ("softmax", "rms_norm", "muladd"):
-        spec = get_op(op)
+    for spec in all_ops():
+        op = spec.name
         for name in ("triton", "cuda"):
             gb = meta.graph_breaks(spec, spec.impls[name], dev)
             assert gb["registered"]["breaks"] == 0 and gb["registered"]["graphs"] == 1, (op, name, gb)
