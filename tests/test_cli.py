@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 
 import tiered_ops
-from tiered_ops.bench import table
+from tiered_ops.analysis import shown as _shown
+from tiered_ops.analysis import table
 from tiered_ops.catalog import all_ops, get_op
-from tiered_ops.cli import _shown, main
+from tiered_ops.cli import main
 from tiered_ops.cli_args import build_parser
 from tiered_ops.meta import with_progress
 

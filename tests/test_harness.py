@@ -179,7 +179,7 @@ def test_tuning_off_decides_from_the_nearest_measured_bucket_and_never_picks_a_p
 def test_winners_and_decisions_skip_peers_but_show_the_fastest(private_store):
     import pandas as pd
 
-    from tiered_ops.bench import decisions, winners
+    from tiered_ops.analysis import decisions, winners
 
     base = dict(op="softmax", problem="8x64,dim=-1", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
                 p80_us=None, first_call_s=0.0)

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from tiered_ops.bench import winners
+from tiered_ops.analysis import winners
 from tiered_ops.cli import main
 from tiered_ops.store import COLUMN_NAMES
 

@@ -19,10 +19,9 @@ import torch
 
 from .measure import base_row, contended, measure
 from .meta import breaks_str, stored_or_collect, with_progress
-from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .store import Store
-from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint, overlap
+from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint
 from .worker import Pool
 
 CLAIM_POLL_S = 0.5  # how often a sweep looks again at candidates another sweep holds
@@ -182,75 +181,3 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]
         df["loc"] = [metas.get((r.op, r.impl), {}).get("loc") for r in df.itertuples()]
     return df
-
-
-def winners(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
-    and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
-    (``p20``/``p80``, ``runner_p20``/``runner_p80``), ``tie`` when those ranges overlap, the
-    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time."""
-    ok = df[(df.ok == 1) & df.caller_us.notna()]
-    out = []
-    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        peers = g[g.tier == "peer"].sort_values("caller_us")
-        g = g[g.tier != "peer"].sort_values("caller_us")
-        if g.empty:
-            continue
-        best = g.iloc[0]
-        second = g.iloc[1] if len(g) > 1 else None
-        eager = g[g.tier == "eager"].caller_us.min()
-        # the p20-p80 ranges as a caller sees them (timing.caller_range: the kernel's spread, and the host batches'
-        # where the launch path sets the time); overlapping ranges are a tie
-        spread = [caller_range(best), caller_range(second) if second is not None else (math.nan, math.nan)]
-        out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
-                        caller_us=best.caller_us, runner_up=None if second is None else second.impl,
-                        margin=math.nan if second is None else second.caller_us / best.caller_us,
-                        tie=bool(second is not None and overlap(*spread)),
-                        p20=spread[0][0], p80=spread[0][1], runner_p20=spread[1][0], runner_p80=spread[1][1],
-                        vs_eager=eager / best.caller_us if eager == eager else math.nan,
-                        peer=peers.impl.iloc[0] if len(peers) else None,
-                        peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan))
-    return pd.DataFrame(out)
-
-
-def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple[int, ...] = (DEFAULT_CALLS, 10**6)
-              ) -> pd.DataFrame:
-    """The choice under each policy per (op, problem, dtype, mode), from this sweep's rows and cost metadata."""
-    ok = df[(df.ok == 1) & df.caller_us.notna() & (df.tier != "peer")]  # a peer is never chosen
-    out = []
-    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        cands = [dict(impl=r.impl, tier=r.tier, caller_us=r.caller_us, first_call_s=r.first_call_s,
-                      build_s=metas.get((op, r.impl), {}).get("build_s_extension") if r.tier == "cuda" else None)
-                 | dict(zip(("lo", "hi"), caller_range(r))) for r in g.itertuples()]
-        row = dict(op=op, problem=problem, dtype=dtype, mode=mode, fastest=choose(cands, "fastest")[0]["impl"],
-                   cost_aware=choose(cands, "cost-aware")[0]["impl"])
-        for n in calls:
-            row[f"cold_start_{n:g}"] = choose(cands, "cold-start", n)[0]["impl"]
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def _fmt(v: object, spec: str) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return format(v, spec)
-
-
-def table(df: pd.DataFrame, op: str) -> str:
-    """Text table of one op's results: a line per (problem, dtype, implementation), winner marked."""
-    win = winners(df)
-    win_set = {(r.problem, r.dtype, r.mode, r.winner) for r in win.itertuples()}
-    head = f"{'problem':<26} {'dtype':<5} {'mode':<10} {'impl':<14} {'tier':<8} {'median us':>10} {'us/call':>9} " \
-           f"{'GB/s':>7} {'% copy':>7} {'rel err':>8} {'breaks':>6} {'LOC':>4}  note"
-    lines = [f"== {op} ==", head]
-    for r in df[df.op == op].itertuples():
-        mark = "  <- winner" if (r.problem, r.dtype, r.mode, r.impl) in win_set else ""
-        note = (r.reason or "") if not r.ok or r.caller_us is None or r.caller_us != r.caller_us else ""
-        lines.append(
-            f"{r.problem:<26} {r.dtype:<5} {r.mode:<10} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
-            f"{_fmt(r.caller_us, '9.1f')} {_fmt(r.gbps, '7.0f')} "
-            f"{_fmt(None if r.frac_copy is None else 100 * r.frac_copy, '6.1f')}% {_fmt(r.rel_error, '8.1e')} "
-            f"{getattr(r, 'graph_breaks', '-'):>6} {_fmt(getattr(r, 'loc', None), '4.0f')}"
-            f"{mark}{('  ' + note[:90]) if note else ''}"
-        )
-    return "\n".join(lines)

@@ -16,10 +16,10 @@ import torch
 
 from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
-from .registry import DTYPES, GRAD_MODES, MODES
+from .registry import MODES
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 
 def _device(arg: str | None) -> torch.device:
@@ -40,23 +40,6 @@ def _gpu(args: argparse.Namespace, what: str, why: str) -> torch.device | None:
         print(f"error: {what} needs a GPU ({why})", file=sys.stderr)
         return None
     return dev
-
-
-def _shown(df: pd.DataFrame, note: list[str]) -> pd.DataFrame:
-    """The sweep's rows as printed. Eager's gradients set the other tiers' bounds and are not gated themselves, so
-    an eager figure above its dtype's output bound on a row that passed is an ungated gradient: in practice one
-    that is 0 in exact arithmetic (a normalized dim of 1), its roundoff measured against the zero floor. It is no
-    relative error and is not shown as one; ``note`` gets a line that says so."""
-    import pandas as pd
-
-    err = pd.to_numeric(df.rel_error)
-    bound = [get_op(o).rtol[DTYPES[d]] for o, d in zip(df.op, df.dtype)]
-    ungated = (df.impl == "eager") & df["mode"].isin(GRAD_MODES) & (df.ok == 1) & (err > bound)
-    if ungated.any():
-        note.append(f"rel err '-' on {int(ungated.sum())} eager row(s) with a backward: eager's gradients are not "
-                    "gated (they set the other tiers' bounds) and its worst is a gradient that is 0 in exact "
-                    "arithmetic (a normalized dim of 1), whose roundoff is no relative error")
-    return df.assign(rel_error=err.mask(ungated))
 
 
 def _store(args: argparse.Namespace):
@@ -81,7 +64,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    from .bench import decisions, sweep, table, winners
+    from .analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
+    from .bench import sweep
 
     for module in args.imports or []:
         importlib.import_module(module)  # registers more ops (tests/plants: planted faulty kernels)
@@ -113,10 +97,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df.to_csv(args.csv, index=False)
         print(f"wrote {len(df)} rows to {args.csv}")
     note: list[str] = []
-    shown = _shown(df, note) if len(df) else df
+    rows = shown(df, note) if len(df) else df
     for spec in specs:
         print()
-        print(table(shown, spec.name))
+        print(table(rows, spec.name))
     for line in note:
         print(line)
     w = winners(df)
@@ -127,12 +111,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         d = decisions(df, metas)
         print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
         print(d.to_string(index=False))
-        differ = d[(d.fastest != d.cost_aware) | d.filter(like="cold_start").ne(d.fastest, axis=0).any(axis=1)]
-        print(f"policies disagree on {len(differ)} of {len(d)} (op, problem, dtype, mode)")
-        modes = w.pivot_table(index=["op", "problem", "dtype"], columns="mode", values="winner", aggfunc="first")
+        print(f"policies disagree on {policy_disagreements(d)} of {len(d)} (op, problem, dtype, mode)")
+        modes, flips = winner_per_mode(w)
         if modes.shape[1] > 1:
-            flips = modes[modes.nunique(axis=1) > 1]
-            print(f"\nwinner per mode (differs across modes for {len(flips)} of {len(modes)} (op, problem, dtype)):")
+            print(f"\nwinner per mode (differs across modes for {flips} of {len(modes)} (op, problem, dtype)):")
             print(modes.to_string())
     return 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bench import decisions, winners
+from .analysis import decisions, winners
 from .store import COLUMN_NAMES
 from .targets import LARGE_BYTES
 
