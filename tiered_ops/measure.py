@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .environment import environment
-from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_mode, rel_error
+from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode, rel_error
 from .timing import COPY_BYTES, Fingerprint, contention_check, copy_bandwidth_gbps, fingerprint, sync, time_call
 
 log = logging.getLogger(__name__)
@@ -205,9 +205,23 @@ def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     return max(err, worst) if why is None else err, why
 
 
-def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str) -> Callable[[], Any]:
-    """The call a measurement in ``mode`` times (built once; a bwd call replays a retained graph)."""
+def in_compiled_caller(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a compiled caller runs it: traced into a small torch.compile'd function between two pointwise ops
+    (one graph per shape). There the eager and compile tiers fuse with their neighbours, while a Triton or CUDA op
+    is a fusion barrier the caller pays for: the same neighbours for every tier make the times comparable."""
+    def caller(first: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        out = fn(first * 0.5, *rest, **kw)
+        return out * 2 if isinstance(out, torch.Tensor) else tuple(o * 2 for o in out)
+
+    return torch.compile(caller, dynamic=False, fullgraph=True)
+
+
+def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = "eager") -> Callable[[], Any]:
+    """The call a measurement in ``mode`` times (built once; a bwd call replays a retained graph); ``compiled``:
+    inside a compiled caller (``in_compiled_caller``)."""
     fn, kwargs = impl.fn, inp.kwargs
+    if context == "compiled":
+        fn = in_compiled_caller(fn)
     if mode == "fwd_nograd":
         def call() -> Any:
             with torch.no_grad():
@@ -239,10 +253,15 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-            mode: str = "fwd_nograd") -> dict[str, Any]:
-    """Gate, then time one implementation in ``mode``; returns a store row (never raises for a bad candidate)."""
+            mode: str = "fwd_nograd", context: str = "eager") -> dict[str, Any]:
+    """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
+    Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
+    A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds."""
     check_mode(mode)
+    if check_context(context) == "graphed":
+        raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
     row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
+    row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
         row.update(reason=f"unavailable: {why}", env=environment())  # failures that may be the environment's
@@ -250,7 +269,7 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
-        call = timed_call(spec, impl, inp, mode)
+        call = timed_call(spec, impl, inp, mode, context)
         call()  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
         sync(device)
     except Exception as e:
@@ -282,6 +301,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
                  busy, attempt, CONTENDED_TRIES)
         if attempt < CONTENDED_TRIES:
             time.sleep(CONTENDED_PAUSE_S)
+    if context != "eager":
+        gbps = None  # the neighbours move bytes too: no bandwidth of the op alone
     row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
                host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
