@@ -8,6 +8,7 @@ from tiered_ops import decide as sel_mod
 from tiered_ops import policy
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
+from tiered_ops.policy import check_policy, choose
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")
@@ -133,3 +134,34 @@ def test_cost_aware_through_select_backend_reads_the_stored_spreads(private_stor
     assert pick["fastest"].name == "compile" and pick["cost-aware"].name == "eager"
     c = {x["impl"]: x for x in pick["cost-aware"].record["candidates"]}
     assert (c["compile"]["lo"], c["compile"]["hi"]) == (20.0, 35.0) and c["eager"]["hi"] == pytest.approx(30.5)
+
+
+def _mem(impl: str, tier: str, us: float, peak: int | None) -> dict:
+    return dict(impl=impl, tier=tier, caller_us=us, first_call_s=0.0, peak_bytes=peak)
+
+
+def test_memory_policy_is_the_fastest_within_the_budget():
+    cands = [_mem("eager", "eager", 10.0, 4000), _mem("compile", "compile", 8.0, 3000),
+             _mem("triton", "triton", 9.0, 100)]
+    best, why, figures = choose(cands, "memory", budget=1000)
+    assert best["impl"] == "triton" and "within 1000 bytes" in why
+    assert figures == {"eager": 4000.0, "compile": 3000.0, "triton": 100.0}
+    assert choose(cands, "memory", budget=3000)[0]["impl"] == "compile"  # the peak may equal the budget
+    assert choose(cands, "fastest")[0]["impl"] == "compile"
+
+
+def test_memory_policy_without_a_fitting_candidate_takes_the_smallest_peak_and_says_so():
+    cands = [_mem("eager", "eager", 10.0, 4000), _mem("compile", "compile", 8.0, 3000)]
+    best, why, _ = choose(cands, "memory", budget=10)
+    assert best["impl"] == "compile" and "none measured within 10 bytes" in why
+    best, why, _ = choose([_mem("eager", "eager", 10.0, None)], "memory", budget=10)
+    assert best["impl"] == "eager" and "no peak measured" in why
+
+
+@pytest.mark.parametrize("policy,budget,match", [("memory", None, "budget: the memory policy needs a budget"),
+                                                 ("memory", -1, "budget"), ("fastest", 100, "only the memory")])
+def test_the_memory_budget_is_checked(policy, budget, match):
+    with pytest.raises(ValueError, match=match):
+        check_policy(policy, None, budget)
+    with pytest.raises(ValueError, match=match):
+        tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", policy=policy, budget=budget, tune=False)

@@ -125,7 +125,8 @@ def cmd_select(args: argparse.Namespace) -> int:
     params = op_kwargs(args.op, args)  # before anything runs
     use_store(_store(args))
     sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune,
-                         policy=args.policy, calls=args.calls, mode=args.mode, context=args.context, **params)
+                         policy=args.policy, calls=args.calls, mode=args.mode, context=args.context,
+                         budget=args.budget, **params)
     print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype} {args.mode} {args.context} "
           f"[{sel.record['policy']}]: {sel.name} "
           f"({sel.tier.label}) - {sel.record['reason']}")

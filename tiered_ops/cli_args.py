@@ -13,6 +13,7 @@ import re
 import torch
 
 from .catalog import all_ops, get_op
+from .policy import POLICIES
 from .registry import CONTEXTS, DTYPES, MODES
 
 # A shape whose first dim is negative ("-1x4") reads to argparse as an option; main() hands it on with a leading
@@ -164,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a CUDA-graph replay (graphed)")
     _add_op_options(s)
     s.add_argument("--no-tune", action="store_true", help="do not measure when no decision is stored")
-    s.add_argument("--policy", choices=["fastest", "cost-aware", "cold-start"], help="default: fastest")
+    s.add_argument("--policy", choices=list(POLICIES), help="default: fastest")
+    s.add_argument("--budget", type=int, help="memory: bytes a call may allocate above its inputs")
     s.add_argument("--calls", type=int, help="cold-start: expected number of calls (default 1000)")
     s.add_argument("--json", action="store_true", help="print the full decision record")
 

@@ -43,6 +43,7 @@ from .timing import caller_range, default_device, fingerprint
 log = logging.getLogger(__name__)
 _tune: bool | None = None
 _policy: tuple[str, int | None] | None = None
+_budget: int | None = None  # the memory policy's budget of the process default
 _store: Store | None = None
 _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
@@ -61,12 +62,14 @@ def tuning_enabled() -> bool:
     return _tune if _tune is not None else envs.tune()
 
 
-def set_policy(policy: str | None, calls: int | None = None) -> None:
-    """Default policy of this process (None: follow TIERED_OPS_POLICY / TIERED_OPS_CALLS, default fastest)."""
-    global _policy
+def set_policy(policy: str | None, calls: int | None = None, budget: int | None = None) -> None:
+    """Default policy of this process (None: follow TIERED_OPS_POLICY / TIERED_OPS_CALLS, default fastest);
+    ``budget``: the memory policy's bytes."""
+    global _policy, _budget
     if policy is not None:
-        check_policy(policy, calls)
+        check_policy(policy, calls, budget)
     _policy = None if policy is None else (policy, calls)
+    _budget = budget if policy is not None else None
     clear_cache()
 
 
@@ -139,14 +142,15 @@ def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
 
 
 def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, policy: str,
-            calls: int | None, store: Store) -> tuple[Impl, str, list]:
+            calls: int | None, store: Store, budget: int | None = None) -> tuple[Impl, str, list]:
     """Choose among the correct fresh timed implementations under ``policy``; (impl, reason, candidates)."""
     cands, ok = [], []
     for r in rows:
         impl = spec.fresh_impl(r)
         fresh = impl is not None
         c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "host_p80_us",
-                                   "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s")} | {"fresh": fresh}
+                                   "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s", "peak_bytes")
+             } | {"fresh": fresh}
         if fresh and r["ok"] and r["caller_us"] is not None and not r.get("predicted"):
             c["lo"], c["hi"] = caller_range(r)  # a time predicted at another shape has no measured spread
         if fresh and impl.tier == Tier.CUDA and policy == "cold-start":
@@ -156,7 +160,7 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
         if (fresh and impl.tier != Tier.PEER and r["ok"] and r["caller_us"] is not None
                 and impl.why_not(device, dtype) is None):
             ok.append(c)  # a peer is measured for comparison, never chosen
-    best, reason, totals = choose(ok, policy, calls)
+    best, reason, totals = choose(ok, policy, calls, budget=budget)
     for c in cands:
         c["policy_figure"] = totals.get(c["impl"]) if c in ok else None
     if best is None:
@@ -167,20 +171,22 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                    tune: bool | None = None, progress: Callable[[str], None] | None = None,
                    policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd",
-                   context: str = "eager") -> Selection:
+                   context: str = "eager", budget: int | None = None) -> Selection:
     """The selection for one problem in one context; the decisions of the other contexts are made from the same
     rows at the same time, so a compiled region finds its decision at trace time after any eager call decided."""
     if policy is None:
         policy, calls = default_policy()
+        budget = _budget if budget is None else budget
     bucket = spec.bucket(problem)
-    key = (spec.name, bucket, dtype, device, policy, calls, mode, context)
+    key = (spec.name, bucket, dtype, device, policy, calls, budget, mode, context)
     sel = _decisions.get(key)
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
-        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode, context)
+        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode, context,
+                                     budget)
     with _lock:
         store = get_store()
         fp = fingerprint(device)
@@ -215,15 +221,15 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             if not ctx_rows and not tune:
                 impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision: eager", []
             else:
-                impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store)
+                impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
                 if near_dtype != dname:
                     impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
-                                                 (policy, calls, store), (impl, reason, cands))
+                                                 (policy, calls, store, budget), (impl, reason, cands))
                 if near is not None:
                     reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
                               f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
             record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
-                          context=ctx, policy=policy,
+                          context=ctx, policy=policy, budget=budget,
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
             _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
@@ -257,7 +263,7 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
     Nothing returns an implementation that never passed the float64 gate at the requested dtype: the choice is
     gated now at ``problem`` (the gate alone, no timing; cached per implementation, dtype and device like every
     gate), and one that fails is struck and the choice made again among the rest, eager last."""
-    policy, calls, store = how
+    policy, calls, store, budget = how
     impl, reason, cands = decided
     failed: list[str] = []
     while True:
@@ -269,7 +275,7 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
         rows = [r for r in rows if r["impl"] != impl.name]
         if impl.name == "eager":
             break  # nothing left that passes: eager, with the failures on record
-        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store)
+        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget)
     gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
     return impl, f"{reason}; {gated}", cands
 
@@ -278,27 +284,29 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
                          "tiered_ops.select_backend(...) or the op once outside the compiled region first")
 def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                           tune: bool | None, progress: Callable[[str], None] | None, policy: str,
-                          calls: int | None, mode: str, context: str) -> Selection:
-    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context)
+                          calls: int | None, mode: str, context: str, budget: int | None) -> Selection:
+    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context, budget)
 
 
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
                    calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
-                   **params: Any) -> Selection:
+                   budget: int | None = None, **params: Any) -> Selection:
     """The implementation to use for ``op`` at ``shapes`` (shape of the first input) on this device.
 
     ``params`` are the op's non-tensor arguments that shape the work (``dim`` for softmax,
     ``normalized_shape`` and ``weight`` for rms_norm). ``policy`` is ``fastest`` (default), ``cost-aware`` or
-    ``cold-start`` (with ``calls``, the expected number of calls). ``mode`` is ``fwd_nograd`` (inference),
-    ``fwd+bwd`` (training), ``fwd`` or ``bwd``. Returns a callable with ``.tier``, ``.name`` and
+    ``cold-start`` (with ``calls``, the expected number of calls) or ``memory`` (with ``budget``, bytes the call may
+    allocate above its inputs). ``mode`` is ``fwd_nograd`` (inference), ``fwd+bwd`` (training), ``fwd`` or ``bwd``;
+    ``context`` is who launches the op: ``eager`` (a Python caller), ``compiled`` (traced into torch.compile) or
+    ``graphed`` (CUDA-graph replay). Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
         dev = torch.device("cuda", torch.cuda.current_device())
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
-        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, mode, context, tuple(params.items()))
+        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, budget, mode, context, tuple(params.items()))
         sel = _selects.get(fast)
         if sel is not None:
             return sel
@@ -308,10 +316,10 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     if any(int(d) < 1 for d in shapes):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
         raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(int(d)) for d in shapes)}")
     spec = get_op(op)
-    if policy is not None:
-        check_policy(policy, calls)
+    if policy is not None or budget is not None:
+        check_policy(policy or "fastest", calls, budget)
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
-                         calls=calls, mode=check_mode(mode), context=check_context(context))
+                         calls=calls, mode=check_mode(mode), context=check_context(context), budget=budget)
     if fast is not None:
         if len(_selects) > 4096:
             _selects.clear()

@@ -288,6 +288,7 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if not_timeable:
         row["reason"] = f"correct; not timed: {not_timeable}"
         return row
+    row["peak_bytes"] = peak_bytes(call, device)
     nbytes = spec.mode_bytes(problem, dtype, mode)
     for attempt in range(1, CONTENDED_TRIES + 1):
         t = time_call(call, device)
@@ -309,6 +310,21 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if busy:
         flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
     return row
+
+
+def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:
+    """Bytes one call allocates above what was allocated before it (its inputs, a retained graph): the CUDA caching
+    allocator's peak during the call minus its allocation before. None on the CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return int(peak)
 
 
 CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used

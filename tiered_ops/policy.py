@@ -8,6 +8,8 @@
 - ``cold-start`` with N expected calls: minimizes up-front seconds + N x per-call time. Up front is the
   first call at this shape (torch.compile's compile, Triton's JIT) plus, for the CUDA tier, the extension
   build (a process that must build it pays it once).
+- ``memory`` with a budget in bytes: the fastest whose peak memory (allocated above the inputs, ``peak_bytes``)
+  stays within the budget; where none is measured within it, the one with the smallest peak, and the reason says so.
 The candidates are dicts with at least ``impl``, ``tier``, ``caller_us``, ``first_call_s`` and an optional
 ``build_s``; only correct, fresh, timed ones should be passed in.
 """
@@ -20,7 +22,7 @@ from . import envs
 from .registry import Tier
 from .timing import overlap
 
-POLICIES = ("fastest", "cost-aware", "cold-start")
+POLICIES = ("fastest", "cost-aware", "cold-start", "memory")
 DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}
 DEFAULT_CALLS = 1000
 
@@ -36,11 +38,15 @@ def margins() -> dict[str, float]:
     return out
 
 
-def check_policy(policy: str, calls: int | None) -> None:
+def check_policy(policy: str, calls: int | None, budget: int | None = None) -> None:
     if policy not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
     if calls is not None and (not isinstance(calls, int) or calls < 1):
         raise ValueError(f"calls: expected a positive whole number of expected calls, got {calls!r}")
+    if policy == "memory" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"budget: the memory policy needs a budget in bytes (a whole number >= 0), got {budget!r}")
+    if policy != "memory" and budget is not None:
+        raise ValueError(f"budget: only the memory policy takes a budget, not {policy!r}")
 
 
 def _rank(tier: str) -> int:
@@ -55,11 +61,14 @@ def _tie(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | None = None,
-           tier_margins: dict[str, float] | None = None) -> tuple[dict[str, Any] | None, str, dict[str, float]]:
+           tier_margins: dict[str, float] | None = None, budget: int | None = None
+           ) -> tuple[dict[str, Any] | None, str, dict[str, float]]:
     """(chosen candidate or None, why, the figure each candidate was judged by) under ``policy``."""
-    check_policy(policy, calls)
+    check_policy(policy, calls, budget)
     if not cands:
         return None, "no correct timed implementation", {}
+    if policy == "memory":
+        return _within_budget(cands, budget or 0)
     if policy == "fastest":
         totals = {c["impl"]: c["caller_us"] for c in cands}
         best = min(cands, key=lambda c: c["caller_us"])
@@ -91,3 +100,20 @@ def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | No
         why += (f"; {fastest['impl']} is {best['caller_us'] / fastest['caller_us']:.2f}x faster but not by its "
                 f"{m.get(fastest['tier'], 0.0):.0%} margin over cheaper tiers and outside their noise")
     return best, why, totals
+
+
+def _within_budget(cands: list[dict[str, Any]], budget: int) -> tuple[dict[str, Any], str, dict[str, float]]:
+    known = [c for c in cands if c.get("peak_bytes") is not None]
+    totals = {c["impl"]: float(c["peak_bytes"]) for c in known}
+    fit = [c for c in known if c["peak_bytes"] <= budget]
+    if fit:
+        best = min(fit, key=lambda c: c["caller_us"])
+        return best, (f"memory: fastest within {budget} bytes ({best['caller_us']:.1f} us per call, peak "
+                      f"{best['peak_bytes']} bytes)"), totals
+    if known:
+        best = min(known, key=lambda c: (c["peak_bytes"], c["caller_us"]))
+        return best, (f"memory: none measured within {budget} bytes; the smallest peak ({best['peak_bytes']} bytes, "
+                      f"{best['caller_us']:.1f} us per call)"), totals
+    best = min(cands, key=lambda c: c["caller_us"])
+    return best, (f"memory: no peak measured here (CPU rows carry none): fastest ({best['caller_us']:.1f} us per "
+                  "call)"), {}
