@@ -209,15 +209,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     if args.live:
         from .bench import sweep
+        from .check import live_plan
         from .timing import fingerprint
 
         dev = _gpu(args, "check --live", "the CUDA tier runs nowhere else")
         if dev is None:
             return 2
         specs = [s for s in all_ops() if any(i.tier.label == "cuda" for i in s.impls.values())]
+        problems, dtypes, modes = live_plan(specs)  # the default problems inside the held territories
         store = _store(args)
-        sweep(specs, {s.name: s.default_problems("cuda") for s in specs}, args.dtype or [torch.bfloat16],
-              dev, store, progress=not args.no_progress, modes=args.mode or ["fwd_nograd"], isolate=True)
+        sweep([s for s in specs if s.name in problems], problems, args.dtype or [DTYPES[d] for d in dtypes],
+              dev, store, progress=not args.no_progress, modes=args.mode or modes, isolate=True)
         df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
     else:
         if not args.results:

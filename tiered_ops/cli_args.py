@@ -168,12 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op", help=f"the op: {ops}")
     s.add_argument("--json", action="store_true", help="print each implementation's metadata as JSON")
 
-    s = command("check", "fail (exit 1) when a CUDA kernel no longer beats the compiler tiers, or its evidence is "
-                         "stale", device, progress)
+    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories (tiered_ops/territories.py)"
+                         ", or its evidence is stale", device, progress)
     s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h100/results.csv")
-    s.add_argument("--live", action="store_true", help="measure the target problems now on this GPU, then check")
-    _listed(s, "dtype", _dtypes, "--live: comma-separated dtypes (default bf16)")
-    _listed(s, "mode", _modes, "--live: comma-separated modes (default fwd_nograd)")
+    s.add_argument("--live", action="store_true", help="measure the default problems inside the territories now on "
+                                                       "this GPU, then check")
+    _listed(s, "dtype", _dtypes, "--live: comma-separated dtypes (default: the territories')")
+    _listed(s, "mode", _modes, "--live: comma-separated modes (default: the territories')")
 
     s = command("report", "render a per-GPU report (Markdown, CSV, plots) from results")
     s.add_argument("--results", nargs="+", required=True, help="results CSV(s) from `export` or a committed report")
