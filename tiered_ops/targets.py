@@ -192,6 +192,12 @@ def _best(g: pd.DataFrame, tiers: tuple[str, ...] | list[str], by: str = "caller
     return g.loc[g[by].idxmax() if highest else g[by].idxmin()]
 
 
+def _x(v: float) -> str:
+    """A ratio threshold as written: 1.2, 1.0, 1.05."""
+    s = f"{v:.2f}".rstrip("0")
+    return s + "0" if s.endswith(".") else s
+
+
 def _names(tiers: list[str], sep: str = "/") -> str:
     return sep.join(LABELS.get(t, t) for t in tiers)
 
@@ -237,8 +243,8 @@ def _vs_best(t: dict, df: pd.DataFrame) -> list[str]:
 
 
 def _training(t: dict, df: pd.DataFrame) -> list[str]:
-    lines = [f"{t['mode']} at {t['shape']} {t['dtype']}: the best of our {_names(t['ours'])} >= {t['vs_eager']:g}x "
-             f"eager and >= {t['vs_compile']:g}x compile", "",
+    lines = [f"{t['mode']} at {t['shape']} {t['dtype']}: the best of our {_names(t['ours'])} >= {_x(t['vs_eager'])}x "
+             f"eager and >= {_x(t['vs_compile'])}x compile", "",
              "| op | ours (impl) us | eager us | compile us | vs eager | vs compile | met |",
              "|---|---|---|---|---|---|---|"]
     fb = df[(df["mode"] == t["mode"]) & (df["shape"] == t["shape"]) & (df.dtype == t["dtype"])]

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 CONTEXTS = ("eager", "compiled", "graphed")
-NORMS = ("rms_norm", "layer_norm")
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,11 @@ def _parse(problem: str) -> tuple[tuple[int, ...], dict[str, Any]]:
 
 
 def rows_and_len(op: str, problem: Any) -> tuple[int, int]:
-    """(rows, row length) of ``problem`` (a ``Problem`` or its string, as results files hold it) of ``op``."""
+    """(rows, row length) of ``problem`` (a ``Problem`` or its string, as results files hold it) of ``op``.
+
+    The row is what the op reduces over, read from the problem's own parameters, so no op is named here: a
+    ``normalized_shape`` (rms_norm, layer_norm: its product), else a ``dim`` (softmax), else the last dim
+    (elementwise ops: gelu, muladd). Rows = numel / row length."""
     if isinstance(problem, str):
         shape, kw = _parse(problem)
     elif hasattr(problem, "shape") and hasattr(problem, "kw"):
@@ -91,18 +94,16 @@ def rows_and_len(op: str, problem: Any) -> tuple[int, int]:
                          f"{problem!r}")
     if not shape:
         return 1, 1
-    if op == "softmax":
-        dim = int(kw.get("dim", -1))
-        if not -len(shape) <= dim < len(shape):
-            raise ValueError(f"rows_and_len: softmax dim {dim} is out of range for shape {shape}")
-        return math.prod(s for i, s in enumerate(shape) if i != dim % len(shape)), shape[dim]
-    if op in NORMS:
-        ns = kw.get("normalized_shape")
-        ns = tuple(ns) if isinstance(ns, (tuple, list)) else (int(ns),) if ns is not None else shape[-1:]
+    if kw.get("normalized_shape") is not None:
+        ns = kw["normalized_shape"]
+        ns = tuple(int(d) for d in ns) if isinstance(ns, (tuple, list)) else (int(ns),)
         if not ns or tuple(shape[len(shape) - len(ns):]) != ns:
             raise ValueError(f"rows_and_len: {op} normalized_shape {ns} is not the trailing dims of shape {shape}")
         return math.prod(shape[:len(shape) - len(ns)]), math.prod(ns)
-    return math.prod(shape[:-1]), shape[-1]
+    dim = int(kw.get("dim", -1))
+    if not -len(shape) <= dim < len(shape):
+        raise ValueError(f"rows_and_len: {op} dim {dim} is out of range for shape {shape}")
+    return math.prod(s for i, s in enumerate(shape) if i != dim % len(shape)), shape[dim]
 
 
 # ----------------------------------------------------------------------------------------------- the table
