@@ -272,3 +272,22 @@ def test_the_readme_lists_which_kernels_defend_what():
     assert section == terr.markdown()
     for t in terr.TERRITORIES:
         assert t.name in section
+
+
+@pytest.mark.parametrize("drop", ["rows", "fail"])
+def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, capsys):
+    """What used to pass: the committed H100 results with no CUDA rows, or with every CUDA row failed."""
+    df = pd.read_csv(ROOT / "reports/nvidia-h100/results.csv")
+    if drop == "rows":
+        df = df[df.tier != "cuda"]
+    else:
+        df.loc[df.tier == "cuda", ["ok", "reason"]] = [0, "crafted: wrong output"]
+    csv = tmp_path / "results.csv"
+    df.to_csv(csv, index=False)
+    assert main(["check", "--results", str(csv)]) == 1
+    out = capsys.readouterr().out
+    held = [t for t in terr.TERRITORIES if t.name not in terr.RETIRED]
+    kind = "no-evidence" if drop == "rows" else "broken"
+    assert sum(f"[{kind}]: does not hold" in line for line in out.splitlines()) == len(held)
+    assert out.splitlines()[-1] == f"cuda: 0 kernels defend 0 cases in 0 territories; {len(terr.RETIRED)} " \
+                                   "territories retired"
