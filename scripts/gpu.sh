@@ -89,7 +89,8 @@ PY
     targets)
       echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
       timeout --signal=INT "${TARGETS_TIMEOUT:-100000}" \
-        $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live --out-dir "$OUT/targets" --results "$OUT/results.csv" \
+        $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live \
+        --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" --results "$OUT/results.csv" \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       rm -f "$OUT/targets/grid.sqlite"*

@@ -1,116 +1,293 @@
-"""tiered-ops check on crafted results: a CUDA kernel passes only when it beats every compiler tier by its margin
-plus the noise, fails on stale evidence, and a retired kernel is reported (and flagged when it wins again)."""
+"""tiered-ops check on crafted results: a CUDA kernel holds a territory only when it beats the best compiler tier there
+by its margin beyond the noise; no CUDA result inside a held territory, a loss, a tie and stale evidence fail; a
+retired territory is reported, not failed; the report ends with one summary line. Then the committed evidence, the
+territory table's own rules and the README section generated from it."""
+
+import math
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tiered_ops import territories as terr
 from tiered_ops.catalog import get_op
-from tiered_ops.check import check
+from tiered_ops.check import check, live_plan, report
 from tiered_ops.cli import main
+from tiered_ops.territories import Territory, rows_and_len
 
+ROOT = Path(__file__).resolve().parent.parent
 SPEC = get_op("softmax")
-TIMES = {"eager": 200.0, "compile": 150.0, "triton": 150.0}
+SMALL = Territory("softmax.small", "softmax", "cuda", (1, 32), (4096, 4096), ("bf16",), ("fwd_nograd",),
+                  ("eager", "graphed"))
+BIG = Territory("softmax.big", "softmax", "cuda", (1024, None), (1, None), ("bf16",), ("fwd_nograd",))
+SUMMARY = re.compile(r"^cuda: (\d+) kernels defend (\d+) cases in (\d+) territories; (\d+) territories retired$")
 
 
-def _rows(cuda_us: float, triton_us: float = 150.0, spread: float = 0.02, cuda_hash: str | None = None) -> pd.DataFrame:
-    rows = []
-    for p in SPEC.default_problems("cuda"):
-        for impl, us in {**TIMES, "triton": triton_us, "cuda": cuda_us}.items():
-            i = SPEC.impls[impl]
-            rows.append(dict(op="softmax", impl=impl, tier=i.tier.label, mode="fwd_nograd", problem=str(p),
-                             dtype="bf16", device_key="gpu", ok=1, p20_us=us * (1 - spread / 2), p50_us=us,
-                             p80_us=us * (1 + spread / 2), caller_us=us, timestamp=1.0,
-                             source_hash=cuda_hash if impl == "cuda" and cuda_hash else i.source_hash))
-    return pd.DataFrame(rows)
+def _row(problem, impl, us, spread=0.02, host=None, host_spread=0.0, device="gpu", context=None, **kw):
+    i = SPEC.impls[impl]
+    host = us / 4 if host is None else host  # GPU-bound unless told: the host path hides under the kernel
+    r = dict(op="softmax", impl=impl, tier=i.tier.label, mode="fwd_nograd", problem=problem, dtype="bf16",
+             device_key=device, ok=1, p20_us=us * (1 - spread / 2), p50_us=us, p80_us=us * (1 + spread / 2),
+             host_us=host, host_p20_us=host * (1 + host_spread / 4), host_p80_us=host * (1 + 5 * host_spread / 4),
+             caller_us=max(us, host), timestamp=1.0, source_hash=i.source_hash, reason=None)
+    if context is not None:
+        r["context"] = context
+    return {**r, **kw}
 
 
-@pytest.fixture(autouse=True)
-def _not_retired(monkeypatch):
-    """The crafted cases are about a kernel in service: the real softmax CUDA kernel is retired (retired.py)."""
-    monkeypatch.setattr(SPEC.impls["cuda"], "retired", None)
+def _case(problem, cuda_us, compile_us=150.0, triton_us=150.0, **kw):
+    return [_row(problem, "eager", 200.0, **kw), _row(problem, "compile", compile_us, **kw),
+            _row(problem, "triton", triton_us, **kw), _row(problem, "cuda", cuda_us, **kw)]
 
 
-def _one(df):
-    (f,) = [f for f in check(df, [SPEC]) if f.impl == "cuda"]
-    return f
+def _frame(cuda_us=100.0, problems=("1x4096,dim=-1", "32x4096,dim=-1"), **kw):
+    return pd.DataFrame([r for p in problems for r in _case(p, cuda_us, **kw)])
 
 
-def test_a_kernel_that_beats_every_compiler_tier_by_its_margin_passes():
-    f = _one(_rows(cuda_us=100.0))
-    assert f.kind == "beats" and not f.fails
+def _run(df, territories=(SMALL,), retired=None):
+    return check(df, [SPEC], list(territories), retired or {})
 
 
-def test_a_kernel_inside_its_margin_fails_and_names_the_tier_to_retire_to():
-    f = _one(_rows(cuda_us=100.0, triton_us=105.0))
-    # needs more than 1 + margin (10 %) + spread (2 %)
-    assert f.kind == "loses" and f.fails and "retire it to triton" in f.text and "needs > 1.12x" in f.text
+def _only(findings, kind=None, territory=None):
+    fs = [f for f in findings if f.impl == "cuda" and (territory is None or f.territory == territory)
+          and (kind is None or f.kind == kind)]
+    assert len(fs) == 1, [(f.kind, f.territory) for f in findings]
+    return fs[0]
 
 
-def test_a_win_inside_the_noise_is_not_a_win():
-    assert _one(_rows(cuda_us=100.0, triton_us=130.0, spread=0.02)).kind == "beats"
-    assert _one(_rows(cuda_us=100.0, triton_us=130.0, spread=0.4)).kind == "loses"  # needs > 1.5x
+# --------------------------------------------------------------------------------------------- rows and length
+@pytest.mark.parametrize("op, problem", [
+    ("softmax", "8x4096x3,dim=-2"), ("softmax", "32x4096,dim=-1"),
+    ("layer_norm", "16x64x256x256,bias=True,normalized_shape=(64, 256, 256),weight=True"),
+    ("rms_norm", "65536x256,normalized_shape=(256,),weight=True"),
+    ("gelu", "7x9x300,approximate=none,bias=True"), ("muladd", "16384x4096,operands=16384x4096,4096,4096")])
+def test_rows_times_row_length_is_the_problem_and_the_row_is_the_reduced_dim(op, problem):
+    rows, n = rows_and_len(op, problem)
+    shape = [int(d) for d in problem.split(",")[0].split("x")]
+    assert rows * n == math.prod(shape)
+    spec = get_op(op)
+    p = next((q for q in spec.default_problems("cuda") if str(q) == problem), None)
+    if p is not None:  # a Problem gives what its string gives
+        assert rows_and_len(op, p) == (rows, n)
+    expected = {"softmax": shape[int(problem.split("dim=")[1])] if "dim=" in problem else shape[-1],
+                "layer_norm": 64 * 256 * 256, "rms_norm": 256}.get(op, shape[-1])
+    assert n == expected
+
+
+def test_rows_and_len_of_a_problem_object_and_bad_input():
+    assert rows_and_len("softmax", SPEC.problem((6, 10, 4), dim=1)) == (24, 10)
+    with pytest.raises(ValueError, match="does not start with a shape"):
+        rows_and_len("softmax", "dim=-1")
+    with pytest.raises(ValueError, match="not the trailing dims"):
+        rows_and_len("rms_norm", "8x16,normalized_shape=(4,)")
+    with pytest.raises(ValueError, match="expected a Problem"):
+        rows_and_len("gelu", 42)
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+def test_a_kernel_that_beats_the_compiler_tiers_by_margin_and_noise_defends_its_territory():
+    findings = _run(_frame(cuda_us=100.0))  # 1.5x the compiler tiers; the bar is 1 + 10 % + 2 %
+    f = _only(findings, territory="softmax.small")
+    assert f.kind == "defends" and not f.fails and (f.cases, f.won) == (2, 2)
+    assert "wins all 2 cases" in f.text and "1.50x against a bar of 1.12x" in f.text
+    assert report(findings).splitlines()[-1] == "cuda: 1 kernels defend 2 cases in 1 territories; 0 territories retired"
+
+
+def test_eager_is_no_competitor_but_the_best_compiler_tier_is():
+    f = _only(_run(_frame(cuda_us=100.0, compile_us=300.0, triton_us=120.0)), territory="softmax.small")
+    assert f.kind == "defends" and "1.20x against a bar of 1.12x" in f.text  # Triton's 120 us, not eager's 200
+
+
+def test_no_cuda_rows_for_a_held_territory_fail():
+    df = _frame()
+    f = _only(_run(df[df.impl != "cuda"]), territory="softmax.small")
+    assert f.kind == "no-evidence" and f.fails and "no fresh CUDA result inside it on gpu" in f.text
+    # CUDA rows elsewhere do not count: a results file whose CUDA rows all lie outside the territory fails too
+    outside = _frame(problems=("4096x4096,dim=-1",))
+    assert _only(_run(outside), territory="softmax.small").kind == "no-evidence"
+
+
+def test_cuda_rows_that_all_failed_their_gate_fail():
+    df = _frame()
+    df.loc[df.impl == "cuda", ["ok", "reason"]] = [0, "wrong output at 1x7: rel error 3e-01"]
+    f = _only(_run(df), territory="softmax.small")
+    assert f.kind == "broken" and f.fails and f.text.count("the CUDA row failed (wrong output at 1x7") == 2
+
+
+def test_losing_inside_the_territory_by_more_than_the_noise_fails():
+    findings = _run(_frame(cuda_us=140.0))  # 150 / 140 = 1.07x: short of 1.10 by more than the 2 % noise
+    f = _only(findings, territory="softmax.small")
+    assert f.kind == "loses" and f.fails and "0 of 2 cases won" in f.text
+    assert "compile 150.0 us / cuda 140.0 us = 1.07x, needs > 1.12x [loses]" in f.text
+    assert SUMMARY.match(report(findings).splitlines()[-1]).groups() == ("0", "0", "0", "0")
+
+
+def test_a_tie_inside_the_territory_fails():
+    """The decision: a kernel whose lead over the compiler tiers, net of its margin, lies inside the noise fails its
+    territory. It has not shown that it pays for itself there, and the cost-aware policy gives a tie to the cheaper
+    tier, so the kernel would not be picked in the territory it claims. Just above the noise, it wins."""
+    f = _only(_run(_frame(cuda_us=100.0, compile_us=111.0, triton_us=111.0)), territory="softmax.small")
+    assert f.kind == "ties" and f.fails and "1.11x, needs > 1.12x [ties]" in f.text
+    assert _only(_run(_frame(cuda_us=100.0, compile_us=113.0, triton_us=113.0))).kind == "defends"
+
+
+def test_the_host_spread_counts_only_where_the_case_is_host_bound_in_the_eager_context():
+    """Host-bound rows (host 30-40 us over kernels of 5-8 us) with a 40 % host spread: a 1.33x lead is inside the
+    noise in the eager context (bar 1.50x); the same rows in the graphed context are judged by their 2 % kernel
+    spread (bar 1.12x) and win."""
+    def frame(context):
+        return pd.DataFrame([r for p in ("1x4096,dim=-1", "32x4096,dim=-1") for r in (
+            _row(p, "compile", 5.0, host=40.0, host_spread=0.4, context=context),
+            _row(p, "triton", 5.0, host=45.0, host_spread=0.4, context=context),
+            _row(p, "cuda", 8.0, host=30.0, host_spread=0.4, context=context))])
+
+    eager = _only(_run(frame("eager")), territory="softmax.small")
+    assert eager.kind == "ties" and "1.33x, needs > 1.50x" in eager.text
+    assert _only(_run(frame("graphed")), territory="softmax.small").kind == "defends"
+    # a GPU-bound row's host spread is not noise: the same spreads on a host path under the kernel change nothing
+    gpu_bound = _frame(cuda_us=100.0, host_spread=3.0)
+    assert _only(_run(gpu_bound), territory="softmax.small").kind == "defends"
+
+
+def test_results_without_a_context_column_are_eager_and_other_contexts_are_other_cases():
+    df = _frame()
+    assert "context" not in df.columns and _only(_run(df)).kind == "defends"
+    compiled = _frame(cuda_us=200.0, context="compiled")  # losing, but in a context the territory does not claim
+    findings = _run(pd.concat([df.assign(context="eager"), compiled]))
+    assert _only(findings, territory="softmax.small").kind == "defends"
+    assert "2 cases fall in none of its territories" in _only(findings, kind="outside").text
 
 
 def test_stale_evidence_fails():
-    findings = check(_rows(cuda_us=100.0, cuda_hash="0123456789abcdef"), [SPEC])
+    findings = _run(_frame(source_hash="0123456789abcdef"))
     assert any(f.kind == "stale" and f.impl == "cuda" and f.fails for f in findings)
-    assert any(f.kind == "no-evidence" and f.impl == "cuda" for f in findings)
+    f = _only(findings, territory="softmax.small")
+    assert f.kind == "no-evidence" and "(2 stale CUDA rows)" in f.text
 
 
-def test_a_retired_kernel_is_reported_not_failed_and_flagged_when_it_wins(monkeypatch):
-    monkeypatch.setattr(SPEC.impls["cuda"], "retired", "v1 reads rows twice; Triton wins at 16384x4096")
-    f = _one(_rows(cuda_us=160.0))
-    assert f.kind == "retired" and not f.fails
-    f = _one(_rows(cuda_us=100.0))
-    assert f.kind == "retired-wins" and not f.fails and "now wins" in f.text
+def test_a_retired_territory_is_reported_not_failed_and_flagged_where_it_wins():
+    why = "loses to Triton at bandwidth: 0.70x at 16384x4096 bf16"
+    lose = _frame(cuda_us=160.0, problems=("4096x4096,dim=-1",))
+    findings = _run(pd.concat([_frame(), lose]), (SMALL, BIG), {"softmax.big": why})
+    f = _only(findings, territory="softmax.big")
+    assert f.kind == "retired" and not f.fails and why in f.text
+    assert not any(x.fails for x in findings)
+    assert report(findings).splitlines()[-1] == "cuda: 1 kernels defend 2 cases in 1 territories; 1 territories retired"
+    win = _frame(cuda_us=100.0, problems=("4096x4096,dim=-1",))
+    f = _only(_run(pd.concat([_frame(), win]), (SMALL, BIG), {"softmax.big": why}), territory="softmax.big")
+    assert f.kind == "retired-wins" and not f.fails and "now wins at 1 of 1 cases" in f.text
 
 
-def test_cli_exit_codes(tmp_path, capsys):
+def test_a_kernel_with_no_territory_is_reported():
+    findings = _run(_frame(), ())
+    f = _only(findings)
+    assert f.kind == "no-territory" and not f.fails and "declares no territory" in f.text and "2 cases" in f.text
+    assert report(findings).splitlines()[-1] == "cuda: 0 kernels defend 0 cases in 0 territories; 0 territories retired"
+
+
+def test_each_device_is_judged_on_its_own_rows_and_needs_its_own_cuda_rows():
+    """GPU A: the kernel wins 1.5x. GPU B: its compiler tiers are faster than GPU A's kernel; mixed, A's rows would be
+    judged against B's and lose. Per device B alone loses; and a device without CUDA rows fails the territory."""
+    a = _frame(cuda_us=100.0, device="gpu-a")
+    b = _frame(cuda_us=100.0, compile_us=60.0, triton_us=60.0, device="gpu-b")
+    f = _only(_run(pd.concat([a, b])), territory="softmax.small")
+    assert f.kind == "loses" and f.cases == 4 and f.won == 2 and f.text.count("[loses]") == 2
+    assert "60.0 us / cuda 100.0 us" in f.text and "150.0 us /" not in f.text
+    f = _only(_run(pd.concat([a, b[b.impl != "cuda"]])), territory="softmax.small")
+    assert f.kind == "no-evidence" and "on gpu-b" in f.text and "on gpu-a" not in f.text
+
+
+def test_cli_exit_codes_and_the_last_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(terr, "TERRITORIES", (SMALL,))
+    monkeypatch.setattr(terr, "RETIRED", {})
+    import tiered_ops.check as chk
+
+    monkeypatch.setattr(chk, "TERRITORIES", (SMALL,))
+    monkeypatch.setattr(chk, "RETIRED", {})
     good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
-    _rows(cuda_us=100.0).to_csv(good, index=False)
-    _rows(cuda_us=149.0).to_csv(bad, index=False)
+    _frame(cuda_us=100.0).to_csv(good, index=False)
+    _frame(cuda_us=149.0).to_csv(bad, index=False)
     assert main(["check", "--results", str(good)]) == 0
-    assert "check passed" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("check passed") and SUMMARY.match(out[-1]).groups() == ("1", "2", "1", "0")
     assert main(["check", "--results", str(bad)]) == 1
-    assert "FAIL softmax cuda [loses]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL softmax cuda [loses]: does not hold softmax.small" in out and SUMMARY.match(out.splitlines()[-1])
     assert main(["check"]) == 2
 
 
-@pytest.mark.parametrize("csv", ["reports/nvidia-h100/training/results.csv"])
-def test_the_committed_h100_evidence_is_checked_and_its_verdict_is_what_it_is(csv, capsys):
-    """Not a pass: the training run (reports/nvidia-h100/training) measured kernel sources that have changed since,
-    so the check calls that evidence stale. This pins that the check reads real results and says so."""
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / csv
-    assert main(["check", "--results", str(path)]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL softmax triton [stale]" in out and "FAIL layer_norm cuda [stale]" in out
+# ------------------------------------------------------------------------------------------ the committed table
+def test_the_training_run_evidence_is_stale():
+    """The training run (reports/nvidia-h100/training) measured kernel sources that have changed since."""
+    assert main(["check", "--results", str(ROOT / "reports/nvidia-h100/training/results.csv")]) == 1
 
 
 @pytest.mark.parametrize("csv", ["reports/nvidia-h100/results.csv", "reports/nvidia-h200/results.csv"])
-def test_the_current_evidence_passes_with_every_losing_kernel_retired(csv, monkeypatch, capsys):
-    from pathlib import Path
-
-    from tiered_ops import retired
-
-    monkeypatch.undo()  # this one checks the kernels as retired.py has them
-    retired.apply()
-    path = Path(__file__).resolve().parent.parent / csv
-    assert main(["check", "--results", str(path)]) == 0
+def test_the_committed_evidence_holds_every_declared_territory(csv, capsys):
+    assert main(["check", "--results", str(ROOT / csv)]) == 0
     out = capsys.readouterr().out
-    assert "check passed" in out and out.count("[retired") == 5
+    held = [t for t in terr.TERRITORIES if t.name not in terr.RETIRED]
+    for t in held:
+        assert f"[defends]: defends {t.name} (" in out
+    n, m, t, k = map(int, SUMMARY.match(out.splitlines()[-1]).groups())
+    assert (t, k) == (len(held), len(terr.RETIRED)) and n == len({(x.op, x.impl) for x in held}) >= 3 and m >= t
+    assert "[no-territory]" not in out
 
 
-def test_check_compares_rows_of_one_device_only():
-    """Two GPUs' results checked together: on GPU A the kernel beats the compiler tiers by 1.5x, on GPU B it loses
-    (its compiler tiers are faster than GPU A's cuda row). Mixed, GPU A's cuda row would be judged against GPU B's
-    faster Triton row and lose; per device, GPU A's cases all win and GPU B's all lose."""
-    a = _rows(cuda_us=100.0).assign(device_key="gpu-a")
-    b = _rows(cuda_us=100.0, triton_us=60.0).assign(device_key="gpu-b")
-    b.loc[b.impl.isin(["eager", "compile"]), "caller_us"] = 60.0
-    f = _one(pd.concat([a, b]))
-    assert f.kind == "loses"
-    assert f.text.count("cuda 100.0 us vs") == len(SPEC.default_problems("cuda"))  # only GPU B's cases lose
-    assert "needs" in f.text and "60.0 us" in f.text and "150.0 us" not in f.text
-    assert _one(a).kind == "beats"
+def test_the_table_follows_its_rules_and_bad_entries_are_named():
+    terr.validate()
+    cuda = {(s.name, i.name) for s in (get_op(o) for o in ("softmax", "rms_norm", "layer_norm", "gelu", "muladd"))
+            for i in s.impls.values() if i.tier.label == "cuda"}
+    assert cuda <= {(t.op, t.impl) for t in terr.TERRITORIES}  # every CUDA kernel declares its regions
+    for t in terr.TERRITORIES:  # the table is data outside every implementation's source hash
+        assert all(Path(p).name != "territories.py" for p in get_op(t.op).impls[t.impl].sources)
+    with pytest.raises(ValueError, match="has no CUDA implementation 'triton'"):
+        terr.validate([Territory("x", "softmax", "triton", (1, 2), (1, 2), ("bf16",), ("fwd_nograd",))], {})
+    with pytest.raises(ValueError, match="softmax.small and softmax.wide overlap"):
+        terr.validate([SMALL, Territory("softmax.wide", "softmax", "cuda", (16, 64), (1, None), ("bf16",),
+                                        ("fwd_nograd",))], {})
+    with pytest.raises(ValueError, match="retired but not declared: softmax.gone"):
+        terr.validate([SMALL], {"softmax.gone": "never declared"})
+    with pytest.raises(ValueError, match="modes"):
+        terr.validate([Territory("x", "softmax", "cuda", (1, 2), (1, 2), ("bf16",), ("fwd_only",))], {})
+
+
+def test_live_measures_the_default_problems_inside_the_held_territories():
+    specs = [get_op(o) for o in ("softmax", "rms_norm", "layer_norm", "gelu", "muladd")]
+    problems, dtypes, modes = live_plan(specs)
+    held = [t for t in terr.TERRITORIES if t.name not in terr.RETIRED]
+    for s in specs:
+        inside = [p for p in s.default_problems("cuda") if any(
+            t.op == s.name and terr._inside(rows_and_len(s.name, p)[0], t.rows)
+            and terr._inside(rows_and_len(s.name, p)[1], t.row_len) for t in held)]
+        assert problems.get(s.name, []) == inside
+    assert set(dtypes) == {d for t in held for d in t.dtypes} and set(modes) == {m for t in held for m in t.modes}
+
+
+def test_the_readme_lists_which_kernels_defend_what():
+    text = (ROOT / "README.md").read_text()
+    start = text.index("<!-- territories:")
+    section = text[text.index("\n", start) + 1:text.index("<!-- /territories -->")]
+    assert section == terr.markdown()
+    for t in terr.TERRITORIES:
+        assert t.name in section
+
+
+@pytest.mark.parametrize("drop", ["rows", "fail"])
+def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, capsys):
+    """What used to pass: the committed H100 results with no CUDA rows, or with every CUDA row failed."""
+    df = pd.read_csv(ROOT / "reports/nvidia-h100/results.csv")
+    if drop == "rows":
+        df = df[df.tier != "cuda"]
+    else:
+        df.loc[df.tier == "cuda", ["ok", "reason"]] = [0, "crafted: wrong output"]
+    csv = tmp_path / "results.csv"
+    df.to_csv(csv, index=False)
+    assert main(["check", "--results", str(csv)]) == 1
+    out = capsys.readouterr().out
+    held = [t for t in terr.TERRITORIES if t.name not in terr.RETIRED]
+    kind = "no-evidence" if drop == "rows" else "broken"
+    assert sum(f"[{kind}]: does not hold" in line for line in out.splitlines()) == len(held)
+    assert out.splitlines()[-1] == f"cuda: 0 kernels defend 0 cases in 0 territories; {len(terr.RETIRED)} " \
+                                   "territories retired"

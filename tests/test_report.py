@@ -85,15 +85,6 @@ def test_compare_writes_the_cross_gpu_view_from_two_results_files(tmp_path):
     assert main(["compare", "--results", str(tmp_path / "gpu-a" / "results.csv"), "--out", str(out)]) == 2
 
 
-def test_retiring_an_unknown_implementation_is_an_error():
-    import pytest
-
-    from tiered_ops import retired
-
-    with pytest.raises(KeyError, match="no implementation 'cuda_v9'"):
-        retired.apply({("softmax", "cuda_v9"): "never existed"})
-
-
 def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
     """Where the launch path sets a caller's time, the host batches' p20-p80 is the noise a margin must clear: a
     1.18x margin between two host-bound calls whose host spreads overlap is a tie (on an H100 such a pair flipped

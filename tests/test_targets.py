@@ -1,40 +1,84 @@
-"""The speed targets: the grid selection and regret on the CPU (a real sweep of two grid points), the render of
-every target from crafted results (met and NOT met), and the dispatch measurement's shape."""
+"""The speed targets as data: the committed grid and targets files, the grid selection and regret on the CPU (a
+real sweep of two grid points), the render of every target from crafted results (met and NOT met, at the spec's
+thresholds), and the commands that take them."""
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from tiered_ops import targets
 from tiered_ops.bench import sweep
 from tiered_ops.catalog import get_op
+from tiered_ops.cli import main
 from tiered_ops.store import Store
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parent.parent
+GRID, SPEC = ROOT / "benchmarks" / "grid.csv", ROOT / "benchmarks" / "targets.json"
 
 
-def test_grid_has_30_points_spanning_rows_columns_and_dtypes():
-    assert len(targets.GRID) >= 30
-    rows = [s[0] for _, s, _ in targets.GRID]
-    cols = [s[-1] for _, s, _ in targets.GRID]
+def test_the_committed_grid_spans_rows_columns_and_dtypes_off_the_default_problems():
+    points = targets.load_grid(GRID)
+    assert len(points) >= 30
+    rows = [p.shape[0] for p in points]
+    cols = [p.shape[-1] for p in points]
     assert min(rows) == 1 and max(rows) == 65536 and min(cols) == 7 and max(cols) == 400000
-    assert {d for *_, d in targets.GRID} == {"fp32", "bf16", "fp16"}
-    defaults = {str(p) for op in {o for o, *_ in targets.GRID} for p in get_op(op).default_problems("cuda")}
-    assert not any(str(targets.grid_problem(o, s)) in defaults for o, s, _ in targets.GRID)  # never tuned on
+    assert {p.dtype for p in points} == {"fp32", "bf16", "fp16"}
+    defaults = {str(q) for op in {p.op for p in points} for q in get_op(op).default_problems("cuda")}
+    assert not any(str(targets.grid_problem(p.op, p.shape, p.params)) in defaults for p in points)  # never tuned on
+    assert not hasattr(targets, "GRID")  # the product holds no grid of its own
 
 
-def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_path, monkeypatch):
-    main = tmp_path / "main.sqlite"
+def test_a_grid_file_is_csv_or_json_and_a_bad_entry_is_named(tmp_path):
+    js = tmp_path / "grid.json"
+    js.write_text(json.dumps([dict(op="softmax", shape="6x10x4", dtype="bf16", mode="fwd+bwd", params={"dim": 1}),
+                              dict(op="gelu", shape="1x7", dtype="fp16", mode="fwd_nograd")]))
+    points = targets.load_grid(js)
+    assert points[0] == targets.GridPoint("softmax", (6, 10, 4), "bf16", "fwd+bwd", {"dim": 1})
+    assert str(targets.grid_problem(*points[0][:2], points[0].params)) == str(get_op("softmax").problem((6, 10, 4),
+                                                                                                        dim=1))
+    assert points[1].params == {}
+    bad = tmp_path / "bad.csv"
+    for line, match in (("softmax,1x7,fp64,fwd_nograd,{}", "line 2: dtype 'fp64'"),
+                        ("softmax,1xseven,fp32,fwd_nograd,{}", "line 2: shape '1xseven'"),
+                        ("softmax,1x7,fp32,fwd_nograd,dim=1", "line 2: params 'dim=1' is not a JSON object"),
+                        ("softmax,,fp32,fwd_nograd,{}", "line 2: missing shape"),
+                        ("nosuchop,1x7,fp32,fwd_nograd,{}", "unknown op 'nosuchop'")):
+        bad.write_text("op,shape,dtype,mode,params\n" + line + "\n")
+        with pytest.raises(ValueError, match=match):
+            targets.load_grid(bad)
+
+
+def test_the_committed_targets_file_loads_and_a_bad_one_is_named(tmp_path):
+    spec = targets.load_spec(SPEC)
+    assert [t["kind"] for t in spec["targets"]] == list(targets.KINDS)
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"targets": [{"kind": "fastest_ever"}]}))
+    with pytest.raises(ValueError, match="target 1: kind 'fastest_ever'"):
+        targets.load_spec(bad)
+    bad.write_text(json.dumps({"targets": [{"kind": "dispatch", "shapes": ["1x4096"]}]}))
+    with pytest.raises(ValueError, match=r"target 1 \(dispatch\): missing dtypes, at_most"):
+        targets.load_spec(bad)
+
+
+def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_path):
+    main_db = tmp_path / "main.sqlite"
     spec = get_op("muladd")
-    store = Store(main)
+    store = Store(main_db)
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None, modes=["fwd_nograd"], impls=["eager", "eager_addcmul"])
     store.close()
-    monkeypatch.setattr(targets, "GRID", [("muladd", (50, 100), "fp32"), ("muladd", (3, 5), "bf16")])
-    picks = targets.live_grid(CPU, str(main), str(tmp_path / "grid.sqlite"), log=lambda s: None, isolate=False)
+    points = [targets.GridPoint("muladd", (50, 100), "fp32", "fwd_nograd", {}),
+              targets.GridPoint("muladd", (3, 5), "bf16", "fwd_nograd", {})]
+    picks = targets.live_grid(CPU, str(main_db), str(tmp_path / "grid.sqlite"), points, log=lambda s: None,
+                              isolate=False)
     assert "nearest measured bucket" in picks.reason[0]  # fp32 was measured, bf16 (no fp16 either) was not
     assert picks.selected[1] == "eager" and "no stored decision" in picks.reason[1]
+    assert list(picks["mode"]) == ["fwd_nograd", "fwd_nograd"]
     gstore = Store(tmp_path / "grid.sqlite")
     grid = pd.DataFrame(gstore.rows())
     assert {"eager", "eager_addcmul"} <= set(grid.impl)
@@ -52,23 +96,41 @@ def _row(op, impl, tier, problem, dtype, mode, us, frac=0.5):
                 gbps=frac * 3000.0, frac_copy=frac, p20_us=us, p80_us=us)
 
 
-def test_render_shows_each_target_with_its_figure_and_verdict():
+def _rows():
     p = "16384x4096,dim=-1"
-    rows = [_row("softmax", "triton", "triton", p, "bf16", "fwd_nograd", 90.0, 0.95),
+    return [_row("softmax", "triton", "triton", p, "bf16", "fwd_nograd", 90.0, 0.95),
             _row("softmax", "cuda", "cuda", p, "bf16", "fwd_nograd", 100.0, 0.86),
             _row("softmax", "compile", "compile", p, "bf16", "fwd_nograd", 150.0, 0.57),
             _row("softmax", "liger", "peer", p, "bf16", "fwd_nograd", 95.0, 0.90),
             _row("softmax", "eager", "eager", p, "bf16", "fwd+bwd", 400.0),
             _row("softmax", "compile", "compile", p, "bf16", "fwd+bwd", 300.0),
             _row("softmax", "triton", "triton", p, "bf16", "fwd+bwd", 290.0)]
-    text = targets.render(pd.DataFrame(rows))
+
+
+def test_render_shows_each_target_with_its_figure_and_verdict():
+    rows, spec = _rows(), targets.load_spec(SPEC)
+    text = targets.render(pd.DataFrame(rows), spec)
     assert "| softmax | 16384x4096 | bf16 | triton | 95.0 | 57.0 | 90.0 | yes |" in text  # target 1
     assert "| softmax | 16384x4096 | 100.0 | liger 95.0 | 90.0 | 0.950 | 1.00 | NOT met |" in text  # target 2
     assert "| softmax | triton 290.0 | 400.0 | 300.0 | 1.38 | 1.03 | yes |" in text  # target 3
+    assert "### 4." not in text  # dispatch and regret are measured by --live: absent without their tables
     # target 1 reads kernel bandwidth: a Triton kernel whose caller time is its launch path still counts
     host_bound = [dict(r, caller_us=200.0) if r["impl"] == "triton" and r["mode"] == "fwd_nograd" else r
                   for r in rows]
-    assert "| softmax | 16384x4096 | bf16 | triton | 95.0 |" in targets.render(pd.DataFrame(host_bound))
+    assert "| softmax | 16384x4096 | bf16 | triton | 95.0 |" in targets.render(pd.DataFrame(host_bound), spec)
+
+
+def test_the_thresholds_are_the_spec_s():
+    spec = targets.load_spec(SPEC)
+    for t in spec["targets"]:
+        if t["kind"] == "copy_fraction":
+            t["at_least"] = 0.96
+        if t["kind"] == "training":
+            t["vs_compile"] = 1.05
+    text = targets.render(pd.DataFrame(_rows()), spec)
+    assert ">= 96 % of copy" in text
+    assert "| softmax | 16384x4096 | bf16 | triton | 95.0 | 57.0 | 90.0 | NOT met |" in text
+    assert ">= 1.05x compile" in text and "| softmax | triton 290.0 | 400.0 | 300.0 | 1.38 | 1.03 | NOT met |" in text
 
 
 def test_render_regret_and_dispatch():
@@ -80,9 +142,27 @@ def test_render_regret_and_dispatch():
                           dict(op="gelu", problem="9x9", dtype="bf16", selected="eager", reason="r")])
     n, geo, worst = targets.regret_summary(grid, picks)
     assert n == 2 and math.isclose(worst, 2.0) and math.isclose(geo, math.sqrt(1.2 * 2.0))
+    assert targets.regret_summary(grid, picks.assign(mode="fwd+bwd"))[0] == 0  # a mode's points only
     disp = pd.DataFrame([dict(op="gelu", problem="1x7", dtype="bf16", impl=i, direct_us=d, public_us=6.0,
                               chosen="eager") for i, d in (("eager", 5.0), ("triton", 20.0))])
     text = targets.render(pd.DataFrame([_row("gelu", "eager", "eager", "1x7", "bf16", "fwd_nograd", 5.0)]),
-                          grid, picks, disp)
+                          targets.load_spec(SPEC), grid, picks, disp)
     assert "| gelu | 1x7 | bf16 | 6.0 (eager) | 5.0 (eager) | 1.20 | 20.0 | NOT met |" in text
-    assert "geomean 1.549" in text and "NOT met" in text.split("Regret over")[1]
+    assert "geomean 1.549 (target <= 1.03)" in text and "NOT met" in text.split("Regret over")[1]
+
+
+def test_the_commands_render_the_targets_only_when_asked(tmp_path, capsys):
+    csv = tmp_path / "results.csv"
+    pd.DataFrame([dict(r, torch_version="t", triton_version="tr", cuda_version="c", gpu_name="GPU", copy_gbps=3000.0,
+                       host_us=r["caller_us"], timestamp=1.0, first_call_s=0.1, rel_error=0.0, reason="")
+                  for r in _rows()]).to_csv(csv, index=False)
+    assert main(["targets", "--results", str(csv)]) == 2
+    assert "needs --spec FILE" in capsys.readouterr().err
+    assert main(["targets", "--results", str(csv), "--spec", str(SPEC)]) == 0
+    assert "| softmax | triton 290.0 | 400.0 | 300.0 | 1.38 | 1.03 | yes |" in capsys.readouterr().out
+    base = ["report", "--results", str(csv), "--command", "x", "--no-csv"]
+    assert main([*base, "--out", str(tmp_path / "plain")]) == 0
+    assert "Speed targets" not in (tmp_path / "plain" / "README.md").read_text()
+    assert main([*base, "--out", str(tmp_path / "t"), "--targets-spec", str(SPEC)]) == 0
+    assert "## Speed targets" in (tmp_path / "t" / "README.md").read_text()
+    assert main([*base, "--out", str(tmp_path / "u"), "--targets", str(tmp_path)]) == 2

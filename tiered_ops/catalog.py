@@ -1,5 +1,6 @@
-"""The catalog: every op declared in ``tiered_ops/ops``, built into its tiers, with the peers beside them and the
-retirements applied. ``get_op`` and ``all_ops`` are how everything above the tiers finds an op.
+"""The catalog: every op declared in ``tiered_ops/ops``, built into its tiers, with the peers beside them.
+``get_op`` and ``all_ops`` are how everything above the tiers finds an op (the CUDA kernels' territories, and the ones
+given up, are in ``tiered_ops/territories.py``).
 
 Loading happens once, on the first ``get_op``/``all_ops`` (or ``load()``); an op declared later (a test's planted
 op: ``tiered_ops.registry.register_op``) is built into its tiers by ``build``.
@@ -7,7 +8,7 @@ op: ``tiered_ops.registry.register_op``) is built into its tiers by ``build``.
 
 from __future__ import annotations
 
-from . import ops, peers, retired, tiers
+from . import ops, peers, tiers
 from .registry import OPS, OpSpec
 
 _built: set[str] = set()
@@ -28,7 +29,6 @@ def load() -> dict[str, OpSpec]:
     if len(_built) < len(OPS):
         for spec in list(OPS.values()):
             build(spec)
-        retired.apply()
     return OPS
 
 

@@ -16,7 +16,7 @@ import torch
 
 from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
-from .registry import MODES
+from .registry import DTYPES, MODES
 
 if TYPE_CHECKING:
     pass
@@ -194,15 +194,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     if args.live:
         from .bench import sweep
+        from .check import live_plan
         from .timing import fingerprint
 
         dev = _gpu(args, "check --live", "the CUDA tier runs nowhere else")
         if dev is None:
             return 2
         specs = [s for s in all_ops() if any(i.tier.label == "cuda" for i in s.impls.values())]
+        problems, dtypes, modes = live_plan(specs)  # the default problems inside the held territories
         store = _store(args)
-        sweep(specs, {s.name: s.default_problems("cuda") for s in specs}, args.dtype or [torch.bfloat16],
-              dev, store, progress=not args.no_progress, modes=args.mode or ["fwd_nograd"], isolate=True)
+        sweep([s for s in specs if s.name in problems], problems, args.dtype or [DTYPES[d] for d in dtypes],
+              dev, store, progress=not args.no_progress, modes=args.mode or modes, isolate=True)
         df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
     else:
         if not args.results:
@@ -216,10 +218,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import render
+    from .targets import load_spec
 
+    if args.targets and not args.targets_spec:
+        print("error: report --targets DIR needs --targets-spec FILE (the speed targets, e.g. benchmarks/targets.json)",
+              file=sys.stderr)
+        return 2
     rendered_by = "tiered-ops report " + " ".join(args.argv)
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
-                   repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None)
+                   repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
+                   targets_spec=load_spec(args.targets_spec) if args.targets_spec else None)
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -240,6 +248,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
     from . import targets
 
+    spec = targets.load_spec(args.spec) if args.spec else None
+    points = targets.load_grid(args.grid) if args.grid else None
     if args.live:
         dev = _gpu(args, "targets --live", "the targets are GPU figures")
         if dev is None:
@@ -249,23 +259,35 @@ def cmd_targets(args: argparse.Namespace) -> int:
             print("error: targets --live decides from the default sweep's store: pass --db (or set TIERED_OPS_DB) "
                   "to a store the bench filled", file=sys.stderr)
             return 2
+        disp = targets.target(spec, "dispatch")
+        if points is None and disp is None:
+            print("error: targets --live measures the grid of --grid FILE and the dispatch cost of --spec FILE's "
+                  "dispatch target: give at least one", file=sys.stderr)
+            return 2
+        if not args.out_dir:
+            print("error: targets --live needs --out-dir (where grid.csv, picks.csv and dispatch.csv go)",
+                  file=sys.stderr)
+            return 2
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         from .store import Store
 
         # The quick part first (dispatch cost), then the grid, exported even when interrupted: what finished counts.
-        targets.live_dispatch(dev, main_db).to_csv(out / "dispatch.csv", index=False)
-        print(f"wrote {out}/dispatch.csv")
-        try:
-            targets.live_grid(dev, main_db, str(out / "grid.sqlite"), timeout_s=args.timeout,
-                              picks_csv=str(out / "picks.csv"))
-        except KeyboardInterrupt:
-            print("grid interrupted: the points measured so far are kept")
-        finally:
-            grid_store = Store(out / "grid.sqlite")
-            pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
-            grid_store.close()
-        print(f"wrote {out}/grid.csv, picks.csv")
+        if disp is not None:
+            targets.live_dispatch(dev, main_db, disp["shapes"], disp["dtypes"]).to_csv(out / "dispatch.csv",
+                                                                                       index=False)
+            print(f"wrote {out}/dispatch.csv")
+        if points is not None:
+            try:
+                targets.live_grid(dev, main_db, str(out / "grid.sqlite"), points, timeout_s=args.timeout,
+                                  picks_csv=str(out / "picks.csv"))
+            except KeyboardInterrupt:
+                print("grid interrupted: the points measured so far are kept")
+            finally:
+                grid_store = Store(out / "grid.sqlite")
+                pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
+                grid_store.close()
+            print(f"wrote {out}/grid.csv, picks.csv")
         args.results = args.results or []
     t = _read_targets(args.out_dir)
     results = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True) if args.results else None
@@ -273,10 +295,17 @@ def cmd_targets(args: argparse.Namespace) -> int:
         print("error: targets needs --results (and/or --live / --out-dir with grid.csv)", file=sys.stderr)
         return 2
     if t["grid"] is not None and t["picks"] is not None:
-        n, geo, worst = targets.regret_summary(t["grid"], t["picks"])
-        print(f"selection regret over {n} grid points: geomean {geo:.3f}, max {worst:.3f} (targets 1.03 / 1.10)")
+        reg = targets.target(spec, "regret")
+        for mode in dict.fromkeys(t["picks"]["mode"] if "mode" in t["picks"] else ["fwd_nograd"]):
+            n, geo, worst = targets.regret_summary(t["grid"], t["picks"], mode)
+            bar = f" (targets {reg['geomean_at_most']:.2f} / {reg['max_at_most']:.2f})" if reg and \
+                reg["mode"] == mode else ""
+            print(f"selection regret over {n} grid points ({mode}): geomean {geo:.3f}, max {worst:.3f}{bar}")
     if results is not None:
-        print(targets.render(results, t["grid"], t["picks"], t["dispatch"]))
+        if spec is None:
+            print("error: rendering the targets needs --spec FILE (e.g. benchmarks/targets.json)", file=sys.stderr)
+            return 2
+        print(targets.render(results, spec, t["grid"], t["picks"], t["dispatch"]))
     return 0
 
 

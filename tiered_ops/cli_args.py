@@ -174,12 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op", help=f"the op: {ops}")
     s.add_argument("--json", action="store_true", help="print each implementation's metadata as JSON")
 
-    s = command("check", "fail (exit 1) when a CUDA kernel no longer beats the compiler tiers, or its evidence is "
-                         "stale", device, progress)
+    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories (tiered_ops/territories.py)"
+                         ", or its evidence is stale", device, progress)
     s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h100/results.csv")
-    s.add_argument("--live", action="store_true", help="measure the target problems now on this GPU, then check")
-    _listed(s, "dtype", _dtypes, "--live: comma-separated dtypes (default bf16)")
-    _listed(s, "mode", _modes, "--live: comma-separated modes (default fwd_nograd)")
+    s.add_argument("--live", action="store_true", help="measure the default problems inside the territories now on "
+                                                       "this GPU, then check")
+    _listed(s, "dtype", _dtypes, "--live: comma-separated dtypes (default: the territories')")
+    _listed(s, "mode", _modes, "--live: comma-separated modes (default: the territories')")
 
     s = command("report", "render a per-GPU report (Markdown, CSV, plots) from results")
     s.add_argument("--results", nargs="+", required=True, help="results CSV(s) from `export` or a committed report")
@@ -188,13 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
     s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
     s.add_argument("--repeat", nargs="+", help="results of a second sweep on the same GPU: report the agreement rate")
-    s.add_argument("--targets", help="folder with grid.csv, picks.csv, dispatch.csv (`targets --live`): add the "
-                                     "targets section")
+    s.add_argument("--targets-spec", help="speed targets JSON (e.g. benchmarks/targets.json): add their section")
+    s.add_argument("--targets", help="with --targets-spec: folder with grid.csv, picks.csv, dispatch.csv "
+                                     "(`targets --live`) for the targets measured there")
 
-    s = command("targets", "the selection targets: measure the regret grid and dispatch cost (--live), or render "
+    s = command("targets", "speed targets from data: measure a regret grid and the dispatch cost (--live), or render "
                            "every target's figure from results", device)
     s.add_argument("--results", nargs="+", help="the default sweep's results CSV(s)")
-    s.add_argument("--live", action="store_true", help="measure the grid and the dispatch cost now on this GPU")
+    s.add_argument("--spec", help="the speed targets and thresholds, JSON (e.g. benchmarks/targets.json)")
+    s.add_argument("--grid", help="--live: the regret grid's points, CSV or JSON of op, shape, dtype, mode, params "
+                                  "(e.g. benchmarks/grid.csv)")
+    s.add_argument("--live", action="store_true", help="measure the grid (--grid) and the dispatch cost (--spec) now "
+                                                       "on this GPU")
     s.add_argument("--out-dir", help="where grid.csv, picks.csv and dispatch.csv are written (--live) or read")
     s.add_argument("--timeout", type=float, default=300.0, help="--live: seconds one candidate may take")
 

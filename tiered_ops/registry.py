@@ -196,8 +196,6 @@ class Impl:
     # the functions inside shared files that are its own (name of a C++/Python function).
     own_code: tuple[Path, ...] = ()
     own_functions: tuple[tuple[Path, str], ...] = ()
-    # A kernel that lost honestly and is kept (measured, reported, never failing ``tiered-ops check``): the reason.
-    retired: str | None = None
     _hash: str | None = None
 
     def why_not(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:

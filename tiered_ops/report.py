@@ -23,12 +23,12 @@ import pandas as pd
 
 from .analysis import decisions, winners
 from .store import COLUMN_NAMES
-from .targets import LARGE_BYTES
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
 FLAG_SPEEDUP = 10.0
 HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
-SMALL_BYTES = 1 << 20  # the cross view's launch-bound cases, by bytes moved (large ones: targets.LARGE_BYTES)
+# the cross view's speed ratios between GPUs: over the cases moving at least LARGE_BYTES, and the launch-bound ones
+LARGE_BYTES, SMALL_BYTES = 64 << 20, 1 << 20
 
 
 def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
@@ -211,10 +211,12 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
 
 def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
            rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None,
-           targets: dict[str, pd.DataFrame | None] | None = None) -> list[Path]:
+           targets: dict[str, pd.DataFrame | None] | None = None,
+           targets_spec: dict | None = None) -> list[Path]:
     """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
-    results of a second sweep on the same GPU, for the agreement rate; ``targets``: the grid, picks and
-    dispatch tables of ``tiered-ops targets --live``, for the speed targets section."""
+    results of a second sweep on the same GPU, for the agreement rate. ``targets_spec`` (``targets.load_spec``)
+    asks for the speed targets section; ``targets``: the grid, picks and dispatch tables of ``tiered-ops targets
+    --live`` for the targets measured there."""
     df, metas = load(results, meta)
     again = load(repeat)[0] if repeat else None
     out = Path(out)
@@ -227,10 +229,11 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
         written.append(csv)
     readme = out / "README.md"
     text = markdown(df, metas, command, rendered_by, again)
-    if targets is not None:
+    if targets_spec is not None:
         from .targets import render as render_targets
 
-        text += "\n" + render_targets(df, targets.get("grid"), targets.get("picks"), targets.get("dispatch"))
+        t = targets or {}
+        text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
     readme.write_text(text)
     return [*written, readme, *plots(df, out)]
 

@@ -1,99 +1,161 @@
-"""The speed targets, measured: speed of light, the peers, the dispatch cost and the selection regret.
+"""Speed targets as data, measured: selection regret on a grid of points, the dispatch cost, and a table per target.
 
-Two parts. ``live_grid`` and ``live_dispatch`` measure on the local GPU (``tiered-ops targets --live``): a grid of
-30 (op, shape, dtype) points that no default sweep tunes on, every implementation of each (peers included,
-into their own store), with the implementation that selection picks there from the main store with tuning
-off (the nearest measured bucket); and the per-call host time of ``tiered_ops.<op>`` against each tier's
-callable at launch-bound shapes. ``render`` turns results files into the Markdown table of every target with
-its figure (``tiered-ops targets --results ...``): nothing in it is typed by hand.
+Nothing here names a target or a point: the grid is a file of (op, shape, dtype, mode, params) points
+(``load_grid``, e.g. ``benchmarks/grid.csv``) and the targets with their thresholds are a JSON file (``load_spec``,
+e.g. ``benchmarks/targets.json``). ``live_grid`` and ``live_dispatch`` measure on the local GPU
+(``tiered-ops targets --live``): every implementation at each grid point (peers included, into their own store),
+with the implementation selection picks there from the main store with tuning off (the nearest measured
+bucket); and the per-call host time of ``tiered_ops.<op>`` against each tier's callable at launch-bound shapes.
+``render`` turns results files and those measurements into the Markdown table of every target in the spec, each
+with its figure and verdict (``tiered-ops targets --spec FILE --results ...``, ``tiered-ops report
+--targets-spec FILE``): nothing in it is typed by hand.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 import pandas as pd
 import torch
 
-from .catalog import get_op
-from .registry import DTYPES
+from . import decide as sel
+from .bench import sweep_cases
+from .catalog import all_ops, get_op
+from .dispatch import make_public
+from .registry import DTYPES, MODES
+from .store import Store
 from .timing import host_time_per_call
 
-LARGE_BYTES = 64 << 20  # target 1: shapes moving at least 64 MiB
-T2_OPS, T2_SHAPES = ("softmax", "rms_norm", "layer_norm"), ("16384x4096", "4096x32768")
-SMALL_SHAPES = ((1, 4096), (32, 4096))
-
-# Target 5: (op, shape, dtype) points off the default problems: rows 1..65536, columns 7..400000, 3 dtypes.
-GRID: list[tuple[str, tuple[int, ...], str]] = [
-    ("softmax", (1, 7), "fp16"), ("softmax", (3, 400000), "fp32"), ("softmax", (65536, 7), "bf16"),
-    ("softmax", (100, 1000), "bf16"), ("softmax", (2048, 3000), "fp16"), ("softmax", (4000, 12288), "bf16"),
-    ("softmax", (37, 50000), "fp32"), ("softmax", (9000, 512), "fp32"),
-    ("rms_norm", (1, 2048), "bf16"), ("rms_norm", (65536, 96), "fp32"), ("rms_norm", (333, 7168), "bf16"),
-    ("rms_norm", (5000, 5120), "fp16"), ("rms_norm", (12, 250000), "fp32"), ("rms_norm", (1024, 20000), "bf16"),
-    ("rms_norm", (8192, 1536), "fp32"),
-    ("layer_norm", (7, 7), "fp32"), ("layer_norm", (2000, 768), "bf16"), ("layer_norm", (30000, 1024), "fp16"),
-    ("layer_norm", (64, 100000), "bf16"), ("layer_norm", (3, 400000), "fp32"), ("layer_norm", (8192, 3072), "fp32"),
-    ("layer_norm", (500, 16000), "bf16"),
-    ("gelu", (1, 7), "bf16"), ("gelu", (4096, 11008), "bf16"), ("gelu", (65536, 300), "fp32"),
-    ("gelu", (100, 3000), "fp16"),
-    ("muladd", (65536, 1000), "bf16"), ("muladd", (1, 400000), "fp32"), ("muladd", (300, 4001), "fp16"),
-    ("muladd", (8, 8), "fp32"),
-]
+LABELS = {"eager": "eager", "compile": "torch.compile", "triton": "Triton", "cuda": "CUDA", "peer": "the peers"}
+KINDS: dict[str, tuple[str, ...]] = {  # each kind of target and the keys its entry must carry
+    "copy_fraction": ("mode", "min_bytes", "ours", "compare", "at_least"),
+    "vs_best": ("tier", "against", "ops", "shapes", "dtype", "mode", "at_least", "below_copy", "at_least_below_copy"),
+    "training": ("mode", "shape", "dtype", "ours", "vs_eager", "vs_compile"),
+    "dispatch": ("shapes", "dtypes", "at_most"),
+    "regret": ("mode", "geomean_at_most", "max_at_most"),
+}
 
 
-def grid_problem(op: str, shape: tuple[int, ...]) -> Any:
-    """The op's problem at ``shape`` with its default parameters (the norms normalize the last dim)."""
-    return get_op(op).problem(shape)
+class GridPoint(NamedTuple):
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    mode: str
+    params: dict[str, Any]
 
 
-def live_grid(device: torch.device, main_db: str, grid_db: str, log: Callable[[str], None] = print,
-              isolate: bool = True, timeout_s: float = 300.0, picks_csv: str | None = None) -> pd.DataFrame:
-    """Measure every implementation at each GRID point into ``grid_db``; return one row per point with the
+def _shape(text: str, where: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in str(text).split("x"))
+    except ValueError:
+        raise ValueError(f"{where}: shape {text!r}: expected sizes like 16384x4096") from None
+    return shape
+
+
+def load_grid(path: str | Path) -> list[GridPoint]:
+    """The points of a grid file: CSV with columns op, shape, dtype, mode, params (a JSON object, may be empty), or
+    JSON: a list of objects with those keys. A bad entry is an error naming the file, the entry and the field."""
+    path = Path(path)
+    if path.suffix == ".json":
+        entries = json.loads(path.read_text())
+    else:
+        with path.open(newline="") as f:
+            entries = list(csv.DictReader(f))
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a list of grid points (op, shape, dtype, mode, params)")
+    points = []
+    for n, e in enumerate(entries, start=2 if path.suffix != ".json" else 0):
+        where = f"{path}, {'line' if path.suffix != '.json' else 'entry'} {n}"
+        missing = [k for k in ("op", "shape", "dtype", "mode") if not e.get(k)]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        get_op(e["op"])  # an unknown op names the known ones
+        if e["dtype"] not in DTYPES or e["mode"] not in MODES:
+            raise ValueError(f"{where}: dtype {e['dtype']!r} / mode {e['mode']!r}: expected one of "
+                             f"{', '.join(DTYPES)} / {', '.join(MODES)}")
+        params = e.get("params") or {}
+        if isinstance(params, str):
+            try:
+                params = json.loads(params)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: params {params!r} is not a JSON object ({err})") from None
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}: params: expected a JSON object, got {params!r}")
+        points.append(GridPoint(e["op"], _shape(e["shape"], where), e["dtype"], e["mode"], params))
+    return points
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """The speed targets of a JSON file: {"title": ..., "targets": [{"kind": ..., thresholds...}, ...]}."""
+    spec = json.loads(Path(path).read_text())
+    if not isinstance(spec, dict) or not isinstance(spec.get("targets"), list):
+        raise ValueError(f"{path}: expected an object with a list 'targets'")
+    for i, t in enumerate(spec["targets"], start=1):
+        if t.get("kind") not in KINDS:
+            raise ValueError(f"{path}: target {i}: kind {t.get('kind')!r}: expected one of {', '.join(KINDS)}")
+        if missing := [k for k in KINDS[t["kind"]] if k not in t]:
+            raise ValueError(f"{path}: target {i} ({t['kind']}): missing {', '.join(missing)}")
+    return spec
+
+
+def target(spec: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The spec's first target of ``kind``, or None."""
+    return next((t for t in (spec or {}).get("targets", []) if t["kind"] == kind), None)
+
+
+def grid_problem(op: str, shape: tuple[int, ...], params: dict[str, Any] | None = None) -> Any:
+    """The op's problem at ``shape`` with ``params`` (the op's defaults for the rest)."""
+    return get_op(op).problem(shape, **(params or {}))
+
+
+def live_grid(device: torch.device, main_db: str, grid_db: str, points: list[GridPoint],
+              log: Callable[[str], None] = print, isolate: bool = True, timeout_s: float = 300.0,
+              picks_csv: str | None = None) -> pd.DataFrame:
+    """Measure every implementation at each point into ``grid_db``; return one row per point with the
     implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
     grid is measured, so an interrupted grid still has them)."""
-    from . import decide as sel
-    from .bench import sweep_cases
-    from .store import Store
 
     picks = []
     sel.use_store(main_db)
     try:
-        for op, shape, dt in GRID:
-            p = grid_problem(op, shape)
-            s = sel.select_problem(get_op(op), p, DTYPES[dt], device, tune=False, policy="fastest")
-            picks.append(dict(op=op, problem=str(p), dtype=dt, selected=s.name, reason=s.record["reason"]))
+        for pt in points:
+            p = grid_problem(pt.op, pt.shape, pt.params)
+            s = sel.select_problem(get_op(pt.op), p, DTYPES[pt.dtype], device, tune=False, policy="fastest",
+                                   mode=pt.mode)
+            picks.append(dict(op=pt.op, problem=str(p), dtype=pt.dtype, mode=pt.mode, selected=s.name,
+                              reason=s.record["reason"]))
     finally:
         sel.use_store(None)
     if picks_csv:
         pd.DataFrame(picks).to_csv(picks_csv, index=False)
     store = Store(grid_db)
-    try:  # one sweep, so one worker gates and compiles each implementation once for every point
-        sweep_cases([(get_op(op), grid_problem(op, shape), DTYPES[dt]) for op, shape, dt in GRID], device, store,
-                    progress=False, log=log, modes=["fwd_nograd"], isolate=isolate, timeout_s=timeout_s,
-                    cost_metadata=False)
+    try:  # one sweep per mode, so one worker gates and compiles each implementation once for all its points
+        for mode in dict.fromkeys(pt.mode for pt in points):
+            sweep_cases([(get_op(pt.op), grid_problem(pt.op, pt.shape, pt.params), DTYPES[pt.dtype])
+                         for pt in points if pt.mode == mode], device, store, progress=False, log=log, modes=[mode],
+                        isolate=isolate, timeout_s=timeout_s, cost_metadata=False)
     finally:
         store.close()
     return pd.DataFrame(picks)
 
 
-def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
+def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes: list[str],
+                  ops: list[str] | None = None) -> pd.DataFrame:
     """Per-call host time of ``tiered_ops.<op>`` (the main store's decision) and of every implementation of ours
-    called directly, at the launch-bound SMALL_SHAPES, bf16 and fp32, in one process."""
-    import tiered_ops
-
-    from . import decide as sel
-
+    called directly, at ``shapes`` (like "32x4096") and ``dtypes``, in one process."""
     rows = []
     sel.use_store(main_db)
     try:
-        for op in ("softmax", "rms_norm", "layer_norm", "gelu", "muladd"):
-            spec = get_op(op)
-            for shape in SMALL_SHAPES:
-                for dt in ("bf16", "fp32"):
-                    p = grid_problem(op, shape)
+        for spec in [get_op(o) for o in ops] if ops else all_ops():
+            for shape in shapes:
+                for dt in dtypes:
+                    p = grid_problem(spec.name, _shape(shape, "dispatch shapes"))
                     inp = spec.make_inputs(p, DTYPES[dt], device, 0)
-                    public = getattr(tiered_ops, op)
+                    public = make_public(spec)
                     with torch.no_grad():
                         t_pub = host_time_per_call(lambda: public(*inp.args, **inp.kwargs), device)
                         chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
@@ -101,7 +163,7 @@ def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
                             if impl.tier.label == "peer" or impl.why_not(device, DTYPES[dt]):
                                 continue
                             t = host_time_per_call(lambda: impl.fn(*inp.args, **inp.kwargs), device)
-                            rows.append(dict(op=op, problem=str(p), dtype=dt, impl=impl.name, direct_us=t,
+                            rows.append(dict(op=spec.name, problem=str(p), dtype=dt, impl=impl.name, direct_us=t,
                                              public_us=t_pub, chosen=chosen))
     finally:
         sel.use_store(None)
@@ -109,7 +171,7 @@ def live_dispatch(device: torch.device, main_db: str) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------------- render
-def _shape(problem: str) -> str:
+def _short(problem: str) -> str:
     return problem.split(",")[0]
 
 
@@ -117,109 +179,148 @@ def _f(v: float, spec: str = ".2f") -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _best(g: pd.DataFrame, tiers: tuple[str, ...], by: str = "caller_us", highest: bool = False) -> pd.Series | None:
+def _best(g: pd.DataFrame, tiers: tuple[str, ...] | list[str], by: str = "caller_us",
+          highest: bool = False) -> pd.Series | None:
     """The correct timed row of ``tiers`` with the lowest ``by`` (the highest with ``highest``: kernel bandwidth
-    for the speed-of-light target, where a launch-bound caller time would pick the other kernel)."""
-    g = g[g.tier.isin(tiers) & (g.ok == 1) & g.caller_us.notna()]
+    for the copy-fraction target, where a launch-bound caller time would pick the other kernel)."""
+    g = g[g.tier.isin(list(tiers)) & (g.ok == 1) & g.caller_us.notna()]
     if g.empty:
         return None
     return g.loc[g[by].idxmax() if highest else g[by].idxmin()]
 
 
-def render(results: pd.DataFrame, grid: pd.DataFrame | None = None, picks: pd.DataFrame | None = None,
-           dispatch: pd.DataFrame | None = None) -> str:
-    """The targets as Markdown, each with its figure and met / NOT met."""
-    df = results.copy()
-    df["shape"] = df.problem.map(_shape)
-    df["bytes"] = df.gbps * df.p50_us * 1e3
-    lines = ["## Speed targets", ""]
+def _x(v: float) -> str:
+    """A ratio threshold as written: 1.2, 1.0, 1.05."""
+    s = f"{v:.2f}".rstrip("0")
+    return s + "0" if s.endswith(".") else s
 
-    lines += ["### 1. Large shapes (>= 64 MiB moved, fwd_nograd): best of our Triton/CUDA kernels >= 90 % of copy "
-              "(kernel time)", "",
-              "| op | shape | dtype | ours (impl) | % copy | compile % | best peer % | met |",
-              "|---|---|---|---|---|---|---|---|"]
-    fwd = df[(df["mode"] == "fwd_nograd")]
-    for (op, shape, dtype), g in fwd.groupby(["op", "shape", "dtype"], sort=False):
-        if g.bytes.max() < LARGE_BYTES:
+
+def _names(tiers: list[str], sep: str = "/") -> str:
+    return sep.join(LABELS.get(t, t) for t in tiers)
+
+
+def _copy_fraction(t: dict, df: pd.DataFrame) -> list[str]:
+    cols = " | ".join(f"{'best ' if c == 'peer' else ''}{c} %" for c in t["compare"])
+    lines = [f"Large shapes (>= {t['min_bytes'] / (1 << 20):g} MiB moved, {t['mode']}): best of our "
+             f"{_names(t['ours'])} kernels >= {100 * t['at_least']:g} % of copy (kernel time)", "",
+             f"| op | shape | dtype | ours (impl) | % copy | {cols} | met |", "|---|---|---|---|---|" +
+             "---|" * len(t["compare"]) + "---|"]
+    for (op, shape, dtype), g in df[df["mode"] == t["mode"]].groupby(["op", "shape", "dtype"], sort=False):
+        ours = _best(g, t["ours"], "frac_copy", highest=True)
+        if g.bytes.max() < t["min_bytes"] or ours is None:
             continue
-        ours, comp, peer = (_best(g, t, "frac_copy", highest=True)
-                            for t in (("triton", "cuda"), ("compile",), ("peer",)))
-        if ours is None:
-            continue
+        others = [_best(g, (c,), "frac_copy", highest=True) for c in t["compare"]]
         pct = 100 * ours.frac_copy
-        lines.append(f"| {op} | {shape} | {dtype} | {ours.impl} | {pct:.1f} | "
-                     f"{_f(100 * comp.frac_copy if comp is not None else math.nan, '.1f')} | "
-                     f"{_f(100 * peer.frac_copy if peer is not None else math.nan, '.1f')} | "
-                     f"{'yes' if pct >= 90 else 'NOT met'} |")
+        lines.append(f"| {op} | {shape} | {dtype} | {ours.impl} | {pct:.1f} | " + " | ".join(
+            _f(100 * o.frac_copy if o is not None else math.nan, ".1f") for o in others)
+            + f" | {'yes' if pct >= 100 * t['at_least'] else 'NOT met'} |")
+    return lines
 
-    lines += ["", "### 2. CUDA tier vs torch.compile and Liger (bf16, fwd_nograd): >= 1.00x the best of them, "
-              ">= 1.05x where it is below 85 % of copy", "",
-              "| op | shape | cuda us | best peer (impl) us | its % copy | ratio | needs | met |",
-              "|---|---|---|---|---|---|---|---|"]
-    for op in T2_OPS:
-        for shape in T2_SHAPES:
-            g = fwd[(fwd.op == op) & (fwd["shape"] == shape) & (fwd.dtype == "bf16")]
-            cuda, other = _best(g, ("cuda",)), _best(g, ("compile", "peer"))
-            if cuda is None or other is None:
+
+def _vs_best(t: dict, df: pd.DataFrame) -> list[str]:
+    lines = [f"{LABELS.get(t['tier'], t['tier'])} tier vs {_names(t['against'], ' and ')} ({t['dtype']}, "
+             f"{t['mode']}): >= {t['at_least']:.2f}x the best of them, >= {t['at_least_below_copy']:.2f}x where it "
+             f"is below {100 * t['below_copy']:g} % of copy", "",
+             f"| op | shape | {t['tier']} us | best of them (impl) us | its % copy | ratio | needs | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    sub = df[(df["mode"] == t["mode"]) & (df.dtype == t["dtype"])]
+    for op in t["ops"]:
+        for shape in t["shapes"]:
+            g = sub[(sub.op == op) & (sub["shape"] == shape)]
+            mine, other = _best(g, (t["tier"],)), _best(g, t["against"])
+            if mine is None or other is None:
                 lines.append(f"| {op} | {shape} | - | - | - | - | - | no data |")
                 continue
-            need = 1.05 if other.frac_copy < 0.85 else 1.00
-            ratio = other.caller_us / cuda.caller_us
-            lines.append(f"| {op} | {shape} | {cuda.caller_us:.1f} | {other.impl} {other.caller_us:.1f} | "
+            need = t["at_least_below_copy"] if other.frac_copy < t["below_copy"] else t["at_least"]
+            ratio = other.caller_us / mine.caller_us
+            lines.append(f"| {op} | {shape} | {mine.caller_us:.1f} | {other.impl} {other.caller_us:.1f} | "
                          f"{100 * other.frac_copy:.1f} | {ratio:.3f} | {need:.2f} | "
                          f"{'yes' if ratio >= need else 'NOT met'} |")
+    return lines
 
-    lines += ["", "### 3. fwd+bwd at 16384x4096 bf16: the best of our Triton/CUDA >= 1.2x eager and >= 1.0x compile",
-              "", "| op | ours (impl) us | eager us | compile us | vs eager | vs compile | met |",
-              "|---|---|---|---|---|---|---|"]
-    fb = df[(df["mode"] == "fwd+bwd") & (df["shape"] == "16384x4096") & (df.dtype == "bf16")]
+
+def _training(t: dict, df: pd.DataFrame) -> list[str]:
+    lines = [f"{t['mode']} at {t['shape']} {t['dtype']}: the best of our {_names(t['ours'])} >= {_x(t['vs_eager'])}x "
+             f"eager and >= {_x(t['vs_compile'])}x compile", "",
+             "| op | ours (impl) us | eager us | compile us | vs eager | vs compile | met |",
+             "|---|---|---|---|---|---|---|"]
+    fb = df[(df["mode"] == t["mode"]) & (df["shape"] == t["shape"]) & (df.dtype == t["dtype"])]
     for op, g in fb.groupby("op", sort=False):
-        ours, eager, comp = _best(g, ("triton", "cuda")), _best(g, ("eager",)), _best(g, ("compile",))
+        ours, eager, comp = _best(g, t["ours"]), _best(g, ("eager",)), _best(g, ("compile",))
         if ours is None or eager is None or comp is None:
             continue
         ve, vc = eager.caller_us / ours.caller_us, comp.caller_us / ours.caller_us
+        met = ve >= t["vs_eager"] and vc >= t["vs_compile"]
         lines.append(f"| {op} | {ours.impl} {ours.caller_us:.1f} | {eager.caller_us:.1f} | {comp.caller_us:.1f} | "
-                     f"{ve:.2f} | {vc:.2f} | {'yes' if ve >= 1.2 and vc >= 1.0 else 'NOT met'} |")
+                     f"{ve:.2f} | {vc:.2f} | {'yes' if met else 'NOT met'} |")
+    return lines
 
-    if dispatch is not None and len(dispatch):
-        lines += ["", "### 4. Launch-bound shapes: `tiered_ops.<op>` per call <= 1.10x the fastest tier called "
-                  "directly", "", "Host time per call, back-to-back calls, one process (`tiered-ops targets --live`).",
-                  "", "| op | shape | dtype | tiered_ops us (chosen) | fastest direct (impl) us | ratio | "
-                  "triton direct us | met |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for (op, problem, dtype), g in dispatch.groupby(["op", "problem", "dtype"], sort=False):
-            best = g.loc[g.direct_us.idxmin()]
-            tri = g[g.impl == "triton"].direct_us
-            ratio = best.public_us / best.direct_us
-            lines.append(f"| {op} | {_shape(problem)} | {dtype} | {best.public_us:.1f} ({best.chosen}) | "
-                         f"{best.direct_us:.1f} ({best.impl}) | {ratio:.2f} | "
-                         f"{_f(tri.iloc[0] if len(tri) else math.nan, '.1f')} | "
-                         f"{'yes' if ratio <= 1.10 else 'NOT met'} |")
 
-    if grid is not None and picks is not None and len(grid):
-        lines += ["", "### 5. Selection regret on shapes no sweep tuned on (fwd_nograd)", "",
-                  "Selected: what `select_backend` picks there with tuning off (the nearest measured bucket of the "
-                  "default sweep); best: the fastest correct implementation measured at the point, peers included.", "",
-                  "| op | shape | dtype | selected us (impl) | best us (impl) | regret |", "|---|---|---|---|---|---|"]
-        rs = regrets(grid, picks)
-        for r in rs:
-            lines.append(f"| {r['op']} | {_shape(r['problem'])} | {r['dtype']} | {_f(r['selected_us'], '.1f')} "
-                         f"({r['selected']}) | {_f(r['best_us'], '.1f')} ({r['best']}) | {_f(r['regret'], '.3f')} |")
-        n, geo, worst = _summary(rs)
-        if n:
-            met = "met" if geo <= 1.03 and worst <= 1.10 else "NOT met"
-            lines += ["", f"**Regret over {n} points: geomean {geo:.3f} (target <= 1.03), max {worst:.3f} "
-                      f"(target <= 1.10): {met}.**"]
+def _dispatch(t: dict, dispatch: pd.DataFrame) -> list[str]:
+    lines = [f"Launch-bound shapes: `tiered_ops.<op>` per call <= {t['at_most']:.2f}x the fastest tier called "
+             "directly", "", "Host time per call, back-to-back calls, one process (`tiered-ops targets --live`).", "",
+             "| op | shape | dtype | tiered_ops us (chosen) | fastest direct (impl) us | ratio | triton direct us | "
+             "met |", "|---|---|---|---|---|---|---|---|"]
+    for (op, problem, dtype), g in dispatch.groupby(["op", "problem", "dtype"], sort=False):
+        best = g.loc[g.direct_us.idxmin()]
+        tri = g[g.impl == "triton"].direct_us
+        ratio = best.public_us / best.direct_us
+        lines.append(f"| {op} | {_short(problem)} | {dtype} | {best.public_us:.1f} ({best.chosen}) | "
+                     f"{best.direct_us:.1f} ({best.impl}) | {ratio:.2f} | "
+                     f"{_f(tri.iloc[0] if len(tri) else math.nan, '.1f')} | "
+                     f"{'yes' if ratio <= t['at_most'] else 'NOT met'} |")
+    return lines
+
+
+def _regret(t: dict, grid: pd.DataFrame, picks: pd.DataFrame) -> list[str]:
+    lines = [f"Selection regret on shapes no sweep tuned on ({t['mode']})", "",
+             "Selected: what `select_backend` picks there with tuning off (the nearest measured bucket of the "
+             "default sweep); best: the fastest correct implementation measured at the point, peers included.", "",
+             "| op | shape | dtype | selected us (impl) | best us (impl) | regret |", "|---|---|---|---|---|---|"]
+    rs = regrets(grid, picks, t["mode"])
+    for r in rs:
+        lines.append(f"| {r['op']} | {_short(r['problem'])} | {r['dtype']} | {_f(r['selected_us'], '.1f')} "
+                     f"({r['selected']}) | {_f(r['best_us'], '.1f')} ({r['best']}) | {_f(r['regret'], '.3f')} |")
+    n, geo, worst = _summary(rs)
+    if n:
+        met = "met" if geo <= t["geomean_at_most"] and worst <= t["max_at_most"] else "NOT met"
+        lines += ["", f"**Regret over {n} points: geomean {geo:.3f} (target <= {t['geomean_at_most']:.2f}), max "
+                  f"{worst:.3f} (target <= {t['max_at_most']:.2f}): {met}.**"]
+    return lines
+
+
+def render(results: pd.DataFrame, spec: dict[str, Any], grid: pd.DataFrame | None = None,
+           picks: pd.DataFrame | None = None, dispatch: pd.DataFrame | None = None) -> str:
+    """The targets of ``spec`` as Markdown, each with its figure and met / NOT met; a target measured by
+    ``targets --live`` (dispatch, regret) appears when its measurements are given."""
+    df = results.copy()
+    df["shape"] = df.problem.map(_short)
+    df["bytes"] = df.gbps * df.p50_us * 1e3
+    lines = [f"## {spec.get('title', 'Speed targets')}"]
+    n = 0
+    for t in spec["targets"]:
+        if t["kind"] == "dispatch":
+            if dispatch is None or not len(dispatch):
+                continue
+            body = _dispatch(t, dispatch)
+        elif t["kind"] == "regret":
+            if grid is None or picks is None or not len(grid):
+                continue
+            body = _regret(t, grid, picks)
+        else:
+            body = {"copy_fraction": _copy_fraction, "vs_best": _vs_best, "training": _training}[t["kind"]](t, df)
+        n += 1
+        lines += ["", f"### {n}. {body[0]}", *body[1:]]
     return "\n".join(lines) + "\n"
 
 
-def regrets(grid: pd.DataFrame, picks: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per grid point: the selected implementation's time over the best measured (ours and peers); regret is
-    NaN where the selected one has no correct timing there."""
+def regrets(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd") -> list[dict[str, Any]]:
+    """Per grid point in ``mode``: the selected implementation's time over the best measured (ours and peers);
+    regret is NaN where the selected one has no correct timing there."""
     out = []
-    for r in picks.itertuples():
-        g = grid[(grid.op == r.op) & (grid.problem == r.problem) & (grid.dtype == r.dtype)
-                 & (grid["mode"] == "fwd_nograd")]
+    picks = picks if "mode" in picks.columns else picks.assign(mode=mode)
+    for r in picks[picks["mode"] == mode].itertuples():
+        g = grid[(grid.op == r.op) & (grid.problem == r.problem) & (grid.dtype == r.dtype) & (grid["mode"] == mode)]
         best = _best(g, ("eager", "compile", "triton", "cuda", "peer"))
         sel = g[(g.impl == r.selected) & (g.ok == 1) & g.caller_us.notna()]
         sel_us = sel.caller_us.iloc[-1] if len(sel) else math.nan
@@ -229,9 +330,9 @@ def regrets(grid: pd.DataFrame, picks: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def regret_summary(grid: pd.DataFrame, picks: pd.DataFrame) -> tuple[int, float, float]:
-    """(points with a regret, geomean, max) of the selection regret, for the bench output."""
-    return _summary(regrets(grid, picks))
+def regret_summary(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd") -> tuple[int, float, float]:
+    """(points with a regret, geomean, max) of the selection regret in ``mode``, for the command's output."""
+    return _summary(regrets(grid, picks, mode))
 
 
 def _summary(rs: list[dict[str, Any]]) -> tuple[int, float, float]:
