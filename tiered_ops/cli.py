@@ -318,12 +318,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     df.to_csv(args.csv, index=False)
     print(f"wrote {len(df)} measurements from {store.path} to {args.csv}")
     if args.meta:
-        rows = store.conn.execute("SELECT op, impl, device_key, source_hash, meta, timestamp FROM impl_meta "
-                                  "ORDER BY op, impl").fetchall()
+        rows = store.meta_rows()
         with open(args.meta, "w") as f:
             for r in rows:
-                f.write(json.dumps(dict(op=r[0], impl=r[1], device_key=r[2], source_hash=r[3], timestamp=r[5],
-                                        **json.loads(r[4]))) + "\n")
+                f.write(json.dumps(dict({k: r[k] for k in ("op", "impl", "device_key", "source_hash", "timestamp")},
+                                        **r["meta"])) + "\n")
         print(f"wrote cost metadata of {len(rows)} implementations to {args.meta}")
     return 0
 
