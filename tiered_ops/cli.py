@@ -89,6 +89,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
                 for s in specs}
     dtypes = args.dtype or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
+    from .shards import gpu_devices
+
+    devices = gpu_devices(args.gpus) if args.gpus else None
+    if devices and len(devices) > 1 and args.in_process:
+        raise ValueError("--gpus: several GPUs are measured in one worker process each; drop --in-process")
     store = _store(args)
     print(f"store: {store.path}")
     metas: dict = {}
@@ -100,7 +105,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
-                   impls=args.impls.split(",") if args.impls else None)
+                   impls=args.impls.split(",") if args.impls else None, shard=args.shard, devices=devices)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
