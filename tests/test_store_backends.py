@@ -149,3 +149,16 @@ def test_rows_of_another_measurement_method_are_measured_again(store_target, mon
     _sweep(store, problems)
     assert sorted(calls) == ["compile", "eager"]  # the two of another (or no) method, not the current ones
     assert [r["method"] for r in store.rows()[4:]] == [METHOD_VERSION] * 2
+
+
+def test_the_device_fingerprint_holds_the_host_cpu_model():
+    from tiered_ops.timing import host_cpu
+
+    fp = fingerprint(CPU)
+    assert fp.host == host_cpu() and fp.key.endswith(f"|host{fp.host}")
+    try:
+        models = [ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    if models:
+        assert fp.host == " ".join(models[0])
