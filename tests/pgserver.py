@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for the store's tests: one per test session, started by ``pg_server`` with initdb and
+"""A real PostgreSQL server for the store's tests: one per test run, started by ``pg_server`` with initdb and
 pg_ctl on a Unix socket in a temporary folder (as the ``postgres`` or ``nobody`` user when the tests run as root:
 initdb refuses root), and a fresh database per test (``pg_url``). ``store_target`` parametrizes a test over both
 backends: a SQLite file and a PostgreSQL database.
@@ -126,7 +126,7 @@ def pg_server():
 
 @pytest.fixture
 def pg_url(pg_server):
-    """The URL of a fresh, empty database of the session's server (dropped after the test)."""
+    """The URL of a fresh, empty database of the run's server (dropped after the test)."""
     name = pg_server.new_database()
     yield pg_server.url(name)
     pg_server.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
