@@ -34,3 +34,6 @@ def private_store(tmp_path, monkeypatch):
     sel.use_store(None)
     yield tmp_path / "results.sqlite"
     sel.clear_cache()
+
+
+from pgserver import pg_server, pg_url, store_target  # noqa: E402,F401  (PostgreSQL fixtures, tests/pgserver.py)

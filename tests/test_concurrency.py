@@ -1,5 +1,5 @@
-"""Sweeps sharing one store: each candidate is claimed before it is measured, so none is measured twice; a claim
-held by a dead or stuck sweep expires and is taken over."""
+"""Sweeps sharing one store (a SQLite file, a PostgreSQL database): each candidate is claimed before it is measured,
+so none is measured twice; a claim held by a dead or stuck sweep expires and is taken over."""
 
 import inspect
 import os
@@ -52,8 +52,8 @@ def _counts(store):
     return Counter((r["impl"], r["problem"], r["mode"]) for r in store.rows())
 
 
-def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path):
-    path = tmp_path / "shared.sqlite"
+def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path, store_target):
+    path = store_target
     Store(path).close()
     code = inspect.getsource(fake_measure) + textwrap.dedent(f"""
         import pathlib, sys, time
@@ -86,8 +86,8 @@ def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path):
     assert sum(measured) == n, outs
 
 
-def test_a_claim_is_refused_while_its_owner_lives_and_taken_when_it_is_dead_or_expired(tmp_path):
-    path = tmp_path / "claims.sqlite"
+def test_a_claim_is_refused_while_its_owner_lives_and_taken_when_it_is_dead_or_expired(store_target):
+    path = store_target
     key = _key(MULADD, "eager", MULADD.problem((64,)), "fwd_nograd")
     mine, other = Store(path), Store(path)
     assert other.claim(key, ttl_s=60)
@@ -107,12 +107,12 @@ def test_a_claim_is_refused_while_its_owner_lives_and_taken_when_it_is_dead_or_e
     assert mine.claim(key, ttl_s=60)
     other.close()
     mine.close()  # closing releases the store's claims
-    assert Store(path).conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 0
+    assert Store(path).count("claims") == 0
 
 
-def test_a_sweep_waits_for_a_claimed_candidate_and_measures_it_when_the_claim_expires(tmp_path, monkeypatch):
+def test_a_sweep_waits_for_a_claimed_candidate_and_measures_it_when_the_claim_expires(store_target, monkeypatch):
     monkeypatch.setattr(bench, "measure", fake_measure)
-    path = tmp_path / "s.sqlite"
+    path = store_target
     problems = [MULADD.problem((64,))]
     stuck = Store(path)
     stuck.owner = ("another-host", 1, "a-stuck-sweep")  # liveness cannot be checked from here: only its deadline
@@ -126,10 +126,10 @@ def test_a_sweep_waits_for_a_claimed_candidate_and_measures_it_when_the_claim_ex
     assert len(df) == 4 and set(_counts(Store(path)).values()) == {1}
 
 
-def test_a_sweep_takes_a_candidate_another_sweep_stored_while_it_waited(tmp_path, monkeypatch):
+def test_a_sweep_takes_a_candidate_another_sweep_stored_while_it_waited(store_target, monkeypatch):
     calls = []
     monkeypatch.setattr(bench, "measure", lambda *a, **k: calls.append(a[1].name) or fake_measure(*a, **k))
-    path = tmp_path / "s.sqlite"
+    path = store_target
     problem = MULADD.problem((64,))
     key = _key(MULADD, "compile", problem, "fwd+bwd")
     claimed, failed = threading.Event(), []
@@ -160,11 +160,11 @@ def test_a_sweep_takes_a_candidate_another_sweep_stored_while_it_waited(tmp_path
 
 
 @pytest.mark.parametrize("force", [False, True])
-def test_a_sweep_alone_releases_every_claim(tmp_path, monkeypatch, force):
+def test_a_sweep_alone_releases_every_claim(store_target, monkeypatch, force):
     monkeypatch.setattr(bench, "measure", fake_measure)
-    store = Store(tmp_path / "s.sqlite")
+    store = Store(store_target)
     _sweep(store, [MULADD.problem((64,))])
     df = bench.sweep([MULADD], {"muladd": [MULADD.problem((64,))]}, [torch.float32], CPU, store, force=force,
                      progress=False, log=lambda s: None, modes=MODES, impls=IMPLS, cost_metadata=False)
     assert len(df) == 4 and len(store.rows()) == (8 if force else 4)
-    assert store.conn.execute("SELECT count(*) FROM claims").fetchone()[0] == 0
+    assert store.count("claims") == 0

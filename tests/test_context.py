@@ -80,3 +80,20 @@ def test_a_compiled_caller_is_detected_and_traced_without_a_graph_break(no_tune)
     explained = torch._dynamo.explain(f)(x)
     assert explained.graph_break_count == 0
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), torch.softmax(2 * x.double(), -1).float() + 1)
+
+
+def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "compiled.sqlite"))
+    monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
+    store = decide.use_store(None)
+    try:
+        sel = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu", context="compiled")
+        assert "compiled caller (measured between pointwise ops" in sel.record["reason"]
+        rows = store.rows(op="gelu", context="compiled")
+        assert {r["impl"] for r in rows if r["ok"]} >= {"eager", "compile"}
+        assert all(r["context"] == "compiled" and r["gbps"] is None for r in rows)  # the neighbours move bytes too
+        assert not [r for r in store.rows(op="gelu") if r["context"] == "compiled"]  # an eager query sees none
+        eager = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu")
+        assert "compiled caller" not in eager.record["reason"]
+    finally:
+        decide.use_store(None)

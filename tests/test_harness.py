@@ -91,7 +91,7 @@ def test_store_keeps_rows_and_decision_survives_a_new_process(planted, private_s
     sel_mod.use_store(str(private_store))
     monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("re-measured a stored bucket"))
     again = tiered_ops.select_backend("softmax", (50, 300), "fp32", "cpu")  # 50 rows: same bucket as 64
-    assert again.name == first.name and again.record["bucket"] == first.record["bucket"] == "64|300|True"
+    assert again.name == first.name and again.record["bucket"] == first.record["bucket"] == "[64,300,true]"
 
 
 def test_stale_source_hash_is_ignored(planted, private_store, monkeypatch):
@@ -163,15 +163,15 @@ def test_tuning_off_decides_from_the_nearest_measured_bucket_and_never_picks_a_p
         other_dim = tiered_ops.select_backend("softmax", (8, 64, 3), "fp32", "cpu", dim=1)
     finally:
         sel_mod.set_tuning(None)
-    assert near_small.name == "eager" and "nearest measured bucket 8|64|True" in near_small.record["reason"]
+    assert near_small.name == "eager" and "nearest measured bucket [8,64,true]" in near_small.record["reason"]
     # 16x20000 moves 9.8x the bytes of 8x4096: eager 0.5 + 7.5 x 9.8 us, compile 0.3 + 3.7 x 9.8
-    assert near_big.name == "compile" and "8|4096|True" in near_big.record["reason"]
+    assert near_big.name == "compile" and "[8,4096,true]" in near_big.record["reason"]
     got = {c["impl"]: c["caller_us"] for c in near_big.record["candidates"]}
     ratio = spec.mode_bytes(spec.problem((16, 20000)), torch.float32, "fwd_nograd") / \
         spec.mode_bytes(spec.problem((8, 4096)), torch.float32, "fwd_nograd")
     assert got["eager"] == pytest.approx(0.5 + 7.5 * ratio) and got["compile"] == pytest.approx(0.3 + 3.7 * ratio)
     # nearest is 8x4096, where compile wins; at 1/8 of its bytes compile's 3 us launch path is the larger figure
-    assert "8|4096|True" in launch_bound.record["reason"] and launch_bound.name == "eager"
+    assert "[8,4096,true]" in launch_bound.record["reason"] and launch_bound.name == "eager"
     assert other_dim.name == "eager" and "no stored decision" in other_dim.record["reason"]  # dim flag differs
     assert isinstance(peer, Impl) and all(s.name != "liger" for s in (near_small, near_big, launch_bound))
 

@@ -17,8 +17,8 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("registry", "ops", "ops.*"),
     2: ("tiers", "cuda_ext", "peers", "catalog"),
     3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),
-    4: ("predict", "decide", "dispatch", "record"),
-    5: ("bench", "report", "check", "targets", "territories", "packs", "patch", "tune", "analysis", "shard"),
+    4: ("packs", "predict", "decide", "dispatch", "record"),
+    5: ("bench", "report", "check", "targets", "territories", "patch", "tune", "analysis", "shards"),
     6: ("cli", "cli_*", "__main__", "__init__"),
 }
 

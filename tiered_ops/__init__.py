@@ -26,15 +26,26 @@ if not _os.environ.get("TRITON_INTERPRET"):
         pass
 
 from .catalog import all_ops, get_op  # noqa: E402
-from .decide import Selection, clear_cache, select_backend, set_policy, set_tuning, use_store  # noqa: E402
+from .decide import Selection, clear_cache, get_store, select_backend, set_policy, set_tuning, use_store  # noqa: E402
 from .dispatch import make_public  # noqa: E402
+from .packs import load_decisions as _load  # noqa: E402
 from .registry import OPS, Impl, OpSpec, Tier  # noqa: E402
 
 for _spec in all_ops():
     globals()[_spec.name] = make_public(_spec)
 
+
+def load_decisions(path: str) -> object:
+    """Merge the decision pack at ``path`` (``tiered-ops decisions export``) into the store this process decides
+    from, so ``tiered_ops.<op>`` uses those decisions without measuring; a row whose kernel source or measurement
+    method differs from what is installed here is refused with the reason (in the result and the log). Each
+    implementation chosen from a pack is gated on its first use here."""
+    result = _load(path, store=get_store())
+    clear_cache()
+    return result
+
 __all__ = [
-    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "select_backend", "set_policy",
-    "set_tuning", "use_store", *(s.name for s in all_ops()),
+    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "load_decisions",
+    "select_backend", "set_policy", "set_tuning", "use_store", *(s.name for s in all_ops()),
 ]
 __version__ = "0.1.0"

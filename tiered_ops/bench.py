@@ -5,12 +5,15 @@ what it finished (a crashing or hanging candidate costs itself only when isolate
 measurement that is already stored with the current source hash for this device
 is reused rather than taken again (``force=True`` re-measures). Sweeps sharing one store claim each candidate
 before measuring it (``Store.claim``): one that another sweep holds is left for later, then taken from the store
-once that sweep stored it, or measured here if its claim expires (a dead or stuck sweep).
+once that sweep stored it, or measured here if its claim expires (a dead or stuck sweep). A sweep can be one shard of
+a larger one (``shard``), and can spread its cases over several GPUs (``devices``: one worker process per GPU), with
+the splitting of ``tiered_ops.shards``.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -20,6 +23,7 @@ import torch
 from .measure import base_row, contended, measure
 from .meta import breaks_str, stored_or_collect, with_progress
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
+from .shards import in_shard, spread
 from .store import Store
 from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint
 from .worker import Pool
@@ -48,17 +52,77 @@ def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fing
 
 
 def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
-          device: torch.device, store: Store, **kw: Any) -> pd.DataFrame:
+          device: torch.device, store: Store, shard: tuple[int, int] | None = None,
+          devices: list[torch.device] | None = None, **kw: Any) -> pd.DataFrame:
     """Measure every (op, problem, dtype, mode, implementation); returns one row per measurement.
-    ``problems[op]`` are measured in every dtype of ``dtypes``; the keywords are those of :func:`sweep_cases`."""
-    return sweep_cases([(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes], device, store, **kw)
+    ``problems[op]`` are measured in every dtype of ``dtypes``; ``shard`` (i, n): only the cases of shard i of n
+    (``shards.in_shard``); ``devices``: spread the cases over these GPUs (``sweep_devices``) instead of ``device``;
+    the other keywords are those of :func:`sweep_cases`."""
+    cases = [(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes]
+    if shard is not None:
+        cases = in_shard(cases, shard)
+    if devices and len(devices) > 1:
+        return sweep_devices(cases, devices, store, **kw)
+    return sweep_cases(cases, devices[0] if devices else device, store, **kw)
+
+
+def sweep_devices(cases: list[tuple[OpSpec, Problem, torch.dtype]], devices: list[torch.device], store: Store,
+                  log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None,
+                  **kw: Any) -> pd.DataFrame:
+    """The cases dealt over ``devices`` (``shards.spread``), each device's share swept by a thread of its own with
+    its own isolated worker process and its own connection to the store (a file or a server: claims keep two devices
+    from measuring one candidate twice). Ctrl-C stops every device after the candidate it is measuring."""
+    if not kw.get("isolate", False):
+        raise ValueError("devices: a sweep over several devices measures in one worker process per device: pass "
+                         "isolate=True (threads measuring in this process would share its interpreter)")
+    if store.url is None and store.kept_in_memory is not None:
+        raise ValueError(f"devices: the store {store.path} is kept in memory; several devices need a store file "
+                         "or server they can each open")
+    stop, results, errors = threading.Event(), {}, []
+    shares = spread(cases, len(devices))
+    metas_of: dict[int, dict] = {k: {} for k in range(len(devices))}
+
+    def run(k: int) -> None:
+        mine = Store(store.url or store.path)
+
+        def say(text: str) -> None:
+            log(f"[{devices[k]}] {text}")
+
+        try:
+            results[k] = sweep_cases(shares[k], devices[k], mine, log=say, metas=metas_of[k], stop=stop,
+                                     **dict(kw, progress=False))
+        except BaseException as e:  # reported by the caller's thread
+            errors.append(e)
+            stop.set()
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"sweep-{d}") for k, d in enumerate(devices)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        stop.set()
+        for t in threads:
+            t.join()
+        raise
+    real = [e for e in errors if not isinstance(e, KeyboardInterrupt)]
+    if errors:
+        raise (real or errors)[0]
+    if metas is not None:
+        for m in metas_of.values():
+            metas.update(m)
+    frames = [results[k] for k in range(len(devices)) if len(results.get(k, ()))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.device, store: Store,
                 force: bool = False, progress: bool = True, log: Callable[[str], None] = print,
                 metas: dict[tuple[str, str], dict] | None = None, modes: Iterable[str] = MODES,
                 isolate: bool = False, timeout_s: float = 300.0, impls: Iterable[str] | None = None,
-                cost_metadata: bool = True) -> pd.DataFrame:
+                cost_metadata: bool = True, stop: threading.Event | None = None) -> pd.DataFrame:
     """Measure every implementation of each (op, problem, dtype) case in each mode; one row per measurement.
 
     With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
@@ -70,6 +134,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     After the measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
     registers) is collected once per source and device, stored, and put in ``metas`` when given.
     ``impls`` limits the sweep to implementations of those names; ``cost_metadata=False`` skips the metadata.
+    ``stop``: when set (by another thread), the sweep stops before its next candidate as if interrupted.
     """
     from tqdm import tqdm
 
@@ -133,6 +198,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
         bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for n, (spec, problem, dtype, mode, impl) in enumerate(bar):
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
             case = (spec.name, str(problem), dtype, mode)
             if not force and case not in fresh:
@@ -153,6 +220,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             log(f"{len(waiting)} candidate(s) claimed by another sweep on this store: taking them from the store once "
                 "it has stored them, or measuring them here if its claims expire")
         while waiting:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
             for n in list(waiting):
                 results[n], now = take(*todo[n])
                 measured, busy = measured + now, busy + (now and contended(results[n]))

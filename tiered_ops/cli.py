@@ -16,6 +16,7 @@ import torch
 
 from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
+from .cli_decisions import cmd_decisions
 from .registry import DTYPES, MODES
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
                 for s in specs}
     dtypes = args.dtype or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
+    from .shards import gpu_devices
+
+    devices = gpu_devices(args.gpus) if args.gpus else None
+    if devices and len(devices) > 1 and args.in_process:
+        raise ValueError("--gpus: several GPUs are measured in one worker process each; drop --in-process")
     store = _store(args)
     print(f"store: {store.path}")
     metas: dict = {}
@@ -85,7 +91,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
-                   impls=args.impls.split(",") if args.impls else None)
+                   impls=args.impls.split(",") if args.impls else None, shard=args.shard, devices=devices)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
@@ -332,18 +338,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     df.to_csv(args.csv, index=False)
     print(f"wrote {len(df)} measurements from {store.path} to {args.csv}")
     if args.meta:
-        rows = store.conn.execute("SELECT op, impl, device_key, source_hash, meta, timestamp FROM impl_meta "
-                                  "ORDER BY op, impl").fetchall()
+        rows = store.meta_rows()
         with open(args.meta, "w") as f:
             for r in rows:
-                f.write(json.dumps(dict(op=r[0], impl=r[1], device_key=r[2], source_hash=r[3], timestamp=r[5],
-                                        **json.loads(r[4]))) + "\n")
+                f.write(json.dumps(dict({k: r[k] for k in ("op", "impl", "device_key", "source_hash", "timestamp")},
+                                        **r["meta"])) + "\n")
         print(f"wrote cost metadata of {len(rows)} implementations to {args.meta}")
     return 0
 
 
 COMMANDS = {"list": cmd_list, "bench": cmd_bench, "select": cmd_select, "info": cmd_info, "check": cmd_check,
-            "report": cmd_report, "targets": cmd_targets, "compare": cmd_compare, "export": cmd_export}
+            "report": cmd_report, "targets": cmd_targets, "compare": cmd_compare, "export": cmd_export,
+            "decisions": cmd_decisions}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import re
 import torch
 
 from .catalog import all_ops, get_op
+from .cli_decisions import add_decisions_parser
 from .policy import POLICIES
 from .registry import CONTEXTS, DTYPES, MODES
 
@@ -47,6 +48,23 @@ def _modes(text: str) -> list[str]:
         if m not in MODES:
             raise argparse.ArgumentTypeError(f"mode must be one of {', '.join(MODES)}, got {m!r}")
     return out
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``i/n``: shard i (1-based) of n."""
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shard must look like 2/4 (shard 2 of 4), got {text!r}") from None
+    if n < 1 or not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"shard i/n needs 1 <= i <= n, got {text}")
+    return i, n
+
+
+def _gpus(text: str) -> str:
+    if text != "all" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"gpus must be 'all' or a number of GPUs (1, 2, ...), got {text!r}")
+    return text
 
 
 def _op_params() -> dict[str, tuple[inspect.Parameter, list[str]]]:
@@ -153,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "and recorded as timed out (default 300)")
     s.add_argument("--in-process", action="store_true",
                    help="measure in this process (for debugging): a crashing or hanging kernel then stops the sweep")
+    s.add_argument("--shard", type=_shard, metavar="I/N",
+                   help="only the cases of shard I of N (by a stable hash of op, problem and dtype): N runs with "
+                        "1/N ... N/N cover the sweep exactly once")
+    s.add_argument("--gpus", type=_gpus, metavar="all|N",
+                   help="spread the cases over the visible GPUs (all) or the first N, one worker process per GPU")
 
     s = command("select", "the implementation chosen for an op at a shape, and why", device)
     s.add_argument("op", help=f"the op: {ops}")
@@ -211,4 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("export", "write every stored measurement to CSV")
     s.add_argument("--csv", required=True, help="the CSV file to write")
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
+
+    add_decisions_parser(sub, common)
     return p

@@ -34,6 +34,7 @@ import torch
 from . import envs
 from .catalog import get_op
 from .measure import bucket_str, gate, measure
+from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy, choose
 from .predict import nearest_bucket, predict
 from .registry import CONTEXTS, DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_context, check_mode
@@ -216,13 +217,17 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                                    store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
                     near_dtype = dn
                     break
+        compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
+                                   measure_missing=tune and context == "compiled" and near is None)
         for ctx in CONTEXTS:
-            ctx_rows, why = in_context(rows, ctx)
+            ctx_rows, why = (compiled, "compiled caller (measured between pointwise ops in a compiled function): "
+                             ) if ctx == "compiled" and compiled else in_context(rows, ctx)
             if not ctx_rows and not tune:
                 impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision: eager", []
             else:
                 impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
-                if near_dtype != dname:
+                from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
+                if near_dtype != dname or from_pack:
                     impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
                                                  (policy, calls, store, budget), (impl, reason, cands))
                 if near is not None:
@@ -234,6 +239,24 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
             _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
         return _decisions[key]
+
+
+def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
+                   device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
+    """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
+    the missing ones when ``measure_missing``), else none: a compiled decision from part of the tiers would not be
+    one."""
+    dname = DTYPE_NAMES[dtype]
+    rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+    have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
+    missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+    if missing and measure_missing:
+        log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
+                 problem, dname, mode, len(missing))
+        store.add([measure(spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+        rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+        missing = []
+    return rows if not missing else []
 
 
 def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from .buckets import encode
 from .environment import environment
 from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode, rel_error
 from .timing import COPY_BYTES, Fingerprint, contention_check, copy_bandwidth_gbps, fingerprint, sync, time_call
@@ -363,4 +364,5 @@ def usable(row: Any) -> bool:
 
 
 def bucket_str(bucket: tuple) -> str:
-    return "|".join(str(b) for b in bucket)
+    """The stored text of a bucket tuple (``tiered_ops.buckets.encode``)."""
+    return encode(bucket)

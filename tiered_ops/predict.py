@@ -7,24 +7,15 @@ import math
 
 import torch
 
+from .buckets import distance
 from .measure import bucket_str
 from .registry import OpSpec, Problem
 from .store import Store
 
 
 def _bucket_distance(a: str, b: str) -> float:
-    """How far apart two buckets are: the sum of |log2| ratios of their numeric parts; inf when a non-numeric
-    part (a flag, a dim) differs."""
-    pa, pb = a.split("|"), b.split("|")
-    if len(pa) != len(pb):
-        return math.inf
-    d = 0.0
-    for x, y in zip(pa, pb):
-        if x.lstrip("-").isdigit() and y.lstrip("-").isdigit():
-            d += abs(math.log2(max(int(x), 1)) - math.log2(max(int(y), 1)))
-        elif x != y:
-            return math.inf
-    return d
+    """How far apart two stored buckets are (``tiered_ops.buckets.distance``)."""
+    return distance(a, b)
 
 
 BANDWIDTH_BOUND = 4.0  # a kernel time this many times an implementation's shortest one is read as bandwidth

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from .environment import environment
+from .method import METHOD_VERSION
 
 
 def package_dir(name: str) -> Path:
@@ -161,10 +162,11 @@ class OpSpec:
         return bwd if mode == "bwd" else fwd + bwd
 
     def fresh_impl(self, row: dict) -> Impl | None:
-        """The implementation a stored row measured, if it still exists with the same source and, for a failure
-        stored with its build environment (``env``), that environment is still this process's; else None."""
+        """The implementation a stored row measured, if it still exists with the same source, the row was measured
+        with the current method (``METHOD_VERSION``) and, for a failure stored with its build environment (``env``),
+        that environment is still this process's; else None."""
         impl = self.impls.get(row["impl"])
-        if impl is None or row["source_hash"] != impl.source_hash:
+        if impl is None or row["source_hash"] != impl.source_hash or row.get("method") != METHOD_VERSION:
             return None
         return None if row.get("env") and row["env"] != environment() else impl
 

@@ -44,15 +44,29 @@ class Fingerprint:
     torch: str
     triton: str
     cuda: str
+    host: str = "-"  # the host's CPU model: a launch path's time (host_us) is the host's as much as the GPU's
 
     @property
     def key(self) -> str:
         return (f"{self.name}|cc{self.capability}|sm{self.sm_count}|torch{self.torch}|triton{self.triton}"
-                f"|cuda{self.cuda}")
+                f"|cuda{self.cuda}|host{self.host}")
 
     @property
     def slug(self) -> str:
         return "".join(c if c.isalnum() else "-" for c in self.name.lower()).strip("-")
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> str:
+    """The host's CPU model: /proc/cpuinfo's first "model name" (Linux), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,11 +81,11 @@ def fingerprint(device: torch.device) -> Fingerprint:
         p = torch.cuda.get_device_properties(device)
         return Fingerprint(
             "cuda", p.name, f"{p.major}.{p.minor}", p.multi_processor_count, torch.__version__, tv,
-            torch.version.cuda or "none",
+            torch.version.cuda or "none", host_cpu(),
         )
 
     name = platform.processor() or platform.machine() or "cpu"
-    return Fingerprint("cpu", f"cpu-{name}", "-", os.cpu_count() or 1, torch.__version__, tv, "none")
+    return Fingerprint("cpu", f"cpu-{name}", "-", os.cpu_count() or 1, torch.__version__, tv, "none", host_cpu())
 
 
 @dataclass
