@@ -5,7 +5,7 @@ import math
 import pytest
 
 from tiered_ops import buckets
-from tiered_ops.registry import all_ops
+from tiered_ops.catalog import all_ops
 
 
 @pytest.mark.parametrize("bucket", [(1024, 4096, True), (64, 0, False, "tanh"), (8, None), ((64, 256), 3, "x|y"), ()])

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tiered_ops import bench
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import base_row
 from tiered_ops.method import METHOD_VERSION
-from tiered_ops.registry import get_op
 from tiered_ops.store import COLUMN_NAMES, SCHEMA_VERSION, STORE_ERRORS, Store
 from tiered_ops.timing import fingerprint
 
