@@ -28,11 +28,14 @@ from .ops.layer_norm import layer_norm  # noqa: E402
 from .ops.muladd import muladd  # noqa: E402
 from .ops.rms_norm import rms_norm  # noqa: E402
 from .ops.softmax import softmax  # noqa: E402
+from .patch import PatchReport, patch, unpatch  # noqa: E402
 from .registry import OPS, Impl, OpSpec, Tier, all_ops, get_op  # noqa: E402
 from .select import Selection, clear_cache, select_backend, set_policy, set_tuning, use_store  # noqa: E402
+from .tune import TuneReport, tune  # noqa: E402
 
 __all__ = [
-    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "gelu", "get_op", "layer_norm", "muladd",
-    "rms_norm", "select_backend", "set_policy", "set_tuning", "softmax", "use_store",
+    "OPS", "Impl", "OpSpec", "PatchReport", "Selection", "Tier", "TuneReport", "all_ops", "clear_cache", "gelu",
+    "get_op", "layer_norm", "muladd", "patch", "rms_norm", "select_backend", "set_policy", "set_tuning", "softmax",
+    "tune", "unpatch", "use_store",
 ]
 __version__ = "0.1.0"

@@ -33,6 +33,8 @@ import torch
 
 from .measure import bucket_str, gate, measure
 from .policy import DEFAULT_CALLS, check_policy, choose
+from .record import _active as _recorders
+from .record import note as _note
 from .registry import DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_mode, get_op
 from .store import STORE_ERRORS, Store, open_store
 from .timing import caller_range, default_device, fingerprint
@@ -368,6 +370,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
+    if _recorders:  # tiered_ops.tune is recording a real step's calls
+        _note(spec, problem, x.dtype, "fwd+bwd" if train else "fwd_nograd", x.device)
     # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
     # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
     unusable = not torch.compiler.is_compiling() and get_store().unusable
