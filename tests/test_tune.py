@@ -2,7 +2,9 @@
 nothing; the recorder; the `tune` command; the README's "Use it in a model" snippet, run as written."""
 
 import argparse
+import csv
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -145,3 +147,22 @@ def test_readme_snippet_runs(monkeypatch, capsys):
     assert "swapped 5 module(s)" in out and "rms_norm 2x16x64" in out
     stored = select.get_store().rows(op="rms_norm")
     assert stored and {r["mode"] for r in stored} == {"fwd_nograd"}
+
+
+@needs_hf
+def test_model_benchmark_smoke(tmp_path, monkeypatch):
+    """benchmarks/models.py --tiny on the CPU: every variant x workload x context gets a row, and the patched
+    model's logits agree with stock's."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # what --tiny sets for its process: restored after the test
+    spec = importlib.util.spec_from_file_location("bench_models", README.parent / "benchmarks" / "models.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tiny", "--models", "llama-tiny-2l", "--reps", "2", "--warmup", "0",
+                       "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "models.csv") as f:
+        rows = list(csv.DictReader(f))
+    timed = [r for r in rows if r["ms_p50"]]
+    assert {(r["variant"], r["workload"], r["context"]) for r in timed} == {
+        (v, w, c) for v in ("stock", "tiered") for w in ("prefill", "decode", "train") for c in ("eager", "compile")}
+    assert all(float(r["rel_err_vs_stock"]) < 1.6e-2 for r in timed)
+    assert "| prefill | eager | tiered |" in (tmp_path / "models.md").read_text()
