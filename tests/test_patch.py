@@ -7,6 +7,7 @@ forwards run real kernels, not only torch's function under another name.
 """
 
 import copy
+import io
 
 import pytest
 import torch
@@ -244,6 +245,19 @@ def test_torch_modules_against_float64(dtype, tier, monkeypatch):
         (out.double() * dy).sum().backward()
         (want,) = torch.autograd.grad((ref * dy).sum(), xd)
         assert rel(xi.grad, want) <= grad_bound, f"{name}: grad"
+
+
+def test_a_copy_of_a_patched_model_stays_patched():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.GELU())
+    patch(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    x = torch.randn(2, 4)
+    for copied in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        assert patched(copied[1]) == "tiered_ops.layer_norm" and copied[1].forward.args[0] is copied[1]
+        assert torch.equal(copied(x), model(x))
+        assert unpatch(copied) == 2 and patched(model[1])
 
 
 def test_bad_arguments_say_which():

@@ -4,7 +4,8 @@
     tiered_ops.unpatch(model)              # every swapped module back to its class's own forward
 
 A swap replaces the module's ``forward`` on the instance (the class, parameters, buffers, state_dict keys, hooks
-and ``.to()`` are untouched); ``unpatch`` deletes it again, so ``module.forward`` is the class's own. Swapped:
+and ``.to()`` are untouched; a deepcopy or a pickled copy stays swapped); ``unpatch`` deletes it again, so
+``module.forward`` is the class's own. Swapped:
 
 - ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (every affine variant) -> tiered_ops.layer_norm / rms_norm;
 - ``torch.nn.GELU`` (none, tanh) -> tiered_ops.gelu; ``torch.nn.Softmax`` with a dim -> tiered_ops.softmax;
@@ -27,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -283,7 +283,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
         elif plan.op not in wanted:
             report.left.append(Left(path, cls, f"{plan.op} not in ops={list(wanted)}"))
         else:
-            m.forward = types.MethodType(plan.forward, m)
+            m.forward = functools.partial(plan.forward, m)  # a partial, unlike a bound method, pickles
             object.__setattr__(m, _MARK, plan.replacement)
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
