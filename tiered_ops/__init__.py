@@ -6,7 +6,8 @@
     sel.tier, sel.name, sel.record             # what was chosen and why
     y = tiered_ops.layer_norm(x, (4096,), w, b)  # training (x requires grad): the fwd+bwd decision
 
-Every op declared in ``tiered_ops/ops`` is a function here, made from its declaration (``dispatch.make_public``).
+Every op declared in ``tiered_ops/ops`` is a function here, made from its declaration (``dispatch.make_public``);
+``patch``/``unpatch`` put them into a model's modules and ``tune`` measures the calls of one real step.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ if not _os.environ.get("TRITON_INTERPRET"):
 
 from .catalog import all_ops, get_op  # noqa: E402
 from .decide import Selection, clear_cache, get_store, select_backend, set_policy, set_tuning, use_store  # noqa: E402
-from .dispatch import make_public  # noqa: E402
+from .dispatch import public  # noqa: E402
 from .packs import load_decisions as _load  # noqa: E402
+from .patching import PatchReport, patch, unpatch  # noqa: E402
 from .registry import OPS, Impl, OpSpec, Tier  # noqa: E402
+from .tuning import TuneReport, tune  # noqa: E402
 
 for _spec in all_ops():
-    globals()[_spec.name] = make_public(_spec)
+    globals()[_spec.name] = public(_spec.name)
 
 
 def load_decisions(path: str) -> object:
@@ -45,7 +48,8 @@ def load_decisions(path: str) -> object:
     return result
 
 __all__ = [
-    "OPS", "Impl", "OpSpec", "Selection", "Tier", "all_ops", "clear_cache", "get_op", "load_decisions",
-    "select_backend", "set_policy", "set_tuning", "use_store", *(s.name for s in all_ops()),
+    "OPS", "Impl", "OpSpec", "PatchReport", "Selection", "Tier", "TuneReport", "all_ops", "clear_cache", "get_op",
+    "load_decisions", "patch", "select_backend", "set_policy", "set_tuning", "tune", "unpatch", "use_store",
+    *(s.name for s in all_ops()),
 ]
 __version__ = "0.1.0"

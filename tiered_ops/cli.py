@@ -18,6 +18,7 @@ from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
 from .cli_decisions import cmd_decisions
 from .registry import DTYPES, MODES
+from .tuning import cmd_tune
 
 if TYPE_CHECKING:
     pass
@@ -349,7 +350,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 COMMANDS = {"list": cmd_list, "bench": cmd_bench, "select": cmd_select, "info": cmd_info, "check": cmd_check,
             "report": cmd_report, "targets": cmd_targets, "compare": cmd_compare, "export": cmd_export,
-            "decisions": cmd_decisions}
+            "decisions": cmd_decisions, "tune": cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:

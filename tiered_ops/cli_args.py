@@ -16,6 +16,7 @@ from .catalog import all_ops, get_op
 from .cli_decisions import add_decisions_parser
 from .policy import POLICIES
 from .registry import CONTEXTS, DTYPES, MODES
+from .tuning import add_tune_parser
 
 # A shape whose first dim is negative ("-1x4") reads to argparse as an option; main() hands it on with a leading
 # space (no longer an option, stripped by _shape) so that the shape's own error names it.
@@ -236,4 +237,5 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
 
     add_decisions_parser(sub, common)
+    add_tune_parser(sub, common)
     return p

@@ -59,6 +59,11 @@ def set_tuning(enabled: bool | None) -> None:
     clear_cache()
 
 
+def tuning_setting() -> bool | None:
+    """The process's own tuning setting (``set_tuning``), None where it follows TIERED_OPS_TUNE."""
+    return _tune
+
+
 def tuning_enabled() -> bool:
     return _tune if _tune is not None else envs.tune()
 

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import torch
 
+from .catalog import get_op
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
+from .record import active, note
 from .registry import CONTEXTS, OpSpec
 from .store import STORE_ERRORS
 
@@ -40,6 +42,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
+    if active():
+        note(spec, problem, x.dtype, "fwd+bwd" if train else "fwd_nograd", x.device, CONTEXTS[key[-1]])
     # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
     # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
     unusable = not torch.compiler.is_compiling() and get_store().unusable
@@ -69,6 +73,16 @@ def _key_part(p: inspect.Parameter) -> str:
     if "Sequence" in ann or "list" in ann:
         return f"{n} if {n}.__class__ is int or {n} is None else tuple({n})"
     return n
+
+
+_PUBLIC: dict[str, Callable[..., Any]] = {}
+
+
+def public(name: str) -> Callable[..., Any]:
+    """``tiered_ops.<name>``: the public function of a catalogued op, made once."""
+    if name not in _PUBLIC:
+        _PUBLIC[name] = make_public(get_op(name))
+    return _PUBLIC[name]
 
 
 def make_public(spec: OpSpec) -> Callable[..., Any]:

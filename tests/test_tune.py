@@ -1,0 +1,169 @@
+"""tiered_ops.tune: one real step recorded, exactly its calls measured and stored, the first real call measuring
+nothing; the recorder; the `tune` command; the README's "Use it in a model" snippet, run as written."""
+
+import argparse
+import csv
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_patch import needs_hf, tiny
+from torch import nn
+
+import tiered_ops
+from tiered_ops import decide as select
+from tiered_ops.catalog import get_op
+from tiered_ops.record import Recorder
+from tiered_ops.registry import Tier
+
+tune_mod = importlib.import_module("tiered_ops.tuning")
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _no_measuring(*args, **kwargs):
+    raise AssertionError("measured during a call that should read a stored decision")
+
+
+@needs_hf
+def test_tune_measures_the_recorded_calls_and_the_first_real_call_measures_nothing(monkeypatch):
+    model = tiny("llama")
+    tiered_ops.patch(model)
+    ids = torch.randint(0, 128, (2, 8))
+    report = tiered_ops.tune(model, (ids,))
+    # the five RMSNorms of the model are one call signature: (2, 8, 64) over 64 with a weight, fp32, inference
+    assert [(c.call.op, c.call.problem.shape, c.call.dtype, c.call.mode) for c in report.calls] == [
+        ("rms_norm", (2, 8, 64), torch.float32, "fwd_nograd")]
+    candidates = [i for i in get_op("rms_norm").impls.values() if i.tier != Tier.PEER]
+    stored = select.get_store().rows(op="rms_norm", mode="fwd_nograd")
+    assert report.measured == len(candidates) == len(stored)
+    assert {r["impl"] for r in stored} == {i.name for i in candidates}
+    assert select.tuning_setting() is None, "tune gives the process's tuning setting back"
+    chosen = report.calls[0].chosen
+    assert chosen in {r["impl"] for r in stored if r["ok"]} | {"eager"}
+
+    monkeypatch.setattr(select, "measure", _no_measuring)
+    tiered_ops.clear_cache()
+    with torch.no_grad():
+        model(ids)
+    assert [s.name for k, s in select._calls.items() if k[0] == "rms_norm"] == [chosen]
+    again = tiered_ops.tune(model, (ids,))
+    assert again.measured == 0 and again.calls[0].chosen == chosen
+    assert "rms_norm 2x8x64" in str(again) and "stored" in str(again)
+
+
+@needs_hf
+def test_a_training_step_records_fwd_bwd_calls_and_leaves_the_gradients(monkeypatch):
+    monkeypatch.setattr(select, "measure", _no_measuring)
+    model = tiny("gemma")
+    tiered_ops.patch(model)
+    calls = tune_mod.record_step(model, (torch.randint(0, 128, (2, 8)),), train=True, context="compiled")
+    assert sorted((c.op, c.mode, c.context) for c in calls) == [("gelu", "fwd+bwd", "compiled"),
+                                                                 ("rms_norm", "fwd+bwd", "compiled")]
+    # Gemma's norm runs tiered_ops.rms_norm in fp32 with the weight 1 + w
+    assert all(c.dtype == torch.float32 for c in calls)
+    assert all(p.grad is None for p in model.parameters())
+    assert select.tuning_setting() is None and not select._calls
+
+
+def test_the_recorder_sees_each_signature_once_per_slow_path():
+    x = torch.randn(4, 8)
+    tiered_ops.set_tuning(False)
+    try:
+        with Recorder("eager") as rec:
+            tiered_ops.softmax(x, -1)
+            tiered_ops.softmax(x, -1)  # the fast path: not seen again
+            tiered_ops.softmax(x, 0)
+        tiered_ops.softmax(torch.randn(2, 2), -1)  # no recorder active
+    finally:
+        tiered_ops.set_tuning(None)
+    assert [(c.op, c.problem.shape, c.problem.kw["dim"], c.count) for c in rec.calls] == [
+        ("softmax", (4, 8), -1, 1), ("softmax", (4, 8), -2, 1)]  # dim 0 of 2 dims is -2
+
+
+def _fake_select(seen: list):
+    """select_backend that measures nothing and says what it was asked for."""
+    def fake(op, shapes, dtype=None, device=None, *, tune=None, mode="fwd_nograd", context=None, **params):
+        seen.append(dict(op=op, shape=tuple(shapes), dtype=dtype, tune=tune, mode=mode, context=context, **params))
+        impl = get_op(op).impls["eager"]
+        return select.Selection(impl.fn, impl, {"reason": "test"})
+    return fake
+
+
+def test_context_is_passed_where_select_backend_takes_it(monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU("tanh"))
+    tiered_ops.patch(model)
+    seen: list = []
+    monkeypatch.setattr(select, "select_backend", _fake_select(seen))
+    report = tiered_ops.tune(model, torch.randn(3, 8), train=True, context="graphed")
+    assert seen == [dict(op="gelu", shape=(3, 8), dtype=torch.float32, tune=True, mode="fwd+bwd", context="graphed",
+                         bias=False, approximate="tanh")]
+    assert report.context == "graphed" and not report.notes
+    with pytest.raises(ValueError, match="context must be one of"):
+        tiered_ops.tune(model, torch.randn(3, 8), context="jit")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        tiered_ops.tune(lambda x: x, torch.randn(3, 8))
+
+
+def test_without_a_context_keyword_the_context_is_recorded_and_noted(monkeypatch):
+    monkeypatch.setattr(select, "measure", _no_measuring)
+    report = tiered_ops.tune(nn.Linear(4, 4), torch.randn(2, 4), context="eager")
+    assert report.calls == [] and report.context == "eager"
+    assert any("no tiered_ops call" in n for n in report.notes)
+    takes_context = "context" in inspect.signature(select.select_backend).parameters
+    assert any("recorded only" in n for n in report.notes) == (not takes_context)
+
+
+def test_the_tune_command(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tiny_model.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Softmax(-1)), "
+        "torch.randn(4, 16)\n\ndef bad():\n    return 3\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    seen: list = []
+    monkeypatch.setattr(select, "select_backend", _fake_select(seen))
+    parser = argparse.ArgumentParser()
+    tune_mod.add_tune_parser(parser.add_subparsers(dest="cmd"))
+    assert tune_mod.cmd_tune(parser.parse_args(["tune", "--module", "tiny_model:make"])) == 0
+    out = capsys.readouterr().out
+    assert "swapped 2 module(s)" in out and "2 distinct call(s)" in out
+    assert sorted(s["op"] for s in seen) == ["layer_norm", "softmax"]
+    for spec, msg in [("tiny_model", "expected PKG.MOD:FUNCTION"), ("no_such_mod:make", "cannot import"),
+                      ("tiny_model:nothing", "has no function"), ("tiny_model:bad", "must return")]:
+        with pytest.raises(ValueError, match=msg):
+            tune_mod.cmd_tune(parser.parse_args(["tune", "--module", spec]))
+
+
+@needs_hf
+def test_readme_snippet_runs(monkeypatch, capsys):
+    text = README.read_text()
+    section = text[text.index("## Use it in a model"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "swapped 5 module(s)" in out and "rms_norm 2x16x64" in out
+    stored = select.get_store().rows(op="rms_norm")
+    assert stored and {r["mode"] for r in stored} == {"fwd_nograd"}
+
+
+@needs_hf
+def test_model_benchmark_smoke(tmp_path, monkeypatch):
+    """benchmarks/models.py --tiny on the CPU: every variant x workload x context gets a row, and the patched
+    model's logits agree with stock's."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # what --tiny sets for its process: restored after the test
+    spec = importlib.util.spec_from_file_location("bench_models", README.parent / "benchmarks" / "models.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tiny", "--models", "llama-tiny-2l", "--reps", "2", "--warmup", "0",
+                       "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "models.csv") as f:
+        rows = list(csv.DictReader(f))
+    timed = [r for r in rows if r["ms_p50"]]
+    assert {(r["variant"], r["workload"], r["context"]) for r in timed} == {
+        (v, w, c) for v in ("stock", "tiered") for w in ("prefill", "decode", "train") for c in ("eager", "compile")}
+    assert all(float(r["rel_err_vs_stock"]) < 1.6e-2 for r in timed)
+    assert "| prefill | eager | tiered |" in (tmp_path / "models.md").read_text()
