@@ -1,0 +1,180 @@
+"""The eager fast path of the Triton tier (tiered_ops.fastpath, triton_src/*_fast) against float64 math: outputs and
+gradients at odd, non-contiguous, empty and multi-block shapes, and equal to the registered triton_op it stands in
+for. On the CPU the kernels run on the Triton interpreter; the direct launch itself is checked on a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import HAS_CUDA, assert_like_truth, gpu, truth64
+
+from tiered_ops.fastpath import fast_callable, tier_fast
+from tiered_ops.registry import get_op
+from triton_src import launch
+
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def _t(*shape: int, seed: int = 0, t: bool = False) -> torch.Tensor:
+    """Random fp32 values; ``t``: the transpose of a contiguous (shape reversed) tensor, so not contiguous."""
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    if t:
+        return torch.randn(*reversed(shape), generator=g).to(DEV).t()
+    return torch.randn(*shape, generator=g).to(DEV)
+
+
+def _w(n: int, seed: int) -> torch.Tensor:
+    return 1 + 0.5 * _t(n, seed=seed)
+
+
+# (op, args, first_output, what it covers). Shapes: 37x129 fits no block; 2x20003 and 2x40009 are rows longer than
+# the backward's / the forward's register-resident rows (looped kernels; layer_norm splits few long rows).
+CASES = [
+    ("softmax", (_t(37, 129), -1), "odd shape"),
+    ("softmax", (_t(37, 129), 0), "non-last dim (moved last and back)"),
+    ("softmax", (_t(3, 37, 5), 1), "middle dim of three"),
+    ("softmax", (_t(37, 129, t=True), -1), "non-contiguous x"),
+    ("softmax", (_t(2, 40009), -1), "looped kernels"),
+    ("softmax", (_t(0, 16), -1), "empty"),
+    ("rms_norm", (_t(37, 129), [129], _w(129, 1), 1e-6), "odd shape, weight"),
+    ("rms_norm", (_t(37, 129, t=True), [129], None, 1e-6), "non-contiguous x, no weight"),
+    ("rms_norm", (_t(4, 6, 33), [6, 33], _w(6 * 33, 2).view(6, 33), 1e-5), "two normalized dims"),
+    ("rms_norm", (_t(2, 40009), [40009], _w(40009, 3), 1e-6), "looped kernels"),
+    ("rms_norm", (_t(0, 16), [16], _w(16, 4), 1e-6), "empty"),
+    ("layer_norm", (_t(37, 129), [129], _w(129, 1), _t(129, seed=5), 1e-5), "odd shape, weight and bias"),
+    ("layer_norm", (_t(37, 129, t=True), [129], None, None, 1e-5), "non-contiguous x, no parameters"),
+    ("layer_norm", (_t(2, 20003), [20003], _w(20003, 2), None, 1e-5), "backward splits few long rows"),
+    ("layer_norm", (_t(2, 40009), [40009], None, _t(40009, seed=6), 1e-5), "forward splits few long rows"),
+    ("layer_norm", (_t(5, 1), [1], _w(1, 3), _t(1, seed=4), 1e-5), "one element per row (dx is 0)"),
+    ("layer_norm", (_t(0, 16), [16], _w(16, 4), _t(16, seed=4), 1e-5), "empty"),
+    ("gelu", (_t(37, 129), _t(129, seed=1), "tanh"), "odd shape, bias, tanh"),
+    ("gelu", (_t(37, 129, t=True), None, "none"), "non-contiguous x, erf"),
+    ("gelu", (_t(0, 16), _t(16, seed=2), "none"), "empty"),
+    ("muladd", (_t(37, 129), _t(37, 129, seed=1), _t(37, 129, seed=2)), "odd shape"),
+    ("muladd", (_t(37, 1), _t(1, 129, seed=1), _t(37, 129, seed=2)), "broadcast operands"),
+    ("muladd", (_t(37, 129, t=True), _t(37, 129, seed=1), _t(37, 129, seed=2, t=True)), "non-contiguous"),
+    ("muladd", (_t(0, 16), _t(0, 16, seed=1), _t(0, 16, seed=2)), "empty"),
+]
+
+
+def _fast(op: str):
+    spec = get_op(op)
+    impl = spec.impls["triton"]
+    why = impl.why_not(DEV, torch.float32)
+    assert why is None, f"{op}/triton cannot run on {DEV}: {why}"
+    fast = tier_fast(spec, "triton", first_output=op == "layer_norm")
+    assert fast is not None, f"{op}: no Triton fast path"
+    return spec, impl.fn, fast
+
+
+def _leaves(args: tuple) -> tuple[tuple, list[torch.Tensor]]:
+    out = tuple(a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args)
+    return out, [a for a in out if isinstance(a, torch.Tensor)]
+
+
+@pytest.mark.parametrize("op,args,what", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_fast_path_matches_float64_and_the_registered_op(op, args, what):
+    spec, registered, fast = _fast(op)
+    rtol, grad_rtol = spec.rtol[torch.float32], spec.grad_rtol[torch.float32]
+    fargs, fleaves = _leaves(args)
+    out = fast(*fargs)
+    rargs, rleaves = _leaves(args)
+    ref_out = registered(*rargs)
+    targs, tleaves = _leaves(tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    truth = truth64(op, *targs, dtype=torch.float32)
+    assert out.shape == truth.shape and out.dtype == torch.float32, f"{op} ({what}): {out.shape} {out.dtype}"
+    assert_like_truth(out, truth, rtol, f"{op} fast path ({what}): output")
+    assert torch.equal(out, ref_out), f"{op} ({what}): fast path and registered op differ"
+    assert out.grad_fn is not None, f"{op} ({what}): inputs require grad but the output has no grad_fn"
+
+    dy = _t(*out.shape, seed=11) if out.numel() else torch.zeros_like(out)
+    grads = torch.autograd.grad(out, fleaves, dy, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_out, rleaves, dy, allow_unused=True)
+    truth_grads = torch.autograd.grad(truth, tleaves, dy.double(), allow_unused=True)
+    floor = 1e-6 * max(torch.linalg.vector_norm(dy.double()).item(), 1e-30)
+    for i, (g, r, t) in enumerate(zip(grads, ref_grads, truth_grads)):
+        assert g is not None and r is not None, f"{op} ({what}): gradient {i} missing"
+        t = torch.zeros_like(tleaves[i]) if t is None else t
+        assert g.shape == tleaves[i].shape, f"{op} ({what}): gradient {i} of shape {g.shape}"
+        if t.numel() and t.abs().max().item() > floor:
+            assert_like_truth(g, t, grad_rtol, f"{op} fast path ({what}): gradient {i}")
+        elif g.numel():  # an exact gradient of ~0 (layer_norm over one element): roundoff is all there is
+            assert g.abs().max().item() <= 1e-4, f"{op} ({what}): gradient {i} not ~0"
+        assert torch.equal(g, r), f"{op} ({what}): gradient {i} of fast path and registered op differ"
+
+
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm", "gelu", "muladd"])
+def test_no_graph_without_grad(op):
+    """With no input requiring grad, or under no_grad, the fast path records no autograd node."""
+    _, _, fast = _fast(op)
+    args = next(c[1] for c in CASES if c[0] == op)
+    assert fast(*args).grad_fn is None
+    gargs, _ = _leaves(args)
+    with torch.no_grad():
+        out = fast(*gargs)
+    assert out.grad_fn is None and not out.requires_grad
+    truth = truth64(op, *(a.double() if isinstance(a, torch.Tensor) else a for a in args), dtype=torch.float32)
+    assert_like_truth(out, truth, get_op(op).rtol[torch.float32], f"{op} fast path under no_grad")
+
+
+def test_bad_input_is_named():
+    _, _, fast = _fast("rms_norm")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        fast(_t(4, 8), [7])
+    with pytest.raises(TypeError, match="x must be float32"):
+        fast(torch.ones(4, 8, dtype=torch.int32, device=DEV), [8], None, 1e-6)
+
+
+def test_fast_callable_uses_the_fallback_inside_a_transform():
+    """Under a functorch transform the registered op (the fallback) runs, not the direct launch."""
+    calls = []
+    fast = fast_callable(lambda x: calls.append("fwd") or x * 2, lambda g: g * 2, lambda ctx, i, o: None,
+                         lambda bwd: (lambda ctx, g: (bwd(g),)), lambda x: (x,),
+                         fallback=lambda x: calls.append("fallback") or x * 2)
+    x = torch.randn(3, dtype=torch.float64)
+    torch.func.grad(lambda v: fast(v).sum())(x)
+    assert calls == ["fallback"]
+    xs = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(fast(xs).sum(), [xs])
+    assert calls == ["fallback", "fwd"] and torch.equal(gx, torch.full_like(x, 2.0))
+
+
+def test_key_follows_triton_specialization():
+    """The direct launcher's cache key changes with everything Triton specializes on."""
+    key = launch._key_function("tio")
+    base = torch.empty(64)
+    k = key(0, base, 32, 1.5)
+    assert key(0, base[1:], 32, 1.5) != k  # data pointer no longer 16-byte aligned
+    assert key(0, base.to(torch.float64), 32, 1.5) != k  # dtype
+    assert key(0, base, 33, 1.5) != k  # not a multiple of 16
+    assert key(0, base, 1, 1.5) != key(0, base, 2, 1.5)  # 1 is a constexpr to Triton
+    assert key(0, base, 2**31, 1.5) != key(0, base, 2**4, 1.5)  # i64 instead of i32
+    assert key(1, base, 32, 1.5) != k  # another device
+    assert key(0, base, 32, 2.5) == k  # float values are not specialized
+    assert key(0, base, 32, 2) != k  # an int where a float was: another type
+
+
+def test_direct_kernel_checks_its_constexprs():
+    from triton_src import softmax as ts
+
+    with pytest.raises(TypeError, match="constexprs"):
+        launch.direct(ts._softmax_rows, 4, BLOCK_N=128)
+
+
+@gpu
+def test_direct_launch_on_gpu():
+    """The compiled kernel's launcher, called directly after the first launch, computes what torch does, on
+    aligned and unaligned pointers and on a side stream."""
+    from triton_src import softmax as ts
+
+    for x in (torch.randn(33, 1000, device="cuda"), torch.randn(33 * 1000 + 1, device="cuda")[1:].view(33, 1000)):
+        for _ in range(3):  # first launch through the JITFunction, then the direct ones
+            torch.testing.assert_close(ts.softmax_fast(x, -1), torch.softmax(x, -1))
+    s = torch.cuda.Stream()
+    x = torch.randn(64, 4096, device="cuda")
+    with torch.cuda.stream(s):
+        y = ts.softmax_fast(x, -1)
+    s.synchronize()
+    assert math.isclose(y.sum().item(), 64, rel_tol=1e-4)
