@@ -2,8 +2,8 @@
 // Schemas live in the `tiered_ops` namespace (fakes are registered from Python in cuda_ext.py),
 // inputs are validated here with messages that name the argument, and every kernel is launched on
 // the current stream with its launch error checked. The same functions are also exported as plain
-// pybind11 functions, only as the contrast the graph-break metadata measures (a pybind11 function
-// is opaque to torch.compile); tiered_ops never selects them.
+// pybind11 functions: the contrast the graph-break metadata measures (a pybind11 function is opaque
+// to torch.compile), and the eager fast path, used only where nothing traces the call.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -349,11 +349,17 @@ TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) { TIERED_OPS_IMPLS(m) }
 
 }  // namespace tiered_ops
 
-// The contrast: the same C++ forward functions as pybind11 functions, outside the dispatcher.
+// The same C++ functions as pybind11 functions, outside the dispatcher: the graph-break contrast, and the eager
+// fast path (tiered_ops/fastpath.py), which calls forward and backward without the dispatcher's per-call cost.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_cuda", &tiered_ops::softmax_cuda);
+  m.def("softmax_bwd_cuda", &tiered_ops::softmax_bwd_cuda);
   m.def("rms_norm_cuda", &tiered_ops::rms_norm_cuda);
+  m.def("rms_norm_bwd_cuda", &tiered_ops::rms_norm_bwd_cuda);
   m.def("layer_norm_cuda", &tiered_ops::layer_norm_cuda);
+  m.def("layer_norm_bwd_cuda", &tiered_ops::layer_norm_bwd_cuda);
   m.def("muladd_cuda", &tiered_ops::muladd_cuda);
+  m.def("muladd_bwd_cuda", &tiered_ops::muladd_bwd_cuda);
   m.def("gelu_cuda", &tiered_ops::gelu_cuda);
+  m.def("gelu_bwd_cuda", &tiered_ops::gelu_bwd_cuda);
 }

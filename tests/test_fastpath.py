@@ -178,3 +178,69 @@ def test_direct_launch_on_gpu():
         y = ts.softmax_fast(x, -1)
     s.synchronize()
     assert math.isclose(y.sum().item(), 64, rel_tol=1e-4)
+
+
+class _FakeCompiled:
+    """What a first launch returns: a CompiledKernel's launcher, handle and metadata, recording the launches."""
+
+    def __init__(self, calls: list) -> None:
+        self.function, self.packed_metadata, self.calls = "cufunction", "packed", calls
+        self.run = lambda *a: calls.append(("run", a))
+
+    def launch_metadata(self, grid, stream, *args):  # only called with a launch hook set
+        return ("meta", grid, stream)
+
+
+class _FakeJIT:
+    """A JITFunction's launch surface: params (name, is_constexpr), fn, and kernel[grid](...) returning the kernel."""
+
+    def __init__(self, calls: list, consts: tuple[str, ...] = ("BLOCK",)) -> None:
+        import types
+
+        names = ("x_ptr", "y_ptr", "n", *consts)
+        self.params = [types.SimpleNamespace(name=k, is_constexpr=k in consts) for k in names]
+        self.fn = types.SimpleNamespace(__module__=__name__, __name__=f"_fake_{len(consts)}")
+        self.calls, self.compiled = calls, _FakeCompiled(calls)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append(("jit", grid, args, kw))
+            return self.compiled
+        return launch
+
+
+def test_direct_launch_calls_the_compiled_launcher(monkeypatch):
+    """After the first launch (through the JIT), a launch calls the compiled kernel's launcher with grid, stream,
+    function, packed metadata, launch metadata, hooks, then every argument in signature order (constexprs too);
+    a pointer that is not 16-byte aligned goes through the JIT again (another specialization)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234 + d, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls)
+    b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (3, 1, 1))
+    x, y = torch.empty(64), torch.empty(64)
+    b(x, y, 64)
+    assert calls == [("jit", (3, 1, 1), (x, y, 64), {"BLOCK": 64, "num_warps": 4})]
+    b(x, y, 64)
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, x, y, 64, 64))
+    xs, ys = x[1:], y[1:]
+    b(xs, ys, 63)  # not aligned: the full key, another specialization, a first launch through the JIT
+    assert calls[-1][0] == "jit"
+    b(xs, ys, 63)
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, xs, ys, 63, 64))
+    assert len(calls) == 4
+
+
+def test_direct_launch_merges_constexprs_before_runtime_arguments(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 7, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls, consts=("A",))
+    kern.params = [kern.params[3], *kern.params[:3]]  # A first
+    dk = launch.DirectKernel(kern, {"num_warps": 1}, {"A": 5})
+    x = torch.empty(16)
+    dk((1, 1, 1), x, x, 16)
+    dk((1, 1, 1), x, x, 16)
+    assert calls[-1] == ("run", (1, 1, 1, 7, "cufunction", "packed", None, None, None, 5, x, x, 16))

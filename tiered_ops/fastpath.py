@@ -52,7 +52,10 @@ def fast_callable(fwd: Callable[..., Any], bwd: Callable[..., Any], setup_contex
     """A function with the op's Python signature (``kernel_args`` maps it onto fwd's arguments) that launches
     ``fwd`` directly when no gradient is needed and otherwise goes through one autograd.Function built from the op's
     ``setup_context`` and ``backward_for(bwd)``. ``first_output``: fwd returns (out, statistics...) and the op
-    returns out. ``fallback`` (the registered op with the same signature) serves traced calls."""
+    returns out. ``fallback`` (the registered op with the same signature) serves traced calls.
+
+    The returned function's ``forward_only`` attribute is the direct launch alone, for a caller that has already
+    decided that no gradient is needed (no input requires grad, or grad mode is off) and is not traced."""
     fn = _function(name, fwd, bwd, setup_context, backward_for, first_output)
     apply = _APPLY.__get__(None, fn)
     grad_enabled, any_requires_grad = _C.is_grad_enabled, _C._any_requires_grad
@@ -68,7 +71,13 @@ def fast_callable(fwd: Callable[..., Any], bwd: Callable[..., Any], setup_contex
             out = fwd(*args)
         return out[0] if first_output else out
 
+    def forward_only(*a: Any, **k: Any) -> Any:
+        out = fwd(*kernel_args(*a, **k))
+        return out[0] if first_output else out
+
     call.__name__ = call.__qualname__ = name
+    forward_only.__name__ = forward_only.__qualname__ = f"{name}_forward_only"
+    call.forward_only = forward_only  # type: ignore[attr-defined]
     return call
 
 

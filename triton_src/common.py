@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import direct
+from .launch import bound
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -153,14 +153,14 @@ class ParamGrads:
         groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
         rows_per = triton.cdiv(rows, groups)
         groups = triton.cdiv(rows, rows_per)
-        self.shape, self.grid, self.ints = (groups, n), (col_blocks, groups, 1), (rows, n, rows_per)
-        self.with_bias = with_bias
-        self.launch = direct(_norm_param_grads, 4, HAS_MEAN=has_mean, HAS_B=with_bias, BLOCK_N=block_n, BLOCK_R=32)
+        self.shape, self.ints, self.with_bias = (groups, n), (rows, n, rows_per), with_bias
+        self.launch = bound(_norm_param_grads, (col_blocks, groups, 1), 4, HAS_MEAN=has_mean, HAS_B=with_bias,
+                            BLOCK_N=block_n, BLOCK_R=32)
 
     def __call__(self, dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements."""
         dw = dy.new_empty(self.shape, dtype=torch.float32)
         db = dy.new_empty(self.shape, dtype=torch.float32) if self.with_bias else dw
-        self.launch(self.grid, dy, x, rstd if mean is None else mean, rstd, dw, db, *self.ints)
+        self.launch(dy, x, rstd if mean is None else mean, rstd, dw, db, *self.ints)
         return dw.sum(0), (db.sum(0) if self.with_bias else None)

@@ -15,7 +15,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import check_float, check_same
-from .launch import direct
+from .launch import bound
 
 BLOCK = 4096
 APPROXIMATIONS = ("none", "tanh")
@@ -116,7 +116,7 @@ _plans: dict[tuple, tuple] = {}
 
 
 def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str, dy: torch.Tensor | None) -> tuple:
-    """(launch or None when empty, grid, int args)."""
+    """(launch or None when x is empty, int args)."""
     n = _check(op, x, bias, approximate)
     if dy is not None:
         check_same(op, "dy", dy, x)
@@ -124,10 +124,10 @@ def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str,
             raise ValueError(f"{op}: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
     numel = x.numel()
     if not numel:
-        return None, None, ()
+        return None, ()
     kernel = _gelu_fwd if dy is None else _gelu_bwd
-    return (direct(kernel, 8, HAS_B=bias is not None, TANH=approximate == "tanh", BLOCK=BLOCK),
-            (triton.cdiv(numel, BLOCK), 1, 1), (numel, n))
+    return (bound(kernel, (triton.cdiv(numel, BLOCK), 1, 1), 8, HAS_B=bias is not None, TANH=approximate == "tanh",
+                  BLOCK=BLOCK), (numel, n))
 
 
 def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
@@ -137,11 +137,11 @@ def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> t
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan("gelu_triton", x, bias, approximate, None)
-    launch, grid, ints = plan
+    launch, ints = plan
     xc = x.contiguous()
     y = torch.empty_like(xc)
     if launch is not None:
-        launch(grid, xc, xc if bias is None else bias.contiguous(), y, *ints)
+        launch(xc, xc if bias is None else bias.contiguous(), y, *ints)
     return y
 
 
@@ -153,11 +153,11 @@ def gelu_bwd_fast(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, 
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan("gelu_bwd_triton", x, bias, approximate, dy)
-    launch, grid, ints = plan
+    launch, ints = plan
     xc, dyc = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(xc)
     if launch is not None:
-        launch(grid, dyc, xc, xc if bias is None else bias.contiguous(), dx, *ints)
+        launch(dyc, xc, xc if bias is None else bias.contiguous(), dx, *ints)
     if bias is None:
         return dx, x.new_empty((0,))
     return dx, dx.reshape(-1, ints[1] if ints else bias.shape[0]).sum(0, dtype=torch.float32).to(x.dtype)

@@ -53,6 +53,16 @@ def _key_function(kinds: str) -> Callable[..., tuple]:
     return namespace["key"]
 
 
+def _aligned_function(kinds: str) -> Callable[..., bool]:
+    """Whether every tensor among arguments of these kinds has a 16-byte aligned data pointer."""
+    names = [f"a{i}" for i in range(len(kinds))]
+    ptrs = [f"{a}.data_ptr()" for a, k in zip(names, kinds) if k == "t"] or ["0"]
+    src = f"def aligned({', '.join(names)}):\n    return not (({' | '.join(ptrs)}) & 15)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(src, f"<triton_src.launch aligned {kinds}>", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["aligned"]
+
+
 def _kind(a: Any) -> str:
     if isinstance(a, torch.Tensor):
         return "t"
@@ -87,7 +97,7 @@ class DirectKernel:
     ``dk(grid, *args)`` with ``grid`` a 3-tuple and ``args`` its non-constexpr arguments in signature order."""
 
     def __init__(self, kernel: Any, options: dict[str, Any], consts: dict[str, Any]) -> None:
-        self.module, self.name = kernel.fn.__module__, kernel.fn.__name__
+        self._kernel, self.module, self.name = kernel, kernel.fn.__module__, kernel.fn.__name__
         self.options, self.consts = options, consts
         self._interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         self._cache: dict[tuple, tuple] = {}
@@ -108,8 +118,11 @@ class DirectKernel:
         self._slots = [(n in consts, consts.get(n)) for n in names]
 
     def kernel(self) -> Any:
-        """The kernel as its module holds it now (on the interpreter a JITFunction may have been made again)."""
-        return getattr(sys.modules[self.module], self.name)
+        """The kernel; on the interpreter as its module holds it now (a JITFunction defined before TRITON_INTERPRET
+        was set is made again as an interpreted one)."""
+        if self._interpreted:
+            return getattr(sys.modules[self.module], self.name, self._kernel)
+        return self._kernel
 
     def _all_args(self, args: tuple) -> tuple:
         if self._trailing:
@@ -163,3 +176,46 @@ def direct(kernel: Any, num_warps: int, **consts: Any) -> DirectKernel:
     if dk is None:
         dk = _kernels[key] = DirectKernel(kernel, {"num_warps": num_warps}, consts)
     return dk
+
+
+class Bound:
+    """A DirectKernel at one grid, for one launch plan whose key holds the dtypes and the ints of the arguments
+    (the caller keeps them the same on every call). A call then checks only the current device and that every
+    pointer is 16-byte aligned before it launches the kept compiled kernel; any other call goes through the
+    DirectKernel's full key."""
+
+    __slots__ = ("dk", "grid", "dev", "aligned", "entry")
+
+    def __init__(self, dk: DirectKernel, grid: tuple[int, int, int]) -> None:
+        self.dk, self.grid = dk, grid
+        self.dev = -1
+        self.aligned: Callable[..., bool] | None = None
+        self.entry: tuple | None = None
+
+    def __call__(self, *args: Any) -> None:
+        entry = self.entry
+        if entry is not None and torch._C._cuda_getDevice() == self.dev and self.aligned(*args):
+            run, function, packed, ck, tail = entry
+            grid = self.grid
+            stream = torch._C._cuda_getCurrentRawStream(self.dev)
+            full = args + tail if tail is not None else self.dk._all_args(args)
+            enter, exit_ = _hooks()
+            meta = ck.launch_metadata(grid, stream, *full) if enter is not None else None
+            run(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, exit_, *full)
+            return
+        dk = self.dk
+        dk(self.grid, *args)
+        if entry is None and not dk._interpreted and dk._key is not None:
+            kinds = "".join(_kind(a) for a in args)
+            aligned = _aligned_function(kinds)
+            if aligned(*args):
+                dev = torch._C._cuda_getDevice()
+                kept = dk._cache.get(dk._key(dev, *args))
+                if kept is not None:
+                    self.dev, self.aligned = dev, aligned
+                    self.entry = (*kept, dk._tail if dk._trailing else None)
+
+
+def bound(kernel: Any, grid: tuple[int, int, int], num_warps: int, **consts: Any) -> Bound:
+    """``direct(kernel, num_warps, **consts)`` at ``grid``, for one launch plan (see :class:`Bound`)."""
+    return Bound(direct(kernel, num_warps, **consts), grid)

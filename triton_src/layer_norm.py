@@ -24,7 +24,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings, target_programs
-from .launch import direct
+from .launch import bound
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -287,22 +287,23 @@ def _param_key(t: torch.Tensor | None) -> tuple | None:
 
 def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
               ) -> tuple:
-    """(kind, launches, grid, int args, rows, n): kind 0 empty, 1 one kernel, 2 split rows (two kernels)."""
+    """(kind, launch(es), int args, rows, n): kind 0 empty, 1 one kernel, 2 split rows (two kernels)."""
     n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
     rows = x.numel() // n if n else 0
     if x.numel() == 0:
-        return 0, None, None, (), rows, n
+        return 0, None, (), rows, n
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
         splits = triton.cdiv(n, SPLIT_BLOCK)
-        launches = (direct(_ln_split_stats, 16, BLOCK_N=SPLIT_BLOCK),
-                    direct(_ln_split_apply, 16, **flags, BLOCK_N=SPLIT_BLOCK))
-        return 2, launches, (rows, splits, 1), (n, splits), rows, n
+        grid = (rows, splits, 1)
+        launches = (bound(_ln_split_stats, grid, 16, BLOCK_N=SPLIT_BLOCK),
+                    bound(_ln_split_apply, grid, 16, **flags, BLOCK_N=SPLIT_BLOCK))
+        return 2, launches, (n, splits), rows, n
     if n <= MAX_FUSED_FWD:
-        return (1, direct(_layer_norm_rows, warps, **flags, BLOCK_N=block, ROWS=per), (triton.cdiv(rows, per), 1, 1),
+        return (1, bound(_layer_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, **flags, BLOCK_N=block, ROWS=per),
                 (rows, n), rows, n)
-    return 1, direct(_layer_norm_looped, 8, **flags, BLOCK_N=4096), (rows, 1, 1), (n,), rows, n
+    return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n
 
 
 def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
@@ -312,7 +313,7 @@ def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
-    kind, launch, grid, ints, rows, n = plan
+    kind, launch, ints, rows, n = plan
     xc = x.contiguous()
     y = torch.empty_like(xc)
     mean = x.new_empty(rows, dtype=torch.float32)
@@ -322,23 +323,23 @@ def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.
     w = weight.contiguous() if weight is not None else xc
     b = bias.contiguous() if bias is not None else xc
     if kind == 1:
-        launch(grid, xc, w, b, y, mean, rstd, *ints, eps)
+        launch(xc, w, b, y, mean, rstd, *ints, eps)
         return y, mean, rstd
     splits = ints[1]
     part = x.new_empty((rows, splits, 2), dtype=torch.float32)
-    launch[0](grid, xc, part, n, splits)
+    launch[0](xc, part, n, splits)
     cnt = torch.full((splits,), float(SPLIT_BLOCK), device=x.device)
     cnt[-1] = n - SPLIT_BLOCK * (splits - 1)
     mean.copy_((part[..., 0] * cnt).sum(1) / n)
     m2 = (part[..., 1] + cnt * (part[..., 0] - mean[:, None]) ** 2).sum(1)
     rstd.copy_(torch.rsqrt(m2 / n + eps))
-    launch[1](grid, xc, w, b, y, mean, rstd, n)
+    launch[1](xc, w, b, y, mean, rstd, n)
     return y, mean, rstd
 
 
 def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
               has_bias: bool) -> tuple:
-    """(kind, launch, grid, int args, rows, n, parameter-gradient plan or None): kind 0 empty, 1 one kernel,
+    """(kind, launch(es), int args, rows, n, parameter-gradient plan or None): kind 0 empty, 1 one kernel,
     2 split rows, 3 n == 1 (dx is 0)."""
     n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
     check_same("layer_norm_bwd_triton", "dy", dy, x)
@@ -346,21 +347,22 @@ def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], we
         raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
     rows = x.numel() // n if n else 0
     if x.numel() == 0:
-        return 0, None, None, (), rows, n, None
+        return 0, None, (), rows, n, None
     has_w = weight is not None
     pg = ParamGrads(rows, n, x.device, has_mean=True, with_bias=has_bias) if has_w or has_bias else None
     block, per, warps = row_settings(n, MAX_FUSED)
     if n == 1:
-        return 3, None, None, (), rows, n, pg
+        return 3, None, (), rows, n, pg
     if _split_rows(rows, n, x.device):
         splits = triton.cdiv(n, SPLIT_BLOCK)
-        launches = (direct(_ln_split_bwd, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
-                    direct(_ln_split_bwd, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True))
-        return 2, launches, (rows, splits, 1), (n, splits), rows, n, pg
+        grid = (rows, splits, 1)
+        launches = (bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
+                    bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True))
+        return 2, launches, (n, splits), rows, n, pg
     if n <= MAX_FUSED:
-        return (1, direct(_layer_norm_bwd_rows, warps, HAS_W=has_w, BLOCK_N=block, ROWS=per),
-                (triton.cdiv(rows, per), 1, 1), (rows, n), rows, n, pg)
-    return 1, direct(_layer_norm_bwd_looped, 8, HAS_W=has_w, BLOCK_N=4096), (rows, 1, 1), (n,), rows, n, pg
+        return (1, bound(_layer_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
+                         ROWS=per), (rows, n), rows, n, pg)
+    return 1, bound(_layer_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, n, pg
 
 
 def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
@@ -368,11 +370,11 @@ def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_bwd_launch, launched directly."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), has_bias, dy.shape,
-           dy.dtype, dy.get_device())
+           dy.dtype, dy.get_device(), mean.dtype, rstd.dtype)
     plan = _bwd_plans.get(key)
     if plan is None:
         plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight, has_bias)
-    kind, launch, grid, ints, rows, n, pg = plan
+    kind, launch, ints, rows, n, pg = plan
     xc, dyc = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(xc)
     if kind == 0:
@@ -381,14 +383,14 @@ def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
                 (zeros.clone() if has_bias else x.new_empty((0,))))
     w = weight.contiguous() if weight is not None else xc
     if kind == 1:
-        launch(grid, dyc, xc, w, mean, rstd, dx, *ints)
+        launch(dyc, xc, w, mean, rstd, dx, *ints)
     elif kind == 3:
         dx.zero_()
     else:
         part = x.new_empty((rows, ints[1], 2), dtype=torch.float32)
-        launch[0](grid, dyc, xc, w, mean, rstd, part, part, dx, *ints)
+        launch[0](dyc, xc, w, mean, rstd, part, part, dx, *ints)
         c = (part.sum(1) / n).contiguous()
-        launch[1](grid, dyc, xc, w, mean, rstd, part, c, dx, *ints)
+        launch[1](dyc, xc, w, mean, rstd, part, c, dx, *ints)
     if pg is None:
         return dx, x.new_empty((0,)), x.new_empty((0,))
     dw32, db32 = pg(dyc, xc, mean, rstd)

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import check_float
-from .launch import direct
+from .launch import bound
 
 BLOCK = 4096
 
@@ -85,7 +85,7 @@ _plans: dict[tuple, tuple] = {}
 def _plan(op: str, names: tuple[str, ...], kernel: object, *ts: torch.Tensor) -> tuple:
     _check(op, names, *ts)
     n = ts[0].numel()
-    return (direct(kernel, 8, BLOCK=BLOCK) if n else None), (triton.cdiv(n, BLOCK), 1, 1), n
+    return (bound(kernel, (triton.cdiv(n, BLOCK), 1, 1), 8, BLOCK=BLOCK) if n else None), n
 
 
 def muladd_fast(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -94,11 +94,11 @@ def muladd_fast(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tens
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
-    launch, grid, n = plan
+    launch, n = plan
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     out = torch.empty_like(a)
     if launch is not None:
-        launch(grid, a, b, c, out, n)
+        launch(a, b, c, out, n)
     return out
 
 
@@ -108,9 +108,9 @@ def muladd_bwd_fast(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
-    launch, grid, n = plan
+    launch, n = plan
     g, a, b = g.contiguous(), a.contiguous(), b.contiguous()
     da, db = torch.empty_like(a), torch.empty_like(b)
     if launch is not None:
-        launch(grid, g, a, b, da, db, n)
+        launch(g, a, b, da, db, n)
     return da, db

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings
-from .launch import direct
+from .launch import bound
 
 MAX_FUSED = 16384
 
@@ -169,16 +169,16 @@ def _param_key(t: torch.Tensor | None) -> tuple | None:
 
 
 def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
-    """(launch, grid, int args)."""
+    """(launch or None when x is empty, int args)."""
     n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
     if x.numel() == 0:
-        return None, None, ()
+        return None, ()
     rows = x.numel() // n
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if n <= MAX_FUSED_FWD:
-        return (direct(_rms_norm_rows, warps, HAS_W=weight is not None, BLOCK_N=block, ROWS=per),
-                (triton.cdiv(rows, per), 1, 1), (rows, n))
-    return direct(_rms_norm_looped, 8, HAS_W=weight is not None, BLOCK_N=4096), (rows, 1, 1), (n,)
+        return (bound(_rms_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=weight is not None, BLOCK_N=block,
+                      ROWS=per), (rows, n))
+    return bound(_rms_norm_looped, (rows, 1, 1), 8, HAS_W=weight is not None, BLOCK_N=4096), (n,)
 
 
 def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
@@ -188,30 +188,30 @@ def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Te
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight)
-    launch, grid, ints = plan
+    launch, ints = plan
     xc = x.contiguous()
     y = torch.empty_like(xc)
     if launch is not None:
-        launch(grid, xc, xc if weight is None else weight.contiguous(), y, *ints, eps)
+        launch(xc, xc if weight is None else weight.contiguous(), y, *ints, eps)
     return y
 
 
 def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
-    """(launch, grid, int args, rows, n, parameter-gradient plan or None)."""
+    """(launch or None when x is empty, int args, rows, parameter-gradient plan or None)."""
     n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
     check_same("rms_norm_bwd_triton", "dy", dy, x)
     if dy.shape != x.shape:
         raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
     if x.numel() == 0:
-        return None, None, (), 0, n, None
+        return None, (), 0, None
     rows = x.numel() // n
     has_w = weight is not None
     pg = ParamGrads(rows, n, x.device, has_mean=False, with_bias=False) if has_w else None
     block, per, warps = row_settings(n, MAX_FUSED)
     if n <= MAX_FUSED:
-        return (direct(_rms_norm_bwd_rows, warps, HAS_W=has_w, BLOCK_N=block, ROWS=per),
-                (triton.cdiv(rows, per), 1, 1), (rows, n), rows, n, pg)
-    return direct(_rms_norm_bwd_looped, 8, HAS_W=has_w, BLOCK_N=4096), (rows, 1, 1), (n,), rows, n, pg
+        return (bound(_rms_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
+                      ROWS=per), (rows, n), rows, pg)
+    return bound(_rms_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, pg
 
 
 def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
@@ -222,14 +222,14 @@ def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[
     plan = _bwd_plans.get(key)
     if plan is None:
         plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight)
-    launch, grid, ints, rows, n, pg = plan
+    launch, ints, rows, pg = plan
     xc, dyc = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(xc)
     if launch is None:
         return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
     w = weight.contiguous() if weight is not None else xc
     rstd = x.new_empty(rows, dtype=torch.float32)
-    launch(grid, dyc, xc, w, dx, rstd, *ints, eps)
+    launch(dyc, xc, w, dx, rstd, *ints, eps)
     if pg is None:
         return dx, x.new_empty((0,))
     dw32, _ = pg(dyc, xc, None, rstd)

@@ -18,7 +18,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
-from .launch import direct
+from .launch import bound
 
 MAX_FUSED = 16384  # longest row the backward keeps in registers
 
@@ -143,9 +143,9 @@ _bwd_plans: dict[tuple, tuple] = {}
 
 
 def _rows_plan(shape: torch.Size, dim: int, bwd: bool) -> tuple:
-    """(launch, grid, int args, last): last when dim is already the last dim (no movedim)."""
+    """(launch, int args, last): last when dim is already the last dim (no movedim); launch None: nothing to do."""
     if len(shape) == 0:
-        return None, None, (), True
+        return None, (), True
     d = dim + len(shape) if dim < 0 else dim
     if not 0 <= d < len(shape):
         raise IndexError(f"softmax_triton: dim {dim} out of range for x of {len(shape)} dims")
@@ -155,15 +155,15 @@ def _rows_plan(shape: torch.Size, dim: int, bwd: bool) -> tuple:
         numel *= s
     last = d == len(shape) - 1
     if numel == 0:
-        return None, None, (), last
+        return None, (), last
     rows = numel // n
     fused = MAX_FUSED if bwd else MAX_FUSED_FWD
     block, per, warps = row_settings(n, fused)
     if n <= fused:
         kernel = _softmax_bwd_rows if bwd else _softmax_rows
-        return direct(kernel, warps, BLOCK_N=block, ROWS=per), (triton.cdiv(rows, per), 1, 1), (rows, n), last
+        return bound(kernel, (triton.cdiv(rows, per), 1, 1), warps, BLOCK_N=block, ROWS=per), (rows, n), last
     kernel = _softmax_bwd_looped if bwd else _softmax_looped
-    return direct(kernel, 8, BLOCK_N=4096), (rows, 1, 1), (n,), last
+    return bound(kernel, (rows, 1, 1), 8, BLOCK_N=4096), (n,), last
 
 
 def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -173,13 +173,13 @@ def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
     if plan is None:
         check_float("softmax_triton", "x", x)
         plan = _fwd_plans[key] = _rows_plan(x.shape, dim, False)
-    launch, grid, ints, last = plan
-    if grid is None and last and x.dim() == 0:
+    launch, ints, last = plan
+    if launch is None and last and x.dim() == 0:
         return softmax_launch(x, dim)
     xr = x.contiguous() if last else x.movedim(dim, -1).contiguous()
     y = torch.empty_like(xr)
     if launch is not None:
-        launch(grid, xr, y, *ints)
+        launch(xr, y, *ints)
     return y if last else y.movedim(-1, dim)
 
 
@@ -193,8 +193,8 @@ def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tenso
         if dy.shape != y.shape:
             raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
         plan = _bwd_plans[key] = _rows_plan(y.shape, dim, True)
-    launch, grid, ints, last = plan
-    if grid is None and last and y.dim() == 0:
+    launch, ints, last = plan
+    if launch is None and last and y.dim() == 0:
         return torch.zeros_like(y)
     if last:
         yr, dyr = y.contiguous(), dy.contiguous()
@@ -202,5 +202,5 @@ def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tenso
         yr, dyr = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
     dx = torch.empty_like(yr)
     if launch is not None:
-        launch(grid, dyr, yr, dx, *ints)
+        launch(dyr, yr, dx, *ints)
     return dx if last else dx.movedim(-1, dim)
