@@ -103,14 +103,16 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   const DType dt = dtype_of(x, "softmax_cuda", "x");
   dim = c10::maybe_wrap_dim(dim, x.dim());
   const c10::cuda::CUDAGuard guard(x.device());
-  // Rows along `dim`: move it last and make the rows contiguous (a copy when it was not last).
-  const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : x.movedim(dim, -1).contiguous();
+  // Rows along `dim`: move it last and make the rows contiguous (a copy when it was not last; no view op when
+  // it is last already, a per-call cost eager callers see).
+  const bool last = x.dim() == 0 || dim == x.dim() - 1;
+  const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : last ? x.contiguous() : x.movedim(dim, -1).contiguous();
   at::Tensor y = at::empty_like(xc);
   const int64_t n = xc.dim() == 0 ? 1 : xc.size(-1);
   if (xc.numel() > 0)
     check_launch(softmax_fwd(xc.data_ptr(), y.data_ptr(), xc.numel() / n, n, dt,
                              at::cuda::getCurrentCUDAStream()), "softmax_cuda");
-  return x.dim() == 0 ? y.reshape({}) : y.movedim(-1, dim);
+  return x.dim() == 0 ? y.reshape({}) : last ? y : y.movedim(-1, dim);
 }
 
 at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t dim) {
@@ -122,13 +124,15 @@ at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t d
   if (y.dim() == 0) return at::zeros_like(y);  // softmax over one element is constant
   dim = c10::maybe_wrap_dim(dim, y.dim());
   const c10::cuda::CUDAGuard guard(y.device());
-  const at::Tensor yc = y.movedim(dim, -1).contiguous(), dyc = dy.movedim(dim, -1).contiguous();
+  const bool last = dim == y.dim() - 1;
+  const at::Tensor yc = last ? y.contiguous() : y.movedim(dim, -1).contiguous();
+  const at::Tensor dyc = last ? dy.contiguous() : dy.movedim(dim, -1).contiguous();
   at::Tensor dx = at::empty_like(yc);
   const int64_t n = yc.size(-1);
   if (yc.numel() > 0)
     check_launch(softmax_bwd(dyc.data_ptr(), yc.data_ptr(), dx.data_ptr(), yc.numel() / n, n, dt,
                              at::cuda::getCurrentCUDAStream()), op);
-  return dx.movedim(-1, dim);
+  return last ? dx : dx.movedim(-1, dim);
 }
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,

@@ -117,6 +117,8 @@ def test_no_graph_without_grad(op):
     assert out.grad_fn is None and not out.requires_grad
     truth = truth64(op, *(a.double() if isinstance(a, torch.Tensor) else a for a in args), dtype=torch.float32)
     assert_like_truth(out, truth, get_op(op).rtol[torch.float32], f"{op} fast path under no_grad")
+    with torch.no_grad():
+        assert torch.equal(fast.forward_only(*args), get_op(op).impls["triton"].fn(*args)), f"{op}: forward_only"
 
 
 def test_bad_input_is_named():
@@ -222,14 +224,22 @@ def test_direct_launch_calls_the_compiled_launcher(monkeypatch):
     x, y = torch.empty(64), torch.empty(64)
     b(x, y, 64)
     assert calls == [("jit", (3, 1, 1), (x, y, 64), {"BLOCK": 64, "num_warps": 4})]
-    b(x, y, 64)
-    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, x, y, 64, 64))
+    b(x, y, 64)  # the pointers go as ints
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, x.data_ptr(), y.data_ptr(),
+                                 64, 64))
     xs, ys = x[1:], y[1:]
     b(xs, ys, 63)  # not aligned: the full key, another specialization, a first launch through the JIT
     assert calls[-1][0] == "jit"
     b(xs, ys, 63)
     assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, xs, ys, 63, 64))
     assert len(calls) == 4
+    import types
+
+    hook = object()  # a launch hook set (a profiler): the launch metadata and the tensors go to the launcher
+    monkeypatch.setattr(launch, "_HOOKS", types.SimpleNamespace(launch_enter_hook=hook, launch_exit_hook=None))
+    b(x, y, 64)
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", ("meta", (3, 1, 1), 1234), hook, None, x, y,
+                                 64, 64))
 
 
 def test_direct_launch_merges_constexprs_before_runtime_arguments(monkeypatch):
@@ -244,3 +254,53 @@ def test_direct_launch_merges_constexprs_before_runtime_arguments(monkeypatch):
     dk((1, 1, 1), x, x, 16)
     dk((1, 1, 1), x, x, 16)
     assert calls[-1] == ("run", (1, 1, 1, 7, "cufunction", "packed", None, None, None, 5, x, x, 16))
+
+
+_allocation = None  # the name the known launcher's source reads
+
+
+class _KnownLauncher:
+    """A launcher with the source of Triton 3.6's CudaLauncher.__call__ (never called here)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, calls: list) -> None:
+        self.launch = lambda *a: calls.append(("c", a))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        def allocate_scratch(size, align, allocator):
+            if size > 0:
+                grid_size = gridX * gridY * gridZ
+                alloc_size = grid_size * self.num_ctas * size
+                alloc_fn = allocator.get()
+                return alloc_fn(alloc_size, align, stream)
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                           _allocation._profile_allocator)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+
+
+def test_known_launcher_is_bypassed_in_the_same_order(monkeypatch):
+    """Where the compiled kernel's launcher is the known one, a plan's launch calls its C launch with the arguments
+    the launcher would pass; any other launcher, or a kernel needing scratch memory, is called as it is."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 99, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls)
+    kern.compiled.run = _KnownLauncher(calls)
+    assert launch.c_launch(kern.compiled.run) is not None
+    assert launch.c_launch(lambda *a: None) is None
+    b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (2, 3, 1))
+    x = torch.empty(32)
+    b(x, x, 32)
+    b(x, x, 32)
+    assert calls[-1] == ("c", (2, 3, 1, 99, "cufunction", False, True, None, None, "packed", None, None, None,
+                               x.data_ptr(), x.data_ptr(), 32, 64))
+    scratch = _KnownLauncher(calls)
+    scratch.global_scratch_size = 128
+    assert launch.c_launch(scratch) is None

@@ -27,8 +27,6 @@ _APPLY = _C._FunctionBase.__dict__["apply"]
 
 def _function(name: str, fwd: Callable[..., Any], bwd: Callable[..., Any], setup_context: Callable[..., None],
               backward_for: Callable[[Callable[..., Any]], Callable[..., Any]], several_outputs: bool) -> type:
-    backward_fn = backward_for(bwd)
-
     def forward(ctx: Any, *args: Any) -> Any:
         out = fwd(*args)
         if several_outputs:
@@ -38,21 +36,20 @@ def _function(name: str, fwd: Callable[..., Any], bwd: Callable[..., Any], setup
         setup_context(ctx, args, out)
         return out
 
-    def backward(ctx: Any, *grads: Any) -> Any:
-        return backward_fn(ctx, *grads)
-
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
-                                                   "backward": staticmethod(backward)})
+                                                   "backward": staticmethod(backward_for(bwd))})
 
 
 def fast_callable(fwd: Callable[..., Any], bwd: Callable[..., Any], setup_context: Callable[..., None],
                   backward_for: Callable[[Callable[..., Any]], Callable[..., Any]], kernel_args: Callable[..., tuple],
-                  first_output: bool = False, fallback: Callable[..., Any] | None = None, name: str = "FastOp"
-                  ) -> Callable[..., Any]:
+                  first_output: bool = False, fallback: Callable[..., Any] | None = None, name: str = "FastOp",
+                  fwd_infer: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """A function with the op's Python signature (``kernel_args`` maps it onto fwd's arguments) that launches
     ``fwd`` directly when no gradient is needed and otherwise goes through one autograd.Function built from the op's
     ``setup_context`` and ``backward_for(bwd)``. ``first_output``: fwd returns (out, statistics...) and the op
-    returns out. ``fallback`` (the registered op with the same signature) serves traced calls.
+    returns out. ``fallback`` (the registered op with the same signature) serves traced calls. ``fwd_infer``: a
+    launcher with fwd's arguments that returns the op's output alone, used where no gradient is needed (it may skip
+    what only the backward reads).
 
     The returned function's ``forward_only`` attribute is the direct launch alone, for a caller that has already
     decided that no gradient is needed (no input requires grad, or grad mode is off) and is not traced."""
@@ -61,19 +58,19 @@ def fast_callable(fwd: Callable[..., Any], bwd: Callable[..., Any], setup_contex
     grad_enabled, any_requires_grad = _C.is_grad_enabled, _C._any_requires_grad
     transforms_active, compiling = _C._are_functorch_transforms_active, torch.compiler.is_compiling
 
+    if fwd_infer is None:
+        fwd_infer = (lambda *args: fwd(*args)[0]) if first_output else fwd
+
     def call(*a: Any, **k: Any) -> Any:
         if fallback is not None and (compiling() or transforms_active()):
             return fallback(*a, **k)
         args = kernel_args(*a, **k)
         if grad_enabled() and any_requires_grad(*args):
-            out = apply(*args)
-        else:
-            out = fwd(*args)
-        return out[0] if first_output else out
+            return apply(*args)[0] if first_output else apply(*args)
+        return fwd_infer(*args)
 
     def forward_only(*a: Any, **k: Any) -> Any:
-        out = fwd(*kernel_args(*a, **k))
-        return out[0] if first_output else out
+        return fwd_infer(*kernel_args(*a, **k))
 
     call.__name__ = call.__qualname__ = name
     forward_only.__name__ = forward_only.__qualname__ = f"{name}_forward_only"
@@ -95,10 +92,12 @@ def tier_fast(spec: Any, tier: str, first_output: bool = False) -> Callable[...,
         except ImportError:
             return None
         fwd, bwd = getattr(mod, f"{name}_fast", None), getattr(mod, f"{name}_bwd_fast", None)
+        infer = getattr(mod, f"{name}_infer_fast", None)
     elif tier == "cuda":
         from . import cuda_ext
 
         fwd, bwd = cuda_ext.pybind_function(f"{name}_cuda"), cuda_ext.pybind_function(f"{name}_bwd_cuda")
+        infer = None
     else:
         raise ValueError(f"tier_fast: tier must be 'triton' or 'cuda', got {tier!r}")
     if fwd is None or bwd is None:
@@ -106,4 +105,4 @@ def tier_fast(spec: Any, tier: str, first_output: bool = False) -> Callable[...,
     impl = spec.impls.get(tier)
     setup, backward_for = spec.autograd
     return fast_callable(fwd, bwd, setup, backward_for, spec.kernel_args, first_output,
-                         fallback=impl.fn if impl is not None else None, name=f"{name}_{tier}_fast")
+                         fallback=impl.fn if impl is not None else None, name=f"{name}_{tier}_fast", fwd_infer=infer)

@@ -153,14 +153,17 @@ class ParamGrads:
         groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
         rows_per = triton.cdiv(rows, groups)
         groups = triton.cdiv(rows, rows_per)
-        self.shape, self.ints, self.with_bias = (groups, n), (rows, n, rows_per), with_bias
+        self.shape, self.ints, self.with_bias, self.one = (groups, n), (rows, n, rows_per), with_bias, groups == 1
         self.launch = bound(_norm_param_grads, (col_blocks, groups, 1), 4, HAS_MEAN=has_mean, HAS_B=with_bias,
                             BLOCK_N=block_n, BLOCK_R=32)
 
     def __call__(self, dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements."""
+        """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements, each of n elements in a shape to view as
+        the parameter's (one group of rows: its partial sums are the sums, no reduction kernel)."""
         dw = dy.new_empty(self.shape, dtype=torch.float32)
         db = dy.new_empty(self.shape, dtype=torch.float32) if self.with_bias else dw
         self.launch(dy, x, rstd if mean is None else mean, rstd, dw, db, *self.ints)
+        if self.one:
+            return dw, (db if self.with_bias else None)
         return dw.sum(0), (db.sum(0) if self.with_bias else None)

@@ -53,14 +53,20 @@ def _key_function(kinds: str) -> Callable[..., tuple]:
     return namespace["key"]
 
 
-def _aligned_function(kinds: str) -> Callable[..., bool]:
-    """Whether every tensor among arguments of these kinds has a 16-byte aligned data pointer."""
+def _pointers_function(kinds: str) -> Callable[..., tuple | None]:
+    """The arguments of these kinds with every tensor replaced by its data pointer (an int, which Triton's C launch
+    takes as the address itself: no data_ptr call and no cuPointerGetAttribute there), or None when a pointer is not
+    16-byte aligned."""
     names = [f"a{i}" for i in range(len(kinds))]
-    ptrs = [f"{a}.data_ptr()" for a, k in zip(names, kinds) if k == "t"] or ["0"]
-    src = f"def aligned({', '.join(names)}):\n    return not (({' | '.join(ptrs)}) & 15)\n"
+    outs = [f"p{i}" if k == "t" else a for i, (a, k) in enumerate(zip(names, kinds))]
+    body = [f"    p{i} = a{i}.data_ptr()" for i, k in enumerate(kinds) if k == "t"]
+    ptrs = [f"p{i}" for i, k in enumerate(kinds) if k == "t"] or ["0"]
+    body.append(f"    if ({' | '.join(ptrs)}) & 15:\n        return None")
+    body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    src = f"def pointers({', '.join(names)}):\n" + "\n".join(body) + "\n"
     namespace: dict[str, Any] = {}
-    exec(compile(src, f"<triton_src.launch aligned {kinds}>", "exec"), namespace)  # noqa: S102 - our own source
-    return namespace["aligned"]
+    exec(compile(src, f"<triton_src.launch pointers {kinds}>", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["pointers"]
 
 
 def _kind(a: Any) -> str:
@@ -90,6 +96,44 @@ def _hooks() -> tuple[Any, Any]:
     if getattr(enter, "calls", enter) or getattr(exit_, "calls", exit_):
         return enter, exit_
     return None, None
+
+
+# Triton's CudaLauncher.__call__ whose whole work, for a kernel without scratch memory, is to call its C launch with
+# the cooperative-grid and PDL flags and no scratch buffers (Triton 3.6; whitespace-normalized source). Where the
+# installed launcher is exactly this, a plan's launch calls the C launch itself; any other launcher is called as is.
+_KNOWN_LAUNCHER = " ".join("""
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        def allocate_scratch(size, align, allocator):
+            if size > 0:
+                grid_size = gridX * gridY * gridZ
+                alloc_size = grid_size * self.num_ctas * size
+                alloc_fn = allocator.get()
+                return alloc_fn(alloc_size, align, stream)
+            return None
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                           _allocation._profile_allocator)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+""".split())
+_known_launchers: dict[type, bool] = {}
+
+
+def c_launch(run: Any) -> tuple | None:
+    """(C launch, cooperative grid, PDL) under ``run`` when ``run`` is the known launcher (above) of a kernel that
+    needs no scratch memory, else None. The C launch then takes: grid x, y, z, stream, function, cooperative grid,
+    PDL, global scratch, profile scratch, packed metadata, launch metadata, enter hook, exit hook, kernel args."""
+    cls = type(run)
+    known = _known_launchers.get(cls)
+    if known is None:
+        try:
+            known = " ".join(inspect.getsource(cls.__call__).split()) == _KNOWN_LAUNCHER
+        except (TypeError, OSError):  # a launcher in C or without source
+            known = False
+        _known_launchers[cls] = known
+    if not known or getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0:
+        return None
+    return run.launch, run.launch_cooperative_grid, run.launch_pdl
 
 
 class DirectKernel:
@@ -181,39 +225,49 @@ def direct(kernel: Any, num_warps: int, **consts: Any) -> DirectKernel:
 class Bound:
     """A DirectKernel at one grid, for one launch plan whose key holds the dtypes and the ints of the arguments
     (the caller keeps them the same on every call). A call then checks only the current device and that every
-    pointer is 16-byte aligned before it launches the kept compiled kernel; any other call goes through the
+    pointer is 16-byte aligned, and launches the kept compiled kernel with the pointers as ints (through the C launch
+    itself where the launcher is the known one, see :func:`c_launch`); any other call goes through the
     DirectKernel's full key."""
 
-    __slots__ = ("dk", "grid", "dev", "aligned", "entry")
+    __slots__ = ("dk", "grid", "dev", "pointers", "entry")
 
     def __init__(self, dk: DirectKernel, grid: tuple[int, int, int]) -> None:
         self.dk, self.grid = dk, grid
         self.dev = -1
-        self.aligned: Callable[..., bool] | None = None
+        self.pointers: Callable[..., tuple | None] | None = None
         self.entry: tuple | None = None
 
     def __call__(self, *args: Any) -> None:
         entry = self.entry
-        if entry is not None and torch._C._cuda_getDevice() == self.dev and self.aligned(*args):
-            run, function, packed, ck, tail = entry
-            grid = self.grid
-            stream = torch._C._cuda_getCurrentRawStream(self.dev)
-            full = args + tail if tail is not None else self.dk._all_args(args)
-            enter, exit_ = _hooks()
-            meta = ck.launch_metadata(grid, stream, *full) if enter is not None else None
-            run(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, exit_, *full)
-            return
+        if entry is not None and torch._C._cuda_getDevice() == self.dev:
+            raw = self.pointers(*args)
+            if raw is not None:
+                run, function, packed, ck, tail, c = entry
+                grid = self.grid
+                stream = torch._C._cuda_getCurrentRawStream(self.dev)
+                enter, exit_ = _hooks()
+                if enter is None:
+                    full = raw + tail if tail is not None else self.dk._all_args(raw)
+                    if c is not None:
+                        c[0](grid[0], grid[1], grid[2], stream, function, c[1], c[2], None, None, packed, None, None,
+                             None, *full)
+                    else:
+                        run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None, *full)
+                    return
+                full = self.dk._all_args(args)  # a launch hook sees the tensors, as Triton's own launch gives them
+                meta = ck.launch_metadata(grid, stream, *full)
+                run(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, exit_, *full)
+                return
         dk = self.dk
         dk(self.grid, *args)
         if entry is None and not dk._interpreted and dk._key is not None:
-            kinds = "".join(_kind(a) for a in args)
-            aligned = _aligned_function(kinds)
-            if aligned(*args):
+            pointers = _pointers_function("".join(_kind(a) for a in args))
+            if pointers(*args) is not None:
                 dev = torch._C._cuda_getDevice()
                 kept = dk._cache.get(dk._key(dev, *args))
                 if kept is not None:
-                    self.dev, self.aligned = dev, aligned
-                    self.entry = (*kept, dk._tail if dk._trailing else None)
+                    self.dev, self.pointers = dev, pointers
+                    self.entry = (*kept, dk._tail if dk._trailing else None, c_launch(kept[0]))
 
 
 def bound(kernel: Any, grid: tuple[int, int, int], num_warps: int, **consts: Any) -> Bound:

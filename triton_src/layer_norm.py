@@ -287,11 +287,12 @@ def _param_key(t: torch.Tensor | None) -> tuple | None:
 
 def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
               ) -> tuple:
-    """(kind, launch(es), int args, rows, n): kind 0 empty, 1 one kernel, 2 split rows (two kernels)."""
+    """(kind, launch(es), int args, rows, n, scratch): kind 0 empty, 1 one kernel, 2 split rows (two kernels);
+    scratch: (mean, rstd) the inference path writes and nobody reads (kind 1)."""
     n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
     rows = x.numel() // n if n else 0
     if x.numel() == 0:
-        return 0, None, (), rows, n
+        return 0, None, (), rows, n, None
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
@@ -299,11 +300,12 @@ def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
         grid = (rows, splits, 1)
         launches = (bound(_ln_split_stats, grid, 16, BLOCK_N=SPLIT_BLOCK),
                     bound(_ln_split_apply, grid, 16, **flags, BLOCK_N=SPLIT_BLOCK))
-        return 2, launches, (n, splits), rows, n
+        return 2, launches, (n, splits), rows, n, None
+    scratch = (x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32))
     if n <= MAX_FUSED_FWD:
         return (1, bound(_layer_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, **flags, BLOCK_N=block, ROWS=per),
-                (rows, n), rows, n)
-    return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n
+                (rows, n), rows, n, scratch)
+    return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n, scratch
 
 
 def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
@@ -313,7 +315,7 @@ def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
-    kind, launch, ints, rows, n = plan
+    kind, launch, ints, rows, n, _ = plan
     xc = x.contiguous()
     y = torch.empty_like(xc)
     mean = x.new_empty(rows, dtype=torch.float32)
@@ -335,6 +337,24 @@ def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.
     rstd.copy_(torch.rsqrt(m2 / n + eps))
     launch[1](xc, w, b, y, mean, rstd, n)
     return y, mean, rstd
+
+
+def layer_norm_infer_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                          bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y of layer_norm_fast alone, for a caller that needs no gradient: the kernel's per-row statistics go to
+    scratch buffers of the plan (written by every call, on any stream, read by none) instead of two new tensors."""
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), _param_key(bias))
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
+    if plan[0] != 1:
+        return layer_norm_fast(x, normalized_shape, weight, bias, eps)[0]
+    _, launch, ints, _, _, (mean, rstd) = plan
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    launch(xc, xc if weight is None else weight.contiguous(), xc if bias is None else bias.contiguous(), y, mean, rstd,
+           *ints, eps)
+    return y
 
 
 def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
