@@ -15,7 +15,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import check_float, check_same
-from .launch import bound
+from .launch import bound, param_key
 
 BLOCK = 4096
 APPROXIMATIONS = ("none", "tanh")
@@ -132,7 +132,7 @@ def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str,
 
 def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
     """gelu_launch, launched directly (the same kernel and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), None if bias is None else (bias.shape, bias.dtype, bias.get_device()),
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
            approximate)
     plan = _plans.get(key)
     if plan is None:
@@ -148,7 +148,7 @@ def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> t
 def gelu_bwd_fast(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """gelu_bwd_launch, launched directly."""
-    key = (x.shape, x.dtype, x.get_device(), None if bias is None else (bias.shape, bias.dtype, bias.get_device()),
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
            approximate, dy.shape, dy.dtype, dy.get_device())
     plan = _plans.get(key)
     if plan is None:

@@ -210,6 +210,11 @@ class DirectKernel:
         run(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, exit_, *full)
 
 
+def param_key(t: torch.Tensor | None) -> tuple | None:
+    """What a launch plan's key holds of an optional parameter tensor (its checks depend on nothing else)."""
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
 _kernels: dict[tuple, DirectKernel] = {}
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings, target_programs
-from .launch import bound
+from .launch import bound, param_key
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -281,10 +281,6 @@ _fwd_plans: dict[tuple, tuple] = {}
 _bwd_plans: dict[tuple, tuple] = {}
 
 
-def _param_key(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.dtype, t.get_device())
-
-
 def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
               ) -> tuple:
     """(kind, launch(es), int args, rows, n, scratch): kind 0 empty, 1 one kernel, 2 split rows (two kernels);
@@ -308,14 +304,19 @@ def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
     return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n, scratch
 
 
-def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                    bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """layer_norm_launch, launched directly (the same kernels and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), _param_key(bias))
+def _fwd_plan_of(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                 bias: torch.Tensor | None) -> tuple:
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), param_key(bias))
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
-    kind, launch, ints, rows, n, _ = plan
+    return plan
+
+
+def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                    bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer_norm_launch, launched directly (the same kernels and settings)."""
+    kind, launch, ints, rows, n, _ = _fwd_plan_of(x, normalized_shape, weight, bias)
     xc = x.contiguous()
     y = torch.empty_like(xc)
     mean = x.new_empty(rows, dtype=torch.float32)
@@ -343,10 +344,7 @@ def layer_norm_infer_fast(x: torch.Tensor, normalized_shape: list[int], weight: 
                           bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """y of layer_norm_fast alone, for a caller that needs no gradient: the kernel's per-row statistics go to
     scratch buffers of the plan (written by every call, on any stream, read by none) instead of two new tensors."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), _param_key(bias))
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
+    plan = _fwd_plan_of(x, normalized_shape, weight, bias)
     if plan[0] != 1:
         return layer_norm_fast(x, normalized_shape, weight, bias, eps)[0]
     _, launch, ints, _, _, (mean, rstd) = plan
@@ -389,7 +387,7 @@ def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
                         mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_bwd_launch, launched directly."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), has_bias, dy.shape,
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), has_bias, dy.shape,
            dy.dtype, dy.get_device(), mean.dtype, rstd.dtype)
     plan = _bwd_plans.get(key)
     if plan is None:

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings
-from .launch import bound
+from .launch import bound, param_key
 
 MAX_FUSED = 16384
 
@@ -164,10 +164,6 @@ _fwd_plans: dict[tuple, tuple] = {}
 _bwd_plans: dict[tuple, tuple] = {}
 
 
-def _param_key(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.dtype, t.get_device())
-
-
 def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
     """(launch or None when x is empty, int args)."""
     n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
@@ -184,7 +180,7 @@ def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
 def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
                   ) -> torch.Tensor:
     """rms_norm_launch, launched directly (the same kernels and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight))
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight))
     plan = _fwd_plans.get(key)
     if plan is None:
         plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight)
@@ -217,7 +213,7 @@ def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], we
 def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm_bwd_launch, launched directly."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), _param_key(weight), dy.shape, dy.dtype,
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), dy.shape, dy.dtype,
            dy.get_device())
     plan = _bwd_plans.get(key)
     if plan is None:
