@@ -2,8 +2,8 @@
 // Schemas live in the `tiered_ops` namespace (fakes are registered from Python in cuda_ext.py),
 // inputs are validated here with messages that name the argument, and every kernel is launched on
 // the current stream with its launch error checked. The same functions are also exported as plain
-// pybind11 functions, only as the contrast the graph-break metadata measures (a pybind11 function
-// is opaque to torch.compile); tiered_ops never selects them.
+// pybind11 functions: the contrast the graph-break metadata measures (a pybind11 function is opaque
+// to torch.compile), and the eager fast path, used only where nothing traces the call.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -103,14 +103,16 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   const DType dt = dtype_of(x, "softmax_cuda", "x");
   dim = c10::maybe_wrap_dim(dim, x.dim());
   const c10::cuda::CUDAGuard guard(x.device());
-  // Rows along `dim`: move it last and make the rows contiguous (a copy when it was not last).
-  const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : x.movedim(dim, -1).contiguous();
+  // Rows along `dim`: move it last and make the rows contiguous (a copy when it was not last; no view op when
+  // it is last already, a per-call cost eager callers see).
+  const bool last = x.dim() == 0 || dim == x.dim() - 1;
+  const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : last ? x.contiguous() : x.movedim(dim, -1).contiguous();
   at::Tensor y = at::empty_like(xc);
   const int64_t n = xc.dim() == 0 ? 1 : xc.size(-1);
   if (xc.numel() > 0)
     check_launch(softmax_fwd(xc.data_ptr(), y.data_ptr(), xc.numel() / n, n, dt,
                              at::cuda::getCurrentCUDAStream()), "softmax_cuda");
-  return x.dim() == 0 ? y.reshape({}) : y.movedim(-1, dim);
+  return x.dim() == 0 ? y.reshape({}) : last ? y : y.movedim(-1, dim);
 }
 
 at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t dim) {
@@ -122,13 +124,15 @@ at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t d
   if (y.dim() == 0) return at::zeros_like(y);  // softmax over one element is constant
   dim = c10::maybe_wrap_dim(dim, y.dim());
   const c10::cuda::CUDAGuard guard(y.device());
-  const at::Tensor yc = y.movedim(dim, -1).contiguous(), dyc = dy.movedim(dim, -1).contiguous();
+  const bool last = dim == y.dim() - 1;
+  const at::Tensor yc = last ? y.contiguous() : y.movedim(dim, -1).contiguous();
+  const at::Tensor dyc = last ? dy.contiguous() : dy.movedim(dim, -1).contiguous();
   at::Tensor dx = at::empty_like(yc);
   const int64_t n = yc.size(-1);
   if (yc.numel() > 0)
     check_launch(softmax_bwd(dyc.data_ptr(), yc.data_ptr(), dx.data_ptr(), yc.numel() / n, n, dt,
                              at::cuda::getCurrentCUDAStream()), op);
-  return dx.movedim(-1, dim);
+  return last ? dx : dx.movedim(-1, dim);
 }
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
@@ -349,11 +353,17 @@ TORCH_LIBRARY_IMPL(tiered_ops, CPU, m) { TIERED_OPS_IMPLS(m) }
 
 }  // namespace tiered_ops
 
-// The contrast: the same C++ forward functions as pybind11 functions, outside the dispatcher.
+// The same C++ functions as pybind11 functions, outside the dispatcher: the graph-break contrast, and the eager
+// fast path (tiered_ops/fastpath.py), which calls forward and backward without the dispatcher's per-call cost.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_cuda", &tiered_ops::softmax_cuda);
+  m.def("softmax_bwd_cuda", &tiered_ops::softmax_bwd_cuda);
   m.def("rms_norm_cuda", &tiered_ops::rms_norm_cuda);
+  m.def("rms_norm_bwd_cuda", &tiered_ops::rms_norm_bwd_cuda);
   m.def("layer_norm_cuda", &tiered_ops::layer_norm_cuda);
+  m.def("layer_norm_bwd_cuda", &tiered_ops::layer_norm_bwd_cuda);
   m.def("muladd_cuda", &tiered_ops::muladd_cuda);
+  m.def("muladd_bwd_cuda", &tiered_ops::muladd_bwd_cuda);
   m.def("gelu_cuda", &tiered_ops::gelu_cuda);
+  m.def("gelu_bwd_cuda", &tiered_ops::gelu_bwd_cuda);
 }

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import bound
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -140,3 +142,28 @@ def norm_param_grads(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | Non
         dy, x, mean if mean is not None else rstd, rstd, dw, db, rows, n, rows_per, HAS_MEAN=mean is not None,
         HAS_B=with_bias, BLOCK_N=block_n, BLOCK_R=32, num_warps=4)
     return dw.sum(0), (db.sum(0) if with_bias else None)
+
+
+class ParamGrads:
+    """norm_param_grads for one (rows, n, device) with the kernel launched directly: its settings worked out once."""
+
+    def __init__(self, rows: int, n: int, device: torch.device, has_mean: bool, with_bias: bool) -> None:
+        block_n = min(128, triton.next_power_of_2(max(n, 1)))
+        col_blocks = triton.cdiv(n, block_n)
+        groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
+        rows_per = triton.cdiv(rows, groups)
+        groups = triton.cdiv(rows, rows_per)
+        self.shape, self.ints, self.with_bias, self.one = (groups, n), (rows, n, rows_per), with_bias, groups == 1
+        self.launch = bound(_norm_param_grads, (col_blocks, groups, 1), 4, HAS_MEAN=has_mean, HAS_B=with_bias,
+                            BLOCK_N=block_n, BLOCK_R=32)
+
+    def __call__(self, dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements, each of n elements in a shape to view as
+        the parameter's (one group of rows: its partial sums are the sums, no reduction kernel)."""
+        dw = dy.new_empty(self.shape, dtype=torch.float32)
+        db = dy.new_empty(self.shape, dtype=torch.float32) if self.with_bias else dw
+        self.launch(dy, x, rstd if mean is None else mean, rstd, dw, db, *self.ints)
+        if self.one:
+            return dw, (db if self.with_bias else None)
+        return dw.sum(0), (db.sum(0) if self.with_bias else None)

@@ -15,6 +15,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import check_float, check_same
+from .launch import bound, param_key
 
 BLOCK = 4096
 APPROXIMATIONS = ("none", "tanh")
@@ -107,3 +108,56 @@ def gelu_bwd_launch(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None
 
 gelu_triton = triton_op("tiered_ops::gelu_triton", gelu_launch, mutates_args={})
 gelu_bwd_triton = triton_op("tiered_ops::gelu_bwd_triton", gelu_bwd_launch, mutates_args={})
+
+
+# The eager fast path: the launches of gelu_launch / gelu_bwd_launch through DirectKernel, the settings of each
+# (shapes, dtype, device, approximate) worked out once. Only when not traced: torch.compile traces the ops above.
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str, dy: torch.Tensor | None) -> tuple:
+    """(launch or None when x is empty, int args)."""
+    n = _check(op, x, bias, approximate)
+    if dy is not None:
+        check_same(op, "dy", dy, x)
+        if dy.shape != x.shape:
+            raise ValueError(f"{op}: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    numel = x.numel()
+    if not numel:
+        return None, ()
+    kernel = _gelu_fwd if dy is None else _gelu_bwd
+    return (bound(kernel, (triton.cdiv(numel, BLOCK), 1, 1), 8, HAS_B=bias is not None, TANH=approximate == "tanh",
+                  BLOCK=BLOCK), (numel, n))
+
+
+def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
+    """gelu_launch, launched directly (the same kernel and settings)."""
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
+           approximate)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan("gelu_triton", x, bias, approximate, None)
+    launch, ints = plan
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    if launch is not None:
+        launch(xc, xc if bias is None else bias.contiguous(), y, *ints)
+    return y
+
+
+def gelu_bwd_fast(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gelu_bwd_launch, launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
+           approximate, dy.shape, dy.dtype, dy.get_device())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan("gelu_bwd_triton", x, bias, approximate, dy)
+    launch, ints = plan
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    if launch is not None:
+        launch(dyc, xc, xc if bias is None else bias.contiguous(), dx, *ints)
+    if bias is None:
+        return dx, x.new_empty((0,))
+    return dx, dx.reshape(-1, ints[1] if ints else bias.shape[0]).sum(0, dtype=torch.float32).to(x.dtype)

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import MAX_FUSED_FWD, check_norm, check_same, norm_param_grads, row_settings, target_programs
+from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings, target_programs
+from .launch import bound, param_key
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -272,3 +273,145 @@ def layer_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: l
 
 layer_norm_triton = triton_op("tiered_ops::layer_norm_triton", layer_norm_launch, mutates_args={})
 layer_norm_bwd_triton = triton_op("tiered_ops::layer_norm_bwd_triton", layer_norm_bwd_launch, mutates_args={})
+
+
+# The eager fast path: the launches of layer_norm_launch / layer_norm_bwd_launch through DirectKernel, the settings
+# of each (shapes, dtype, device) worked out once. Only when not traced: torch.compile traces the ops above.
+_fwd_plans: dict[tuple, tuple] = {}
+_bwd_plans: dict[tuple, tuple] = {}
+
+
+def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
+              ) -> tuple:
+    """(kind, launch(es), int args, rows, n, scratch): kind 0 empty, 1 one kernel, 2 split rows (two kernels);
+    scratch: (mean, rstd) the inference path writes and nobody reads (kind 1)."""
+    n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
+    rows = x.numel() // n if n else 0
+    if x.numel() == 0:
+        return 0, None, (), rows, n, None
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
+        splits = triton.cdiv(n, SPLIT_BLOCK)
+        grid = (rows, splits, 1)
+        launches = (bound(_ln_split_stats, grid, 16, BLOCK_N=SPLIT_BLOCK),
+                    bound(_ln_split_apply, grid, 16, **flags, BLOCK_N=SPLIT_BLOCK))
+        return 2, launches, (n, splits), rows, n, None
+    scratch = (x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32))
+    if n <= MAX_FUSED_FWD:
+        return (1, bound(_layer_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, **flags, BLOCK_N=block, ROWS=per),
+                (rows, n), rows, n, scratch)
+    return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n, scratch
+
+
+def _fwd_plan_of(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                 bias: torch.Tensor | None) -> tuple:
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), param_key(bias))
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
+    return plan
+
+
+def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                    bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer_norm_launch, launched directly (the same kernels and settings)."""
+    kind, launch, ints, rows, n, _ = _fwd_plan_of(x, normalized_shape, weight, bias)
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    mean = x.new_empty(rows, dtype=torch.float32)
+    rstd = x.new_empty(rows, dtype=torch.float32)
+    if kind == 0:
+        return y, mean, rstd
+    w = weight.contiguous() if weight is not None else xc
+    b = bias.contiguous() if bias is not None else xc
+    if kind == 1:
+        launch(xc, w, b, y, mean, rstd, *ints, eps)
+        return y, mean, rstd
+    splits = ints[1]
+    part = x.new_empty((rows, splits, 2), dtype=torch.float32)
+    launch[0](xc, part, n, splits)
+    cnt = torch.full((splits,), float(SPLIT_BLOCK), device=x.device)
+    cnt[-1] = n - SPLIT_BLOCK * (splits - 1)
+    mean.copy_((part[..., 0] * cnt).sum(1) / n)
+    m2 = (part[..., 1] + cnt * (part[..., 0] - mean[:, None]) ** 2).sum(1)
+    rstd.copy_(torch.rsqrt(m2 / n + eps))
+    launch[1](xc, w, b, y, mean, rstd, n)
+    return y, mean, rstd
+
+
+def layer_norm_infer_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                          bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y of layer_norm_fast alone, for a caller that needs no gradient: the kernel's per-row statistics go to
+    scratch buffers of the plan (written by every call, on any stream, read by none) instead of two new tensors."""
+    plan = _fwd_plan_of(x, normalized_shape, weight, bias)
+    if plan[0] != 1:
+        return layer_norm_fast(x, normalized_shape, weight, bias, eps)[0]
+    _, launch, ints, _, _, (mean, rstd) = plan
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    launch(xc, xc if weight is None else weight.contiguous(), xc if bias is None else bias.contiguous(), y, mean, rstd,
+           *ints, eps)
+    return y
+
+
+def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+              has_bias: bool) -> tuple:
+    """(kind, launch(es), int args, rows, n, parameter-gradient plan or None): kind 0 empty, 1 one kernel,
+    2 split rows, 3 n == 1 (dx is 0)."""
+    n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("layer_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    rows = x.numel() // n if n else 0
+    if x.numel() == 0:
+        return 0, None, (), rows, n, None
+    has_w = weight is not None
+    pg = ParamGrads(rows, n, x.device, has_mean=True, with_bias=has_bias) if has_w or has_bias else None
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n == 1:
+        return 3, None, (), rows, n, pg
+    if _split_rows(rows, n, x.device):
+        splits = triton.cdiv(n, SPLIT_BLOCK)
+        grid = (rows, splits, 1)
+        launches = (bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
+                    bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True))
+        return 2, launches, (n, splits), rows, n, pg
+    if n <= MAX_FUSED:
+        return (1, bound(_layer_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
+                         ROWS=per), (rows, n), rows, n, pg)
+    return 1, bound(_layer_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, n, pg
+
+
+def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                        mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer_norm_bwd_launch, launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), has_bias, dy.shape,
+           dy.dtype, dy.get_device(), mean.dtype, rstd.dtype)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight, has_bias)
+    kind, launch, ints, rows, n, pg = plan
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    if kind == 0:
+        zeros = x.new_zeros(tuple(normalized_shape))
+        return (dx, (zeros if weight is not None else x.new_empty((0,))),
+                (zeros.clone() if has_bias else x.new_empty((0,))))
+    w = weight.contiguous() if weight is not None else xc
+    if kind == 1:
+        launch(dyc, xc, w, mean, rstd, dx, *ints)
+    elif kind == 3:
+        dx.zero_()
+    else:
+        part = x.new_empty((rows, ints[1], 2), dtype=torch.float32)
+        launch[0](dyc, xc, w, mean, rstd, part, part, dx, *ints)
+        c = (part.sum(1) / n).contiguous()
+        launch[1](dyc, xc, w, mean, rstd, part, c, dx, *ints)
+    if pg is None:
+        return dx, x.new_empty((0,)), x.new_empty((0,))
+    dw32, db32 = pg(dyc, xc, mean, rstd)
+    dw = dw32.view(normalized_shape).to(x.dtype) if weight is not None else x.new_empty((0,))
+    db = db32.view(normalized_shape).to(x.dtype) if has_bias else x.new_empty((0,))
+    return dx, dw, db

@@ -14,6 +14,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import check_float
+from .launch import bound
 
 BLOCK = 4096
 
@@ -74,3 +75,42 @@ def muladd_bwd_launch(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tupl
 
 muladd_triton = triton_op("tiered_ops::muladd_triton", muladd_launch, mutates_args={})
 muladd_bwd_triton = triton_op("tiered_ops::muladd_bwd_triton", muladd_bwd_launch, mutates_args={})
+
+
+# The eager fast path: the launches of muladd_launch / muladd_bwd_launch through DirectKernel, the settings of each
+# (shape, dtypes, device) worked out once. Only when not traced: torch.compile traces the ops above.
+_plans: dict[tuple, tuple] = {}
+
+
+def _plan(op: str, names: tuple[str, ...], kernel: object, *ts: torch.Tensor) -> tuple:
+    _check(op, names, *ts)
+    n = ts[0].numel()
+    return (bound(kernel, (triton.cdiv(n, BLOCK), 1, 1), 8, BLOCK=BLOCK) if n else None), n
+
+
+def muladd_fast(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """muladd_launch, launched directly (the same kernel and settings)."""
+    key = (0, a.shape, b.shape, c.shape, a.dtype, b.dtype, c.dtype, a.get_device(), b.get_device(), c.get_device())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
+    launch, n = plan
+    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
+    out = torch.empty_like(a)
+    if launch is not None:
+        launch(a, b, c, out, n)
+    return out
+
+
+def muladd_bwd_fast(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """muladd_bwd_launch, launched directly."""
+    key = (1, g.shape, a.shape, b.shape, g.dtype, a.dtype, b.dtype, g.get_device(), a.get_device(), b.get_device())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
+    launch, n = plan
+    g, a, b = g.contiguous(), a.contiguous(), b.contiguous()
+    da, db = torch.empty_like(a), torch.empty_like(b)
+    if launch is not None:
+        launch(g, a, b, da, db, n)
+    return da, db

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import MAX_FUSED_FWD, check_norm, check_same, norm_param_grads, row_settings
+from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings
+from .launch import bound, param_key
 
 MAX_FUSED = 16384
 
@@ -155,3 +156,77 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
 
 rms_norm_triton = triton_op("tiered_ops::rms_norm_triton", rms_norm_launch, mutates_args={})
 rms_norm_bwd_triton = triton_op("tiered_ops::rms_norm_bwd_triton", rms_norm_bwd_launch, mutates_args={})
+
+
+# The eager fast path: the launches of rms_norm_launch / rms_norm_bwd_launch through DirectKernel, the settings of
+# each (shapes, dtype, device) worked out once. Only when not traced: torch.compile traces the ops above.
+_fwd_plans: dict[tuple, tuple] = {}
+_bwd_plans: dict[tuple, tuple] = {}
+
+
+def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
+    """(launch or None when x is empty, int args)."""
+    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
+    if x.numel() == 0:
+        return None, ()
+    rows = x.numel() // n
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
+        return (bound(_rms_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=weight is not None, BLOCK_N=block,
+                      ROWS=per), (rows, n))
+    return bound(_rms_norm_looped, (rows, 1, 1), 8, HAS_W=weight is not None, BLOCK_N=4096), (n,)
+
+
+def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
+                  ) -> torch.Tensor:
+    """rms_norm_launch, launched directly (the same kernels and settings)."""
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight))
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight)
+    launch, ints = plan
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    if launch is not None:
+        launch(xc, xc if weight is None else weight.contiguous(), y, *ints, eps)
+    return y
+
+
+def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
+    """(launch or None when x is empty, int args, rows, parameter-gradient plan or None)."""
+    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("rms_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    if x.numel() == 0:
+        return None, (), 0, None
+    rows = x.numel() // n
+    has_w = weight is not None
+    pg = ParamGrads(rows, n, x.device, has_mean=False, with_bias=False) if has_w else None
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        return (bound(_rms_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
+                      ROWS=per), (rows, n), rows, pg)
+    return bound(_rms_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, pg
+
+
+def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_bwd_launch, launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), dy.shape, dy.dtype,
+           dy.get_device())
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight)
+    launch, ints, rows, pg = plan
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    if launch is None:
+        return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
+    w = weight.contiguous() if weight is not None else xc
+    rstd = x.new_empty(rows, dtype=torch.float32)
+    launch(dyc, xc, w, dx, rstd, *ints, eps)
+    if pg is None:
+        return dx, x.new_empty((0,))
+    dw32, _ = pg(dyc, xc, None, rstd)
+    return dx, dw32.view(weight.shape).to(weight.dtype)

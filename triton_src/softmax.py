@@ -18,6 +18,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
+from .launch import bound
 
 MAX_FUSED = 16384  # longest row the backward keeps in registers
 
@@ -133,3 +134,73 @@ def softmax_bwd_launch(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Ten
 
 softmax_triton = triton_op("tiered_ops::softmax_triton", softmax_launch, mutates_args={})
 softmax_bwd_triton = triton_op("tiered_ops::softmax_bwd_triton", softmax_bwd_launch, mutates_args={})
+
+
+# The eager fast path: the same launches as softmax_launch / softmax_bwd_launch through DirectKernel, the settings of
+# each (shape, dtype, device, dim) worked out once. Only when not traced: torch.compile traces the ops above.
+_fwd_plans: dict[tuple, tuple] = {}
+_bwd_plans: dict[tuple, tuple] = {}
+
+
+def _rows_plan(shape: torch.Size, dim: int, bwd: bool) -> tuple:
+    """(launch, int args, last): last when dim is already the last dim (no movedim); launch None: nothing to do."""
+    if len(shape) == 0:
+        return None, (), True
+    d = dim + len(shape) if dim < 0 else dim
+    if not 0 <= d < len(shape):
+        raise IndexError(f"softmax_triton: dim {dim} out of range for x of {len(shape)} dims")
+    n = int(shape[d])
+    numel = 1
+    for s in shape:
+        numel *= s
+    last = d == len(shape) - 1
+    if numel == 0:
+        return None, (), last
+    rows = numel // n
+    fused = MAX_FUSED if bwd else MAX_FUSED_FWD
+    block, per, warps = row_settings(n, fused)
+    if n <= fused:
+        kernel = _softmax_bwd_rows if bwd else _softmax_rows
+        return bound(kernel, (triton.cdiv(rows, per), 1, 1), warps, BLOCK_N=block, ROWS=per), (rows, n), last
+    kernel = _softmax_bwd_looped if bwd else _softmax_looped
+    return bound(kernel, (rows, 1, 1), 8, BLOCK_N=4096), (n,), last
+
+
+def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax_launch, launched directly (the same kernels and settings)."""
+    key = (x.shape, x.dtype, x.get_device(), dim)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        check_float("softmax_triton", "x", x)
+        plan = _fwd_plans[key] = _rows_plan(x.shape, dim, False)
+    launch, ints, last = plan
+    if launch is None and last and x.dim() == 0:
+        return softmax_launch(x, dim)
+    xr = x.contiguous() if last else x.movedim(dim, -1).contiguous()
+    y = torch.empty_like(xr)
+    if launch is not None:
+        launch(xr, y, *ints)
+    return y if last else y.movedim(-1, dim)
+
+
+def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax_bwd_launch, launched directly."""
+    key = (y.shape, y.dtype, y.get_device(), dim, dy.shape, dy.dtype, dy.get_device())
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        check_float("softmax_bwd_triton", "y", y)
+        check_same("softmax_bwd_triton", "dy", dy, y, "y")
+        if dy.shape != y.shape:
+            raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
+        plan = _bwd_plans[key] = _rows_plan(y.shape, dim, True)
+    launch, ints, last = plan
+    if launch is None and last and y.dim() == 0:
+        return torch.zeros_like(y)
+    if last:
+        yr, dyr = y.contiguous(), dy.contiguous()
+    else:
+        yr, dyr = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
+    dx = torch.empty_like(yr)
+    if launch is not None:
+        launch(dyr, yr, dx, *ints)
+    return dx if last else dx.movedim(-1, dim)

@@ -1,0 +1,306 @@
+"""The eager fast path of the Triton tier (tiered_ops.fastpath, triton_src/*_fast) against float64 math: outputs and
+gradients at odd, non-contiguous, empty and multi-block shapes, and equal to the registered triton_op it stands in
+for. On the CPU the kernels run on the Triton interpreter; the direct launch itself is checked on a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import HAS_CUDA, assert_like_truth, gpu, truth64
+
+from tiered_ops.fastpath import fast_callable, tier_fast
+from tiered_ops.registry import get_op
+from triton_src import launch
+
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def _t(*shape: int, seed: int = 0, t: bool = False) -> torch.Tensor:
+    """Random fp32 values; ``t``: the transpose of a contiguous (shape reversed) tensor, so not contiguous."""
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    if t:
+        return torch.randn(*reversed(shape), generator=g).to(DEV).t()
+    return torch.randn(*shape, generator=g).to(DEV)
+
+
+def _w(n: int, seed: int) -> torch.Tensor:
+    return 1 + 0.5 * _t(n, seed=seed)
+
+
+# (op, args, first_output, what it covers). Shapes: 37x129 fits no block; 2x20003 and 2x40009 are rows longer than
+# the backward's / the forward's register-resident rows (looped kernels; layer_norm splits few long rows).
+CASES = [
+    ("softmax", (_t(37, 129), -1), "odd shape"),
+    ("softmax", (_t(37, 129), 0), "non-last dim (moved last and back)"),
+    ("softmax", (_t(3, 37, 5), 1), "middle dim of three"),
+    ("softmax", (_t(37, 129, t=True), -1), "non-contiguous x"),
+    ("softmax", (_t(2, 40009), -1), "looped kernels"),
+    ("softmax", (_t(0, 16), -1), "empty"),
+    ("rms_norm", (_t(37, 129), [129], _w(129, 1), 1e-6), "odd shape, weight"),
+    ("rms_norm", (_t(37, 129, t=True), [129], None, 1e-6), "non-contiguous x, no weight"),
+    ("rms_norm", (_t(4, 6, 33), [6, 33], _w(6 * 33, 2).view(6, 33), 1e-5), "two normalized dims"),
+    ("rms_norm", (_t(2, 40009), [40009], _w(40009, 3), 1e-6), "looped kernels"),
+    ("rms_norm", (_t(0, 16), [16], _w(16, 4), 1e-6), "empty"),
+    ("layer_norm", (_t(37, 129), [129], _w(129, 1), _t(129, seed=5), 1e-5), "odd shape, weight and bias"),
+    ("layer_norm", (_t(37, 129, t=True), [129], None, None, 1e-5), "non-contiguous x, no parameters"),
+    ("layer_norm", (_t(2, 20003), [20003], _w(20003, 2), None, 1e-5), "backward splits few long rows"),
+    ("layer_norm", (_t(2, 40009), [40009], None, _t(40009, seed=6), 1e-5), "forward splits few long rows"),
+    ("layer_norm", (_t(5, 1), [1], _w(1, 3), _t(1, seed=4), 1e-5), "one element per row (dx is 0)"),
+    ("layer_norm", (_t(0, 16), [16], _w(16, 4), _t(16, seed=4), 1e-5), "empty"),
+    ("gelu", (_t(37, 129), _t(129, seed=1), "tanh"), "odd shape, bias, tanh"),
+    ("gelu", (_t(37, 129, t=True), None, "none"), "non-contiguous x, erf"),
+    ("gelu", (_t(0, 16), _t(16, seed=2), "none"), "empty"),
+    ("muladd", (_t(37, 129), _t(37, 129, seed=1), _t(37, 129, seed=2)), "odd shape"),
+    ("muladd", (_t(37, 1), _t(1, 129, seed=1), _t(37, 129, seed=2)), "broadcast operands"),
+    ("muladd", (_t(37, 129, t=True), _t(37, 129, seed=1), _t(37, 129, seed=2, t=True)), "non-contiguous"),
+    ("muladd", (_t(0, 16), _t(0, 16, seed=1), _t(0, 16, seed=2)), "empty"),
+]
+
+
+def _fast(op: str):
+    spec = get_op(op)
+    impl = spec.impls["triton"]
+    why = impl.why_not(DEV, torch.float32)
+    assert why is None, f"{op}/triton cannot run on {DEV}: {why}"
+    fast = tier_fast(spec, "triton", first_output=op == "layer_norm")
+    assert fast is not None, f"{op}: no Triton fast path"
+    return spec, impl.fn, fast
+
+
+def _leaves(args: tuple) -> tuple[tuple, list[torch.Tensor]]:
+    out = tuple(a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args)
+    return out, [a for a in out if isinstance(a, torch.Tensor)]
+
+
+@pytest.mark.parametrize("op,args,what", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_fast_path_matches_float64_and_the_registered_op(op, args, what):
+    spec, registered, fast = _fast(op)
+    rtol, grad_rtol = spec.rtol[torch.float32], spec.grad_rtol[torch.float32]
+    fargs, fleaves = _leaves(args)
+    out = fast(*fargs)
+    rargs, rleaves = _leaves(args)
+    ref_out = registered(*rargs)
+    targs, tleaves = _leaves(tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    truth = truth64(op, *targs, dtype=torch.float32)
+    assert out.shape == truth.shape and out.dtype == torch.float32, f"{op} ({what}): {out.shape} {out.dtype}"
+    assert_like_truth(out, truth, rtol, f"{op} fast path ({what}): output")
+    assert torch.equal(out, ref_out), f"{op} ({what}): fast path and registered op differ"
+    assert out.grad_fn is not None, f"{op} ({what}): inputs require grad but the output has no grad_fn"
+
+    dy = _t(*out.shape, seed=11) if out.numel() else torch.zeros_like(out)
+    grads = torch.autograd.grad(out, fleaves, dy, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_out, rleaves, dy, allow_unused=True)
+    truth_grads = torch.autograd.grad(truth, tleaves, dy.double(), allow_unused=True)
+    floor = 1e-6 * max(torch.linalg.vector_norm(dy.double()).item(), 1e-30)
+    for i, (g, r, t) in enumerate(zip(grads, ref_grads, truth_grads)):
+        assert g is not None and r is not None, f"{op} ({what}): gradient {i} missing"
+        t = torch.zeros_like(tleaves[i]) if t is None else t
+        assert g.shape == tleaves[i].shape, f"{op} ({what}): gradient {i} of shape {g.shape}"
+        if t.numel() and t.abs().max().item() > floor:
+            assert_like_truth(g, t, grad_rtol, f"{op} fast path ({what}): gradient {i}")
+        elif g.numel():  # an exact gradient of ~0 (layer_norm over one element): roundoff is all there is
+            assert g.abs().max().item() <= 1e-4, f"{op} ({what}): gradient {i} not ~0"
+        assert torch.equal(g, r), f"{op} ({what}): gradient {i} of fast path and registered op differ"
+
+
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm", "gelu", "muladd"])
+def test_no_graph_without_grad(op):
+    """With no input requiring grad, or under no_grad, the fast path records no autograd node."""
+    _, _, fast = _fast(op)
+    args = next(c[1] for c in CASES if c[0] == op)
+    assert fast(*args).grad_fn is None
+    gargs, _ = _leaves(args)
+    with torch.no_grad():
+        out = fast(*gargs)
+    assert out.grad_fn is None and not out.requires_grad
+    truth = truth64(op, *(a.double() if isinstance(a, torch.Tensor) else a for a in args), dtype=torch.float32)
+    assert_like_truth(out, truth, get_op(op).rtol[torch.float32], f"{op} fast path under no_grad")
+    with torch.no_grad():
+        assert torch.equal(fast.forward_only(*args), get_op(op).impls["triton"].fn(*args)), f"{op}: forward_only"
+
+
+def test_bad_input_is_named():
+    _, _, fast = _fast("rms_norm")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        fast(_t(4, 8), [7])
+    with pytest.raises(TypeError, match="x must be float32"):
+        fast(torch.ones(4, 8, dtype=torch.int32, device=DEV), [8], None, 1e-6)
+
+
+def test_fast_callable_uses_the_fallback_inside_a_transform():
+    """Under a functorch transform the registered op (the fallback) runs, not the direct launch."""
+    calls = []
+    fast = fast_callable(lambda x: calls.append("fwd") or x * 2, lambda g: g * 2, lambda ctx, i, o: None,
+                         lambda bwd: (lambda ctx, g: (bwd(g),)), lambda x: (x,),
+                         fallback=lambda x: calls.append("fallback") or x * 2)
+    x = torch.randn(3, dtype=torch.float64)
+    torch.func.grad(lambda v: fast(v).sum())(x)
+    assert calls == ["fallback"]
+    xs = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(fast(xs).sum(), [xs])
+    assert calls == ["fallback", "fwd"] and torch.equal(gx, torch.full_like(x, 2.0))
+
+
+def test_key_follows_triton_specialization():
+    """The direct launcher's cache key changes with everything Triton specializes on."""
+    key = launch._key_function("tio")
+    base = torch.empty(64)
+    k = key(0, base, 32, 1.5)
+    assert key(0, base[1:], 32, 1.5) != k  # data pointer no longer 16-byte aligned
+    assert key(0, base.to(torch.float64), 32, 1.5) != k  # dtype
+    assert key(0, base, 33, 1.5) != k  # not a multiple of 16
+    assert key(0, base, 1, 1.5) != key(0, base, 2, 1.5)  # 1 is a constexpr to Triton
+    assert key(0, base, 2**31, 1.5) != key(0, base, 2**4, 1.5)  # i64 instead of i32
+    assert key(1, base, 32, 1.5) != k  # another device
+    assert key(0, base, 32, 2.5) == k  # float values are not specialized
+    assert key(0, base, 32, 2) != k  # an int where a float was: another type
+
+
+def test_direct_kernel_checks_its_constexprs():
+    from triton_src import softmax as ts
+
+    with pytest.raises(TypeError, match="constexprs"):
+        launch.direct(ts._softmax_rows, 4, BLOCK_N=128)
+
+
+@gpu
+def test_direct_launch_on_gpu():
+    """The compiled kernel's launcher, called directly after the first launch, computes what torch does, on
+    aligned and unaligned pointers and on a side stream."""
+    from triton_src import softmax as ts
+
+    for x in (torch.randn(33, 1000, device="cuda"), torch.randn(33 * 1000 + 1, device="cuda")[1:].view(33, 1000)):
+        for _ in range(3):  # first launch through the JITFunction, then the direct ones
+            torch.testing.assert_close(ts.softmax_fast(x, -1), torch.softmax(x, -1))
+    s = torch.cuda.Stream()
+    x = torch.randn(64, 4096, device="cuda")
+    with torch.cuda.stream(s):
+        y = ts.softmax_fast(x, -1)
+    s.synchronize()
+    assert math.isclose(y.sum().item(), 64, rel_tol=1e-4)
+
+
+class _FakeCompiled:
+    """What a first launch returns: a CompiledKernel's launcher, handle and metadata, recording the launches."""
+
+    def __init__(self, calls: list) -> None:
+        self.function, self.packed_metadata, self.calls = "cufunction", "packed", calls
+        self.run = lambda *a: calls.append(("run", a))
+
+    def launch_metadata(self, grid, stream, *args):  # only called with a launch hook set
+        return ("meta", grid, stream)
+
+
+class _FakeJIT:
+    """A JITFunction's launch surface: params (name, is_constexpr), fn, and kernel[grid](...) returning the kernel."""
+
+    def __init__(self, calls: list, consts: tuple[str, ...] = ("BLOCK",)) -> None:
+        import types
+
+        names = ("x_ptr", "y_ptr", "n", *consts)
+        self.params = [types.SimpleNamespace(name=k, is_constexpr=k in consts) for k in names]
+        self.fn = types.SimpleNamespace(__module__=__name__, __name__=f"_fake_{len(consts)}")
+        self.calls, self.compiled = calls, _FakeCompiled(calls)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append(("jit", grid, args, kw))
+            return self.compiled
+        return launch
+
+
+def test_direct_launch_calls_the_compiled_launcher(monkeypatch):
+    """After the first launch (through the JIT), a launch calls the compiled kernel's launcher with grid, stream,
+    function, packed metadata, launch metadata, hooks, then every argument in signature order (constexprs too);
+    a pointer that is not 16-byte aligned goes through the JIT again (another specialization)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1234 + d, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls)
+    b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (3, 1, 1))
+    x, y = torch.empty(64), torch.empty(64)
+    b(x, y, 64)
+    assert calls == [("jit", (3, 1, 1), (x, y, 64), {"BLOCK": 64, "num_warps": 4})]
+    b(x, y, 64)  # the pointers go as ints
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, x.data_ptr(), y.data_ptr(),
+                                 64, 64))
+    xs, ys = x[1:], y[1:]
+    b(xs, ys, 63)  # not aligned: the full key, another specialization, a first launch through the JIT
+    assert calls[-1][0] == "jit"
+    b(xs, ys, 63)
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", None, None, None, xs, ys, 63, 64))
+    assert len(calls) == 4
+    import types
+
+    hook = object()  # a launch hook set (a profiler): the launch metadata and the tensors go to the launcher
+    monkeypatch.setattr(launch, "_HOOKS", types.SimpleNamespace(launch_enter_hook=hook, launch_exit_hook=None))
+    b(x, y, 64)
+    assert calls[-1] == ("run", (3, 1, 1, 1234, "cufunction", "packed", ("meta", (3, 1, 1), 1234), hook, None, x, y,
+                                 64, 64))
+
+
+def test_direct_launch_merges_constexprs_before_runtime_arguments(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 7, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls, consts=("A",))
+    kern.params = [kern.params[3], *kern.params[:3]]  # A first
+    dk = launch.DirectKernel(kern, {"num_warps": 1}, {"A": 5})
+    x = torch.empty(16)
+    dk((1, 1, 1), x, x, 16)
+    dk((1, 1, 1), x, x, 16)
+    assert calls[-1] == ("run", (1, 1, 1, 7, "cufunction", "packed", None, None, None, 5, x, x, 16))
+
+
+_allocation = None  # the name the known launcher's source reads
+
+
+class _KnownLauncher:
+    """A launcher with the source of Triton 3.6's CudaLauncher.__call__ (never called here)."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, calls: list) -> None:
+        self.launch = lambda *a: calls.append(("c", a))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        def allocate_scratch(size, align, allocator):
+            if size > 0:
+                grid_size = gridX * gridY * gridZ
+                alloc_size = grid_size * self.num_ctas * size
+                alloc_fn = allocator.get()
+                return alloc_fn(alloc_size, align, stream)
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                           _allocation._profile_allocator)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+
+
+def test_known_launcher_is_bypassed_in_the_same_order(monkeypatch):
+    """Where the compiled kernel's launcher is the known one, a plan's launch calls its C launch with the arguments
+    the launcher would pass; any other launcher, or a kernel needing scratch memory, is called as it is."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 99, raising=False)
+    calls: list = []
+    kern = _FakeJIT(calls)
+    kern.compiled.run = _KnownLauncher(calls)
+    assert launch.c_launch(kern.compiled.run) is not None
+    assert launch.c_launch(lambda *a: None) is None
+    b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (2, 3, 1))
+    x = torch.empty(32)
+    b(x, x, 32)
+    b(x, x, 32)
+    assert calls[-1] == ("c", (2, 3, 1, 99, "cufunction", False, True, None, None, "packed", None, None, None,
+                               x.data_ptr(), x.data_ptr(), 32, 64))
+    scratch = _KnownLauncher(calls)
+    scratch.global_scratch_size = 128
+    assert launch.c_launch(scratch) is None
