@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "tiered_ops"
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("envs", "environment", "buckets", "method"),
     1: ("registry", "ops", "ops.*"),
-    2: ("tiers", "cuda_ext", "peers", "catalog"),
+    2: ("tiers", "cuda_ext", "fastpath", "peers", "catalog"),
     3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),
     4: ("packs", "predict", "decide", "dispatch", "record"),
     5: ("bench", "report", "check", "targets", "territories", "patching", "tuning", "analysis", "shards"),

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import cuda_ext
+
 _C = torch._C
 # The C++ apply of autograd.Function, without the Python classmethod's functorch handling (which the fallback
 # serves) and its binding of default arguments (the Function here defines no setup_context of its own).
@@ -78,9 +80,11 @@ def fast_callable(fwd: Callable[..., Any], bwd: Callable[..., Any], setup_contex
     return call
 
 
-def tier_fast(spec: Any, tier: str, first_output: bool = False) -> Callable[..., Any] | None:
+def tier_fast(spec: Any, tier: str, first_output: bool = False, fallback: Callable[..., Any] | None = None
+              ) -> Callable[..., Any] | None:
     """The fast path of ``spec``'s ``tier`` ("triton" or "cuda"), or None when that tier's launchers are not there
-    (the CUDA extension not built, a Triton without the op's module). The registered op is its fallback."""
+    (the CUDA extension not built, a Triton without the op's module). ``fallback`` (the registered op bound to the
+    op's signature) serves traced calls."""
     if spec.autograd is None or spec.kernel_args is None:
         return None
     name = spec.name
@@ -94,15 +98,12 @@ def tier_fast(spec: Any, tier: str, first_output: bool = False) -> Callable[...,
         fwd, bwd = getattr(mod, f"{name}_fast", None), getattr(mod, f"{name}_bwd_fast", None)
         infer = getattr(mod, f"{name}_infer_fast", None)
     elif tier == "cuda":
-        from . import cuda_ext
-
         fwd, bwd = cuda_ext.pybind_function(f"{name}_cuda"), cuda_ext.pybind_function(f"{name}_bwd_cuda")
         infer = None
     else:
         raise ValueError(f"tier_fast: tier must be 'triton' or 'cuda', got {tier!r}")
     if fwd is None or bwd is None:
         return None
-    impl = spec.impls.get(tier)
     setup, backward_for = spec.autograd
-    return fast_callable(fwd, bwd, setup, backward_for, spec.kernel_args, first_output,
-                         fallback=impl.fn if impl is not None else None, name=f"{name}_{tier}_fast", fwd_infer=infer)
+    return fast_callable(fwd, bwd, setup, backward_for, spec.kernel_args, first_output, fallback=fallback,
+                         name=f"{name}_{tier}_fast", fwd_infer=infer)

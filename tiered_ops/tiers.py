@@ -8,11 +8,12 @@ registrations, availability checks, source files for staleness) lives here and n
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from . import cuda_ext
+from . import cuda_ext, fastpath
 from .registry import Impl, OpSpec, Tier, package_dir
 
 TRITON_SRC = package_dir("triton_src")
@@ -192,6 +193,27 @@ class Compiled:
         return self._compiled(*args, **kwargs)
 
 
+def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: Callable[[], str | None]
+                ) -> Callable[..., Any]:
+    """The kernel tier as its callers run it: the registered op while torch.compile traces (the graph takes it in), and
+    otherwise the eager fast path (``fastpath.tier_fast``: the launchers called directly, one Python autograd.Function
+    when a gradient is needed), made on the first call once ``load`` has brought the tier up; the registered op where
+    the tier has no fast path."""
+    resolved: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return registered(*args, **kwargs)
+        if not resolved:
+            why = load()
+            if why:
+                raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
+            resolved.append(fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) or registered)
+        return resolved[0](*args, **kwargs)
+
+    return call
+
+
 def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool) -> Callable[..., torch.Tensor]:
     """The op's Python signature onto a kernel op (or launcher): map the arguments, keep output 0 when ``first``."""
     if first:
@@ -219,16 +241,18 @@ def standard_impls(spec: OpSpec) -> None:
     binding = cuda_ext.CUDA_SRC / "binding.cpp"
     spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
-    spec.add(Impl("triton", Tier.TRITON,
-                  _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output),
-                  (op_file, triton_file, TRITON_SRC / "common.py"),
+    fast_file = Path(fastpath.__file__)
+    triton_registered = _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output)
+    spec.add(Impl("triton", Tier.TRITON, _eager_fast(spec, "triton", triton_registered, lambda: _triton_load(spec)),
+                  (op_file, triton_file, TRITON_SRC / "common.py", TRITON_SRC / "launch.py", fast_file),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
                                              first_output),
                   own_code=(triton_file,)))
     cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
-    spec.add(Impl("cuda", Tier.CUDA, _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output),
-                  (op_file, *cuda_files), devices=("cuda",), available=cuda_ext.available,
+    cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output)
+    spec.add(Impl("cuda", Tier.CUDA, _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load),
+                  (op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
