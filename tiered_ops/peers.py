@@ -10,7 +10,7 @@ trailing normalized dim. rms_norm uses ``casting_mode="gemma"`` (the whole compu
 once: the semantics of our ops) and ``in_place=False`` (the default ``True`` writes dx over dy, which the
 timing loop re-uses). cross_entropy (``liger_cross_entropy``, which calls ``LigerCrossEntropyFunction``) writes the
 logits' gradient over its input during a forward that requires grad: the peer gives it a copy of the logits then
-(the copy is timed with it), and takes torch's mean (NaN when every target is ignored) as its sum over the count.
+(the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
 """
 
 from __future__ import annotations
@@ -89,11 +89,10 @@ def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_inde
 
     if logits.requires_grad:  # Liger writes the gradient over its input: the caller's logits get a copy's
         logits = logits.clone()
-    # torch's mean is NaN when every target is ignored, Liger's 0: its sum over the count of non-ignored targets
     loss = liger_cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                               reduction="sum" if reduction == "mean" else reduction)
-    if reduction == "mean":
-        loss = loss / (target != ignore_index).sum()
+                               reduction=reduction)
+    if reduction == "mean":  # torch's mean is NaN when every target is ignored, Liger's 0 (its gradient 0 in both)
+        loss = torch.where((target != ignore_index).any(), loss, torch.nan)
     return loss.to(logits.dtype)
 
 

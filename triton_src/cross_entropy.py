@@ -127,12 +127,13 @@ def _settings(n: int) -> tuple[int, int]:
 def cross_entropy_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, lse), float32 [N] each, of rows of x (last dim contiguous): the kernel alone, no target check."""
-    rows, n = x.shape
+    # BLOCK_V is a compile-time constant derived from V: under dynamic shapes specialize on V; rows stay symbolic.
+    rows, n = x.shape[0], int(x.shape[1])
     loss = torch.empty((rows,), dtype=torch.float32, device=x.device)
     lse = torch.empty((rows,), dtype=torch.float32, device=x.device)
     if rows:
         block, warps = _settings(n)
-        wrap_triton(_ce_fwd)[(rows,)](x, target, loss, lse, n, x.stride(0), ignore_index, label_smoothing,
+        wrap_triton(_ce_fwd)[(rows,)](x, target, loss, lse, n, int(x.stride(0)), ignore_index, label_smoothing,
                                       BLOCK_V=block, SMOOTH=label_smoothing > 0, num_warps=warps)
     return loss, lse
 
@@ -156,7 +157,7 @@ def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: t
     """dlogits [N, V] (contiguous, the logits' dtype) from the saved lse, for the output gradient ``grad``."""
     op = "cross_entropy_bwd_triton"
     _check(op, logits, target, reduction, label_smoothing)
-    rows, n = logits.shape
+    rows, n = logits.shape[0], int(logits.shape[1])
     want = (rows,) if reduction == "none" else ()
     if tuple(grad.shape) != want:
         raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
@@ -171,7 +172,7 @@ def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: t
         x = _rows_of(logits)
         block, warps = _settings(n)
         wrap_triton(_ce_bwd)[(rows,)](x, target.contiguous(), lse.contiguous(), scale, 1 if reduction == "none" else 0,
-                                      dx, n, x.stride(0), ignore_index, label_smoothing, BLOCK_V=block,
+                                      dx, n, int(x.stride(0)), ignore_index, label_smoothing, BLOCK_V=block,
                                       num_warps=warps)
     return dx
 

@@ -4,7 +4,8 @@ torch.nn.functional.cross_entropy for logits [N, V] (float32, bfloat16, float16)
 loss_i = lse_i - (1 - s) * x[i, t_i] - s / V * sum_j x[i, j]   (lse_i = log sum_j exp x[i, j], s = label_smoothing)
 for a row whose target t_i is not ignore_index, 0 for an ignored row. reduction "none": the [N] losses; "sum": their
 sum; "mean": the sum over the number of non-ignored targets (NaN when every target is ignored, as in torch).
-Output: 0-dim (mean, sum) or [N] (none), in the logits' dtype, as torch returns it. Only logits are differentiable:
+Output: 0-dim (mean, sum) or [N] (none), in the logits' dtype, as torch returns it (so a float16 sum past 65504 is
+inf at every tier, as in torch). Only logits are differentiable:
 dlogits[i, j] = (softmax(x_i)_j - s / V - (1 - s) [j == t_i]) * g_i, with g_i the output gradient (divided by the
 count of non-ignored targets for "mean"); 0 for an ignored row (also when every target is ignored).
 
