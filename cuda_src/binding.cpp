@@ -316,6 +316,84 @@ std::tuple<at::Tensor, at::Tensor> gelu_bwd_cuda(const at::Tensor& dy, const at:
   return {dx, dx.reshape({-1, n}).sum(0, /*keepdim=*/false, at::kFloat).to(x.scalar_type())};
 }
 
+// cross_entropy's reduction: 0 none, 1 mean, 2 sum.
+int ce_reduction(c10::string_view reduction, const char* op) {
+  if (reduction == "none") return 0;
+  if (reduction == "mean") return 1;
+  if (reduction == "sum") return 2;
+  TORCH_CHECK(false, op, ": reduction must be 'mean', 'sum' or 'none', got '", std::string(reduction), "'");
+  return -1;
+}
+
+// logits [N, V] (a float dtype, on CUDA) and int64 target [N] on its device; label_smoothing in [0, 1].
+void check_ce(const at::Tensor& logits, const at::Tensor& target, double label_smoothing, const char* op) {
+  check_cuda(logits, op, "logits");
+  dtype_of(logits, op, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) >= 1, op, ": logits must have shape [N, V] with V >= 1, got ",
+              shape_str(logits.sizes()));
+  check_cuda(target, op, "target");
+  TORCH_CHECK(target.scalar_type() == at::kLong, op, ": target must have dtype int64 (class indices), got ",
+              target.scalar_type());
+  TORCH_CHECK(target.device() == logits.device(), op, ": target must be on ", logits.device(), " like logits, got ",
+              target.device());
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), op, ": target must have shape [N] = [",
+              std::to_string(logits.size(0)), "] for logits of shape ", shape_str(logits.sizes()), ", got ",
+              shape_str(target.sizes()));
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+              std::to_string(label_smoothing));
+}
+
+// Rows whose last dim is contiguous are read in place (with their row stride); others are copied first.
+at::Tensor ce_rows(const at::Tensor& logits) { return logits.stride(1) == 1 ? logits : logits.contiguous(); }
+
+std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, const at::Tensor& target,
+                                                      int64_t ignore_index, c10::string_view reduction,
+                                                      double label_smoothing) {
+  const char* op = "cross_entropy_cuda";
+  check_ce(logits, target, label_smoothing, op);
+  const int red = ce_reduction(reduction, op);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor xc = ce_rows(logits), tc = target.contiguous();
+  const int64_t rows = xc.size(0), n = xc.size(1);
+  at::Tensor loss = at::empty({rows}, xc.options().dtype(at::kFloat)), lse = at::empty_like(loss);
+  if (rows > 0)
+    check_launch(cross_entropy_fwd(xc.data_ptr(), tc.data_ptr<int64_t>(), loss.data_ptr<float>(), lse.data_ptr<float>(),
+                                   rows, n, xc.stride(0), ignore_index, (float)label_smoothing,
+                                   dtype_of(logits, op, "logits"), at::cuda::getCurrentCUDAStream()), op);
+  if (red == 2) loss = loss.sum();
+  if (red == 1) loss = loss.sum() / tc.ne(ignore_index).sum();  // 0 / 0 = NaN when every target is ignored
+  return {loss.to(logits.scalar_type()), lse};
+}
+
+at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
+                                  const at::Tensor& lse, int64_t ignore_index, c10::string_view reduction,
+                                  double label_smoothing) {
+  const char* op = "cross_entropy_bwd_cuda";
+  check_ce(logits, target, label_smoothing, op);
+  const int red = ce_reduction(reduction, op);
+  check_like(grad, logits, op, "grad", "logits");
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(red == 0 ? (grad.dim() == 1 && grad.size(0) == rows) : grad.dim() == 0, op, ": grad must have shape ",
+              red == 0 ? "[N]" : "[] (a scalar)", " for reduction '", std::string(reduction), "', got ",
+              shape_str(grad.sizes()));
+  check_cuda(lse, op, "lse");
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 1 && lse.size(0) == rows, op,
+              ": lse must be a float32 tensor of shape [N] = [", std::to_string(rows), "], got ",
+              shape_str(lse.sizes()));
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor xc = ce_rows(logits), tc = target.contiguous(), lc = lse.contiguous();
+  at::Tensor scale = grad.to(at::kFloat);
+  if (red == 1) scale = scale / tc.ne(ignore_index).sum();
+  scale = scale.reshape({-1}).contiguous();
+  at::Tensor dx = at::empty({rows, n}, logits.options());
+  if (rows > 0)
+    check_launch(cross_entropy_bwd(xc.data_ptr(), tc.data_ptr<int64_t>(), lc.data_ptr<float>(), scale.data_ptr<float>(),
+                                   red == 0 ? 1 : 0, dx.data_ptr(), rows, n, xc.stride(0), ignore_index,
+                                   (float)label_smoothing, dtype_of(logits, op, "logits"),
+                                   at::cuda::getCurrentCUDAStream()), op);
+  return dx;
+}
+
 }  // namespace
 
 #define TIERED_OPS_IMPLS(m)                            \
@@ -328,7 +406,9 @@ std::tuple<at::Tensor, at::Tensor> gelu_bwd_cuda(const at::Tensor& dy, const at:
   m.impl("muladd_cuda", &muladd_cuda);                 \
   m.impl("muladd_bwd_cuda", &muladd_bwd_cuda);         \
   m.impl("gelu_cuda", &gelu_cuda);                     \
-  m.impl("gelu_bwd_cuda", &gelu_bwd_cuda);
+  m.impl("gelu_bwd_cuda", &gelu_bwd_cuda);             \
+  m.impl("cross_entropy_cuda", &cross_entropy_cuda); \
+  m.impl("cross_entropy_bwd_cuda", &cross_entropy_bwd_cuda);
 
 TORCH_LIBRARY(tiered_ops, m) {
   m.def("softmax_cuda(Tensor x, int dim) -> Tensor");
@@ -343,6 +423,10 @@ TORCH_LIBRARY(tiered_ops, m) {
   m.def("muladd_bwd_cuda(Tensor grad, Tensor a, Tensor b) -> (Tensor, Tensor)");
   m.def("gelu_cuda(Tensor x, Tensor? bias, str approximate) -> Tensor");
   m.def("gelu_bwd_cuda(Tensor dy, Tensor x, Tensor? bias, str approximate) -> (Tensor, Tensor)");
+  m.def("cross_entropy_cuda(Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing) "
+        "-> (Tensor, Tensor)");
+  m.def("cross_entropy_bwd_cuda(Tensor grad, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
+        "str reduction, float label_smoothing) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) { TIERED_OPS_IMPLS(m) }
@@ -366,4 +450,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("muladd_bwd_cuda", &tiered_ops::muladd_bwd_cuda);
   m.def("gelu_cuda", &tiered_ops::gelu_cuda);
   m.def("gelu_bwd_cuda", &tiered_ops::gelu_bwd_cuda);
+  m.def("cross_entropy_cuda", &tiered_ops::cross_entropy_cuda);
+  m.def("cross_entropy_bwd_cuda", &tiered_ops::cross_entropy_bwd_cuda);
 }

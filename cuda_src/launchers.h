@@ -48,4 +48,15 @@ cudaError_t gelu_fwd(const void* x, const void* bias, void* y, int64_t numel, in
 cudaError_t gelu_bwd(const void* dy, const void* x, const void* bias, void* dx, int64_t numel, int64_t n,
                      bool tanh_approx, DType dtype, cudaStream_t stream);
 
+// cross_entropy forward over rows of logits (row stride `stride`, last dim contiguous) with int64 targets: float32
+// loss[r] (0 for an ignored row, NaN for a target outside [0, n)) and lse[r] = log sum exp of the row.
+cudaError_t cross_entropy_fwd(const void* x, const int64_t* target, float* loss, float* lse, int64_t rows, int64_t n,
+                              int64_t stride, int64_t ignore_index, float smoothing, DType dtype, cudaStream_t stream);
+
+// cross_entropy backward: contiguous dx[r, :] = (exp(x - lse[r]) - s / n - (1 - s) [j == t]) * g[r * g_stride],
+// zeros for an ignored row (g_stride 0: one scale for every row).
+cudaError_t cross_entropy_bwd(const void* x, const int64_t* target, const float* lse, const float* g, int64_t g_stride,
+                              void* dx, int64_t rows, int64_t n, int64_t stride, int64_t ignore_index, float smoothing,
+                              DType dtype, cudaStream_t stream);
+
 }  // namespace tiered_ops

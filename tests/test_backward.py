@@ -20,6 +20,11 @@ def _grad_problems(op):
 CASES = [c for op in OPS for c in _grad_problems(op)]
 
 
+def _floating(a):
+    """A floating tensor argument: taken to float64 (an integer one, e.g. class indices, stays as it is)."""
+    return isinstance(a, torch.Tensor) and a.is_floating_point()
+
+
 @pytest.mark.parametrize("op,problem", CASES, ids=[f"{op}-{p}" for op, p in CASES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
@@ -34,7 +39,7 @@ def test_reference_is_the_float64_math(op):
     spec = get_op(op)
     for problem in spec.edge_problems():
         inp = spec.make_inputs(problem, torch.float32, torch.device("cpu"), 1)
-        args = [a.detach().double().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
+        args = [a.detach().double().requires_grad_(i in spec.grad_args) if _floating(a) else a
                 for i, a in enumerate(inp.args)]
         ref = spec.reference(*args, **inp.kwargs)
         want = truth64(op, *args, dtype=torch.float64, **inp.kwargs)
@@ -58,8 +63,7 @@ def test_gradcheck_float64(op):
     spec = get_op(op)
     p = spec.problem((3, 5))
     inp = spec.make_inputs(p, torch.float32, torch.device("cpu"), 0)
-    args = [a.double().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(inp.args)]
+    args = [a.double().requires_grad_(i in spec.grad_args) if _floating(a) else a for i, a in enumerate(inp.args)]
     assert torch.autograd.gradcheck(lambda *t: spec.impls["eager"].fn(*t), tuple(args), eps=1e-6, atol=1e-5)
 
 

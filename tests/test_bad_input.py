@@ -14,6 +14,7 @@ KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]
 PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: both approximations)
     "softmax": [dict()], "rms_norm": [dict()], "layer_norm": [dict()], "muladd": [dict()],
     "gelu": [dict(approximate="none"), dict(approximate="tanh")],
+    "cross_entropy": [dict(), dict(reduction="none"), dict(reduction="none", label_smoothing=0.1)],
 }
 
 
@@ -66,9 +67,11 @@ def test_nan_and_inf_propagate_like_eager(op, impl):
 @pytest.mark.parametrize("impl", KERNEL_TIERS)
 @pytest.mark.parametrize("op", OPS)
 def test_integer_input_names_the_argument(op, impl):
+    """A floating argument given as int32, or an integer one (class indices) given as float32: a dtype error."""
     dev = _dev(impl)
     spec, inp = _inputs(op, dev)
-    for name, args in _each_tensor_replaced(spec, inp, lambda a: a.to(torch.int32)):
+    wrong_kind = lambda a: a.to(torch.int32) if a.is_floating_point() else a.to(torch.float32)  # noqa: E731
+    for name, args in _each_tensor_replaced(spec, inp, wrong_kind):
         with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{name}\b.*(dtype|float)"):
             spec.impls[impl].fn(*args, **inp.kwargs)
 

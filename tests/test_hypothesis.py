@@ -20,11 +20,15 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], der
 
 @st.composite
 def problems(draw, op: str):
-    """A random problem of the op: its test data's ``random_problem`` (tests/truths/<op>.py), else a random shape."""
+    """A random problem of the op: its test data's ``random_problem`` (tests/truths/<op>.py), else a random shape.
+    ``random_problem`` may draw the shape itself (a ``shape`` entry: an op whose first input has a fixed rank)."""
     shape = draw(SHAPES)
     spec = get_op(op)
     draw_params = getattr(importlib.import_module(f"truths.{op}"), "random_problem", None)
-    return spec.problem(shape, **draw_params(draw, shape)) if draw_params else spec.problem(shape)
+    if not draw_params:
+        return spec.problem(shape)
+    params = draw_params(draw, shape)
+    return spec.problem(params.pop("shape", shape), **params)
 
 
 def _check(op, impl, problem, dtype, grad):

@@ -8,7 +8,9 @@ new version of the library is a new candidate.
 Liger-Kernel (``liger_kernel``, Triton): softmax (last dim), rms_norm and layer_norm, each on a single
 trailing normalized dim. rms_norm uses ``casting_mode="gemma"`` (the whole computation in fp32, rounded
 once: the semantics of our ops) and ``in_place=False`` (the default ``True`` writes dx over dy, which the
-timing loop re-uses).
+timing loop re-uses). cross_entropy (``liger_cross_entropy``, which calls ``LigerCrossEntropyFunction``) writes the
+logits' gradient over its input during a forward that requires grad: the peer gives it a copy of the logits then
+(the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
 """
 
 from __future__ import annotations
@@ -81,10 +83,24 @@ def _liger_layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], we
     return LigerLayerNormFunction.apply(_rows(x, n), weight, bias, eps).view(x.shape)
 
 
+def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_cross_entropy
+
+    if logits.requires_grad:  # Liger writes the gradient over its input: the caller's logits get a copy's
+        logits = logits.clone()
+    loss = liger_cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                               reduction=reduction)
+    if reduction == "mean":  # torch's mean is NaN when every target is ignored, Liger's 0 (its gradient 0 in both)
+        loss = torch.where((target != ignore_index).any(), loss, torch.nan)
+    return loss.to(logits.dtype)
+
+
 LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "softmax": (_liger_softmax, "softmax"),
     "rms_norm": (_liger_rms_norm, "rms_norm"),
     "layer_norm": (_liger_layer_norm, "layer_norm"),
+    "cross_entropy": (_liger_cross_entropy, "cross_entropy"),
 }
 
 

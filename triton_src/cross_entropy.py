@@ -1,0 +1,181 @@
+"""cross_entropy, Triton tier: per row of logits [N, V], lse = log sum exp(x) by an online softmax (one pass: a
+running max and sum of exp per lane, combined once at the end), loss = lse - (1 - s) x[t] - s / V sum(x); the
+reduction over rows (sum, or sum / count of non-ignored targets) on the [N] float32 losses. Backward:
+dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g from the saved lse, zeros for an ignored row.
+
+Bytes: forward 1 read of the logits (+ the target's logit, one cached line) + 8 N (targets) + 8 N (loss and lse,
+float32); no [N, V] intermediate. Backward 1 read + 1 write of [N, V] (+ targets, lse, the output gradient).
+Limits: any V (the row is looped over in BLOCK_V chunks); one program per row; rows with a row stride (logits whose
+last dim is contiguous) are read in place, others are made contiguous first. Targets are not checked on a GPU (a
+sync): a target outside [0, V) that is not ignore_index makes its row's loss and gradient NaN. On the CPU
+interpreter the launcher checks them (no sync there) and raises a ValueError naming target.
+Versions: v1 — one program per row, per-lane online softmax, recompute in the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import check_float, num_warps_for
+
+MAX_BLOCK = 4096  # elements of a row one iteration of a program loads
+REDUCTIONS = ("mean", "sum", "none")
+
+
+@triton.jit
+def _ce_fwd(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, stride, ignore_index, smoothing, BLOCK_V: tl.constexpr,
+            SMOOTH: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row)
+    if t == ignore_index:
+        tl.store(loss_ptr + row, 0.0)
+        tl.store(lse_ptr + row, 0.0)
+    else:
+        x_row = x_ptr + row * stride
+        cols = tl.arange(0, BLOCK_V)
+        m = tl.full([BLOCK_V], -float("inf"), tl.float32)  # per-lane running max
+        s = tl.zeros([BLOCK_V], tl.float32)  # per-lane sum of exp(x - m)
+        xs = tl.zeros([BLOCK_V], tl.float32)  # per-lane sum of x (label smoothing)
+        for start in range(0, n_cols, BLOCK_V):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
+            s = tl.where(keep, s * tl.exp(m - m_new) + tl.exp(x - m_new), s)
+            s = tl.where(x != x, float("nan"), s)  # maximum drops a NaN: the sum carries it
+            m = m_new
+            if SMOOTH:
+                xs += tl.where(mask, x, 0.0)
+        m_row = tl.max(m, axis=0)
+        # a NaN anywhere made its lane's s NaN (NaN * 0 stays NaN), so the row's lse is NaN, as in torch
+        s_row = tl.sum(s * tl.where(m != -float("inf"), tl.exp(m - m_row), 0.0), axis=0)
+        lse = m_row + tl.log(s_row)
+        ok = (t >= 0) & (t < n_cols)
+        xt = tl.load(x_row + tl.where(ok, t, 0)).to(tl.float32)
+        loss = lse - (1.0 - smoothing) * xt
+        if SMOOTH:
+            loss -= smoothing / n_cols * tl.sum(xs, axis=0)
+        tl.store(loss_ptr + row, tl.where(ok, loss, float("nan")))
+        tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def _ce_bwd(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, stride, ignore_index, smoothing,
+            BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row)
+    cols = tl.arange(0, BLOCK_V)
+    dx_row = dx_ptr + row * n_cols
+    if t == ignore_index:
+        for start in range(0, n_cols, BLOCK_V):
+            tl.store(dx_row + start + cols, tl.zeros([BLOCK_V], tl.float32).to(dx_ptr.dtype.element_ty),
+                     mask=start + cols < n_cols)
+    else:
+        x_row = x_ptr + row * stride
+        g = tl.load(g_ptr + row * g_stride)
+        lse = tl.load(lse_ptr + row)
+        ok = (t >= 0) & (t < n_cols)
+        off = smoothing / n_cols
+        for start in range(0, n_cols, BLOCK_V):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            d = tl.exp(x - lse) - off - tl.where(start + cols == t, 1.0 - smoothing, 0.0)
+            d = tl.where(ok, d * g, float("nan"))
+            tl.store(dx_row + start + cols, d.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(op: str, logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smoothing: float) -> None:
+    check_float(op, "logits", logits)
+    if logits.dim() != 2 or logits.shape[1] < 1:
+        raise ValueError(f"{op}: logits must have shape [N, V] with V >= 1, got {list(logits.shape)}")
+    if target.dtype != torch.int64:
+        raise TypeError(f"{op}: target must have dtype int64 (class indices), got {target.dtype}")
+    if target.device != logits.device:
+        raise ValueError(f"{op}: target must be on {logits.device} like logits, got {target.device}")
+    if tuple(target.shape) != (logits.shape[0],):
+        raise ValueError(f"{op}: target must have shape [N] = [{logits.shape[0]}] for logits of shape "
+                         f"{list(logits.shape)}, got {list(target.shape)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+
+
+def _check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> None:
+    """Targets in [0, V) or ignore_index, checked where that costs no device sync (the CPU interpreter)."""
+    if target.device.type != "cpu":
+        return
+    bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"cross_entropy_triton: target[{i}] = {int(target[i])} is outside [0, {n_classes}) and is "
+                         f"not ignore_index ({ignore_index})")
+
+
+def _rows_of(logits: torch.Tensor) -> torch.Tensor:
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+def _settings(n: int) -> tuple[int, int]:
+    block = min(MAX_BLOCK, triton.next_power_of_2(n))
+    return block, num_warps_for(block)
+
+
+def cross_entropy_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse), float32 [N] each, of rows of x (last dim contiguous): the kernel alone, no target check."""
+    # BLOCK_V is a compile-time constant derived from V: under dynamic shapes specialize on V; rows stay symbolic.
+    rows, n = x.shape[0], int(x.shape[1])
+    loss = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    lse = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    if rows:
+        block, warps = _settings(n)
+        wrap_triton(_ce_fwd)[(rows,)](x, target, loss, lse, n, int(x.stride(0)), ignore_index, label_smoothing,
+                                      BLOCK_V=block, SMOOTH=label_smoothing > 0, num_warps=warps)
+    return loss, lse
+
+
+def cross_entropy_launch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss in the logits' dtype, lse float32 [N]); the launcher as a plain function (the op below registers it)."""
+    op = "cross_entropy_triton"
+    _check(op, logits, target, reduction, label_smoothing)
+    _check_targets(target, logits.shape[1], ignore_index)
+    loss, lse = cross_entropy_rows(_rows_of(logits), target.contiguous(), ignore_index, label_smoothing)
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / (target != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
+    return loss.to(logits.dtype), lse
+
+
+def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                             ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
+    """dlogits [N, V] (contiguous, the logits' dtype) from the saved lse, for the output gradient ``grad``."""
+    op = "cross_entropy_bwd_triton"
+    _check(op, logits, target, reduction, label_smoothing)
+    rows, n = logits.shape[0], int(logits.shape[1])
+    want = (rows,) if reduction == "none" else ()
+    if tuple(grad.shape) != want:
+        raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (rows,):
+        raise ValueError(f"{op}: lse must be a float32 [N] = [{rows}] tensor, got {lse.dtype} {list(lse.shape)}")
+    scale = grad.float()
+    if reduction == "mean":
+        scale = scale / (target != ignore_index).sum()
+    scale = scale.reshape(-1).contiguous()
+    dx = torch.empty((rows, n), dtype=logits.dtype, device=logits.device)
+    if rows:
+        x = _rows_of(logits)
+        block, warps = _settings(n)
+        wrap_triton(_ce_bwd)[(rows,)](x, target.contiguous(), lse.contiguous(), scale, 1 if reduction == "none" else 0,
+                                      dx, n, int(x.stride(0)), ignore_index, label_smoothing, BLOCK_V=block,
+                                      num_warps=warps)
+    return dx
+
+
+cross_entropy_triton = triton_op("tiered_ops::cross_entropy_triton", cross_entropy_launch, mutates_args={})
+cross_entropy_bwd_triton = triton_op("tiered_ops::cross_entropy_bwd_triton", cross_entropy_bwd_launch, mutates_args={})
