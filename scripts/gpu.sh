@@ -7,7 +7,9 @@
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
-#                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward))
+#                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
+#                 launch (host us per call per tier and launch layer), decoder and models (model-level benchmarks),
+#                 compiled (decisions per call context))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
@@ -140,6 +142,41 @@ PY
       $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtype fp32 --mode fwd_nograd \
         --timeout "${PLANT_TIMEOUT:-90}" --no-progress ${PLANT_ARGS:-} 2>&1 | tee "$OUT/plants.log"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    launch)
+      # Host us per call of every tier in fwd_nograd and fwd+bwd at the launch-bound shapes, next to eager and to the
+      # launch layers (bare launch, cached launch, CUDA-graph replay).
+      echo "== launch: host time per call, tier by tier and layer by layer"
+      timeout "${LAUNCH_TIMEOUT:-300}" $PY scripts/diag/launch_layers.py 2>&1 | grep -v -E "UserWarning|warn_once" \
+        | tee "$OUT/launch_layers.txt" | tail -30
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    decoder)
+      # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
+      echo "== decoder: model-level contexts"
+      timeout "${DECODER_TIMEOUT:-400}" $PY benchmarks/decoder.py --out-dir "$OUT" --reps "${DECODER_REPS:-20}" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tee "$OUT/decoder.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    models)
+      # transformers models from configs (Llama at 8B dimensions with 2 layers, GPT-2 small): stock, Liger, tiered_ops.
+      echo "== models: stock vs Liger vs tiered_ops"
+      timeout "${MODELS_TIMEOUT:-500}" $PY benchmarks/models.py --out-dir "$OUT" ${MODELS_ARGS:-} 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tee "$OUT/models.log" | tail -25
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    compiled)
+      # Decisions of a compiled caller: each implementation measured inside a compiled function (between pointwise
+      # ops) at the launch-bound shapes, bf16, inference; the rows land in the store with context 'compiled'.
+      echo "== compiled: decisions per context"
+      for op in ${COMPILED_OPS:-softmax rms_norm layer_norm gelu muladd}; do
+        for shape in ${COMPILED_SHAPES:-1x4096 32x4096 16384x4096}; do
+          for ctx in eager compiled graphed; do
+            timeout 300 $PY -m tiered_ops.cli select "$op" "$shape" --dtype bf16 --context $ctx 2>&1 | head -1
+          done
+        done
+      done | tee "$OUT/contexts.txt"
+      $PY -m tiered_ops.cli export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
       ;;
     diag)
       # Where the Triton tier's per-call host time goes, layer by layer.

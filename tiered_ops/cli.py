@@ -335,7 +335,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import pandas as pd
 
     store = _store(args)
-    df = pd.DataFrame(store.rows())
+    df = pd.DataFrame(store.rows(context=args.context))
     df.to_csv(args.csv, index=False)
     print(f"wrote {len(df)} measurements from {store.path} to {args.csv}")
     if args.meta:

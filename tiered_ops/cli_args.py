@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("export", "write every stored measurement to CSV")
     s.add_argument("--csv", required=True, help="the CSV file to write")
+    s.add_argument("--context", default="eager", choices=[*CONTEXTS, "*"],
+                   help="the rows measured as this caller runs the op (default eager; '*': every row)")
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
 
     add_decisions_parser(sub, common)
