@@ -192,8 +192,12 @@ class Compiled:
         return self._compiled(*args, **kwargs)
 
 
-def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool) -> Callable[..., torch.Tensor]:
-    """The op's Python signature onto a kernel op (or launcher): map the arguments, keep output 0 when ``first``."""
+def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool, outputs: int = 1
+          ) -> Callable[..., Any]:
+    """The op's Python signature onto a kernel op (or launcher): map the arguments; when ``first``, keep the op's
+    ``outputs`` leading outputs (output 0 alone for a one-output op) and drop the saved statistics after them."""
+    if first and outputs > 1:
+        return lambda *a, **k: tuple(kernel(*kernel_args(*a, **k))[:outputs])
     if first:
         return lambda *a, **k: kernel(*kernel_args(*a, **k))[0]
     return lambda *a, **k: kernel(*kernel_args(*a, **k))
@@ -204,11 +208,12 @@ def standard_impls(spec: OpSpec) -> None:
     ahead of any implementation the declaration added itself.
 
     ``spec.kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
-    list); ``spec.first_output``: the kernel ops return (out, saved statistics...) and the op returns out. The
+    list); ``spec.first_output``: the kernel ops return (outputs..., saved statistics...) and the op returns its
+    ``spec.outputs`` leading ones. The
     Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``, each with a backward op
     ``<op>_bwd_<tier>`` that ``spec.autograd`` calls.
     """
-    name, op_file, first_output = spec.name, spec.source, spec.first_output
+    name, op_file, first_output, n_out = spec.name, spec.source, spec.first_output, len(spec.outputs)
     eager = spec.eager or spec.reference
     kernel_args = spec.kernel_args
     if kernel_args is None:
@@ -220,16 +225,17 @@ def standard_impls(spec: OpSpec) -> None:
     spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("triton", Tier.TRITON,
-                  _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output),
+                  _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output, n_out),
                   (op_file, triton_file, TRITON_SRC / "common.py"),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
-                                             first_output),
+                                             first_output, n_out),
                   own_code=(triton_file,)))
     cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
-    spec.add(Impl("cuda", Tier.CUDA, _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output),
+    spec.add(Impl("cuda", Tier.CUDA, _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output,
+                                           n_out),
                   (op_file, *cuda_files), devices=("cuda",), available=cuda_ext.available,
-                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output))(
+                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
     for impl in declared.values():
