@@ -8,7 +8,8 @@ new version of the library is a new candidate.
 Liger-Kernel (``liger_kernel``, Triton): softmax (last dim), rms_norm and layer_norm, each on a single
 trailing normalized dim. rms_norm uses ``casting_mode="gemma"`` (the whole computation in fp32, rounded
 once: the semantics of our ops) and ``in_place=False`` (the default ``True`` writes dx over dy, which the
-timing loop re-uses).
+timing loop re-uses). fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma" mode: the
+sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight.
 """
 
 from __future__ import annotations
@@ -81,10 +82,24 @@ def _liger_layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], we
     return LigerLayerNormFunction.apply(_rows(x, n), weight, bias, eps).view(x.shape)
 
 
+def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                              weight: torch.Tensor | None = None, eps: float | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    n = _one_dim("fused_add_rms_norm", normalized_shape)
+    if weight is None:
+        raise NotImplementedError("fused_add_rms_norm (Liger peer): needs a weight")
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    y, s = LigerFusedAddRMSNormFunction.apply(_rows(x, n), _rows(residual, n), weight, e, 0.0, "gemma", False)
+    return y.view(x.shape), s.view(x.shape)
+
+
 LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "softmax": (_liger_softmax, "softmax"),
     "rms_norm": (_liger_rms_norm, "rms_norm"),
     "layer_norm": (_liger_layer_norm, "layer_norm"),
+    "fused_add_rms_norm": (_liger_fused_add_rms_norm, "fused_add_rms_norm"),
 }
 
 
