@@ -177,6 +177,69 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   return {dx, wc.defined() ? sum_partials(partial, x, normalized_shape) : x.new_empty({0})};
 }
 
+// ---- fused_add_rms_norm ----
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
+                                                                       c10::IntArrayRef normalized_shape,
+                                                                       const c10::optional<at::Tensor>& weight,
+                                                                       double eps) {
+  const char* op = "fused_add_rms_norm_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  check_cuda(residual, op, "residual");
+  dtype_of(residual, op, "residual");
+  check_like(residual, x, op, "residual");
+  check_same_shape(residual, x, op, "residual", "x");
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
+  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
+  int64_t rows = 1;
+  for (int64_t d = 0; d < x.dim() - (int64_t)normalized_shape.size(); ++d) rows *= x.size(d);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  if (xc.numel() > 0)
+    check_launch(fused_add_rms_norm_fwd(xc.data_ptr(), rc.data_ptr(), ptr_or_null(wc), y.data_ptr(), s.data_ptr(),
+                                        rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"),
+                                        at::cuda::getCurrentCUDAStream()), op);
+  return {y, s, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& dres,
+                                                               const at::Tensor& new_residual,
+                                                               c10::IntArrayRef normalized_shape,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const at::Tensor& rstd) {
+  const char* op = "fused_add_rms_norm_bwd_cuda";
+  check_cuda(new_residual, op, "new_residual");
+  dtype_of(new_residual, op, "new_residual");
+  const int64_t n = check_norm(new_residual, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, new_residual, normalized_shape, op, "weight");
+  check_like(dy, new_residual, op, "dy", "new_residual");
+  check_same_shape(dy, new_residual, op, "dy", "new_residual");
+  check_like(dres, new_residual, op, "dres", "new_residual");
+  check_same_shape(dres, new_residual, op, "dres", "new_residual");
+  int64_t rows = 1;
+  for (int64_t d = 0; d < new_residual.dim() - (int64_t)normalized_shape.size(); ++d) rows *= new_residual.size(d);
+  check_cuda(rstd, op, "rstd");
+  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() == rows && rstd.is_contiguous(), op,
+              ": rstd must be a contiguous float32 tensor of ", std::to_string(rows), " row statistics");
+  const c10::cuda::CUDAGuard guard(new_residual.device());
+  const at::Tensor sc = new_residual.contiguous(), dyc = dy.contiguous(), dsc = dres.contiguous();
+  at::Tensor dx = at::empty_like(sc);
+  if (sc.numel() == 0)
+    return {dx, wc.defined() ? at::zeros_like(wc) : new_residual.new_empty({0})};
+  at::Tensor partial;
+  int64_t rows_per = 1;
+  if (wc.defined()) {
+    rows_per = rows_per_group(rows, n);
+    partial = at::empty({(rows + rows_per - 1) / rows_per, n}, new_residual.options().dtype(at::kFloat));
+  }
+  check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
+                                      rstd.data_ptr<float>(), dx.data_ptr(),
+                                      wc.defined() ? partial.data_ptr<float>() : nullptr, rows, n, rows_per,
+                                      dtype_of(new_residual, op, "new_residual"), at::cuda::getCurrentCUDAStream()),
+               op);
+  return {dx, wc.defined() ? sum_partials(partial, new_residual, normalized_shape) : new_residual.new_empty({0})};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
                                                                const c10::optional<at::Tensor>& weight,
                                                                const c10::optional<at::Tensor>& bias, double eps) {
@@ -408,7 +471,9 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
   m.impl("gelu_cuda", &gelu_cuda);                     \
   m.impl("gelu_bwd_cuda", &gelu_bwd_cuda);             \
   m.impl("cross_entropy_cuda", &cross_entropy_cuda); \
-  m.impl("cross_entropy_bwd_cuda", &cross_entropy_bwd_cuda);
+  m.impl("cross_entropy_bwd_cuda", &cross_entropy_bwd_cuda); \
+  m.impl("fused_add_rms_norm_cuda", &fused_add_rms_norm_cuda); \
+  m.impl("fused_add_rms_norm_bwd_cuda", &fused_add_rms_norm_bwd_cuda);
 
 TORCH_LIBRARY(tiered_ops, m) {
   m.def("softmax_cuda(Tensor x, int dim) -> Tensor");
@@ -427,6 +492,10 @@ TORCH_LIBRARY(tiered_ops, m) {
         "-> (Tensor, Tensor)");
   m.def("cross_entropy_bwd_cuda(Tensor grad, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
         "str reduction, float label_smoothing) -> Tensor");
+  m.def("fused_add_rms_norm_cuda(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, float eps) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("fused_add_rms_norm_bwd_cuda(Tensor dy, Tensor dres, Tensor new_residual, int[] normalized_shape, "
+        "Tensor? weight, Tensor rstd) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) { TIERED_OPS_IMPLS(m) }
@@ -452,4 +521,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_bwd_cuda", &tiered_ops::gelu_bwd_cuda);
   m.def("cross_entropy_cuda", &tiered_ops::cross_entropy_cuda);
   m.def("cross_entropy_bwd_cuda", &tiered_ops::cross_entropy_bwd_cuda);
+  m.def("fused_add_rms_norm_cuda", &tiered_ops::fused_add_rms_norm_cuda);
 }

@@ -29,6 +29,17 @@ cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, i
 cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
                          int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream);
 
+// fused_add_rms_norm forward: s = x + residual (rounded once to the dtype), y = s * rsqrt(mean(s^2) + eps) * w
+// (w may be null), with the per-row fp32 rstd out.
+cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,
+                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+
+// fused_add_rms_norm backward from s and the saved rstd: dx = ds + rms_norm's dx of dy at s; with w, dw_partial as for
+// rms_norm_bwd.
+cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
+                                   void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
+                                   cudaStream_t stream);
+
 // layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out.
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
                            int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);

@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from tiered_ops.catalog import get_op
-from tiered_ops.measure import arg_names, check_one, grad_output, with_grad
-from tiered_ops.registry import DTYPE_NAMES, Problem, rel_error
+from tiered_ops.measure import arg_names, check_one, grad_norm, grad_output, output_names, with_grad
+from tiered_ops.registry import DTYPE_NAMES, Problem, as_outputs, rel_error
 from tiered_ops.timing import fingerprint
 
 HAS_CUDA = torch.cuda.is_available()
@@ -118,19 +118,26 @@ def _eager_vs_truth(op: str, problem: Problem, dtype: torch.dtype, device: torch
         inp, pos = with_grad(spec, inp)
     with torch.set_grad_enabled(grad):
         out = spec.impls["eager"].fn(*inp.args, **inp.kwargs)
-    assert out.dtype == dtype, f"{op}/eager at {problem}: output dtype {out.dtype}, expected {dtype}"
+    outs = as_outputs(out)
+    assert len(outs) == len(spec.outputs), f"{op}/eager at {problem}: {len(outs)} outputs, expected {spec.outputs}"
+    for o, name in zip(outs, output_names(spec)):
+        assert o.dtype == dtype, f"{op}/eager at {problem}: {name} dtype {o.dtype}, expected {dtype}"
     leaves = [a.detach().to(torch.float64).requires_grad_(i in pos) if isinstance(a, torch.Tensor)
               and a.is_floating_point() else a for i, a in enumerate(inp.args)]
     with torch.set_grad_enabled(grad):
         ref = truth64(op, *leaves, dtype=dtype, **inp.kwargs)
+    refs_out = as_outputs(ref)
     where = f"{op}/eager {DTYPE_NAMES[dtype]} at {problem} seed {seed}"
-    assert_like_truth(out, ref, spec.rtol[dtype], f"{where}: output")
-    err = rel_error(out, ref)
+    err = 0.0
+    for o, r, name in zip(outs, refs_out, output_names(spec)):
+        assert_like_truth(o, r, spec.rtol[dtype], f"{where}: {name}")
+        err = max(err, rel_error(o, r))
     if grad:
         dy = grad_output(out, seed)
+        dy64 = tuple(d.to(torch.float64) for d in dy) if isinstance(dy, tuple) else dy.to(torch.float64)
         grads = torch.autograd.grad(out, [inp.args[i] for i in pos], dy, allow_unused=True)
-        refs = torch.autograd.grad(ref, [leaves[i] for i in pos], dy.to(torch.float64), allow_unused=True)
-        floor = 1e-6 * torch.linalg.vector_norm(dy.double()).item()  # a gradient below this counts as zero
+        refs = torch.autograd.grad(ref, [leaves[i] for i in pos], dy64, allow_unused=True)
+        floor = 1e-6 * grad_norm(dy)  # a gradient below this counts as zero
         exempt, names = torch_grad_exemptions(op, problem, dtype), arg_names(spec)
         for i, g, r in zip(pos, grads, refs):
             r = torch.zeros_like(leaves[i]) if r is None else r

@@ -8,6 +8,7 @@ from helpers import HAS_CUDA, gpu
 
 from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.measure import arg_names
+from tiered_ops.registry import as_outputs
 
 OPS = [s.name for s in all_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]
@@ -15,6 +16,7 @@ PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: 
     "softmax": [dict()], "rms_norm": [dict()], "layer_norm": [dict()], "muladd": [dict()],
     "gelu": [dict(approximate="none"), dict(approximate="tanh")],
     "cross_entropy": [dict(), dict(reduction="none"), dict(reduction="none", label_smoothing=0.1)],
+    "fused_add_rms_norm": [dict()],
 }
 
 
@@ -54,14 +56,19 @@ def test_nan_and_inf_propagate_like_eager(op, impl):
         x = inp.args[0].clone()
         x[0, 3], x[1, 5], x[2, 7], x[3, 0] = float("nan"), float("inf"), -float("inf"), 1e30
         args = (x, *inp.args[1:])
-        got = spec.impls[impl].fn(*args, **inp.kwargs).cpu()
+        gots = as_outputs(spec.impls[impl].fn(*args, **inp.kwargs))
         # torch's own CPU and CUDA kernels disagree at some non-finite inputs (CUDA's rms_norm makes a whole row NaN
         # when it holds an Inf, the CPU's only that element; CUDA's gelu(-inf) is NaN): either eager is accepted.
-        wants = [spec.reference(*args, **inp.kwargs).cpu(),
-                 spec.reference(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), **inp.kwargs)]
-        want = next((w for w in wants if all(torch.equal(m(got), m(w)) for m in MASKS)), wants[0])
-        fin = torch.isfinite(want)
-        torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+        wants = [as_outputs(spec.reference(*args, **inp.kwargs)),
+                 as_outputs(spec.reference(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args),
+                                           **inp.kwargs))]
+        assert len(gots) == len(wants[0])
+        for k, got in enumerate(gots):  # each output of the op
+            got = got.cpu()
+            want = next((w[k].cpu() for w in wants if all(torch.equal(m(got), m(w[k].cpu())) for m in MASKS)),
+                        wants[0][k].cpu())
+            fin = torch.isfinite(want)
+            torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", KERNEL_TIERS)

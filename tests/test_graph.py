@@ -11,7 +11,7 @@ from tiered_ops import decide as sel_mod
 from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.measure import bucket_str
 from tiered_ops.meta import _between_pointwise
-from tiered_ops.registry import DTYPE_NAMES
+from tiered_ops.registry import DTYPE_NAMES, as_outputs
 from tiered_ops.store import Store
 from tiered_ops.timing import fingerprint
 
@@ -56,7 +56,7 @@ def _compiled_public_op(private_store, op, tier, full_compile, train=False):
             out = torch.compile(model, fullgraph=True)(*args)
             torch.testing.assert_close(out, eager_out)
             if train:
-                dy = torch.randn_like(out)
+                dy = tuple(torch.randn_like(o) for o in as_outputs(out))  # a gradient into every output
                 want = torch.autograd.grad(eager_out, leaves, dy)
                 got = torch.autograd.grad(out, leaves, dy)
                 for w, g in zip(want, got):

@@ -23,7 +23,19 @@ import torch
 
 from .buckets import encode
 from .environment import environment
-from .registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode, rel_error
+from .registry import (
+    DTYPE_NAMES,
+    GRAD_MODES,
+    Impl,
+    Inputs,
+    OpSpec,
+    Problem,
+    Tier,
+    as_outputs,
+    check_context,
+    check_mode,
+    rel_error,
+)
 from .timing import COPY_BYTES, Fingerprint, contention_check, copy_bandwidth_gbps, fingerprint, sync, time_call
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,11 @@ def arg_names(spec: OpSpec) -> list[str]:
     return list(inspect.signature(spec.reference).parameters)
 
 
+def output_names(spec: OpSpec) -> tuple[str, ...]:
+    """What a check calls each output: "output" for a one-output op, else "output <name>"."""
+    return ("output",) if len(spec.outputs) == 1 else tuple(f"output {n}" for n in spec.outputs)
+
+
 def with_grad(spec: OpSpec, inp: Inputs) -> tuple[Inputs, list[int]]:
     """Inputs whose differentiable tensors are fresh leaves that require grad; their positions."""
     args, pos = list(inp.args), []
@@ -71,10 +88,18 @@ def with_grad(spec: OpSpec, inp: Inputs) -> tuple[Inputs, list[int]]:
     return Inputs(tuple(args), inp.kwargs), pos
 
 
-def grad_output(out: torch.Tensor, seed: int) -> torch.Tensor:
-    """A random output gradient (never zeros, never ones: a wrong reduction cannot cancel out)."""
+def grad_output(out: torch.Tensor | tuple[torch.Tensor, ...], seed: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """A random output gradient (never zeros, never ones: a wrong reduction cannot cancel out); for an op with
+    several outputs a tuple of them, each drawn from its own seed."""
+    if isinstance(out, (tuple, list)):
+        return tuple(grad_output(o, seed + 7919 * k) for k, o in enumerate(out))
     g = torch.Generator(device=out.device).manual_seed(10_000 + seed)
     return torch.randn(out.shape, generator=g, device=out.device, dtype=torch.float32).to(out.dtype)
+
+
+def grad_norm(dy: torch.Tensor | tuple[torch.Tensor, ...]) -> float:
+    """The float64 norm of an output gradient (over all of an op's outputs)."""
+    return math.sqrt(sum(torch.linalg.vector_norm(d.double()).item() ** 2 for d in as_outputs(dy)))
 
 
 EAGER_FACTOR = 2.0  # an implementation may be this many times as far from float64 as eager is at that dtype
@@ -97,10 +122,11 @@ def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: in
     _poison(inp, device)
     with torch.set_grad_enabled(grad):
         out = fn(*inp.args, **inp.kwargs)
-    if not grad or not isinstance(out, torch.Tensor):
+    outs = as_outputs(out)
+    if not grad or not all(isinstance(o, torch.Tensor) for o in outs):
         sync(device)
         return out, (), None
-    if not out.requires_grad:
+    if not all(o.requires_grad for o in outs):
         raise _NoBackward()
     dy = grad_output(out, seed)
     _poison(inp, device)
@@ -131,38 +157,45 @@ def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
         return math.inf, f"backward raised at {problem} seed {seed}: {_short(e.__cause__)}"
     except Exception as e:  # a failing candidate is recorded, never raised out of the sweep
         return math.inf, f"raised at {problem} seed {seed}: {_short(e)}"
-    if not isinstance(out, torch.Tensor) or out.dtype != dtype:
-        got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
-        return math.inf, f"wrong output dtype at {problem}: {got}, expected {dtype}"
+    outs, out_names = as_outputs(out), output_names(spec)
+    if len(outs) != len(out_names):
+        return math.inf, f"{len(outs)} outputs at {problem}, expected {len(out_names)} ({', '.join(out_names)})"
+    for o, name in zip(outs, out_names):
+        if not isinstance(o, torch.Tensor) or o.dtype != dtype:
+            got = o.dtype if isinstance(o, torch.Tensor) else type(o).__name__
+            return math.inf, f"wrong {name} dtype at {problem}: {got}, expected {dtype}"
     inp64, pos = Inputs(_to64(inp.args), _to64(inp.kwargs)), []
     if grad:
         inp64, pos = with_grad(spec, inp64)
     with torch.set_grad_enabled(grad):
         ref = spec.reference(*inp64.args, **inp64.kwargs)
     names = arg_names(spec)
-    checks = [("output", out, ref, spec.rtol[dtype], 0.0)]
-    if grad:
-        floor = 1e-6 * torch.linalg.vector_norm(dy.double()).item()  # a gradient below this counts as zero
-        refs = torch.autograd.grad(ref, [inp64.args[i] for i in pos], dy.to(torch.float64), allow_unused=True)
-        for i, g, r in zip(pos, grads, refs):
-            r = torch.zeros_like(inp64.args[i]) if r is None else r
-            checks.append((f"grad of {names[i]}", g, r, spec.grad_rtol[dtype], floor))
     eager = spec.impls["eager"]
     eager_res = None if impl is eager else _run(eager.fn, spec, inp, grad, seed, device)
+    eager_outs = as_outputs(eager_res[0]) if eager_res is not None else (None,) * len(outs)
+    # (what, candidate, float64 reference, bound, zero floor, eager's counterpart or None, a gradient)
+    checks = [(name, o, r, spec.rtol[dtype], 0.0, e, False)
+              for name, o, r, e in zip(out_names, outs, as_outputs(ref), eager_outs)]
+    if grad:
+        floor = 1e-6 * grad_norm(dy)  # a gradient below this counts as zero
+        refs = torch.autograd.grad(ref, [inp64.args[i] for i in pos], _to64(dy), allow_unused=True)
+        eager_grads = eager_res[1] if eager_res is not None else (None,) * len(pos)
+        for i, g, r, e in zip(pos, grads, refs, eager_grads):
+            r = torch.zeros_like(inp64.args[i]) if r is None else r
+            checks.append((f"grad of {names[i]}", g, r, spec.grad_rtol[dtype], floor, e, True))
     worst = 0.0
-    for k, (what, o, r, bound, fl) in enumerate(checks):
+    for what, o, r, bound, fl, e, is_grad in checks:
         if o is None:
             return math.inf, f"{what} missing at {problem} (backward returned None)"
         if o.dtype != dtype:
             return math.inf, f"{what} has dtype {o.dtype} at {problem}, expected {dtype}"
         if eager_res is not None:
-            e = eager_res[0] if k == 0 else eager_res[1][k - 1]
             e_err = rel_error(e, r, fl) if e is not None else math.inf
             if math.isfinite(e_err):
                 bound = max(bound, EAGER_FACTOR * e_err)
         err = rel_error(o, r, fl)
         worst = max(worst, err)
-        if impl is eager and k > 0 and math.isfinite(err):
+        if impl is eager and is_grad and math.isfinite(err):
             continue
         if not err <= bound:
             desc = "NaN/Inf where the reference is finite (or shape mismatch)" if math.isinf(err) else f"{err:.2e}"

@@ -179,9 +179,11 @@ def _summary(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- graph breaks
-def _between_pointwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def model(first: torch.Tensor, *rest: Any) -> torch.Tensor:
-        return fn(first.sin(), *rest) * 2
+def _between_pointwise(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` between two pointwise ops: sin of its first argument, each of its outputs doubled."""
+    def model(first: torch.Tensor, *rest: Any) -> Any:
+        out = fn(first.sin(), *rest)
+        return tuple(o * 2 for o in out) if isinstance(out, tuple) else out * 2
 
     return model
 

@@ -11,6 +11,8 @@ once: the semantics of our ops) and ``in_place=False`` (the default ``True`` wri
 timing loop re-uses). cross_entropy (``liger_cross_entropy``, which calls ``LigerCrossEntropyFunction``) writes the
 logits' gradient over its input during a forward that requires grad: the peer gives it a copy of the logits then
 (the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
+fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma" mode: the
+sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight.
 """
 
 from __future__ import annotations
@@ -96,11 +98,25 @@ def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_inde
     return loss.to(logits.dtype)
 
 
+def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                              weight: torch.Tensor | None = None, eps: float | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    n = _one_dim("fused_add_rms_norm", normalized_shape)
+    if weight is None:
+        raise NotImplementedError("fused_add_rms_norm (Liger peer): needs a weight")
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    y, s = LigerFusedAddRMSNormFunction.apply(_rows(x, n), _rows(residual, n), weight, e, 0.0, "gemma", False)
+    return y.view(x.shape), s.view(x.shape)
+
+
 LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "softmax": (_liger_softmax, "softmax"),
     "rms_norm": (_liger_rms_norm, "rms_norm"),
     "layer_norm": (_liger_layer_norm, "layer_norm"),
     "cross_entropy": (_liger_cross_entropy, "cross_entropy"),
+    "fused_add_rms_norm": (_liger_fused_add_rms_norm, "fused_add_rms_norm"),
 }
 
 

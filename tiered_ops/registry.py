@@ -137,10 +137,12 @@ class OpSpec:
     # interpreter, where triton_op's own fake would run kernels on fake tensors).
     fake: Callable[..., torch.Tensor] | None = None
     # The eager tier (defaults to ``reference``) and the op's call arguments -> the kernel ops' schema arguments;
-    # ``first_output``: the kernel ops return (out, saved statistics...) and the op returns out.
+    # ``first_output``: the kernel ops return (outputs..., saved statistics...) and the op returns its outputs.
     eager: Callable[..., torch.Tensor] | None = None
     kernel_args: Callable[..., tuple] | None = None
     first_output: bool = False
+    # Names of the op's outputs: one (the default) returns a tensor, several a tuple of tensors in this order.
+    outputs: tuple[str, ...] = ("output",)
     rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
     grad_rtol: dict[torch.dtype, float] = field(default_factory=lambda: dict(DEFAULT_GRAD_RTOL))
     # Backward: positions in Inputs.args of the differentiable inputs (floating tensors there get requires_grad),
@@ -228,6 +230,11 @@ def register_op(spec: OpSpec) -> OpSpec:
         raise ValueError(f"op {spec.name!r} registered twice")
     OPS[spec.name] = spec
     return spec
+
+
+def as_outputs(out: Any) -> tuple[Any, ...]:
+    """An op's result as a tuple of its outputs (a tensor is one output)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor, floor: float = 0.0, chunk: int = 1 << 24) -> float:

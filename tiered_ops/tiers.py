@@ -198,7 +198,7 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
     """The kernel tier as its callers run it: the registered op while torch.compile traces (the graph takes it in), and
     otherwise the eager fast path (``fastpath.tier_fast``: the launchers called directly, one Python autograd.Function
     when a gradient is needed), made on the first call once ``load`` has brought the tier up; the registered op where
-    the tier has no fast path."""
+    the tier has no fast path (nor an op of several outputs)."""
     resolved: list[Callable[..., Any]] = []
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -208,14 +208,20 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
             why = load()
             if why:
                 raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
-            resolved.append(fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) or registered)
+            single = len(spec.outputs) == 1
+            fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) if single else None
+            resolved.append(fast or registered)
         return resolved[0](*args, **kwargs)
 
     return call
 
 
-def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool) -> Callable[..., torch.Tensor]:
-    """The op's Python signature onto a kernel op (or launcher): map the arguments, keep output 0 when ``first``."""
+def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: bool, outputs: int = 1
+          ) -> Callable[..., Any]:
+    """The op's Python signature onto a kernel op (or launcher): map the arguments; when ``first``, keep the op's
+    ``outputs`` leading outputs (output 0 alone for a one-output op) and drop the saved statistics after them."""
+    if first and outputs > 1:
+        return lambda *a, **k: tuple(kernel(*kernel_args(*a, **k))[:outputs])
     if first:
         return lambda *a, **k: kernel(*kernel_args(*a, **k))[0]
     return lambda *a, **k: kernel(*kernel_args(*a, **k))
@@ -226,11 +232,12 @@ def standard_impls(spec: OpSpec) -> None:
     ahead of any implementation the declaration added itself.
 
     ``spec.kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
-    list); ``spec.first_output``: the kernel ops return (out, saved statistics...) and the op returns out. The
+    list); ``spec.first_output``: the kernel ops return (outputs..., saved statistics...) and the op returns its
+    ``spec.outputs`` leading ones. The
     Triton op is ``tiered_ops::<op>_triton``, the CUDA op ``tiered_ops::<op>_cuda``, each with a backward op
     ``<op>_bwd_<tier>`` that ``spec.autograd`` calls.
     """
-    name, op_file, first_output = spec.name, spec.source, spec.first_output
+    name, op_file, first_output, n_out = spec.name, spec.source, spec.first_output, len(spec.outputs)
     eager = spec.eager or spec.reference
     kernel_args = spec.kernel_args
     if kernel_args is None:
@@ -242,18 +249,19 @@ def standard_impls(spec: OpSpec) -> None:
     spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
     fast_file = Path(fastpath.__file__)
-    triton_registered = _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output)
+    triton_registered = _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output,
+                              n_out)
     spec.add(Impl("triton", Tier.TRITON, _eager_fast(spec, "triton", triton_registered, lambda: _triton_load(spec)),
                   (op_file, triton_file, TRITON_SRC / "common.py", TRITON_SRC / "launch.py", fast_file),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
-                                             first_output),
+                                             first_output, n_out),
                   own_code=(triton_file,)))
     cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
-    cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output)
+    cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
     spec.add(Impl("cuda", Tier.CUDA, _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load),
                   (op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
-                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output))(
+                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
     for impl in declared.values():

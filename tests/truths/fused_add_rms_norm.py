@@ -1,0 +1,29 @@
+"""fused_add_rms_norm's float64 math: s = x + residual, y = s / sqrt(mean(s^2) + eps) * w; returns (y, s). eps=None is
+the candidate dtype's eps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _dims(x: torch.Tensor, normalized_shape: Any) -> tuple[int, ...]:
+    n = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+    return tuple(range(x.dim() - n, x.dim()))
+
+
+def truth(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+          eps: float | None = None, *, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    eps = torch.finfo(dtype).eps if eps is None else eps  # as F.rms_norm: eps=None is the input dtype's eps
+    s = x + residual
+    y = s / torch.sqrt((s * s).mean(_dims(s, normalized_shape), keepdim=True) + eps)
+    return (y if weight is None else y * weight), s
+
+
+def random_problem(draw, shape: tuple[int, ...]) -> dict:
+    """Hypothesis: normalized over 1..all trailing dims, with or without a weight."""
+    import hypothesis.strategies as st
+
+    k = draw(st.integers(1, len(shape)))
+    return dict(normalized_shape=shape[len(shape) - k:], weight=draw(st.booleans()))

@@ -1,0 +1,144 @@
+"""fused_add_rms_norm(x, residual, normalized_shape, weight=None, eps=None) -> (y, new_residual).
+
+The pre-norm residual step of a Llama-style block: new_residual = x + residual in x's dtype (rounded once, as torch's
+``x + residual``), y = rms_norm(new_residual, normalized_shape, weight, eps) with torch.nn.functional.rms_norm
+semantics (fp32 math; eps=None is x's dtype's eps). residual has x's shape and dtype; weight x's dtype and shape
+normalized_shape.
+Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
+Bytes: read x and residual, write y and new_residual (+ weight once). Backward: read dy, d_new_residual and
+new_residual, write dx (+ weight, + dw once); dresidual is dx (the same tensor, as eager autograd of the sum gives).
+Autograd of the kernel ops: the kernels return (y, new_residual, rstd) with rstd = rsqrt(mean(new_residual^2) + eps)
+per row in fp32 (non-differentiable); new_residual, weight and rstd are saved, so the backward reads 3 row tensors
+and recomputes nothing: dx = d_new_residual + rstd * (g - s * rstd^2 * mean(g * s)) with g = dy * w and s =
+new_residual, dw = sum over rows of dy * s * rstd.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import gen, norm_shape, norm_split, randn
+
+
+def _check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
+    """residual must be a tensor of x's shape and dtype: ``x + residual`` would broadcast or promote silently."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"fused_add_rms_norm: residual must be a torch.Tensor, got {type(residual).__name__}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"fused_add_rms_norm: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
+    if residual.shape != x.shape:
+        raise ValueError(f"fused_add_rms_norm: residual must have the shape of x {list(x.shape)}, "
+                         f"got {list(residual.shape)}")
+
+
+def reference(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+              weight: torch.Tensor | None = None, eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager tier and reference: the sum, then torch's own rms_norm of it (fp32 math for low precision)."""
+    _check_residual(x, residual)
+    new_residual = x + residual
+    return F.rms_norm(new_residual, norm_shape(normalized_shape), weight, eps), new_residual
+
+
+def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
+             ) -> Problem:
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
+        raise ValueError(f"fused_add_rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
+                         f"got x of shape {list(shape)}")
+    return make_problem(shape, normalized_shape=ns, weight=bool(weight))
+
+
+def _problem_of(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                weight: torch.Tensor | None = None, eps: float | None = None) -> Problem:
+    _check_residual(x, residual)
+    return _problem(tuple(x.shape), normalized_shape, weight is not None)
+
+
+def _bucket(p: Problem) -> tuple:
+    rows, n = norm_split(p)
+    return pow2_ceil(rows), n, p.kw["weight"]
+
+
+def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
+    g = gen(device, seed)
+    ns = p.kw["normalized_shape"]
+    x = randn(p.shape, dtype, device, g)
+    residual = (2 * randn(p.shape, torch.float32, device, g)).to(dtype)  # another scale: the sum rounds
+    w = (1 + 0.5 * randn(ns, torch.float32, device, g)).to(dtype) if p.kw["weight"] else None
+    return Inputs((x, residual, ns, w, torch.finfo(dtype).eps))  # eps of x's dtype, also for the float64 reference
+
+
+def _bytes(p: Problem, dt: torch.dtype) -> int:
+    rows, n = norm_split(p)
+    return (4 * rows * n + (n if p.kw["weight"] else 0)) * dt.itemsize
+
+
+def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
+    rows, n = norm_split(p)
+    return (4 * rows * n + (2 * n if p.kw["weight"] else 0)) * dt.itemsize
+
+
+def _kernel_args(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                 weight: torch.Tensor | None = None, eps: float | None = None) -> tuple:
+    """The op's signature onto the kernel ops' schema (x, residual, int[] normalized_shape, weight?, float eps)."""
+    return x, residual, list(norm_shape(normalized_shape)), weight, torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def _rows(x: torch.Tensor, normalized_shape: list[int]) -> Any:
+    return math.prod(x.shape[: x.dim() - len(normalized_shape)])
+
+
+def _fake(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+          eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, torch.empty_like(y), x.new_empty((_rows(x, normalized_shape),), dtype=torch.float32)
+
+
+def _bwd_fake(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, normalized_shape: list[int],
+              weight: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None else dy.new_empty((0,))
+    return torch.empty_like(new_residual, memory_format=torch.contiguous_format), dw
+
+
+def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    _, _, ctx.normalized_shape, weight, _ = inputs
+    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(output[1], weight, output[2])
+
+
+def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
+    def backward(ctx: Any, dy: torch.Tensor | None, dres: torch.Tensor | None, _drstd: Any) -> tuple:
+        new_residual, weight, rstd = ctx.saved_tensors
+        dy = torch.zeros_like(new_residual) if dy is None else dy
+        dres = torch.zeros_like(new_residual) if dres is None else dres
+        dx, dw = bwd(dy, dres, new_residual, ctx.normalized_shape, weight, rstd)
+        return dx, dx, None, (dw if weight is not None else None), None
+
+    return backward
+
+
+SPEC = register_op(OpSpec(
+    name="fused_add_rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
+    bucket=_bucket, bytes_moved=_bytes, outputs=("y", "new_residual"),
+    bwd_bytes=_bwd_bytes, grad_args=(0, 1, 3), autograd=(_setup, _backward_for), bwd_fake=_bwd_fake,
+    edge_problems=lambda: [
+        _problem((1, 4096)),  # 1 row (decode)
+        _problem((4096, 1)),  # 1 column
+        _problem((1823, 781)),  # no multiple of any block: scalar CUDA path, masked Triton tail
+        _problem((2, 20003)),  # a row longer than the backward's register-resident rows: looped backward
+        _problem((2, 40009)),  # longer than the forward's register-resident rows: looped forward
+        _problem((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
+        _problem((5, 64), weight=False),  # no weight
+        _problem((0, 16)),  # empty
+    ],
+    default_problems=lambda dev: [_problem(s) for s in (
+        [(1, 4096), (8, 4096), (64, 4096), (4096, 4096), (32768, 4096), (32768, 8192)] if dev == "cuda"
+        else [(8, 1024), (256, 1024)])],
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
+))

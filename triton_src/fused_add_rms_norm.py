@@ -1,0 +1,222 @@
+"""fused_add_rms_norm, Triton tier: s = x + residual (rounded once to x's dtype), y = s * rsqrt(mean(s^2) + eps) * w
+over the trailing dims, fp32 math; the kernels return (y, s, rstd) with rstd per row in fp32.
+
+Backward, with r the saved rstd, g = dy * w and ds the gradient of s (d_new_residual):
+dx = dresidual = ds + r * (g - s * r^2 * mean(g * s)), dw = sum over rows of dy * s * r.
+Bytes: forward 2 reads + 2 writes of a row (+ w, cached; + 4 bytes of rstd a row) for rows up to MAX_FUSED_FWD
+elements; longer rows loop twice (x and residual read twice). Backward: read dy, ds, s, write dx, for rows up to
+MAX_FUSED_BWD: a persistent grid whose programs each sum their rows' dw in registers ((programs, n) fp32 partials,
+summed after), so dy and s are read once; longer rows loop twice over dy and s, and the column kernel of common.py
+reads them once more for dw.
+Limits: any row length; non-contiguous inputs are made contiguous first.
+Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kernel + looped kernel backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import (
+    MAX_FUSED_FWD,
+    check_float,
+    check_norm,
+    check_same,
+    norm_param_grads,
+    num_warps_for,
+    row_settings,
+    target_programs,
+)
+
+# Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
+MAX_FUSED_BWD = 8192
+OP = "fused_add_rms_norm_triton"
+BWD = "fused_add_rms_norm_bwd_triton"
+
+
+@triton.jit
+def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
+                             BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(s_ptr.dtype.element_ty)  # one rounding, as torch's x + residual
+    tl.store(s_ptr + offs, s, mask=mask)
+    sf = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / n_cols + eps)
+    y = sf * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+
+
+@triton.jit
+def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n_cols
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + base + start + cols, s, mask=mask)
+        sf = s.to(tl.float32)
+        acc += sf * sf
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        # s again from x and residual (not read back from s_ptr: no barrier orders this program's own stores)
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, n_rows, n_cols, rows_per,
+                                 HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    # One program per group of rows_per rows (a persistent grid): dx row by row, dw summed in registers.
+    g_id = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < n_cols
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    r_start = g_id * rows_per
+    r_end = tl.minimum(r_start + rows_per, n_rows)
+    for r0 in range(r_start, r_end, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        rmask = rows < r_end
+        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+        mask = rmask[:, None] & cmask[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        g = dy
+        if HAS_W:
+            g = dy * w[None, :]
+        c = tl.sum(g * s, axis=1) * rstd * rstd / n_cols
+        dx = rstd[:, None] * (g - s * c[:, None]) + tl.load(ds_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            acc += dy * s * rstd[:, None]
+    if HAS_W:
+        tl.store(dw_ptr + g_id * n_cols + cols, tl.sum(acc, axis=0), mask=cmask)
+
+
+@triton.jit
+def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, HAS_W: tl.constexpr,
+                                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n_cols
+    cols = tl.arange(0, BLOCK_N)
+    rstd = tl.load(rstd_ptr + row)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+    c = tl.sum(acc, axis=0) * rstd * rstd / n_cols
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
+        g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_like_rows(op: str, name: str, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
+    """``t`` is a float tensor with the dtype, device and shape of ``like``."""
+    check_float(op, name, t)
+    check_same(op, name, t, like, like_name)
+    if t.shape != like.shape:
+        raise ValueError(f"{op}: {name} must have the shape of {like_name} {list(like.shape)}, got {list(t.shape)}")
+
+
+def _rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
+    return math.prod(x.shape[: x.dim() - len(normalized_shape)])
+
+
+def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
+                              weight: torch.Tensor | None, eps: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, new_residual, rstd). The launcher as a plain function: the op below registers it; called bare it is the
+    unregistered contrast."""
+    n = check_norm(OP, x, normalized_shape, weight=weight)
+    _check_like_rows(OP, "residual", residual, x, "x")
+    weight = weight.contiguous() if weight is not None else None
+    xc, rc = x.contiguous(), residual.contiguous()
+    y, s = torch.empty_like(xc), torch.empty_like(xc)
+    rows = _rows(x, normalized_shape)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if xc.numel() == 0:
+        return y, s, rstd
+    w = weight if weight is not None else xc  # dummy pointer, never read when HAS_W is False
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
+        wrap_triton(_fused_add_rms_norm_rows)[(triton.cdiv(rows, per),)](
+            xc, rc, w, y, s, rstd, rows, n, eps, HAS_W=weight is not None, BLOCK_N=block, ROWS=per, num_warps=warps)
+    else:
+        wrap_triton(_fused_add_rms_norm_looped)[(rows,)](xc, rc, w, y, s, rstd, n, eps, HAS_W=weight is not None,
+                                                         BLOCK_N=4096, num_warps=8)
+    return y, s, rstd
+
+
+def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
+                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw): dx is the gradient of x and of residual alike; dw is an empty tensor when there is no weight."""
+    check_float(BWD, "new_residual", new_residual)
+    n = check_norm(BWD, new_residual, normalized_shape, weight=weight)
+    _check_like_rows(BWD, "dy", dy, new_residual, "new_residual")
+    _check_like_rows(BWD, "dres", dres, new_residual, "new_residual")
+    rows = _rows(new_residual, normalized_shape)
+    if rstd.dtype != torch.float32 or rstd.shape != (rows,) or rstd.device != new_residual.device:
+        raise ValueError(f"{BWD}: rstd must be a float32 tensor of {rows} row statistics on {new_residual.device}, "
+                         f"got {rstd.dtype} of shape {list(rstd.shape)} on {rstd.device}")
+    sc, dyc, dsc = new_residual.contiguous(), dy.contiguous(), dres.contiguous()
+    dx = torch.empty_like(sc)
+    has_w = weight is not None
+    if sc.numel() == 0:
+        return dx, (torch.zeros_like(weight) if has_w else sc.new_empty((0,)))
+    w = weight.contiguous() if has_w else sc
+    if n <= MAX_FUSED_BWD:
+        block, per, _ = row_settings(n, MAX_FUSED_BWD)
+        groups = max(1, min(triton.cdiv(rows, per), target_programs(sc.device)))
+        rows_per = triton.cdiv(triton.cdiv(rows, groups), per) * per
+        groups = triton.cdiv(rows, rows_per)
+        dw = torch.empty((groups, n), dtype=torch.float32, device=sc.device) if has_w else rstd
+        wrap_triton(_fused_add_rms_norm_bwd_rows)[(groups,)](
+            dyc, dsc, sc, w, rstd, dx, dw, rows, n, rows_per, HAS_W=has_w, BLOCK_N=block, ROWS=per,
+            num_warps=num_warps_for(block * per))
+        return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if has_w else sc.new_empty((0,)))
+    wrap_triton(_fused_add_rms_norm_bwd_looped)[(rows,)](dyc, dsc, sc, w, rstd, dx, n, HAS_W=has_w, BLOCK_N=4096,
+                                                         num_warps=8)
+    if not has_w:
+        return dx, sc.new_empty((0,))
+    dw32, _ = norm_param_grads(dyc.view(rows, n), sc.view(rows, n), None, rstd, with_bias=False)
+    return dx, dw32.view(weight.shape).to(weight.dtype)
+
+
+fused_add_rms_norm_triton = triton_op("tiered_ops::fused_add_rms_norm_triton", fused_add_rms_norm_launch,
+                                      mutates_args={})
+fused_add_rms_norm_bwd_triton = triton_op("tiered_ops::fused_add_rms_norm_bwd_triton", fused_add_rms_norm_bwd_launch,
+                                          mutates_args={})
