@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, float64_args, gpu, truth64
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiered_ops
@@ -34,8 +34,7 @@ def test_reference_is_the_float64_math(op):
     spec = get_op(op)
     for problem in spec.edge_problems():
         inp = spec.make_inputs(problem, torch.float32, torch.device("cpu"), 1)
-        args = [a.detach().double().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
-                for i, a in enumerate(inp.args)]
+        args = float64_args(inp.args, spec.grad_args)
         ref = spec.reference(*args, **inp.kwargs)
         want = truth64(op, *args, dtype=torch.float64, **inp.kwargs)
         assert_like_truth(ref, want, 1e-12, f"{op} reference at {problem}")
@@ -58,8 +57,7 @@ def test_gradcheck_float64(op):
     spec = get_op(op)
     p = spec.problem((3, 5))
     inp = spec.make_inputs(p, torch.float32, torch.device("cpu"), 0)
-    args = [a.double().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(inp.args)]
+    args = float64_args(inp.args, spec.grad_args)
     assert torch.autograd.gradcheck(lambda *t: spec.impls["eager"].fn(*t), tuple(args), eps=1e-6, atol=1e-5)
 
 

@@ -13,7 +13,7 @@ OPS = [s.name for s in all_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]
 PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: both approximations)
     "softmax": [dict()], "rms_norm": [dict()], "layer_norm": [dict()], "muladd": [dict()],
-    "gelu": [dict(approximate="none"), dict(approximate="tanh")],
+    "gelu": [dict(approximate="none"), dict(approximate="tanh")], "segment_sum": [dict()],
 }
 
 
@@ -63,12 +63,17 @@ def test_nan_and_inf_propagate_like_eager(op, impl):
         torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
 
 
+def _other_kind(a: torch.Tensor) -> torch.Tensor:
+    return a.to(torch.int32) if a.is_floating_point() else a.to(torch.float32)
+
+
 @pytest.mark.parametrize("impl", KERNEL_TIERS)
 @pytest.mark.parametrize("op", OPS)
 def test_integer_input_names_the_argument(op, impl):
+    """A float argument given as an integer tensor, an integer one (indices, offsets) as a float tensor."""
     dev = _dev(impl)
     spec, inp = _inputs(op, dev)
-    for name, args in _each_tensor_replaced(spec, inp, lambda a: a.to(torch.int32)):
+    for name, args in _each_tensor_replaced(spec, inp, _other_kind):
         with pytest.raises((TypeError, ValueError, RuntimeError), match=rf"\b{name}\b.*(dtype|float)"):
             spec.impls[impl].fn(*args, **inp.kwargs)
 

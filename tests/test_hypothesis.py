@@ -20,11 +20,13 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], der
 
 @st.composite
 def problems(draw, op: str):
-    """A random problem of the op: its test data's ``random_problem`` (tests/truths/<op>.py), else a random shape."""
+    """A random problem of the op: its test data's ``random_problem`` (tests/truths/<op>.py), else a random shape; a
+    ``shape`` in what random_problem draws replaces the random one (an op whose inputs have a fixed rank)."""
     shape = draw(SHAPES)
     spec = get_op(op)
     draw_params = getattr(importlib.import_module(f"truths.{op}"), "random_problem", None)
-    return spec.problem(shape, **draw_params(draw, shape)) if draw_params else spec.problem(shape)
+    params = draw_params(draw, shape) if draw_params else {}
+    return spec.problem(params.pop("shape", shape), **params)
 
 
 def _check(op, impl, problem, dtype, grad):
