@@ -102,13 +102,13 @@ def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_
         sa = _find(off_ptr, lo, S, n_steps)
         a_start, a_end = _bounds(off_ptr, sa, E)
         if a_end - a_start > CH:
-            tot = _sum_rows(x_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, BLOCK_R, BLOCK_D)
-            tl.store(ws_ptr + 2 * p * D + cols, tot, mask=cmask)
+            tot_a = _sum_rows(x_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, BLOCK_R, BLOCK_D)
+            tl.store(ws_ptr + 2 * p * D + cols, tot_a, mask=cmask)
         sb = _find(off_ptr, hi - 1, S, n_steps)
         b_start, b_end = _bounds(off_ptr, sb, E)
         if (sb != sa) & (b_end - b_start > CH):
-            tot = _sum_rows(x_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, BLOCK_R, BLOCK_D)
-            tl.store(ws_ptr + (2 * p + 1) * D + cols, tot, mask=cmask)
+            tot_b = _sum_rows(x_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, BLOCK_R, BLOCK_D)
+            tl.store(ws_ptr + (2 * p + 1) * D + cols, tot_b, mask=cmask)
 
 
 @triton.jit
@@ -157,13 +157,13 @@ def _segment_sum_bwd(dout_ptr, off_ptr, dx_ptr, E, D, S, CH, seg_progs, n_steps,
         sa = _find(off_ptr, lo, S, n_steps)
         a_start, a_end = _bounds(off_ptr, sa, E)
         if a_end - a_start > CH:
-            g = tl.load(dout_ptr + sa * D + cols, mask=cmask, other=0.0)
-            _fill_rows(dx_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, g, BLOCK_R, BLOCK_D)
+            g_a = tl.load(dout_ptr + sa * D + cols, mask=cmask, other=0.0)
+            _fill_rows(dx_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, g_a, BLOCK_R, BLOCK_D)
         sb = _find(off_ptr, hi - 1, S, n_steps)
         b_start, b_end = _bounds(off_ptr, sb, E)
         if (sb != sa) & (b_end - b_start > CH):
-            g = tl.load(dout_ptr + sb * D + cols, mask=cmask, other=0.0)
-            _fill_rows(dx_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, g, BLOCK_R, BLOCK_D)
+            g_b = tl.load(dout_ptr + sb * D + cols, mask=cmask, other=0.0)
+            _fill_rows(dx_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, g_b, BLOCK_R, BLOCK_D)
 
 
 def chunk_rows(E: int) -> int:
@@ -202,7 +202,8 @@ def _check_cpu_boundaries(op: str, offsets: torch.Tensor, rows: int) -> None:
 
 
 def _settings(E: int, D: int, S: int) -> dict:
-    """Chunk, grid and block sizes of both directions."""
+    """Chunk, grid and block sizes of both directions (plain ints: constexprs, even where the shapes are symbolic)."""
+    E, D, S = int(E), int(D), int(S)
     block_d = min(256, max(16, triton.next_power_of_2(max(D, 1))))
     block_r = max(1, min(256, TILE // block_d))
     ch = chunk_rows(E)

@@ -14,9 +14,10 @@ giant segment runs serially. Both are measured; the gate holds both to the float
 
 Validation: values 2-D float and offsets 1-D int64 on values' device, everywhere. Offsets' values (offsets[0] == 0,
 offsets[-1] == E, sorted) are read on the host only where that costs no sync: CPU offsets outside a torch.compile
-trace (the eager tiers, problem_of, the Triton launcher on the interpreter). On a GPU the tiers never read offsets on
-the host; malformed offsets give unspecified sums but every access stays in bounds (the kernels clamp each boundary to
-[0, E] and each segment id to [0, S)).
+trace (on every call of the eager tiers and of the Triton launcher on the interpreter; once per call signature in
+tiered_ops.segment_sum, whose problem_of runs on its slow path). On a GPU, and inside a compiled graph, offsets are
+never read on the host: malformed offsets give unspecified sums but every access stays in bounds (the kernels clamp
+each boundary to [0, E] and each segment id to [0, S); the eager tiers clamp the ids, or the offsets).
 Problem: values' shape (E, D), ``segments`` S (default: mean length 16) and ``lengths``, how make_inputs draws the
 boundaries: "uniform" (S - 1 uniform cut points: lengths near E / S, some empty) or "powerlaw" (segment k of a random
 order holds a share ~ k^-1.5: a few segments hold most rows, most are empty). A call's problem (problem_of) is that
@@ -94,8 +95,12 @@ def reference(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 
 
 def segment_reduce(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """torch.segment_reduce of the values in fp32 (it accumulates in its input's dtype)."""
+    """torch.segment_reduce of the values in fp32 (it accumulates in its input's dtype). Off the CPU the offsets are
+    clamped to [0, E] and made non-decreasing first (a no-op for valid ones): torch's GPU kernel reads rows at the
+    offsets it is given, unchecked."""
     _check(values, offsets)
+    if offsets.device.type != "cpu":
+        offsets = offsets.clamp(0, values.shape[0]).cummax(0).values
     return torch.segment_reduce(values.to(_acc(values)), "sum", offsets=offsets, axis=0).to(values.dtype)
 
 
