@@ -457,6 +457,52 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
   return dx;
 }
 
+// values (or dout) [rows, D] float and offsets [S + 1] int64 on one CUDA device: S. The offsets' values are not read
+// here (a sync): the kernels keep malformed offsets in bounds.
+int64_t check_segments(const at::Tensor& values, const at::Tensor& offsets, const char* op, const char* values_arg) {
+  check_cuda(values, op, values_arg);
+  dtype_of(values, op, values_arg);
+  TORCH_CHECK(values.dim() == 2, op, ": ", values_arg, " must be 2-D [rows, D], got shape ", shape_str(values.sizes()));
+  check_cuda(offsets, op, "offsets");
+  TORCH_CHECK(offsets.scalar_type() == at::kLong, op,
+              ": offsets must be an int64 tensor of S + 1 boundaries, got dtype ", offsets.scalar_type());
+  TORCH_CHECK(offsets.dim() == 1 && offsets.numel() >= 1, op,
+              ": offsets must be 1-D with S + 1 >= 1 boundaries, got shape ", shape_str(offsets.sizes()));
+  TORCH_CHECK(offsets.device() == values.device(), op, ": offsets must be on ", values.device(), " like ", values_arg,
+              ", got ", offsets.device());
+  return offsets.numel() - 1;
+}
+
+at::Tensor segment_sum_cuda(const at::Tensor& values, const at::Tensor& offsets) {
+  const char* op = "segment_sum_cuda";
+  const int64_t segments = check_segments(values, offsets, op, "values");
+  const c10::cuda::CUDAGuard guard(values.device());
+  const at::Tensor xc = values.contiguous(), oc = offsets.contiguous();
+  const int64_t rows = xc.size(0), d = xc.size(1);
+  at::Tensor out = at::empty({segments, d}, xc.options());
+  if (segments == 0 || d == 0) return out;
+  at::Tensor ws = at::empty({segment_sum_workspace(rows, d)}, xc.options().dtype(at::kFloat));
+  check_launch(segment_sum_fwd(xc.data_ptr(), oc.data_ptr<int64_t>(), out.data_ptr(), ws.data_ptr<float>(), rows, d,
+                               segments, dtype_of(values, op, "values"), at::cuda::getCurrentCUDAStream()), op);
+  return out;
+}
+
+at::Tensor segment_sum_bwd_cuda(const at::Tensor& dout, const at::Tensor& offsets, int64_t rows) {
+  const char* op = "segment_sum_bwd_cuda";
+  const int64_t segments = check_segments(dout, offsets, op, "dout");
+  TORCH_CHECK(dout.size(0) == segments, op, ": dout must have one row per segment (", std::to_string(segments),
+              "), got shape ", shape_str(dout.sizes()));
+  TORCH_CHECK(rows >= 0, op, ": rows must be >= 0, got ", std::to_string(rows));
+  const c10::cuda::CUDAGuard guard(dout.device());
+  const at::Tensor gc = dout.contiguous(), oc = offsets.contiguous();
+  const int64_t d = gc.size(1);
+  at::Tensor dx = at::empty({rows, d}, gc.options());
+  if (segments == 0 || d == 0 || rows == 0) return dx;
+  check_launch(segment_sum_bwd(gc.data_ptr(), oc.data_ptr<int64_t>(), dx.data_ptr(), rows, d, segments,
+                               dtype_of(dout, op, "dout"), at::cuda::getCurrentCUDAStream()), op);
+  return dx;
+}
+
 }  // namespace
 
 #define TIERED_OPS_IMPLS(m)                            \
@@ -473,7 +519,9 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
   m.impl("cross_entropy_cuda", &cross_entropy_cuda); \
   m.impl("cross_entropy_bwd_cuda", &cross_entropy_bwd_cuda); \
   m.impl("fused_add_rms_norm_cuda", &fused_add_rms_norm_cuda); \
-  m.impl("fused_add_rms_norm_bwd_cuda", &fused_add_rms_norm_bwd_cuda);
+  m.impl("fused_add_rms_norm_bwd_cuda", &fused_add_rms_norm_bwd_cuda); \
+  m.impl("segment_sum_cuda", &segment_sum_cuda); \
+  m.impl("segment_sum_bwd_cuda", &segment_sum_bwd_cuda);
 
 TORCH_LIBRARY(tiered_ops, m) {
   m.def("softmax_cuda(Tensor x, int dim) -> Tensor");
@@ -496,6 +544,8 @@ TORCH_LIBRARY(tiered_ops, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("fused_add_rms_norm_bwd_cuda(Tensor dy, Tensor dres, Tensor new_residual, int[] normalized_shape, "
         "Tensor? weight, Tensor rstd) -> (Tensor, Tensor)");
+  m.def("segment_sum_cuda(Tensor values, Tensor offsets) -> Tensor");
+  m.def("segment_sum_bwd_cuda(Tensor dout, Tensor offsets, int rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m) { TIERED_OPS_IMPLS(m) }
@@ -522,4 +572,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cross_entropy_cuda", &tiered_ops::cross_entropy_cuda);
   m.def("cross_entropy_bwd_cuda", &tiered_ops::cross_entropy_bwd_cuda);
   m.def("fused_add_rms_norm_cuda", &tiered_ops::fused_add_rms_norm_cuda);
+  m.def("segment_sum_cuda", &tiered_ops::segment_sum_cuda);
 }

@@ -70,4 +70,14 @@ cudaError_t cross_entropy_bwd(const void* x, const int64_t* target, const float*
                               void* dx, int64_t rows, int64_t n, int64_t stride, int64_t ignore_index, float smoothing,
                               DType dtype, cudaStream_t stream);
 
+// out[s, :] = sum of values[offsets[s]:offsets[s + 1], :] for `segments` segments of contiguous [rows, d] values,
+// fp32 sums; ws: segment_sum_workspace(rows, d) fp32 scratch (the partials of segments split over row ranges).
+// offsets (int64, segments + 1) are not read on the host: malformed ones give unspecified sums, never a fault.
+int64_t segment_sum_workspace(int64_t rows, int64_t d);
+cudaError_t segment_sum_fwd(const void* values, const int64_t* offsets, void* out, float* ws, int64_t rows, int64_t d,
+                            int64_t segments, DType dtype, cudaStream_t stream);
+// dvalues[e, :] = dout[segment of e, :] for contiguous [segments, d] dout and [rows, d] dvalues.
+cudaError_t segment_sum_bwd(const void* dout, const int64_t* offsets, void* dvalues, int64_t rows, int64_t d,
+                            int64_t segments, DType dtype, cudaStream_t stream);
+
 }  // namespace tiered_ops

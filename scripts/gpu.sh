@@ -107,7 +107,7 @@ PY
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"
-      for op in softmax rms_norm muladd layer_norm gelu; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 \
+      for op in softmax rms_norm muladd layer_norm gelu segment_sum; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 \
         | tee "$OUT/info.txt"
       ;;
     sanitize)

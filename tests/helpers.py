@@ -22,7 +22,7 @@ import functools
 import importlib
 import inspect
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 import torch
@@ -56,6 +56,13 @@ def versions(device: torch.device) -> str:
 def truth_of(op: str) -> Any:
     """``tests/truths/<op>.py``'s ``truth``: each op's float64 math lives in its own file (adding an op adds one)."""
     return importlib.import_module(f"truths.{op}").truth
+
+
+def float64_args(args: Sequence[Any], grad_args: Sequence[int] = ()) -> list[Any]:
+    """An op's arguments in float64: each floating tensor a float64 leaf (requiring grad at the positions
+    ``grad_args``); an integer tensor (indices, offsets) and every other argument as it is."""
+    return [a.detach().double().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a for i, a in enumerate(args)]
 
 
 def truth64(op: str, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -122,8 +129,7 @@ def _eager_vs_truth(op: str, problem: Problem, dtype: torch.dtype, device: torch
     assert len(outs) == len(spec.outputs), f"{op}/eager at {problem}: {len(outs)} outputs, expected {spec.outputs}"
     for o, name in zip(outs, output_names(spec)):
         assert o.dtype == dtype, f"{op}/eager at {problem}: {name} dtype {o.dtype}, expected {dtype}"
-    leaves = [a.detach().to(torch.float64).requires_grad_(i in pos) if isinstance(a, torch.Tensor)
-              and a.is_floating_point() else a for i, a in enumerate(inp.args)]
+    leaves = float64_args(inp.args, pos)
     with torch.set_grad_enabled(grad):
         ref = truth64(op, *leaves, dtype=dtype, **inp.kwargs)
     refs_out = as_outputs(ref)

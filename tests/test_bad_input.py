@@ -17,6 +17,7 @@ PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: 
     "gelu": [dict(approximate="none"), dict(approximate="tanh")],
     "cross_entropy": [dict(), dict(reduction="none"), dict(reduction="none", label_smoothing=0.1)],
     "fused_add_rms_norm": [dict()],
+    "segment_sum": [dict()],
 }
 
 
@@ -69,6 +70,10 @@ def test_nan_and_inf_propagate_like_eager(op, impl):
                         wants[0][k].cpu())
             fin = torch.isfinite(want)
             torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+def _other_kind(a: torch.Tensor) -> torch.Tensor:
+    return a.to(torch.int32) if a.is_floating_point() else a.to(torch.float32)
 
 
 @pytest.mark.parametrize("impl", KERNEL_TIERS)

@@ -1,0 +1,173 @@
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, truth64
+
+import tiered_ops
+from tiered_ops.ops.segment_sum import _problem as P
+from tiered_ops.ops.segment_sum import offsets_for
+
+EAGERS = ["eager_segment_reduce"]  # the second eager implementation, beside the reference
+PROBLEMS = [
+    P((64, 64), segments=4),  # a few short segments: the segment role only
+    P((301, 33), segments=20),  # D not a multiple of any vector width, odd E
+    P((1000, 16), segments=1),  # one giant segment: row ranges of 256 rows, then the combine
+    P((300, 8), segments=1000),  # more segments than rows: most empty, several per program
+    P((777, 1), segments=37, lengths="powerlaw"),  # D = 1, long segments beside empty ones
+    P((5000, 64), segments=100, lengths="powerlaw"),  # long segments sharing ranges, both partial slots used
+    P((513, 256), segments=2),  # the widest column block (256)
+    P((20, 300), segments=3),  # D above 256: two column blocks
+    P((0, 8), segments=5),  # E = 0: every sum is 0
+]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS + EAGERS)
+def test_matches_float64(impl, dtype, problem):
+    assert_matches("segment_sum", impl, problem, dtype)
+
+
+GRAD_PROBLEMS = [P((1000, 16), segments=1), P((5000, 8), segments=100, lengths="powerlaw"), P((40, 3), segments=90)]
+
+
+@pytest.mark.parametrize("problem", GRAD_PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("impl", IMPLS + EAGERS)
+def test_gradients_match_float64(impl, dtype, problem):
+    assert_matches("segment_sum", impl, problem, dtype, seed=5, grad=True)
+
+
+def test_compile_tier_forward_and_backward():
+    assert_matches("segment_sum", "compile", P((777, 5), segments=37, lengths="powerlaw"), torch.float32, grad=True)
+
+
+def test_a_giant_segment_over_more_ranges_than_one_combine_step_reads(monkeypatch):
+    """Chunks of 16 rows: 5000 rows are 313 ranges, more than the combine adds in one tile (256 at D = 16)."""
+    import triton_src.segment_sum as kern
+
+    monkeypatch.setattr(kern, "MIN_CHUNK", 16)
+    assert kern.chunk_rows(5000) == 16
+    assert_matches("segment_sum", "triton", P((5000, 16), segments=3, lengths="powerlaw"), torch.float32, grad=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS + EAGERS)
+def test_boundaries_on_chunk_edges(impl):
+    """With 1300 rows the kernels cut at 256: a segment of exactly 256 rows (the longest summed whole), an empty one
+    on a range edge, a long one from one range edge to another, and a long one crossing the last edge."""
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("segment_sum").impls[impl].fn
+    values = torch.randn(1300, 8, device=dev, requires_grad=True)
+    offsets = torch.tensor([0, 256, 256, 1024, 1300], device=dev)
+    out = fn(values, offsets)
+    v64 = values.detach().double().requires_grad_(True)
+    want = truth64("segment_sum", v64, offsets)
+    assert_like_truth(out, want, 1e-6)
+    dy = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, values, dy)
+    (ref,) = torch.autograd.grad(want, v64, dy.double())
+    assert_like_truth(got, ref, 1e-6, "grad of values")
+
+
+@pytest.mark.parametrize("impl", IMPLS + EAGERS)
+def test_non_contiguous_values(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("segment_sum").impls[impl].fn
+    values = torch.randn(16, 300, device=dev).t()[:, 3:19]  # [300, 16], rows 16 elements apart, column offset 3
+    offsets = offsets_for(300, 7, "uniform", 0).to(dev)
+    assert_like_truth(fn(values, offsets), truth64("segment_sum", values, offsets), 1e-6)
+
+
+BAD = [  # (what is wrong, values, offsets, error type, message)
+    ("unsorted", (10, 4), [0, 6, 3, 10], ValueError, r"offsets must be sorted .*offsets\[1\] = 6 > offsets\[2\] = 3"),
+    ("first not 0", (10, 4), [2, 5, 10], ValueError, r"offsets\[0\] must be 0, got 2"),
+    ("last not E", (10, 4), [0, 5, 9], ValueError, r"offsets\[-1\] must be .*10, got 9"),
+    ("offsets int32", (10, 4), torch.tensor([0, 5, 10], dtype=torch.int32), TypeError, r"offsets must be an int64"),
+    ("offsets float", (10, 4), torch.tensor([0.0, 5.0, 10.0]), TypeError, r"offsets must be an int64"),
+    ("offsets 2-D", (10, 4), torch.tensor([[0, 5, 10]]), ValueError, r"offsets must be 1-D"),
+    ("offsets empty", (0, 4), torch.zeros(0, dtype=torch.int64), ValueError, r"offsets must be 1-D with S \+ 1 >= 1"),
+    ("values 1-D", (10,), [0, 5, 10], ValueError, r"values must be 2-D"),
+    ("values int", torch.ones(10, 4, dtype=torch.int32), [0, 5, 10], TypeError, r"values must be .*float"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+@pytest.mark.parametrize("impl", ["eager", "eager_segment_reduce", "triton", "public"])
+def test_bad_input_is_a_clear_error_naming_the_argument(impl, case):
+    """Every CPU path checks offsets' values (no sync there); the GPU kernel tiers' contract is in their headers."""
+    _, values, offsets, kind, says = case
+    values = values if isinstance(values, torch.Tensor) else torch.randn(values)
+    offsets = offsets if isinstance(offsets, torch.Tensor) else torch.tensor(offsets)
+    fn = tiered_ops.segment_sum if impl == "public" else tiered_ops.get_op("segment_sum").impls[impl].fn
+    with pytest.raises(kind, match=says):
+        fn(values, offsets)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["eager", "eager_segment_reduce", "triton", "cuda"])
+def test_malformed_offsets_on_the_gpu_stay_in_bounds(impl):
+    """Contract of every tier on the GPU: offsets are not read on the host; malformed ones give some sums
+    (unspecified) and no fault: the context is healthy afterwards."""
+    fn = tiered_ops.get_op("segment_sum").impls[impl].fn
+    values = torch.randn(3000, 16, device="cuda")
+    for bad in ([0, 2000, 100, 3000], [-50, 10, 5000], [7, 7, 7], [0, 10**12, 3000]):
+        out = fn(values, torch.tensor(bad, device="cuda"))
+        assert out.shape == (len(bad) - 1, 16)
+    torch.cuda.synchronize()
+    good = torch.tensor([0, 1000, 3000], device="cuda")
+    assert_like_truth(fn(values, good), truth64("segment_sum", values, good), 1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("problem", [P((1 << 22, 64), segments=1 << 18, lengths="powerlaw"),
+                                     P((1 << 20, 128), segments=1), P((1 << 20, 33), segments=1 << 19)], ids=str)
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_large_problems_on_the_gpu(impl, problem):
+    assert_matches("segment_sum", impl, problem, torch.bfloat16, grad=True)
+
+
+def test_inputs_are_drawn_from_the_seed():
+    spec = tiered_ops.get_op("segment_sum")
+    p = P((4096, 8), segments=256, lengths="powerlaw")
+    a, b = (spec.make_inputs(p, torch.float32, torch.device("cpu"), s) for s in (1, 1))
+    c = spec.make_inputs(p, torch.float32, torch.device("cpu"), 2)
+    assert torch.equal(a.args[1], b.args[1]) and not torch.equal(a.args[1], c.args[1])
+    for dist in ("uniform", "powerlaw"):
+        off = offsets_for(1 << 16, 1 << 12, dist, 0)
+        lengths = off.diff()
+        assert off[0] == 0 and off[-1] == 1 << 16 and off.dtype == torch.int64 and bool((lengths >= 0).all())
+        top = lengths.sort(descending=True).values
+        if dist == "powerlaw":  # a few segments hold most rows, many are empty
+            assert top[:10].sum() > 0.5 * (1 << 16) and (lengths == 0).sum() > 1 << 10
+        else:  # every length near the mean of 16
+            assert top[0] < 16 * 16 and (lengths == 0).sum() < 1 << 9
+
+
+def test_problem_of_a_call_and_its_bucket():
+    spec = tiered_ops.get_op("segment_sum")
+    p = P((4096, 8), segments=256, lengths="powerlaw")
+    inp = spec.make_inputs(p, torch.float32, torch.device("cpu"), 0)
+    assert spec.problem_of(*inp.args) == P((4096, 8), segments=256)  # a call's lengths are not read
+    assert spec.bucket(p) == spec.bucket(P((4096, 8), segments=256)) == (4096, 8, 256)
+    assert str(p) == "4096x8,lengths=powerlaw,segments=256" and P((32, 4)).kw["segments"] == 2
+    for bad, says in [(dict(segments=0), "segments must be >= 1"), (dict(lengths="zipf"), "lengths must be one of")]:
+        with pytest.raises(ValueError, match=says):
+            P((32, 4), **bad)
+    with pytest.raises(ValueError, match="values must be 2-D"):
+        P((32, 4, 2))
+
+
+def test_public_op_trains(private_store):
+    values = torch.randn(600, 24, requires_grad=True)
+    offsets = offsets_for(600, 9, "powerlaw", 3)
+    tiered_ops.set_tuning(False)  # nothing measured: the eager tier
+    try:
+        out = tiered_ops.segment_sum(values, offsets)
+    finally:
+        tiered_ops.set_tuning(None)
+    v64 = values.detach().double().requires_grad_(True)
+    want = truth64("segment_sum", v64, offsets)
+    assert_like_truth(out, want, 1e-5)
+    dy = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, values, dy)
+    (ref,) = torch.autograd.grad(want, v64, dy.double())
+    assert_like_truth(got, ref, 1e-6, "grad of values")

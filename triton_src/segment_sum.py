@@ -1,0 +1,259 @@
+"""segment_sum, Triton tier: out[s, :] = sum of values[offsets[s]:offsets[s + 1], :], fp32 sums, one rounding.
+Backward: dvalues[e, :] = dout[segment of e, :] (a broadcast per segment, no arithmetic).
+
+Skew: the rows are split at a chunk of CH rows (256 to 4096, growing with E so that there are at most ~1024 row
+ranges). A segment of at most CH rows (short, or empty) is summed whole by one program of the segment role; a longer
+one is summed by the programs of the row ranges it crosses (ranges of CH rows, a fixed grid over E): each writes an
+fp32 partial, and a second launch adds the partials of each long segment, in range order, and writes its sum. So no
+program sums more than CH rows, one giant segment is spread over E / CH programs, and many empty segments are many
+programs that store zeros; no atomics, so the result does not depend on scheduling. Chosen over a row-parallel pass
+with atomics: the giant segment would take E / CH atomic adds on the same D addresses, serialized at the L2, in a
+buffer that needs zeroing and a rounding pass for 16-bit outputs, and the sum would change from run to run.
+A range holds pieces of at most two long segments (the one holding its first row and the one holding its last: a
+segment longer than CH that lies in a range must cross one of its ends), so the partials are (2 per range, D) fp32.
+The backward needs no combine: each program broadcasts dout rows over the rows it owns.
+
+Bytes: values read once (E * D), out written once (S * D), offsets (S + 1); partials 2 * D fp32 per range at most.
+Backward: dout read (S * D), dvalues written (E * D).
+Contract: offsets are checked on the host only on the CPU (the interpreter), where reading them costs no sync. On a
+GPU they are not read on the host: malformed offsets (unsorted, offsets[0] != 0, offsets[-1] != E) give unspecified
+sums, never an access out of bounds: every boundary is clamped to [0, E] and every segment id stays in [0, S).
+Limits: any E and D (D in blocks of up to 256 columns over the grid's second dim); 64-bit row offsets.
+Versions: v1: segment role + row-range role in one launch, one combine launch when E > CH.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import check_float
+
+MIN_CHUNK, MAX_CHUNK, RANGES = 256, 4096, 1024
+TILE = 4096  # fp32 elements of a program's accumulator tile (32 per thread at 4 warps)
+
+
+@triton.jit
+def _bounds(off_ptr, s, E):
+    """Rows [start, end) of segment s, clamped to [0, E] (malformed offsets stay in bounds)."""
+    start = tl.minimum(tl.maximum(tl.load(off_ptr + s), 0), E)
+    end = tl.minimum(tl.maximum(tl.load(off_ptr + s + 1), start), E)
+    return start, end
+
+
+@triton.jit
+def _find(off_ptr, row, S, n_steps):
+    """The segment holding ``row``: the last s in [0, S) with offsets[s] <= row (binary search, n_steps >= log2 S)."""
+    lo = row * 0
+    hi = lo + S - 1
+    for _ in range(n_steps):
+        active = lo < hi
+        mid = (lo + hi + 1) // 2
+        v = tl.load(off_ptr + mid)
+        lo = tl.where(active & (v <= row), mid, lo)
+        hi = tl.where(active & (v > row), mid - 1, hi)
+    return lo
+
+
+@triton.jit
+def _sum_rows(x_ptr, r0, r1, D, cols, cmask, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Column sums (fp32) of rows [r0, r1) of x."""
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for r in range(r0, r1, BLOCK_R):
+        rows = r + tl.arange(0, BLOCK_R)
+        m = (rows < r1)[:, None] & cmask[None, :]
+        acc += tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _fill_rows(y_ptr, r0, r1, D, cols, cmask, g, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [r0, r1) of y set to the row vector g."""
+    tile = tl.zeros([BLOCK_R, BLOCK_D], g.dtype) + g[None, :]
+    for r in range(r0, r1, BLOCK_R):
+        rows = r + tl.arange(0, BLOCK_R)
+        m = (rows < r1)[:, None] & cmask[None, :]
+        tl.store(y_ptr + rows[:, None] * D + cols[None, :], tile, mask=m)
+
+
+@triton.jit
+def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Programs [0, seg_progs): SEGS segments each, those of at most CH rows summed whole into out. Programs after:
+    # row range p = [p * CH, p * CH + CH), the pieces of long segments in it as fp32 partials in ws[2p] (the segment
+    # holding its first row) and ws[2p + 1] (the one holding its last row, when another).
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    if pid < seg_progs:
+        for j in range(SEGS):
+            s = pid.to(tl.int64) * SEGS + j
+            if s < S:
+                start, end = _bounds(off_ptr, s, E)
+                if end - start <= CH:
+                    tot = _sum_rows(x_ptr, start, end, D, cols, cmask, BLOCK_R, BLOCK_D)
+                    tl.store(out_ptr + s * D + cols, tot.to(out_ptr.dtype.element_ty), mask=cmask)
+    else:
+        p = (pid - seg_progs).to(tl.int64)
+        lo = p * CH
+        hi = tl.minimum(lo + CH, E)
+        sa = _find(off_ptr, lo, S, n_steps)
+        a_start, a_end = _bounds(off_ptr, sa, E)
+        if a_end - a_start > CH:
+            tot_a = _sum_rows(x_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, BLOCK_R, BLOCK_D)
+            tl.store(ws_ptr + 2 * p * D + cols, tot_a, mask=cmask)
+        sb = _find(off_ptr, hi - 1, S, n_steps)
+        b_start, b_end = _bounds(off_ptr, sb, E)
+        if (sb != sa) & (b_end - b_start > CH):
+            tot_b = _sum_rows(x_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, BLOCK_R, BLOCK_D)
+            tl.store(ws_ptr + (2 * p + 1) * D + cols, tot_b, mask=cmask)
+
+
+@triton.jit
+def _segment_sum_combine(ws_ptr, off_ptr, out_ptr, E, D, S, CH, n_steps, BLOCK_P: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    # Program q: the long segment that starts in row range q (at most one: it holds the range's last row), its
+    # partials summed in range order: ws[2q] or ws[2q + 1] (slot 0 when it also holds the range's first row), then
+    # slot 0 of every later range it crosses.
+    q = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    lo = q * CH
+    s = _find(off_ptr, tl.minimum(lo + CH, E) - 1, S, n_steps)
+    start, end = _bounds(off_ptr, s, E)
+    if (end - start > CH) & (start >= lo):
+        slot = tl.where(start == lo, 0, 1)
+        first = tl.load(ws_ptr + (2 * q + slot) * D + cols, mask=cmask, other=0.0)
+        last = (end - 1) // CH + 1
+        acc = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+        for r in range(q + 1, last, BLOCK_P):
+            rr = r + tl.arange(0, BLOCK_P)
+            m = (rr < last)[:, None] & cmask[None, :]
+            acc += tl.load(ws_ptr + (2 * rr)[:, None] * D + cols[None, :], mask=m, other=0.0)
+        tl.store(out_ptr + s * D + cols, (first + tl.sum(acc, axis=0)).to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _segment_sum_bwd(dout_ptr, off_ptr, dx_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # The forward's split: a short segment's rows by its segment program, a long one's by the row ranges it crosses.
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    if pid < seg_progs:
+        for j in range(SEGS):
+            s = pid.to(tl.int64) * SEGS + j
+            if s < S:
+                start, end = _bounds(off_ptr, s, E)
+                if end - start <= CH:
+                    g = tl.load(dout_ptr + s * D + cols, mask=cmask, other=0.0)
+                    _fill_rows(dx_ptr, start, end, D, cols, cmask, g, BLOCK_R, BLOCK_D)
+    else:
+        p = (pid - seg_progs).to(tl.int64)
+        lo = p * CH
+        hi = tl.minimum(lo + CH, E)
+        sa = _find(off_ptr, lo, S, n_steps)
+        a_start, a_end = _bounds(off_ptr, sa, E)
+        if a_end - a_start > CH:
+            g_a = tl.load(dout_ptr + sa * D + cols, mask=cmask, other=0.0)
+            _fill_rows(dx_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, g_a, BLOCK_R, BLOCK_D)
+        sb = _find(off_ptr, hi - 1, S, n_steps)
+        b_start, b_end = _bounds(off_ptr, sb, E)
+        if (sb != sa) & (b_end - b_start > CH):
+            g_b = tl.load(dout_ptr + sb * D + cols, mask=cmask, other=0.0)
+            _fill_rows(dx_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, g_b, BLOCK_R, BLOCK_D)
+
+
+def chunk_rows(E: int) -> int:
+    """CH: a power of two from MIN_CHUNK to MAX_CHUNK that cuts E rows into at most about RANGES ranges."""
+    return min(MAX_CHUNK, max(MIN_CHUNK, triton.next_power_of_2(max(1, triton.cdiv(E, RANGES)))))
+
+
+def _check(op: str, name: str, t: torch.Tensor, offsets: torch.Tensor) -> int:
+    """``t`` (values or dout) 2-D float, offsets 1-D int64 on its device (their values where that costs no sync): S."""
+    check_float(op, name, t)
+    if t.dim() != 2:
+        raise ValueError(f"{op}: {name} must be 2-D [rows, D], got shape {list(t.shape)}")
+    if offsets.dtype != torch.int64:
+        raise TypeError(f"{op}: offsets must be an int64 tensor of S + 1 boundaries, got dtype {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"{op}: offsets must be 1-D with S + 1 >= 1 boundaries, got shape {list(offsets.shape)}")
+    if offsets.device != t.device:
+        raise ValueError(f"{op}: offsets must be on {name}'s device {t.device}, got {offsets.device}")
+    return offsets.shape[0] - 1
+
+
+def _check_cpu_boundaries(op: str, offsets: torch.Tensor, rows: int) -> None:
+    """Where reading them costs no sync (the CPU interpreter): offsets[0] == 0, offsets[-1] == rows, sorted."""
+    if offsets.device.type != "cpu":
+        return
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        raise ValueError(f"{op}: offsets[0] must be 0, got {first}")
+    if last != rows:
+        raise ValueError(f"{op}: offsets[-1] must be the number of rows {rows}, got {last}")
+    down = (offsets[1:] < offsets[:-1]).nonzero()
+    if down.numel():
+        i = int(down[0, 0])
+        raise ValueError(f"{op}: offsets must be sorted (non-decreasing), got offsets[{i}] = {int(offsets[i])} > "
+                         f"offsets[{i + 1}] = {int(offsets[i + 1])}")
+
+
+def _settings(E: int, D: int, S: int) -> dict:
+    """Chunk, grid and block sizes of both directions (plain ints: constexprs, even where the shapes are symbolic)."""
+    E, D, S = int(E), int(D), int(S)
+    block_d = min(256, max(16, triton.next_power_of_2(max(D, 1))))
+    block_r = max(1, min(256, TILE // block_d))
+    ch = chunk_rows(E)
+    ranges = triton.cdiv(E, ch) if E > ch else 0  # no segment is longer than CH when E <= CH
+    mean = triton.next_power_of_2(max(1, E // max(S, 1)))
+    segs = max(1, min(8, block_r // mean))  # short segments: a few per program
+    return dict(block_d=block_d, block_r=block_r, ch=ch, ranges=ranges, segs=segs, seg_progs=triton.cdiv(S, segs),
+                d_blocks=triton.cdiv(D, block_d), n_steps=max(1, S.bit_length()))
+
+
+def segment_sum_launch(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    op = "segment_sum_triton"
+    S = _check(op, "values", values, offsets)
+    _check_cpu_boundaries(op, offsets, values.shape[0])
+    x, off = values.contiguous(), offsets.contiguous()
+    E, D = x.shape
+    out = torch.empty((S, D), dtype=x.dtype, device=x.device)
+    if S == 0 or D == 0:
+        return out
+    c = _settings(E, D, S)
+    ws = torch.empty((max(1, 2 * c["ranges"]), D), dtype=torch.float32, device=x.device)
+    wrap_triton(_segment_sum_fwd)[(c["seg_progs"] + c["ranges"], c["d_blocks"])](
+        x, off, out, ws, E, D, S, c["ch"], c["seg_progs"], c["n_steps"], SEGS=c["segs"], BLOCK_R=c["block_r"],
+        BLOCK_D=c["block_d"], num_warps=4)
+    if c["ranges"]:
+        wrap_triton(_segment_sum_combine)[(c["ranges"], c["d_blocks"])](
+            ws, off, out, E, D, S, c["ch"], c["n_steps"], BLOCK_P=max(1, TILE // c["block_d"]),
+            BLOCK_D=c["block_d"], num_warps=4)
+    return out
+
+
+def segment_sum_bwd_launch(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """dvalues [rows, D]: each row the dout row of its segment."""
+    op = "segment_sum_bwd_triton"
+    S = _check(op, "dout", dout, offsets)
+    if dout.shape[0] != S:
+        raise ValueError(f"{op}: dout must have one row per segment ({S}), got shape {list(dout.shape)}")
+    _check_cpu_boundaries(op, offsets, rows)
+    g, off = dout.contiguous(), offsets.contiguous()
+    D = g.shape[1]
+    dx = torch.empty((rows, D), dtype=g.dtype, device=g.device)
+    if S == 0 or D == 0 or rows == 0:
+        return dx
+    c = _settings(rows, D, S)
+    wrap_triton(_segment_sum_bwd)[(c["seg_progs"] + c["ranges"], c["d_blocks"])](
+        g, off, dx, rows, D, S, c["ch"], c["seg_progs"], c["n_steps"], SEGS=c["segs"], BLOCK_R=c["block_r"],
+        BLOCK_D=c["block_d"], num_warps=4)
+    return dx
+
+
+segment_sum_triton = triton_op("tiered_ops::segment_sum_triton", segment_sum_launch, mutates_args={})
+segment_sum_bwd_triton = triton_op("tiered_ops::segment_sum_bwd_triton", segment_sum_bwd_launch, mutates_args={})
