@@ -92,7 +92,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
-                   impls=args.impls.split(",") if args.impls else None, shard=args.shard, devices=devices)
+                   impls=args.impls.split(",") if args.impls else None, cost_metadata=not args.no_meta,
+                   shard=args.shard, devices=devices)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)

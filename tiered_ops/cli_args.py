@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     _listed(s, "dtype", _dtypes, "comma-separated: fp32,bf16,fp16 (default bf16,fp32 on GPU, fp32 on CPU)")
     _listed(s, "mode", _modes, f"comma-separated: {','.join(MODES)} (default: all)")
     s.add_argument("--force", action="store_true", help="re-measure even when fresh results are stored")
+    s.add_argument("--no-meta", action="store_true",
+                   help="skip the cost metadata (graph breaks, lines of code, build seconds) after the measurements")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
     s.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one candidate may take (first call, checks and timing) before it is killed "
