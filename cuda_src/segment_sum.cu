@@ -75,7 +75,7 @@ struct Lane {
 template <typename T, int V, int K>
 __device__ __forceinline__ void sum_rows(const T* __restrict__ x, int64_t a, int64_t b, int64_t D, int64_t col0,
                                          const Lane& ln, float (&acc)[K][V]) {
-  constexpr int U = K * V >= 8 ? kUnroll / 2 : kUnroll;  // 8 or more columns a thread: half the rows in flight
+  constexpr int U = (K * V >= 8 || K >= 4) ? kUnroll / 2 : kUnroll;  // 8+ columns or 4+ units: half the rows
 #pragma unroll
   for (int k = 0; k < K; ++k)
 #pragma unroll

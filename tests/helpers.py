@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import pytest
 import torch
 
-from tiered_ops.catalog import get_op
+from tiered_ops.catalog import all_ops, get_op
 from tiered_ops.measure import arg_names, check_one, grad_norm, grad_output, output_names, with_grad
 from tiered_ops.registry import DTYPE_NAMES, Problem, as_outputs, rel_error
 from tiered_ops.timing import fingerprint
@@ -39,6 +39,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Tiers checked against the reference at every problem x dtype. The compile tier has its own smaller
 # list per op: every new shape costs a CPU compile of several seconds.
 IMPLS = ["eager", "triton", pytest.param("cuda", marks=gpu)]
+
+
+def builtin_ops() -> list:
+    """The ops declared in tiered_ops/ops: a test's planted op (tests/plants), registered when a test imports it,
+    is not one of them, whatever order the tests run in."""
+    return [s for s in all_ops() if s.reference.__module__.startswith("tiered_ops.ops.")]
 
 
 def device_for(impl: str) -> torch.device:

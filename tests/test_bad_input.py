@@ -4,13 +4,13 @@ op-specific arguments: normalized_shape, dim, approximate, bias shape)."""
 
 import pytest
 import torch
-from helpers import HAS_CUDA, gpu
+from helpers import HAS_CUDA, builtin_ops, gpu
 
-from tiered_ops.catalog import all_ops, get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import arg_names
 from tiered_ops.registry import as_outputs
 
-OPS = [s.name for s in all_ops()]
+OPS = [s.name for s in builtin_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]
 PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: both approximations)
     "softmax": [dict()], "rms_norm": [dict()], "layer_norm": [dict()], "muladd": [dict()],

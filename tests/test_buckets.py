@@ -3,9 +3,9 @@
 import math
 
 import pytest
+from helpers import builtin_ops
 
 from tiered_ops import buckets
-from tiered_ops.catalog import all_ops
 
 
 @pytest.mark.parametrize("bucket", [(1024, 4096, True), (64, 0, False, "tanh"), (8, None), ((64, 256), 3, "x|y"), ()])
@@ -36,7 +36,7 @@ def test_decoding_text_that_is_not_an_encoded_bucket_is_an_error(text):
 
 
 def test_every_ops_default_buckets_round_trip():
-    for spec in all_ops():
+    for spec in builtin_ops():
         for p in spec.default_problems("cuda") + spec.edge_problems():
             b = spec.bucket(p)
             assert buckets.decode(buckets.encode(b)) == b, (spec.name, p)

@@ -12,11 +12,12 @@ import time
 
 import pandas as pd
 import pytest
+from helpers import builtin_ops
 
 import tiered_ops
 from tiered_ops.analysis import shown as _shown
 from tiered_ops.analysis import table
-from tiered_ops.catalog import all_ops, get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.cli import main
 from tiered_ops.cli_args import build_parser
 from tiered_ops.meta import with_progress
@@ -25,7 +26,7 @@ from tiered_ops.meta import with_progress
 def test_list_shows_every_tier_with_reasons(capsys):
     assert main(["list", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    for op in (s.name for s in all_ops()):
+    for op in (s.name for s in builtin_ops()):
         for tier in ("eager", "compile", "triton", "cuda"):
             assert any(line.startswith(op) and f" {tier} " in line for line in out.splitlines()), (op, tier)
     assert "unavailable: runs on cuda only" in out
@@ -78,7 +79,7 @@ def test_every_argument_has_help_and_every_subcommand_is_listed():
     top = parser.format_help()
     assert "tiered-ops COMMAND -h" in top
     subs = _subcommands(parser)
-    assert len(subs) == 9
+    assert len(subs) == 11
     for name, sub in subs.items():
         assert re.search(rf"^\s+{re.escape(name)}\s+\S", top, re.M), f"{name} missing from the top-level help"
         for action in sub._actions:
@@ -106,7 +107,7 @@ def test_db_is_accepted_before_or_after_the_subcommand(tmp_path, where, capsys):
 
 def test_every_op_parameter_has_a_select_option():
     options = {s: a.help for a in _subcommands(build_parser())["select"]._actions for s in a.option_strings}
-    for spec in all_ops():
+    for spec in builtin_ops():
         for prm in list(inspect.signature(spec.problem).parameters.values())[1:]:
             flag = f"--{'no-' if prm.default is True else ''}{prm.name.replace('_', '-')}"
             assert spec.name in options.get(flag, ""), (spec.name, flag)

@@ -4,18 +4,18 @@ import time
 
 import pytest
 import torch
-from helpers import HAS_CUDA, gpu
+from helpers import HAS_CUDA, builtin_ops, gpu
 
 import tiered_ops
 from tiered_ops import decide as sel_mod
-from tiered_ops.catalog import all_ops, get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.measure import bucket_str
 from tiered_ops.meta import _between_pointwise
 from tiered_ops.registry import DTYPE_NAMES, as_outputs
 from tiered_ops.store import Store
 from tiered_ops.timing import fingerprint
 
-OPS = [s.name for s in all_ops()]
+OPS = [s.name for s in builtin_ops()]
 DEV = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 
 

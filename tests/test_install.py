@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import builtin_ops
 
 import tiered_ops
 from tiered_ops import cuda_ext
-from tiered_ops.catalog import all_ops
 from tiered_ops.registry import Tier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def kernel_files() -> set[Path]:
     """Every file an implementation is hashed from and every file the CUDA build reads; not the planted faulty
     kernels of tests/plants (registered when a test imports them) nor a peer library's files."""
     tests = Path(__file__).resolve().parent
-    files = {p for spec in all_ops() for impl in spec.impls.values() if impl.tier != Tier.PEER
+    files = {p for spec in builtin_ops() for impl in spec.impls.values() if impl.tier != Tier.PEER
              for p in impl.sources if not p.resolve().is_relative_to(tests)}
     return files | set(cuda_ext.all_files()) | set(cuda_ext.sources())
 
@@ -88,7 +88,7 @@ def test_python_m_tiered_ops_runs_the_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tiered_ops", "list", "--device", "cpu"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    for op in (s.name for s in all_ops()):
+    for op in (s.name for s in builtin_ops()):
         assert op in r.stdout
 
 

@@ -8,9 +8,10 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import builtin_ops
 
 from tiered_ops import bench
-from tiered_ops.catalog import all_ops, get_op
+from tiered_ops.catalog import get_op
 from tiered_ops.cli_args import build_parser
 from tiered_ops.measure import base_row
 from tiered_ops.registry import DTYPES
@@ -23,7 +24,7 @@ CPU = torch.device("cpu")
 
 def _cases():
     """The default GPU sweep's cases in every dtype (the largest case list the package has)."""
-    return [(s, p, dt) for s in all_ops() for p in s.default_problems("cuda") for dt in DTYPES.values()]
+    return [(s, p, dt) for s in builtin_ops() for p in s.default_problems("cuda") for dt in DTYPES.values()]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
