@@ -141,8 +141,23 @@ TERRITORIES: tuple[Territory, ...] = (
 
 # territory name -> why it is given up, with the figures (`python benchmarks/territories_from_results.py` on the
 # committed results: the best compiler tier's time over the kernel's, and the bar 1 + margin + noise it must clear).
-_EVIDENCE = "Evidence: reports/nvidia-h100/results.csv and reports/nvidia-h200/results.csv."
+_EVIDENCE = ("Evidence (tree 8bc592a): reports/nvidia-h100/results.csv at commit ac3fbc1 and "
+             "reports/nvidia-h200/tree-8bc592a/results.csv.")
+# The small-rows territories were held on that evidence; measured again with the eager fast path (which brings the
+# Triton tier's launch path to about eager's), none holds.
+_FAST = "Evidence: reports/nvidia-h100/results.csv (the eager fast path's tree, 2026-11-23; no H200 sweep of it)."
 RETIRED: dict[str, str] = {
+    "softmax.small-rows": "with the Triton tier launched directly, a tie at every case: 1x4096 bf16 1.19x Triton "
+    "against a bar of 1.61x, 32x4096 bf16 1.20x against 1.31x, fp32 1.26x against 1.30x and 0.89x. " + _FAST,
+    "rms_norm.small-rows": "ties Triton launched directly: 1x4096 bf16 1.28x against a bar of 1.71x, 32x4096 1.27x "
+    "against 1.65x. " + _FAST,
+    "layer_norm.small-rows": "ties Triton launched directly: 1x4096 bf16 1.02x against a bar of 1.26x, 32x4096 "
+    "0.96x against 1.87x. " + _FAST,
+    "gelu.small-rows": "ties Triton launched directly at every case: bf16 1.25x / 1.26x against bars of 1.28x, fp32 "
+    "1.29x against 1.57x and 0.97x against 2.38x. " + _FAST,
+    "muladd.small-rows": "wins at 3 of 4 cases by 1.02-1.03x its bar (32x4096 bf16 1.34x against 1.31x, 1x4096 bf16 "
+    "1.36x against 1.32x, 32x4096 fp32 1.58x against 1.55x) and ties at 1x4096 fp32 (1.31x against 1.59x): too close "
+    "to hold after the next sweep, on one GPU's evidence. " + _FAST,
     "softmax.bulk": "bandwidth-bound, won at 0 of 16 cases on the H100 and 1 of 16 on the H200 (512x393216 bf16 "
     "fwd_nograd: 1.14x Triton, bar 1.11x); 4096x32768 bf16 fwd_nograd: 0.65x Triton on both, 16384x4096 bf16: 0.95x / "
     "0.70x Triton (Nsight Compute on the H100, ncu.txt: Triton's occupancy and registers, 1.54x its cycles). At "
