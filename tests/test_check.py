@@ -278,19 +278,26 @@ def test_the_readme_lists_which_kernels_defend_what():
 
 
 @pytest.mark.parametrize("drop", ["rows", "fail"])
-def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, capsys):
-    """What used to pass: the committed H100 results with no CUDA rows, or with every CUDA row failed."""
+def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, capsys, monkeypatch):
+    """What used to pass: the committed H100 results with no CUDA rows, or with every CUDA row failed, where a
+    territory is held (the small-row ones, retired on that evidence, are held again here)."""
+    import tiered_ops.check as check_mod
+
+    kept = {k: v for k, v in terr.RETIRED.items() if not k.endswith(".small-rows")}
+    assert len(kept) < len(terr.RETIRED)
+    monkeypatch.setattr(check_mod, "RETIRED", kept)
     df = pd.read_csv(ROOT / "reports/nvidia-h100/results.csv")
     if drop == "rows":
         df = df[df.tier != "cuda"]
     else:
+        df["reason"] = df["reason"].astype(object)  # all empty in a file where every row passed
         df.loc[df.tier == "cuda", ["ok", "reason"]] = [0, "crafted: wrong output"]
     csv = tmp_path / "results.csv"
     df.to_csv(csv, index=False)
     assert main(["check", "--results", str(csv)]) == 1
     out = capsys.readouterr().out
-    held = [t for t in terr.TERRITORIES if t.name not in terr.RETIRED]
+    held = [t for t in terr.TERRITORIES if t.name not in kept]
     kind = "no-evidence" if drop == "rows" else "broken"
-    assert sum(f"[{kind}]: does not hold" in line for line in out.splitlines()) == len(held)
-    assert out.splitlines()[-1] == f"cuda: 0 kernels defend 0 cases in 0 territories; {len(terr.RETIRED)} " \
+    assert held and sum(f"[{kind}]: does not hold" in line for line in out.splitlines()) == len(held)
+    assert out.splitlines()[-1] == f"cuda: 0 kernels defend 0 cases in 0 territories; {len(kept)} " \
                                    "territories retired"

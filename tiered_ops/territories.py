@@ -244,8 +244,14 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
              f"{100 * DEFAULT_MARGINS['cuda']:.0f} % margin beyond the noise, or `tiered-ops check` fails (CI checks "
              "every committed `reports/<gpu>/results.csv`). Everywhere else the compiler tiers are the answer. The "
              "check compares with the compiler tiers only: where plain eager is faster still, selection picks eager.",
-             "", "| kernel | territory | region |", "|---|---|---|"]
-    lines += [f"| {t.op} {t.impl} | {t.name} | {t.region()} |" for t in held]
+             ""]
+    if held:
+        lines += ["| kernel | territory | region |", "|---|---|---|"]
+        lines += [f"| {t.op} {t.impl} | {t.name} | {t.region()} |" for t in held]
+    else:
+        lines += ["**No CUDA kernel defends a territory on the committed evidence**: everywhere it was measured, a "
+                  "compiler tier (or Triton launched as cheaply as eager) is as fast within the noise, or faster. The "
+                  "kernels stay, measured and reported, for the check to flag where one wins again."]
     whys = {t.why: [u.name for u in held if u.why == t.why] for t in held if t.why}
     lines += [""] + [f"Why {', '.join(names)}: {why}." for why, names in whys.items()]
     gone = [t.name for t in territories if t.name in retired]
