@@ -107,7 +107,8 @@ PY
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"
-      for op in softmax rms_norm muladd layer_norm gelu segment_sum; do $PY -m tiered_ops.cli info $op || rc=1; done 2>&1 \
+      for op in $($PY -c "from tiered_ops.catalog import all_ops; print(*(s.name for s in all_ops()))"); do
+        $PY -m tiered_ops.cli info "$op" || rc=1; done 2>&1 \
         | tee "$OUT/info.txt"
       ;;
     sanitize)
