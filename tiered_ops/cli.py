@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import envs
 from .catalog import all_ops, get_op
 from .cli_args import build_parser, op_kwargs, protect_shapes
 from .cli_decisions import cmd_decisions
@@ -262,7 +262,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         dev = _gpu(args, "targets --live", "the targets are GPU figures")
         if dev is None:
             return 2
-        main_db = args.db or os.environ.get("TIERED_OPS_DB")
+        main_db = args.db or envs.db()
         if not main_db or not Path(main_db).exists():
             print("error: targets --live decides from the default sweep's store: pass --db (or set TIERED_OPS_DB) "
                   "to a store the bench filled", file=sys.stderr)

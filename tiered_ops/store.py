@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import store_pg, store_sqlite
+from . import envs, store_pg, store_sqlite
 from .buckets import decode, encode, from_legacy
 from .method import METHOD_VERSION
 from .store_sqlite import StoreError, StoreWarning  # noqa: F401  (the store's errors, imported from here)
@@ -93,11 +93,10 @@ STORE_ERRORS = (StoreError, sqlite3.Error)  # what a failing store raises (Postg
 
 def default_path() -> Path | str:
     """``$TIERED_OPS_DB`` (a path, or a ``postgresql://`` URL kept as text), else the per-user SQLite file."""
-    env = os.environ.get("TIERED_OPS_DB")
+    env = envs.db()
     if env:
         return env if store_pg.is_url(env) else Path(env).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "tiered_ops" / "results.sqlite"
+    return envs.cache_dir() / "results.sqlite"
 
 
 def _alive(pid: int) -> bool:
