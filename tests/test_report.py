@@ -1,11 +1,15 @@
 """tiered-ops report from a small results file produced by a real CPU bench run: Markdown, CSV and plots."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from tiered_ops.analysis import winners
 from tiered_ops.cli import main
 from tiered_ops.store import COLUMN_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_report_from_a_real_cpu_bench(private_store, tmp_path, capsys):
@@ -108,3 +112,22 @@ def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
     legacy = noisy.drop(columns=["host_p20_us", "host_p80_us"])
     assert caller_range(legacy.iloc[0]) == pytest.approx((132 * 0.99, 132 * 1.01))
     assert not winners(legacy).iloc[0].tie
+
+
+def test_the_report_shows_peak_memory_where_the_results_carry_it(tmp_path):
+    """GPU rows carry the bytes one call allocates above its inputs: the report shows them in MiB; results without
+    them (CPU rows, older files) render as before, with no such column."""
+    df = pd.read_csv(ROOT / "reports/nvidia-h100/results.csv")
+    assert df.peak_bytes.notna().all()
+    out = tmp_path / "with"
+    assert main(["report", "--results", str(ROOT / "reports/nvidia-h100/results.csv"), "--out", str(out),
+                 "--command", "x", "--no-csv"]) == 0
+    text = (out / "README.md").read_text()
+    assert "| rel err | peak MiB | breaks |" in text
+    r = df[(df.op == "softmax") & (df.impl == "eager") & (df.dtype == "bf16") & (df["mode"] == "fwd_nograd")
+           & df.problem.str.startswith("16384x4096")].iloc[0]
+    assert f"| {r.peak_bytes / 2**20:.3g} | - |" in text  # 16384x4096 bf16 out: 128 MiB
+    csv = tmp_path / "no_peak.csv"
+    df.drop(columns=["peak_bytes"]).to_csv(csv, index=False)
+    assert main(["report", "--results", str(csv), "--out", str(tmp_path / "without"), "--command", "x"]) == 0
+    assert "peak MiB" not in (tmp_path / "without" / "README.md").read_text()

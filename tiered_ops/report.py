@@ -5,8 +5,8 @@ cost metadata (``export --meta``), it writes into one folder:
 - ``results.csv``: one row per measurement, the store's columns in the store's order (diff-friendly);
 - ``README.md``: per op, the winner of each (problem, dtype, mode) with its margin over the runner-up, marked
   a tie when their p20-p80 ranges overlap, the decision under each policy, and one line per implementation
-  (median, us/call, GB/s, % of copy, relative error, graph breaks, LOC, build seconds); speed-ups over
-  eager above 10x are flagged for a second look;
+  (median, us/call, GB/s, % of copy, relative error, peak memory where measured, graph breaks, LOC, build
+  seconds); speed-ups over eager above 10x are flagged for a second look;
 - with a second sweep's results (``--repeat``), the share of non-tied cases where both pick the same winner;
 - ``<op>-gbps.png``: GB/s of each implementation across the problems, per dtype and mode, with the measured
   copy-bandwidth line; ``winners.png``: the winning tier of every case.
@@ -126,16 +126,20 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
                          f"{dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
                          f"{dr.cold_start_1000 if dr is not None else '-'} |")
+        # peak memory (bytes one call allocates above its inputs) where the results carry it (GPU rows of schema 6+)
+        peak = "peak_bytes" in g and g.peak_bytes.notna().any()
         lines += ["", "<details><summary>every measurement</summary>", "",
-                  "| problem | dtype | mode | impl | median us | us/call | GB/s | % copy | rel err | breaks | LOC | "
-                  "build s | note |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| problem | dtype | mode | impl | median us | us/call | GB/s | % copy | rel err | "
+                  + ("peak MiB | " if peak else "") + "breaks | LOC | build s | note |",
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if peak else "") + "---|---|---|---|"]
         for r in g.itertuples():
             m = metas.get((op, r.impl), {})
             note = "" if r.ok == 1 and not pd.isna(r.caller_us) else str(r.reason or "")[:80].replace("|", "/")
+            mib = f"{_f(r.peak_bytes / 2**20 if r.peak_bytes == r.peak_bytes else None, '.3g')} | " if peak else ""
             lines.append(
                 f"| {r.problem} | {r.dtype} | {r.mode} | {r.impl} | {_f(r.p50_us, '.1f')} | {_f(r.caller_us, '.1f')} | "
                 f"{_f(r.gbps, '.0f')} | {_f(100 * r.frac_copy if r.frac_copy == r.frac_copy else None, '.1f')} | "
-                f"{_f(r.rel_error, '.1e')} | {_breaks(m)} | {m.get('loc', '-')} | "
+                f"{_f(r.rel_error, '.1e')} | {mib}{_breaks(m)} | {m.get('loc', '-')} | "
                 f"{_f(m.get('build_s_own'), '.1f') if r.tier == 'cuda' else '-'} | {note} |")
         lines += ["", "</details>"]
     lines += ["", "![winning tier per case](winners.png)", ""]
