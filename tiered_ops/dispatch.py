@@ -65,17 +65,24 @@ def _is_tensor(p: inspect.Parameter) -> bool:
     return "Tensor" in str(p.annotation)
 
 
-def _key_part(p: inspect.Parameter) -> str:
-    """The fast-path key's expression for one argument: a tensor's shape and dtype, a sequence as a tuple."""
+def _key_part(p: inspect.Parameter, decisive: set[str]) -> str | None:
+    """The fast-path key's expression for one argument, or None where it cannot change the decision: a required
+    tensor's shape and dtype, an optional one's presence (its shape and dtype are the op's to check), a sequence
+    as a tuple, and of the other arguments only those the op's problem takes (``decisive``: eps is not one)."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
-        return f"None if {n} is None else ({n}.shape, {n}.dtype)" if "None" in ann else f"{n}.shape, {n}.dtype"
+        return f"{n} is None" if "None" in ann else f"{n}.shape, {n}.dtype"
+    if n not in decisive:
+        return None
     if "Sequence" in ann or "list" in ann:
         return f"{n} if {n}.__class__ is int or {n} is None else tuple({n})"
     return n
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
+# Whether the current CUDA stream is capturing a graph: the C function itself where torch has CUDA (the hot path
+# asks only for a CUDA tensor, whose device is initialized), torch's wrapper otherwise.
+_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def public(name: str) -> Callable[..., Any]:
@@ -97,7 +104,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     tensors = [p.name for p in params if _is_tensor(p)]
     ns: dict[str, Any] = dict(_calls=_calls, _dispatch=dispatch, _not_tensors=not_tensors, _SPEC=spec,
                               _grad=torch.is_grad_enabled, _compiling=torch.compiler.is_compiling,
-                              _capturing=torch.cuda.is_current_stream_capturing)
+                              _capturing=_CAPTURING)
     sig = []
     for i, p in enumerate(params):
         if p.default is inspect.Parameter.empty:
@@ -107,7 +114,8 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
             sig.append(f"{p.name}=_D{i}")
     req = " or ".join(f"{g}.requires_grad" if g not in optional else f"({g} is not None and {g}.requires_grad)"
                       for g in grads)
-    parts = [f"{first}.shape, {first}.dtype, _dev"] + [_key_part(p) for p in params[1:]]
+    decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
+    parts = [f"{first}.shape, {first}.dtype, _dev"] + [k for p in params[1:] if (k := _key_part(p, decisive))]
     call = ", ".join(names)
     src = f'''def {spec.name}({", ".join(sig)}):
     try:
