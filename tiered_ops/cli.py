@@ -13,11 +13,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import envs
+from . import envs, targets
+from .analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
+from .bench import sweep
 from .catalog import all_ops, get_op
+from .check import check, live_plan, report
 from .cli_args import build_parser, op_kwargs, protect_shapes
 from .cli_decisions import cmd_decisions
+from .decide import select_backend, use_store
+from .meta import breaks_str, stored_or_collect
 from .registry import DTYPES, MODES
+from .report import cross, render
+from .shards import gpu_devices
+from .store import Store
+from .targets import load_spec
+from .timing import default_device, fingerprint
 from .tuning import cmd_tune
 
 if TYPE_CHECKING:
@@ -30,7 +40,6 @@ def _device(arg: str | None) -> torch.device:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise SystemExit("error: --device cuda asked for, but torch sees no CUDA device")
         return torch.device("cuda", dev.index or 0) if dev.type == "cuda" else dev
-    from .timing import default_device
 
     return default_device()
 
@@ -45,7 +54,6 @@ def _gpu(args: argparse.Namespace, what: str, why: str) -> torch.device | None:
 
 
 def _store(args: argparse.Namespace):
-    from .store import Store
 
     return Store(args.db)
 
@@ -66,8 +74,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    from .analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
-    from .bench import sweep
 
     for module in args.imports or []:
         importlib.import_module(module)  # registers more ops (tests/plants: planted faulty kernels)
@@ -76,7 +82,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
                 for s in specs}
     dtypes = args.dtype or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
-    from .shards import gpu_devices
 
     devices = gpu_devices(args.gpus) if args.gpus else None
     if devices and len(devices) > 1 and args.in_process:
@@ -128,7 +133,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from .decide import select_backend, use_store
 
     params = op_kwargs(args.op, args)  # before anything runs
     use_store(_store(args))
@@ -150,8 +154,6 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .meta import breaks_str, stored_or_collect
-    from .timing import fingerprint
 
     spec, dev, store = get_op(args.op), _device(args.device), _store(args)
     fp = fingerprint(dev)
@@ -198,12 +200,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .check import check, report
 
     if args.live:
-        from .bench import sweep
-        from .check import live_plan
-        from .timing import fingerprint
 
         dev = _gpu(args, "check --live", "the CUDA tier runs nowhere else")
         if dev is None:
@@ -225,8 +223,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import render
-    from .targets import load_spec
 
     if args.targets and not args.targets_spec:
         print("error: report --targets DIR needs --targets-spec FILE (the speed targets, e.g. benchmarks/targets.json)",
@@ -254,7 +250,6 @@ def _read_targets(folder: str | None) -> dict:
 def cmd_targets(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from . import targets
 
     spec = targets.load_spec(args.spec) if args.spec else None
     points = targets.load_grid(args.grid) if args.grid else None
@@ -278,7 +273,6 @@ def cmd_targets(args: argparse.Namespace) -> int:
             return 2
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        from .store import Store
 
         # The quick part first (dispatch cost), then the grid, exported even when interrupted: what finished counts.
         if disp is not None:
@@ -320,7 +314,6 @@ def cmd_targets(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .report import cross
 
     frames = {Path(f).parent.name: pd.read_csv(f) for f in args.results}
     if len(frames) < 2:

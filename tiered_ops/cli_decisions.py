@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import Sequence
 
+from .packs import export_pack, import_pack
+from .store import Store
+
 
 def add_decisions_parser(subparsers: argparse._SubParsersAction,
                          parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
@@ -28,9 +31,6 @@ def add_decisions_parser(subparsers: argparse._SubParsersAction,
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     """Run ``decisions export`` (exit 0) or ``decisions import`` (exit 1 when any row was refused)."""
-    from .packs import export_pack, import_pack
-    from .store import Store
-
     store = Store(getattr(args, "db", None))
     try:
         if args.decisions_cmd == "export":

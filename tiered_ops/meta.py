@@ -31,7 +31,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from . import cuda_ext
 from .registry import Impl, OpSpec, Tier
+from .timing import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -249,8 +251,6 @@ def collect(spec: OpSpec, impl: Impl, device: torch.device) -> dict[str, Any]:
     if impl.tier == Tier.COMPILE:
         meta["recompiles"] = recompiles_in_bucket(spec, spec.impls["eager"].fn, device)
     if impl.tier == Tier.CUDA:
-        from . import cuda_ext
-
         info = cuda_ext.build_info()
         arch = (info.get("arch") or "sm_90").removeprefix("sm_")
         meta["archs"] = f"sm_{arch}" + ("" if info else " (checked with nvcc only: no extension built here)")
@@ -281,8 +281,6 @@ def stored_or_collect(store: Any, spec: OpSpec, impl: Impl, device: torch.device
     """The implementation's metadata for this device and source, collected and stored on first use.
     ``device_key``: the device's fingerprint key when already known; ``collector``: how to collect it when it
     is missing (default: ``collect`` in this process; the sweep passes one that asks a worker process)."""
-    from .timing import fingerprint
-
     key = device_key or fingerprint(device).key
     meta = store.get_meta(spec.name, impl.name, key, impl.source_hash)
     if meta is None:

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .analysis import decisions, winners
 from .store import COLUMN_NAMES
+from .targets import render as render_targets
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
 FLAG_SPEEDUP = 10.0
@@ -234,8 +235,6 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
     readme = out / "README.md"
     text = markdown(df, metas, command, rendered_by, again)
     if targets_spec is not None:
-        from .targets import render as render_targets
-
         t = targets or {}
         text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
     readme.write_text(text)

@@ -243,6 +243,8 @@ def _healthy(device: Any) -> str | None:
 
 
 def _serve(device_str: str, modules: list[str]) -> None:
+    # The worker process's imports happen here, not at the top: torch, the catalog and the modules to measure are
+    # loaded only after stdout is redirected and faulthandler is on, so that a crash while importing is reported.
     proto = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints from kernels and libraries go to the log, not into the protocol
     _die_with_parent()
