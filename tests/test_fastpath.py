@@ -326,3 +326,17 @@ def test_known_launcher_is_bypassed_in_the_same_order(monkeypatch):
     scratch = _KnownLauncher(calls)
     scratch.global_scratch_size = 128
     assert launch.c_launch(scratch) is None
+
+
+@pytest.mark.parametrize("op", FAST_OPS)
+def test_a_resolved_fast_path_still_traces_as_the_registered_op(op):
+    """After an eager call has resolved the Triton tier to its fast path, dynamo still traces the registered op:
+    one graph, no break (the fast path hands a traced call over; the tier checks for compiling only before it
+    resolves)."""
+    from tiered_ops.meta import explain
+
+    spec = get_op(op)
+    args = next(a for o, a, _ in CASES if o == op)
+    impl = spec.impls["triton"]
+    impl.fn(*args)
+    assert explain(impl.fn, args) == dict(graphs=1, breaks=0, reasons=[], error=None)

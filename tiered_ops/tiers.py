@@ -202,15 +202,16 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
     resolved: list[Callable[..., Any]] = []
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        if resolved:  # the fast path hands a traced call to ``registered`` itself: one compile check per call
+            return resolved[0](*args, **kwargs)
         if torch.compiler.is_compiling():
-            return registered(*args, **kwargs)
-        if not resolved:
-            why = load()
-            if why:
-                raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
-            single = len(spec.outputs) == 1
-            fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) if single else None
-            resolved.append(fast or registered)
+            return registered(*args, **kwargs)  # a first call inside a trace: loading would break the graph
+        why = load()
+        if why:
+            raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
+        single = len(spec.outputs) == 1
+        fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) if single else None
+        resolved.append(fast or registered)
         return resolved[0](*args, **kwargs)
 
     return call

@@ -22,8 +22,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ..registry import Inputs, OpSpec, Problem, make_problem, register_op
 from ._common import gen, norm_shape, norm_split, randn
+from .rms_norm import _bucket  # the same bucket: (rows rounded up, normalized size, weight?)
 
 
 def _check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
@@ -58,11 +59,6 @@ def _problem_of(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int |
                 weight: torch.Tensor | None = None, eps: float | None = None) -> Problem:
     _check_residual(x, residual)
     return _problem(tuple(x.shape), normalized_shape, weight is not None)
-
-
-def _bucket(p: Problem) -> tuple:
-    rows, n = norm_split(p)
-    return pow2_ceil(rows), n, p.kw["weight"]
 
 
 def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
