@@ -5,7 +5,6 @@ import argparse
 import csv
 import importlib
 import importlib.util
-import inspect
 import re
 import sys
 from pathlib import Path
@@ -109,13 +108,14 @@ def test_context_is_passed_where_select_backend_takes_it(monkeypatch):
         tiered_ops.tune(lambda x: x, torch.randn(3, 8))
 
 
-def test_without_a_context_keyword_the_context_is_recorded_and_noted(monkeypatch):
-    monkeypatch.setattr(select, "measure", _no_measuring)
-    report = tiered_ops.tune(nn.Linear(4, 4), torch.randn(2, 4), context="eager")
-    assert report.calls == [] and report.context == "eager"
-    assert any("no tiered_ops call" in n for n in report.notes)
-    takes_context = "context" in inspect.signature(select.select_backend).parameters
-    assert any("recorded only" in n for n in report.notes) == (not takes_context)
+def test_without_a_context_each_call_is_decided_in_the_context_it_was_made_in(monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU("tanh"))
+    tiered_ops.patch(model)
+    seen: list = []
+    monkeypatch.setattr(select, "select_backend", _fake_select(seen))
+    report = tiered_ops.tune(model, torch.randn(3, 8))
+    assert [s["context"] for s in seen] == ["eager"] and report.context is None
+    assert tiered_ops.tune(nn.Linear(4, 4), torch.randn(2, 4)).calls == []  # no tiered_ops call: nothing decided
 
 
 def test_the_tune_command(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@
 ``tune`` clears the call cache, runs the step with tuning off under a ``Recorder`` (so the step itself measures
 nothing), then measures every recorded (op, problem, dtype, mode) that has no stored measurement and stores the
 decisions, so the model's first real call reads them instead of measuring. The context (eager, compiled,
-graphed) is recorded; it is passed to ``select_backend`` only where that takes a ``context`` keyword.
+graphed) is recorded with each call (else the context the call was made in) and decided for.
 
 ``tiered-ops tune --module pkg.mod:make_model_and_inputs [--train]`` does the same from the command line
 (``add_tune_parser`` + ``cmd_tune``): the function returns ``(model, example_inputs)``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import logging
 import os
 import sys
@@ -160,19 +159,12 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
     report = TuneReport(train=train, context=context, record_seconds=time.perf_counter() - start, seconds=0.0)
     if not calls:
         report.notes.append("the step made no tiered_ops call: is the model patched (tiered_ops.patch)?")
-    extra: dict[str, Any] = {}
-    if context is not None:
-        if "context" in inspect.signature(decide.select_backend).parameters:
-            extra["context"] = context
-        else:
-            report.notes.append(f"context {context!r} recorded only: select_backend takes no context here, so "
-                                "the decisions are the same for every context")
     store = decide.get_store()
     for _, call in _progress(calls):
         t0, dname = time.perf_counter(), DTYPE_NAMES[call.dtype]
         before = len(store.rows(op=call.op, dtype=dname, mode=call.mode))
         sel = decide.select_backend(call.op, call.problem.shape, call.dtype, call.device, tune=True, mode=call.mode,
-                                    **call.problem.kw, **extra)
+                                    context=call.context or "eager", **call.problem.kw)
         taken = len(store.rows(op=call.op, dtype=dname, mode=call.mode)) - before
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
