@@ -181,3 +181,18 @@ def test_a_sweep_alone_releases_every_claim(store_target, monkeypatch, force):
                      progress=False, log=lambda s: None, modes=MODES, impls=IMPLS, cost_metadata=False)
     assert len(df) == 4 and len(store.rows()) == (8 if force else 4)
     assert store.count("claims") == 0
+
+
+def test_a_bench_into_a_store_that_cannot_be_written_fails_with_one_line(tmp_path, monkeypatch, capsys):
+    """It would measure for nothing and exit 0: it exits non-zero at once, saying which store and why."""
+    from tiered_ops import cli
+
+    path = tmp_path / "ro.sqlite"
+    Store(path).close()
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured into a store that cannot keep it"))
+    with pytest.raises(ValueError, match="opened read-only on request; a sweep would save none"):
+        _sweep(Store(path, read_only=True), [MULADD.problem((64,))])
+    monkeypatch.setattr(cli, "_store", lambda args: Store(path, read_only=True))
+    rc = cli.main(["bench", "--ops", "muladd", "--shapes", "64", "--dtype", "fp32", "--in-process", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: store: ") and "cannot be written" in err[-1], err

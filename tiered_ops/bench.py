@@ -75,6 +75,9 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
     ``problems[op]`` are measured in every dtype of ``dtypes``; ``shard`` (i, n): only the cases of shard i of n
     (``shards.in_shard``); ``devices``: spread the cases over these GPUs (``sweep_devices``) instead of ``device``;
     the other keywords are those of :func:`sweep_cases`."""
+    if store.kept_in_memory is not None:  # a store that cannot be written: every measurement would be lost
+        raise ValueError(f"store: {store.kept_in_memory}; a sweep would save none of its measurements (give a "
+                         "writable --db or TIERED_OPS_DB)")
     cases = [(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes]
     if shard is not None:
         cases = in_shard(cases, shard)
