@@ -13,10 +13,37 @@
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
+# Time: DEADLINE (s, default 540) is when the whole call must have packed its files (a device call is cut at 600 s):
+# each long stage runs under `timeout` until DEADLINE minus RESERVE (default 45 s: exporting the results and packing),
+# and whatever happens, the files under $OUT are packed into at most 8 on exit.
+#   the default sweep in two calls:  bash scripts/gpu.sh build bench   then (carrying store.sqlite)
+#                                    RESUME_DB=store.sqlite bash scripts/gpu.sh build bench
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 STAGES=${*:-build ptxas tests bench bench2 info}
+DEADLINE=${DEADLINE:-540}
+RESERVE=${RESERVE:-45}
+left() { echo $(( DEADLINE - RESERVE - SECONDS )); }  # seconds a stage may still take
+# run_for LIMIT CMD...: CMD under timeout (SIGINT first: the bench keeps what it measured; KILL 15 s later)
+run_for() { local t=$1; shift; [ "$t" -gt 10 ] || { echo "skipped (no time left before DEADLINE=$DEADLINE): $*"; return 124; }
+  timeout -k 15 --signal=INT "$t" "$@"; }
+pack() {
+  # At most 8 files come back: env, results, meta and the stores stay (their WAL checkpointed into them);
+  # everything else goes into logs.tar.gz.
+  for db in "$OUT"/store.sqlite "$OUT"/store2.sqlite; do
+    [ -f "$db" ] && timeout 30 python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db" && rm -f "$db-wal" "$db-shm"; done
+  (cd "$OUT" || exit
+   mapfile -t loose < <(find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name env.txt ! -name 'results*.csv' \
+     ! -name meta.jsonl ! -name 'store.sqlite*' ! -name 'store2.sqlite')
+   [ ${#loose[@]} -gt 0 ] || exit 0
+   [ -f logs.tar.gz ] && mkdir -p .packed && tar xzf logs.tar.gz -C .packed  # a second pack keeps the first's logs
+   cp -r "${loose[@]}" .packed/ 2>/dev/null || { mkdir -p .packed && cp -r "${loose[@]}" .packed/; }
+   tar czf /tmp/logs.tar.gz -C .packed . && mv /tmp/logs.tar.gz logs.tar.gz && rm -rf .packed "${loose[@]}")
+  ls "$OUT"
+}
+trap pack EXIT
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # The store lives under $OUT: what a call finished comes back even when the call is killed at its limit (with
 # its -wal file: open it locally from a writable copy of both).
@@ -64,7 +91,10 @@ PY
       ;;
     tests)
       echo "== tests (all, gpu-marked included)"
-      $PY -m pytest ${TEST_ARGS:-tests} -q -rfE --durations=15 --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40
+      # TEST_ARGS: the selection (default: the gpu-marked tests over 8 workers, each test at most 120 s; the whole
+      # suite with -n 8 does not end within one call)
+      run_for "$(left)" $PY -m pytest ${TEST_ARGS:--n 8 -m gpu tests --timeout=120} -q -rfE --durations=15 \
+        -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     bench)
@@ -72,10 +102,11 @@ PY
       # BENCH_TIMEOUT (s): stop the sweep there and still export. Every finished measurement is already in the
       # store, so running the stage again on the same machine resumes where it stopped. BENCH_ARGS: extra
       # arguments of `tiered-ops bench` (e.g. --mode fwd_nograd,fwd+bwd --dtype bf16).
-      timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench --no-progress $SWEEP_ARGS \
+      t=$(left); [ -n "${BENCH_TIMEOUT:-}" ] && [ "$BENCH_TIMEOUT" -lt "$t" ] && t=$BENCH_TIMEOUT
+      run_for "$t" $PY -m tiered_ops.cli bench --no-progress $SWEEP_ARGS \
         ${BENCH_ARGS:-} 2>&1 | grep --line-buffered -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/bench.log"
-      [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again to resume"; }
-      $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
+      [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again (RESUME_DB) to resume"; }
+      timeout 60 $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
       ;;
     bench2)
       # The same sweep measured again (--force) into a second store: `tiered-ops report --repeat` turns the pair
@@ -83,27 +114,23 @@ PY
       echo "== bench, second time (for the agreement rate)"
       # STORE2: where the second store lives (a path outside $OUT survives to the next call on a warm machine).
       store2=${STORE2:-$OUT/store2.sqlite}
-      TIERED_OPS_DB=$store2 timeout --signal=INT "${BENCH_TIMEOUT:-100000}" $PY -m tiered_ops.cli bench \
+      t=$(left); [ -n "${BENCH_TIMEOUT:-}" ] && [ "$BENCH_TIMEOUT" -lt "$t" ] && t=$BENCH_TIMEOUT
+      TIERED_OPS_DB=$store2 run_for "$t" $PY -m tiered_ops.cli bench \
         --no-progress $SWEEP_ARGS ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
       tail -2 "$OUT/bench2.log"
-      TIERED_OPS_DB=$store2 $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
+      TIERED_OPS_DB=$store2 timeout 60 $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
       ;;
     targets)
       echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
-      timeout --signal=INT "${TARGETS_TIMEOUT:-100000}" \
-        $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live \
+      t=$(left); [ -n "${TARGETS_TIMEOUT:-}" ] && [ "$TARGETS_TIMEOUT" -lt "$t" ] && t=$TARGETS_TIMEOUT
+      run_for "$t" $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live \
         --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" --results "$OUT/results.csv" \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       rm -f "$OUT/targets/grid.sqlite"*
       ;;
     pack)
-      # At most 8 files come back: keep env, results, meta and the store; everything else goes into logs.tar.gz.
-      (cd "$OUT" && tar czf /tmp/logs.tar.gz --exclude='env.txt' --exclude='results*.csv' --exclude='meta.jsonl' \
-        --exclude='store.sqlite*' --exclude='store2.sqlite*' --exclude='logs.tar.gz' . ; mv /tmp/logs.tar.gz . \
-        && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name env.txt ! -name 'results*.csv' \
-           ! -name meta.jsonl ! -name 'store.sqlite' -exec rm -rf {} +)
-      ls "$OUT"
+      pack  # also done on exit
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"

@@ -52,16 +52,27 @@ def _counts(store):
     return Counter((r["impl"], r["problem"], r["mode"]) for r in store.rows())
 
 
-def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path, store_target):
+def busy_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
+    """fake_measure on a machine two sweeps keep busy: every timing is flagged as contended."""
+    from tiered_ops.measure import flag_contended
+
+    return flag_contended(fake_measure(spec, impl, problem, dtype, device, mode), "p80/p20 = 3.0 over 10 blocks")
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "contended"])
+def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path, store_target, monkeypatch, busy):
+    """Under the default settings (the contention check on): also when every timing is flagged as contended, which
+    is what two sweeps on one machine do to each other, no candidate is measured twice."""
+    monkeypatch.delenv("TIERED_OPS_CONTENTION_CHECK", raising=False)
     path = store_target
     Store(path).close()
-    code = inspect.getsource(fake_measure) + textwrap.dedent(f"""
+    code = inspect.getsource(fake_measure) + inspect.getsource(busy_measure) + textwrap.dedent(f"""
         import pathlib, sys, time
         import torch
         from tiered_ops import bench
         from tiered_ops.catalog import get_op
         from tiered_ops.store import Store
-        bench.measure = fake_measure
+        bench.measure = {"busy_measure" if busy else "fake_measure"}
         spec = get_op("muladd")
         me, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
         me.touch()
@@ -84,6 +95,8 @@ def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path, store_tar
     assert len(counts) == n and set(counts.values()) == {1}, counts
     measured = [int(line.split()[0]) for out in outs for line in out.splitlines() if " measured now, " in line]
     assert sum(measured) == n, outs
+    if busy:  # each sweep says what it took from the other as it was, and why
+        assert all("the busy machine was likely the two sweeps" in out for out in outs if " 0 taken from" not in out)
 
 
 def test_a_claim_is_refused_while_its_owner_lives_and_taken_when_it_is_dead_or_expired(store_target):
@@ -168,3 +181,18 @@ def test_a_sweep_alone_releases_every_claim(store_target, monkeypatch, force):
                      progress=False, log=lambda s: None, modes=MODES, impls=IMPLS, cost_metadata=False)
     assert len(df) == 4 and len(store.rows()) == (8 if force else 4)
     assert store.count("claims") == 0
+
+
+def test_a_bench_into_a_store_that_cannot_be_written_fails_with_one_line(tmp_path, monkeypatch, capsys):
+    """It would measure for nothing and exit 0: it exits non-zero at once, saying which store and why."""
+    from tiered_ops import cli
+
+    path = tmp_path / "ro.sqlite"
+    Store(path).close()
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured into a store that cannot keep it"))
+    with pytest.raises(ValueError, match="opened read-only on request; a sweep would save none"):
+        _sweep(Store(path, read_only=True), [MULADD.problem((64,))])
+    monkeypatch.setattr(cli, "_store", lambda args: Store(path, read_only=True))
+    rc = cli.main(["bench", "--ops", "muladd", "--shapes", "64", "--dtype", "fp32", "--in-process", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: store: ") and "cannot be written" in err[-1], err

@@ -124,12 +124,19 @@ def test_the_cli_imports_plant_modules_and_isolates_by_default(private_store):
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(400)  # the spinning plant alone costs its 60 s timeout; the plant extension's build comes first
 def test_planted_cuda_kernels_cost_one_candidate_each(private_store):
     """An out-of-bounds write (illegal address: the worker's CUDA context is lost) and a kernel that never ends, among
-    good candidates on the GPU: each plant is recorded with its reason, and the candidates after them still run."""
+    good candidates on the GPU: each plant is recorded with its reason, and the candidates after them still run.
+
+    The planted extension is built here first, outside any candidate's timeout: built inside the worker, its
+    compilation counted against the out-of-bounds plant's 60 s, and with 12 test workers sharing the host it took
+    longer, so the plant was recorded as timed out instead of as an illegal address. The worker then loads the
+    build (the same build directory) in a moment."""
+    dev = torch.device("cuda")
+    assert plants._cuda_available(dev) is None
     store = Store(private_store)
     said: list[str] = []
-    dev = torch.device("cuda")
     df = sweep([plants.SPEC], {"plant_double": [make_problem((1 << 20,))]}, [torch.float32], dev, store,
                progress=False, log=said.append, modes=["fwd_nograd"], isolate=True, timeout_s=60)
     by = {r.impl: r for r in df.itertuples()}

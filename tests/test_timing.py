@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pandas as pd
 import pytest
 import torch
 
@@ -175,3 +176,60 @@ def test_a_planted_busy_loop_is_noticed():
             p.wait()
     assert waited is not None and waited > timing.WAIT_LIMIT, (waited, blocks)
     assert why is not None and "waited for a CPU" in why, why
+
+
+def test_a_clearly_slower_candidate_is_pruned_after_a_short_timing(monkeypatch):
+    """Successive halving: with a bar below its short timing the row keeps that timing and says why; with none
+    above it, it is timed in full. (A short timing that looks contended is never pruned: the check is off here,
+    so that this 2-core machine's load cannot make the test pass for the wrong reason.)"""
+    monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
+    from tiered_ops.measure import PRUNED, pruned
+
+    p = MULADD.problem((64, 64))
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e-3, best="compile")
+    assert row["ok"] == 1 and row["reason"].startswith(PRUNED) and "compile" in row["reason"], row
+    assert row["caller_us"] > 1e-3 and row["p20_us"] <= row["p80_us"] and pruned(row) and usable(row)
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e9, best="compile")
+    assert row.get("reason") is None and not pruned(row) and row["caller_us"] > 0, row
+
+
+def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_never_wins():
+    from tiered_ops.analysis import decisions, winners
+    from tiered_ops.bench import _bar
+
+    fp, p = timing.fingerprint(CPU), MULADD.problem((64, 64))
+
+    def row(impl, lo, hi, tier=None, **kw):
+        r = dict(base_row(MULADD, MULADD.impls[impl], p, torch.float32, "fwd_nograd", fp), ok=1, p20_us=lo,
+                 p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, caller_us=(lo + hi) / 2, first_call_s=0.1, **kw)
+        return dict(r, tier=tier) if tier else r
+
+    eager, cuda = row("eager", 9.0, 11.0), row("cuda", 4.0, 5.0)
+    peer = row("eager_addcmul", 1.0, 1.2, tier="peer")
+    flagged = flag_contended(row("compile", 1.0, 1.1), "p80/p20 = 3.0 over 10 blocks")
+    assert _bar([eager, None, peer, flagged], 1.5) == (1.5 * 11.0, "eager")  # no peer, no contended row
+    assert _bar([eager, cuda], 1.5) == (7.5, "cuda") and _bar([eager, cuda], None) is None
+    assert _bar([dict(eager, p20_us=None, p80_us=None)], 1.5) is None  # no spread: no bar
+    slow = row("triton", 8.0, 9.0, reason="pruned: a short timing's caller p20 8.0 us is above 7.5 us")
+    assert _bar([slow], 1.5) is None  # a pruned row is no bar
+    df = pd.DataFrame([eager, cuda, slow])
+    assert winners(df).winner.tolist() == ["cuda"]
+    assert set(decisions(df, {}).iloc[0][["fastest", "cost_aware"]]) == {"cuda"}
+
+
+def test_the_winner_per_mode_table_says_why_a_cell_is_empty():
+    """A case whose rows were all timed on a busy machine has no winner: its cell says so instead of NaN."""
+    from tiered_ops.analysis import winner_per_mode, winners
+
+    fp, p = timing.fingerprint(CPU), MULADD.problem((64, 64))
+    rows = []
+    for mode in ("fwd_nograd", "fwd+bwd"):
+        for impl in ("eager", "compile"):
+            r = dict(base_row(MULADD, MULADD.impls[impl], p, torch.float32, mode, fp), ok=1, p20_us=1.0, p50_us=1.0,
+                     p80_us=1.1, host_us=1.0, caller_us=1.0 if impl == "eager" else 2.0, first_call_s=0.1)
+            rows.append(flag_contended(r, "p80/p20 = 3.0 over 10 blocks") if mode == "fwd+bwd" else r)
+    df = pd.DataFrame(rows)
+    modes, _ = winner_per_mode(winners(df), df)
+    assert modes.loc[("muladd", str(p), "fp32"), "fwd_nograd"] == "eager"
+    assert modes.loc[("muladd", str(p), "fp32"), "fwd+bwd"] == "(contended: 2 of 2 timed on a busy machine)"
+    assert not modes.isna().any().any()

@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from .catalog import get_op
+from .measure import contended
 from .policy import DEFAULT_CALLS, choose
 from .registry import DTYPES, GRAD_MODES
 from .timing import caller_range, overlap
@@ -74,7 +75,8 @@ def table(df: pd.DataFrame, op: str) -> str:
     lines = [f"== {op} ==", head]
     for r in df[df.op == op].itertuples():
         mark = "  <- winner" if (r.problem, r.dtype, r.mode, r.impl) in win_set else ""
-        note = (r.reason or "") if not r.ok or r.caller_us is None or r.caller_us != r.caller_us else ""
+        note = (r.reason or "") if not r.ok or r.caller_us is None or r.caller_us != r.caller_us or (
+            isinstance(r.reason, str) and r.reason.startswith("pruned")) else ""
         lines.append(
             f"{r.problem:<26} {r.dtype:<5} {r.mode:<10} {r.impl:<14} {r.tier:<8} {_fmt(r.p50_us, '10.1f')} "
             f"{_fmt(r.caller_us, '9.1f')} {_fmt(r.gbps, '7.0f')} "
@@ -100,10 +102,35 @@ def shown(df: pd.DataFrame, note: list[str]) -> pd.DataFrame:
     return df.assign(rel_error=err.mask(ungated))
 
 
-def winner_per_mode(w: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """The winner of each (op, problem, dtype) per mode, and in how many cases it differs across modes."""
+def no_winner(rows: pd.DataFrame) -> str:
+    """Why a case of these rows has no winner: not measured, every timing contended, none correct, or none timed."""
+    if rows.empty:
+        return "(not measured)"
+    busy = sum(contended(r) for r in rows.itertuples())
+    if busy:
+        return f"(contended: {busy} of {len(rows)} timed on a busy machine)"
+    if not (rows.ok == 1).any():
+        return f"(none correct of {len(rows)})"
+    return "(none timed)"
+
+
+def winner_per_mode(w: pd.DataFrame, df: pd.DataFrame | None = None) -> tuple[pd.DataFrame, int]:
+    """The winner of each (op, problem, dtype) per mode, and in how many cases it differs across modes. With the
+    rows ``df``, a case without a winner says why (``no_winner``) instead of leaving its cell empty."""
     modes = w.pivot_table(index=["op", "problem", "dtype"], columns="mode", values="winner", aggfunc="first")
-    return modes, int((modes.nunique(axis=1) > 1).sum()) if modes.shape[1] > 1 else 0
+    flips = int((modes.nunique(axis=1) > 1).sum()) if modes.shape[1] > 1 else 0
+    if df is not None and len(df):
+        keys = ["op", "problem", "dtype", "mode"]
+        cases = df.groupby(keys, sort=False)
+        full = pd.MultiIndex.from_tuples(list(dict.fromkeys(k[:3] for k in cases.groups)), names=keys[:3])
+        modes = modes.reindex(index=full, columns=list(dict.fromkeys(df["mode"]))).astype(object)
+        for (op, problem, dtype), row in modes.iterrows():
+            for mode, v in row.items():
+                if not isinstance(v, str):
+                    got = cases.groups.get((op, problem, dtype, mode))
+                    modes.loc[(op, problem, dtype), mode] = no_winner(df.loc[got] if got is not None else df[:0])
+        modes.columns.name = "mode"
+    return modes, flips
 
 
 def policy_disagreements(d: pd.DataFrame) -> int:

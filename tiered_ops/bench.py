@@ -20,27 +20,44 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 import torch
 
-from .measure import base_row, contended, measure
+from .measure import PRUNE_FACTOR, base_row, contended, measure, pruned, usable
 from .meta import breaks_str, stored_or_collect, with_progress
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .shards import in_shard, spread
 from .store import Store
-from .timing import Fingerprint, copy_bandwidth_gbps, fingerprint
+from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint
 from .worker import Pool
 
 CLAIM_POLL_S = 0.5  # how often a sweep looks again at candidates another sweep holds
 
 
 def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str,
-           since: float = -math.inf, **where: str) -> dict:
-    """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns."""
+           since: float = -math.inf, busy_since: float = math.inf, **where: str) -> dict:
+    """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns.
+    A row timed on a busy machine (contended) counts only when taken at ``busy_since`` or later: by a sweep that
+    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again."""
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
                       **where)
     out: dict[str, dict] = {}
-    for r in rows:  # ordered by id: the last fresh row per implementation wins; one timed on a busy machine is redone
-        if spec.fresh_impl(r) is not None and not contended(r) and r["timestamp"] >= since:
+    for r in rows:  # ordered by id: the last fresh row per implementation wins
+        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and (
+                not contended(r) or r["timestamp"] >= busy_since):
             out[r["impl"]] = r
     return out
+
+
+def _bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
+    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
+    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
+    without one. A row without a p20-p80 spread is no bar."""
+    if factor is None:
+        return None
+    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
+            and r.get("p80_us") is not None and r.get("p20_us") is not None]
+    if not full:
+        return None
+    best = min(full, key=lambda r: caller_range(r)[1])
+    return factor * caller_range(best)[1], best["impl"]
 
 
 def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
@@ -58,6 +75,9 @@ def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: l
     ``problems[op]`` are measured in every dtype of ``dtypes``; ``shard`` (i, n): only the cases of shard i of n
     (``shards.in_shard``); ``devices``: spread the cases over these GPUs (``sweep_devices``) instead of ``device``;
     the other keywords are those of :func:`sweep_cases`."""
+    if store.kept_in_memory is not None:  # a store that cannot be written: every measurement would be lost
+        raise ValueError(f"store: {store.kept_in_memory}; a sweep would save none of its measurements (give a "
+                         "writable --db or TIERED_OPS_DB)")
     cases = [(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes]
     if shard is not None:
         cases = in_shard(cases, shard)
@@ -122,7 +142,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 force: bool = False, progress: bool = True, log: Callable[[str], None] = print,
                 metas: dict[tuple[str, str], dict] | None = None, modes: Iterable[str] = MODES,
                 isolate: bool = False, timeout_s: float = 300.0, impls: Iterable[str] | None = None,
-                cost_metadata: bool = True, stop: threading.Event | None = None) -> pd.DataFrame:
+                cost_metadata: bool = True, stop: threading.Event | None = None,
+                prune: float | None = PRUNE_FACTOR) -> pd.DataFrame:
     """Measure every implementation of each (op, problem, dtype) case in each mode; one row per measurement.
 
     With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
@@ -135,6 +156,12 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     registers) is collected once per source and device, stored, and put in ``metas`` when given.
     ``impls`` limits the sweep to implementations of those names; ``cost_metadata=False`` skips the metadata.
     ``stop``: when set (by another thread), the sweep stops before its next candidate as if interrupted.
+    ``prune`` (successive halving): once a case (op, problem, dtype, mode) has a fully timed implementation of ours,
+    each further candidate is gated as always, then timed briefly, and one whose short timing's p20 lies above
+    ``prune`` x the fastest full timing's p80 is stored with that figure and the reason ``pruned: ...`` instead of
+    being timed in full (it cannot win: its range lies above the winner's). ``None`` times every candidate in full.
+    A row another sweep stored as contended while this one ran is taken as it is, not measured again at once: the
+    busy machine was likely the two sweeps (an idle rerun measures it again).
     """
     from tqdm import tqdm
 
@@ -152,6 +179,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
 
     todo = [(s, p, dt, m, i) for s, p, dt in cases for m in modes for i in chosen(s)]
     say = tqdm.write if progress else log
+    wall_start = time.time()
     pool = Pool(device, sorted({s.reference.__module__ for s in specs}), timeout_s, log=say) if isolate else None
     try:
         if pool is not None:
@@ -168,21 +196,29 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         # a claim outlives the longest a candidate may take; with force, a row another sweep took after this one
         # started counts as done
         ttl, since = 2 * timeout_s + 60, time.time() if force else -math.inf
+        # a contended row taken since this sweep started is from a sweep running beside it
+        busy_since = wall_start
+        shared_busy = 0  # contended rows another sweep stored while this one ran, taken as they are
 
-        def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl) -> tuple[dict | None, bool]:
-            """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it."""
+        def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl,
+                 bar: tuple[float, str] | None = None, waited: bool = False) -> tuple[dict | None, bool]:
+            """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it. ``waited``:
+            another sweep held it earlier, so a contended row it stored since is taken as it is."""
             key = (spec.name, impl.name, str(problem), DTYPE_NAMES[dtype], mode, fp.key, impl.source_hash)
             if not store.claim(key, ttl):
                 return None, False
             try:
-                done = _fresh(store, spec, problem, dtype, fp.key, mode, since, impl=impl.name).get(impl.name)
+                done = _fresh(store, spec, problem, dtype, fp.key, mode, since, -math.inf if waited else busy_since,
+                              impl=impl.name).get(impl.name)
                 if done is not None:  # another sweep stored it between our look and our claim
                     return done, False
                 what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
+                kw = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
                 if pool is None:
-                    done = measure(spec, impl, problem, dtype, device, mode)
+                    done = measure(spec, impl, problem, dtype, device, mode, **kw)
                 else:
-                    done, why = pool.run(("measure", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode), what)
+                    task = ("measure", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode) + ((kw,) if kw else ())
+                    done, why = pool.run(task, what)
                     if why:
                         done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
@@ -196,6 +232,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         results: list[dict | None] = [None] * len(todo)
         waiting: list[int] = []  # candidates another sweep holds
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
+        of_case: dict[tuple, list] = {}  # this sweep's rows per (op, problem, dtype, mode): the pruning bar
         bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for n, (spec, problem, dtype, mode, impl) in enumerate(bar):
             if stop is not None and stop.is_set():
@@ -204,10 +241,14 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             case = (spec.name, str(problem), dtype, mode)
             if not force and case not in fresh:
                 fresh.clear()  # cases come in order: only the current one is needed
-                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode)
+                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since)
             done = None if force else fresh[case].get(impl.name)
+            if done is not None and contended(done):
+                shared_busy += 1
             if done is None:
-                done, now = take(spec, problem, dtype, mode, impl)
+                done, now = take(spec, problem, dtype, mode, impl, _bar(of_case.get(case, ()), prune))
+                if done is not None and not now and contended(done):
+                    shared_busy += 1
                 measured, busy = measured + now, busy + (now and contended(done))
                 if now and not progress and measured % 50 == 0:
                     log(f"{measured} measured ({n + 1} of {len(todo)} looked at, "
@@ -215,6 +256,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 if done is None:
                     waiting.append(n)
             results[n] = done
+            of_case.setdefault(case, []).append(done)
         bar.close()
         if waiting:
             log(f"{len(waiting)} candidate(s) claimed by another sweep on this store: taking them from the store once "
@@ -223,7 +265,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
             for n in list(waiting):
-                results[n], now = take(*todo[n])
+                results[n], now = take(*todo[n], waited=True)
+                if results[n] is not None and not now and contended(results[n]):
+                    shared_busy += 1
                 measured, busy = measured + now, busy + (now and contended(results[n]))
                 if results[n] is not None:
                     waiting.remove(n)
@@ -242,6 +286,10 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             pool.close()
     log(f"{measured} measured now, {len(results) - measured} taken from the store (same source, same device)"
         + (f"; {pool.started} worker process(es) used" if pool else ""))
+    if shared_busy:
+        log(f"{shared_busy} row(s) another sweep on this store took while the machine was busy (reason 'contended: "
+            "...') taken as they are, not measured again beside it: the busy machine was likely the two sweeps; "
+            "excluded from every decision; run the same command on an idle machine to measure them again")
     if busy:
         log(f"{busy} measurement(s) taken while the machine was busy (reason 'contended: ...'): stored for the record, "
             "excluded from every decision; run the same command on an idle machine to measure them again")

@@ -11,9 +11,13 @@ A case is won when best compiler time / kernel time > 1 + margin + noise, lost w
 by more than the noise, and tied in between. A tie fails like a loss: the kernel has not shown that it pays for
 itself there, and the cost-aware policy gives a tie to the cheaper tier, so it would not be picked in its own
 territory. The check also fails when a held territory has no fresh, correct CUDA result on a device of the
-evidence, and when the evidence is stale (a CUDA or Triton row measured another source than the tree's). A
-retired territory is reported with its reason and never fails; the check says where the kernel wins there
-again. A CUDA kernel with no territory at all, and cases that fall in none, are reported.
+evidence, and when the evidence is stale (a CUDA or Triton row measured another source than the tree's); a held
+territory whose op has no row at all in the evidence (declared before a sweep measured it) is reported as not yet
+measured and never fails. A territory may carry its own margin. A retired territory is reported with its reason
+and its figures on this evidence (cases won, the best ratio against its bar, each case) and never fails; the
+check says where the kernel wins there again. A row the sweep pruned (``pruned: ...``: a short timing, clearly
+slower than the fastest of its case) is judged on that short timing. A CUDA kernel with no territory at all, and
+cases that fall in none, are reported.
 
 The report ends with one line: ``cuda: N kernels defend M cases in T territories; K territories retired``
 (the territories that hold, their kernels and cases; the retired territories checked).
@@ -37,7 +41,8 @@ CASE = ["device_key", "op", "problem", "dtype", "mode", "context"]
 @dataclass
 class Finding:
     # fail: "stale", "broken" (a CUDA row inside failed its gate), "loses", "ties", "no-evidence";
-    # reported: "defends", "retired", "retired-wins", "no-territory", "outside"
+    # reported: "defends", "retired", "retired-wins", "no-territory", "outside", "unmeasured" (a held territory whose
+    # op has no row at all in the evidence: declared before any sweep measured it)
     kind: str
     op: str
     impl: str
@@ -144,6 +149,31 @@ def _stale(rows: pd.DataFrame, spec: OpSpec) -> list[Finding]:
     return out
 
 
+def _judge(inside: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """The cases again under a territory's own margin: bar and verdict (failed and no-compiler cases as they were)."""
+    inside = inside.copy()
+    timed = inside.ratio.notna()
+    edge = inside.ratio - (1 + margin)
+    inside.loc[timed, "need"] = 1 + margin + inside.noise[timed]
+    inside.loc[timed, "verdict"] = ["wins" if e > n else "loses" if e < -n else "ties"
+                                    for e, n in zip(edge[timed], inside.noise[timed])]
+    return inside
+
+
+def _figures(inside: pd.DataFrame) -> str:
+    """A retired territory's figures on this evidence: cases won of judged, the closest and each case."""
+    if inside.empty:
+        return "no case of it in this evidence"
+    timed = inside[inside.ratio.notna()]
+    won = int((inside.verdict == "wins").sum())
+    text = f"on this evidence it wins {won} of {len(inside)} cases"
+    if len(timed):
+        r = timed.ratio / timed.need
+        best = timed.loc[r.idxmax()]
+        text += f" (its best {best.ratio:.2f}x against a bar of {best.need:.2f}x)"
+    return text + ":\n    " + "\n    ".join(_line(c) for c in inside.itertuples())
+
+
 def _held(t: Territory, inside: pd.DataFrame, devices: list[str], stale_inside: int) -> Finding:
     lines = [f"no fresh CUDA result inside it on {dev}" + (f" ({stale_inside} stale CUDA rows)" if stale_inside else "")
              for dev in devices if inside[inside.device_key == dev].empty]
@@ -159,7 +189,7 @@ def _held(t: Territory, inside: pd.DataFrame, devices: list[str], stale_inside: 
                 f"against a bar of {inside.need[r.idxmin()]:.2f}x")
         return Finding("defends", t.op, t.impl, text, t.name, n, won)
     text = (f"does not hold {t.name} ({t.region()}): {won} of {len(inside)} cases won; retire the territory "
-            "(tiered_ops/territories.py, with these figures) or make the kernel faster:\n    " + "\n    ".join(lines))
+            "(tiered_ops/territories.json, with the reason) or make the kernel faster:\n    " + "\n    ".join(lines))
     return Finding(kind, t.op, t.impl, text, t.name, len(inside), won)
 
 
@@ -180,24 +210,29 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
     devices = list(dict.fromkeys(df.device_key))
     out: list[Finding] = [f for spec in specs for f in _stale(latest, spec)]
     placed = pd.Series(False, index=judged.index)
+    measured_ops = set(df.op)
     for t in territories:
         mask = (judged.op == t.op) & (judged.impl == t.impl) & pd.Series(
-            [t.contains(r.rows, r.row_len, r.dtype, r.mode, r.context) for r in judged.itertuples()],
+            [t.contains(r.rows, r.row_len, r.dtype, r.mode, r.context, r.problem) for r in judged.itertuples()],
             index=judged.index, dtype=bool)
         placed |= mask
-        inside = judged[mask]
+        inside = judged[mask] if t.margin is None else _judge(judged[mask], t.margin)
         if t.name in retired:
             wins = inside[inside.verdict == "wins"]
-            text = f"retired {t.name} ({t.region()}): {retired[t.name]}"
+            text = f"retired {t.name} ({t.region()}): {retired[t.name]}; {_figures(inside)}"
             if len(wins):
-                text += (f"\n    now wins at {len(wins)} of {len(inside)} cases:\n    "
-                         + "\n    ".join(_line(c) for c in wins.itertuples()))
+                text += f"\n    now wins at {len(wins)} of {len(inside)} cases: declare it again if that holds"
             out.append(Finding("retired-wins" if len(wins) else "retired", t.op, t.impl, text, t.name, len(inside),
                                len(wins)))
             continue
+        if t.op not in measured_ops:  # declared before any sweep of its op: nothing to judge, nothing stale
+            out.append(Finding("unmeasured", t.op, t.impl, f"not yet measured: {t.name} ({t.region()}) has no row of "
+                               f"{t.op} in this evidence" + (f"; declared on: {t.claimed}" if t.claimed else ""),
+                               t.name))
+            continue
         stale = latest[(latest.op == t.op) & (latest.impl == t.impl)
                        & (latest.source_hash != get_op(t.op).impls[t.impl].source_hash)]
-        stale_inside = sum(t.contains(*rows_and_len(t.op, r.problem), r.dtype, r.mode, r.context)
+        stale_inside = sum(t.contains(*rows_and_len(t.op, r.problem), r.dtype, r.mode, r.context, r.problem)
                            for r in stale.itertuples())
         out.append(_held(t, inside, devices, stale_inside))
     for spec in specs:
@@ -205,7 +240,7 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
             mine = judged[(judged.op == spec.name) & (judged.impl == impl.name)]
             if not any((t.op, t.impl) == (spec.name, impl.name) for t in territories):
                 out.append(Finding("no-territory", spec.name, impl.name,
-                                   f"declares no territory (tiered_ops/territories.py); {len(mine)} cases measured"))
+                                   f"declares no territory (tiered_ops/territories.json); {len(mine)} cases measured"))
                 continue
             loose = mine[~placed[mine.index]]
             if len(loose):
@@ -222,7 +257,7 @@ def live_plan(specs: list[OpSpec], territories: list[Territory] | None = None,
     retired = RETIRED if retired is None else retired
     held = [t for t in (TERRITORIES if territories is None else territories) if t.name not in retired]
     problems = {s.name: [p for p in s.default_problems("cuda") if any(
-        t.op == s.name and t.contains(*rows_and_len(s.name, p), t.dtypes[0], t.modes[0], t.contexts[0])
+        t.op == s.name and t.contains(*rows_and_len(s.name, p), t.dtypes[0], t.modes[0], t.contexts[0], str(p))
         for t in held)] for s in specs}
     return ({k: v for k, v in problems.items() if v}, sorted({d for t in held for d in t.dtypes}),
             sorted({m for t in held for m in t.modes}))

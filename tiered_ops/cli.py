@@ -125,7 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
         print(d.to_string(index=False))
         print(f"policies disagree on {policy_disagreements(d)} of {len(d)} (op, problem, dtype, mode)")
-        modes, flips = winner_per_mode(w)
+        modes, flips = winner_per_mode(w, df)
         if modes.shape[1] > 1:
             print(f"\nwinner per mode (differs across modes for {flips} of {len(modes)} (op, problem, dtype)):")
             print(modes.to_string())

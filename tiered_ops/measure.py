@@ -250,12 +250,19 @@ def in_compiled_caller(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(caller, dynamic=False, fullgraph=True)
 
 
+_callers: dict[Callable[..., Any], Callable[..., Any]] = {}  # in_compiled_caller per implementation's function
+
+
 def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = "eager") -> Callable[[], Any]:
     """The call a measurement in ``mode`` times (built once; a bwd call replays a retained graph); ``compiled``:
     inside a compiled caller (``in_compiled_caller``)."""
     fn, kwargs = impl.fn, inp.kwargs
     if context == "compiled":
-        fn = in_compiled_caller(fn)
+        # one compiled caller per implementation in a process: dynamo keeps its graphs per shape there, where a new
+        # caller per measurement would compile every shape again (and count toward the recompile limit)
+        if impl.fn not in _callers:
+            _callers[impl.fn] = in_compiled_caller(impl.fn)
+        fn = _callers[impl.fn]
     if mode == "fwd_nograd":
         def call() -> Any:
             with torch.no_grad():
@@ -287,10 +294,16 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-            mode: str = "fwd_nograd", context: str = "eager") -> dict[str, Any]:
+            mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
+            best: str = "") -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
-    A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds."""
+    A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
+
+    ``prune_above_us`` (successive halving): a short first timing (``time_call(quick=True)``) whose caller p20 lies
+    above it ends the measurement there: the row keeps the short timing's figures, with the reason
+    ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
+    decision may read it, and it never wins against ``best``: its whole range lies above best's p80."""
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -324,6 +337,18 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
         return row
     row["peak_bytes"] = peak_bytes(call, device)
     nbytes = spec.mode_bytes(problem, dtype, mode)
+    if prune_above_us is not None:
+        t = time_call(call, device, quick=True)
+        lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
+        if lo > prune_above_us and not (t.contended and contention_check()):
+            copy = copy_bandwidth_gbps(device)
+            gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None
+            row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us,
+                       host_p20_us=t.host_p20_us, host_p80_us=t.host_p80_us, caller_us=t.caller_us, gbps=gbps,
+                       copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None,
+                       reason=f"{PRUNED}a short timing's caller p20 {lo:.1f} us is above {prune_above_us:.1f} us "
+                              f"({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): not timed in full")
+            return row
     for attempt in range(1, CONTENDED_TRIES + 1):
         t = time_call(call, device)
         copy = copy_bandwidth_gbps(device)
@@ -361,6 +386,8 @@ def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:
     return int(peak)
 
 
+PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
+PRUNE_FACTOR = 1.5  # a candidate whose short timing's p20 is above this x the fastest full timing's p80 is pruned
 CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
 CONTENDED_TRIES = 3  # a CPU timing that looks contended is taken again up to this many times in all
 CONTENDED_PAUSE_S = 0.2
@@ -387,6 +414,12 @@ def contended(row: Any) -> bool:
     """Whether a stored row (a dict or attributes) was flagged as timed on a busy machine."""
     reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
     return isinstance(reason, str) and reason.startswith(CONTENDED)
+
+
+def pruned(row: Any) -> bool:
+    """Whether a stored row was stopped after a short timing, clearly slower than another candidate of its case."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(PRUNED)
 
 
 def usable(row: Any) -> bool:

@@ -10,17 +10,20 @@ Rows and row length (``rows_and_len``): for softmax the row is ``dim``, for rms_
 normalized shape (its product), for the elementwise ops (gelu, muladd) the last dim; rows = numel / row length.
 Contexts: how a model calls the op; results without a ``context`` column were measured in ``eager``.
 
-Kept out of every implementation's source files on purpose: declaring or retiring a territory must not change
-a kernel's source hash, or the evidence that justified it would turn stale. The territories below are chosen
-from the committed H100 and H200 results; ``python benchmarks/territories_from_results.py`` prints, per kernel
-and case, the figures they rest on, so they can be derived again after the next sweep.
+The territories are data (``territories.json`` beside this module): op, implementation, rows, row length, dtypes,
+modes, contexts, an optional margin and problem options, and for one given up the reason in words; its figures come
+from the evidence, computed by the check. Kept out of every implementation's source files on purpose: declaring or
+retiring a territory must not change a kernel's source hash, or the evidence that justified it would turn stale.
+``python benchmarks/territories_from_results.py`` prints, per kernel and case, the figures of a results file.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .catalog import get_op
@@ -43,16 +46,24 @@ class Territory:
     modes: tuple[str, ...]
     contexts: tuple[str, ...] = ("eager",)
     why: str = ""
+    margin: float | None = None  # None: the cost-aware CUDA margin (policy.margins()["cuda"])
+    options: tuple[tuple[str, str], ...] = ()  # problem parameters a case must have, e.g. (("lengths", "powerlaw"),)
+    claimed: str = ""  # the figures it was declared on, before the evidence has any
 
-    def contains(self, rows: int, row_len: int, dtype: str, mode: str, context: str) -> bool:
-        """The case (rows, row length, dtype, mode, context) of this territory's op lies inside it."""
+    def contains(self, rows: int, row_len: int, dtype: str, mode: str, context: str, problem: str | None = None
+                 ) -> bool:
+        """The case (rows, row length, dtype, mode, context; ``problem``: its string, for ``options``) of this
+        territory's op lies inside it."""
         return (_inside(rows, self.rows) and _inside(row_len, self.row_len) and dtype in self.dtypes
-                and mode in self.modes and context in self.contexts)
+                and mode in self.modes and context in self.contexts
+                and (not self.options or (problem is not None
+                                          and all(f"{k}={v}" in str(problem).split(",") for k, v in self.options))))
 
     def region(self) -> str:
         """Its region in words: "rows 1-32, row length 4096, bf16/fp32, fwd_nograd, eager"."""
-        return (f"rows {_span(self.rows)}, row length {_span(self.row_len)}, {'/'.join(self.dtypes)}, "
-                f"{'/'.join(self.modes)}, {'/'.join(self.contexts)}")
+        return (f"rows {_span(self.rows)}, row length {_span(self.row_len)}"
+                + "".join(f", {k}={v}" for k, v in self.options)
+                + f", {'/'.join(self.dtypes)}, {'/'.join(self.modes)}, {'/'.join(self.contexts)}")
 
 
 def _inside(v: int, span: tuple[int, int | None]) -> bool:
@@ -111,93 +122,38 @@ def rows_and_len(op: str, problem: Any) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------- the table
-_SMALL, _ROW = (1, 32), (4096, 4096)  # the launch-bound default problems: 1x4096 and 32x4096
-_BULK, _ANY = (512, None), (1, None)  # every default problem with 512 rows or more
-_BOTH, _MODES = ("bf16", "fp32"), ("fwd_nograd", "fwd+bwd")
-_LAUNCH = ("launch-bound: a few microseconds of GPU work in every tier; its host path (one torch.library op) costs "
-           "less than torch.compile's guards and Triton's launcher")
+DATA = Path(__file__).with_name("territories.json")  # shipped as package data
 
-TERRITORIES: tuple[Territory, ...] = (
-    Territory("softmax.small-rows", "softmax", "cuda", _SMALL, _ROW, _BOTH, ("fwd_nograd",), why=_LAUNCH),
-    Territory("rms_norm.small-rows", "rms_norm", "cuda", _SMALL, _ROW, ("bf16",), ("fwd_nograd",), why=_LAUNCH),
-    Territory("layer_norm.small-rows", "layer_norm", "cuda", _SMALL, _ROW, ("bf16",), ("fwd_nograd",), why=_LAUNCH),
-    Territory("gelu.small-rows", "gelu", "cuda", _SMALL, _ROW, _BOTH, ("fwd_nograd",), why=_LAUNCH),
-    Territory("muladd.small-rows", "muladd", "cuda", _SMALL, _ROW, _BOTH, ("fwd_nograd",), why=_LAUNCH),
-    # given up (RETIRED below)
-    Territory("softmax.bulk", "softmax", "cuda", _BULK, _ANY, _BOTH, _MODES),
-    Territory("softmax.small-rows-training", "softmax", "cuda", _SMALL, _ROW, _BOTH, ("fwd+bwd",)),
-    Territory("rms_norm.bulk", "rms_norm", "cuda", _BULK, _ANY, _BOTH, _MODES),
-    Territory("rms_norm.small-rows-fp32", "rms_norm", "cuda", _SMALL, _ROW, ("fp32",), ("fwd_nograd",)),
-    Territory("rms_norm.small-rows-training", "rms_norm", "cuda", _SMALL, _ROW, _BOTH, ("fwd+bwd",)),
-    Territory("layer_norm.bulk", "layer_norm", "cuda", _BULK, _ANY, _BOTH, _MODES),
-    Territory("layer_norm.long-rows", "layer_norm", "cuda", (1, 511), (8192, None), _BOTH, _MODES),
-    Territory("layer_norm.small-rows-fp32", "layer_norm", "cuda", _SMALL, _ROW, ("fp32",), ("fwd_nograd",)),
-    Territory("layer_norm.small-rows-training", "layer_norm", "cuda", _SMALL, _ROW, _BOTH, ("fwd+bwd",)),
-    Territory("gelu.bulk", "gelu", "cuda", _BULK, _ANY, _BOTH, _MODES),
-    Territory("gelu.small-rows-training", "gelu", "cuda", _SMALL, _ROW, _BOTH, ("fwd+bwd",)),
-    Territory("muladd.bulk", "muladd", "cuda", _BULK, _ANY, _BOTH, _MODES),
-    Territory("muladd.small-rows-training", "muladd", "cuda", _SMALL, _ROW, _BOTH, ("fwd+bwd",)),
-)
 
-# territory name -> why it is given up, with the figures (`python benchmarks/territories_from_results.py` on the
-# committed results: the best compiler tier's time over the kernel's, and the bar 1 + margin + noise it must clear).
-_EVIDENCE = ("Evidence (tree 8bc592a): reports/nvidia-h100/results.csv at commit ac3fbc1 and "
-             "reports/nvidia-h200/tree-8bc592a/results.csv.")
-# The small-rows territories were held on that evidence; measured again with the eager fast path (which brings the
-# Triton tier's launch path to about eager's), none holds.
-_FAST = "Evidence: reports/nvidia-h100/results.csv (the eager fast path's tree, 2026-11-23; no H200 sweep of it)."
-RETIRED: dict[str, str] = {
-    "softmax.small-rows": "with the Triton tier launched directly, a tie at every case: 1x4096 bf16 1.19x Triton "
-    "against a bar of 1.61x, 32x4096 bf16 1.20x against 1.31x, fp32 1.26x against 1.30x and 0.89x. " + _FAST,
-    "rms_norm.small-rows": "ties Triton launched directly: 1x4096 bf16 1.28x against a bar of 1.71x, 32x4096 1.27x "
-    "against 1.65x. " + _FAST,
-    "layer_norm.small-rows": "ties Triton launched directly: 1x4096 bf16 1.02x against a bar of 1.26x, 32x4096 "
-    "0.96x against 1.87x. " + _FAST,
-    "gelu.small-rows": "ties Triton launched directly at every case: bf16 1.25x / 1.26x against bars of 1.28x, fp32 "
-    "1.29x against 1.57x and 0.97x against 2.38x. " + _FAST,
-    "muladd.small-rows": "wins at 3 of 4 cases by 1.02-1.03x its bar (32x4096 bf16 1.34x against 1.31x, 1x4096 bf16 "
-    "1.36x against 1.32x, 32x4096 fp32 1.58x against 1.55x) and ties at 1x4096 fp32 (1.31x against 1.59x): too close "
-    "to hold after the next sweep, on one GPU's evidence. " + _FAST,
-    "softmax.bulk": "bandwidth-bound, won at 0 of 16 cases on the H100 and 1 of 16 on the H200 (512x393216 bf16 "
-    "fwd_nograd: 1.14x Triton, bar 1.11x); 4096x32768 bf16 fwd_nograd: 0.65x Triton on both, 16384x4096 bf16: 0.95x / "
-    "0.70x Triton (Nsight Compute on the H100, ncu.txt: Triton's occupancy and registers, 1.54x its cycles). At "
-    "65536x256 it is 0.90-1.87x compile: ties, inside the host-time noise. " + _EVIDENCE,
-    "softmax.small-rows-training": "1.4-2.2x faster than compile (host-bound on both sides), but their host p20-p80 "
-    "spreads reach 50-300 %: won at 3 of 4 cases on the H100, 1 of 4 on the H200 (1x4096 fp32: 1.44x against a bar "
-    "of 4.30x / 1.66x against 2.53x). " + _EVIDENCE,
-    "rms_norm.bulk": "won at 3 of 12 cases on the H100, 0 of 12 on the H200; 16384x4096 bf16 fwd_nograd: 0.92x / "
-    "0.83x Triton, 4096x32768 bf16: 0.79x Triton / 0.66x compile. Its H100 wins (65536x256 bf16 both modes, fp32 "
-    "fwd+bwd: 1.8-2.1x compile) are ties on the H200 (1.28-1.54x against bars of 1.37-3.23x). " + _EVIDENCE,
-    "rms_norm.small-rows-fp32": "wins on both GPUs, but 32x4096 on the H100 by 2.18x against a bar of 2.15x: too close "
-    "to hold after the next sweep (1x4096: 2.35x / 2.52x against 1.29x / 1.32x). Declare it again if the next "
-    "sweep clears it with room. " + _EVIDENCE,
-    "rms_norm.small-rows-training": "1.3-3.3x faster than compile, inside the host-time noise at 3 of 4 cases on "
-    "each GPU (32x4096 bf16: 1.29x against a bar of 1.63x / 1.57x against 1.87x). " + _EVIDENCE,
-    "layer_norm.bulk": "won at 2 of 12 cases on each GPU; 4096x32768 bf16 fwd_nograd: 0.71x Triton / compile, "
-    "16384x4096 bf16: 0.94x compile / 0.71x Triton. The wins hold on one GPU only (65536x256 bf16 fwd_nograd "
-    "1.91x on the H100; 16384x4096 bf16 fwd+bwd 1.56x against 1.55x on the H200) or beat Triton alone: at 65536x256 "
-    "fp32 fwd+bwd (3.82x / 3.18x) compile is out, failing its gate (grad at normalized_shape=(1,), rel error 17). "
-    + _EVIDENCE,
-    "layer_norm.long-rows": "16x64x256x256 (64x256x256 normalized): 0.18-0.31x compile in the forward and in bf16 "
-    "training, 0.58-0.67x Triton in fp32 training, on both GPUs; a row per thread block leaves 16 blocks for the "
-    "whole GPU. " + _EVIDENCE,
-    "layer_norm.small-rows-fp32": "on the H200 32x4096 is 1.93x compile against a bar of 2.02x (compile's host "
-    "spread 96 %): a tie, and 1x4096 1.99x against 1.91x; on the H100 both win (1.93x against 1.26x / 1.28x). "
-    + _EVIDENCE,
-    "layer_norm.small-rows-training": "bf16: 0.75-1.54x compile against bars of 2.1-2.6x (ties); fp32 wins 2.4-3.7x "
-    "but against Triton alone, compile failing its gate there (grad at normalized_shape=(1,), rel error 17): a "
-    "verdict that changes when that is fixed. " + _EVIDENCE,
-    "gelu.bulk": "bandwidth-bound: 16384x4096 at 0.69-0.95x compile/Triton on both GPUs (bf16 fwd_nograd 0.73x / "
-    "0.70x), 65536x256 fwd_nograd ties (0.99x / 1.02x); won at 1 of 8 cases on the H100 and 2 of 8 on the H200 "
-    "(65536x256 bf16 fwd+bwd, 2.12x / 2.41x against 1.58x / 2.12x, too close on the H200). " + _EVIDENCE,
-    "gelu.small-rows-training": "1.3-2.5x faster than compile, inside the host-time noise at 3 of 4 cases on the "
-    "H100 and 2 of 4 on the H200 (32x4096 bf16: 1.72x against a bar of 1.94x / 1.33x against 3.18x). " + _EVIDENCE,
-    "muladd.bulk": "ties the compiler tiers at copy bandwidth (16384x4096: 1.00x on both GPUs, every dtype and mode) "
-    "and loses with broadcast operands (16384x4096 by a 4096 row: 0.20-0.75x compile); won at 2 of 12 cases on the "
-    "H100 (65536x256 bf16: 1.46x, 1.88x), 0 of 12 on the H200 (1.08x, 1.60x: ties). " + _EVIDENCE,
-    "muladd.small-rows-training": "1.4-2.5x faster than compile, inside the host-time noise at 3 of 4 cases on the "
-    "H100 and 2 of 4 on the H200 (32x4096 bf16: 1.72x against a bar of 2.31x / 1.92x against 2.47x). " + _EVIDENCE,
-}
+def load(path: Path | str = DATA) -> tuple[tuple[Territory, ...], dict[str, str]]:
+    """The territories of a data file and the retired ones' reasons (name -> why it was given up); a ValueError
+    naming the file and the entry when one is malformed."""
+    try:
+        entries = json.loads(Path(path).read_text())["territories"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"territories: {path}: expected a JSON object with a 'territories' list ({e})") from None
+    out, retired = [], {}
+    for k, e in enumerate(entries):
+        try:
+            t = Territory(e["name"], e["op"], e["impl"], (int(e["rows"][0]), _hi(e["rows"][1])),
+                          (int(e["row_len"][0]), _hi(e["row_len"][1])), tuple(e["dtypes"]), tuple(e["modes"]),
+                          tuple(e.get("contexts", ["eager"])), e.get("why", ""), e.get("margin"),
+                          tuple(sorted((str(a), str(b)) for a, b in e.get("options", {}).items())),
+                          e.get("claimed", ""))
+        except (KeyError, IndexError, TypeError, ValueError) as err:
+            raise ValueError(f"territories: {path}: entry {k} ({e.get('name', '?') if isinstance(e, dict) else e}) "
+                             f"is malformed: {type(err).__name__}: {err}") from None
+        out.append(t)
+        if e.get("retired"):
+            retired[t.name] = str(e["retired"])
+    return tuple(out), retired
+
+
+def _hi(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+TERRITORIES, RETIRED = load()
 
 
 def validate(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
@@ -215,6 +171,8 @@ def validate(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
         impl = get_op(t.op).impls.get(t.impl)
         if impl is None or impl.tier != Tier.CUDA:
             raise ValueError(f"territory {t.name}: {t.op} has no CUDA implementation {t.impl!r}")
+        if t.margin is not None and not 0 <= t.margin < 10:
+            raise ValueError(f"territory {t.name}: margin {t.margin}: expected a fraction like 0.1")
         for what, values, known in (("dtype", t.dtypes, DTYPES), ("mode", t.modes, MODES),
                                     ("context", t.contexts, CONTEXTS)):
             if not values or set(values) - set(known):
@@ -225,8 +183,15 @@ def validate(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
     for i, a in enumerate(territories):
         for b in territories[i + 1:]:
             if (a.op, a.impl) == (b.op, b.impl) and _meet(a.rows, b.rows) and _meet(a.row_len, b.row_len) and \
-                    set(a.dtypes) & set(b.dtypes) and set(a.modes) & set(b.modes) and set(a.contexts) & set(b.contexts):
+                    set(a.dtypes) & set(b.dtypes) and set(a.modes) & set(b.modes) and \
+                    set(a.contexts) & set(b.contexts) and _options_meet(a.options, b.options):
                 raise ValueError(f"territories {a.name} and {b.name} overlap: a case must belong to one territory")
+
+
+def _options_meet(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
+    """A problem can have both territories' options: none of their shared options differs."""
+    da, db = dict(a), dict(b)
+    return all(da[k] == db[k] for k in da.keys() & db.keys())
 
 
 def _meet(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
@@ -239,7 +204,7 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
     retired = RETIRED if retired is None else retired
     held = [t for t in territories if t.name not in retired]
     lines = ["## Which CUDA kernels defend what", "",
-             "A custom CUDA kernel is kept for the territories it exists for (`tiered_ops/territories.py`): inside "
+             "A custom CUDA kernel is kept for the territories it exists for (`tiered_ops/territories.json`): inside "
              "one it must beat the best compiler tier (torch.compile, Triton) by its "
              f"{100 * DEFAULT_MARGINS['cuda']:.0f} % margin beyond the noise, or `tiered-ops check` fails (CI checks "
              "every committed `reports/<gpu>/results.csv`). Everywhere else the compiler tiers are the answer. The "
@@ -252,9 +217,13 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
         lines += ["**No CUDA kernel defends a territory on the committed evidence**: everywhere it was measured, a "
                   "compiler tier (or Triton launched as cheaply as eager) is as fast within the noise, or faster. The "
                   "kernels stay, measured and reported, for the check to flag where one wins again."]
+    if held:
+        lines += ["", "A held territory with no row of its op in a results file is reported by the check as not yet "
+                  "measured (never failed); one whose rows are stale fails until a sweep measures it again."]
     whys = {t.why: [u.name for u in held if u.why == t.why] for t in held if t.why}
     lines += [""] + [f"Why {', '.join(names)}: {why}." for why, names in whys.items()]
     gone = [t.name for t in territories if t.name in retired]
-    lines += ["", f"Given up ({len(gone)}; reported by the check, never failed, each with its figures in "
-              "`tiered_ops/territories.py`): " + ", ".join(gone) + "."]
+    lines += ["", f"Given up ({len(gone)}; reported by the check, never failed, each with its reason in "
+              "`tiered_ops/territories.json` and its figures computed from the evidence by `tiered-ops check`): "
+              + ", ".join(gone) + "."]
     return "\n".join(lines) + "\n"

@@ -227,7 +227,9 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
 
     est = max(statistics.median(timed(5)), 1e-3)
     per_rep = est + sleep_cycles / cyc / 1e3 + 0.1  # + the flush
-    timed(max(1, min(int(warmup_ms / est), int(200 / per_rep))))
+    # The warm-up lasts about warmup_ms of wall time, each repetition counted with its flush and sleep (a warm-up
+    # counted in kernel time alone ran ~200 ms for every microsecond kernel: a fifth of a sweep's time).
+    timed(max(1, int(warmup_ms / per_rep)))
     n = max(20, min(int(rep_ms / est), 300, int(1000 / per_rep)))
     return timed(n)
 
@@ -245,8 +247,14 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
-    """Time ``fn`` (already warmed up) the way the device allows."""
+QUICK = dict(host_budget_s=0.005, warmup_ms=5.0, rep_ms=10.0, cpu_budget_s=0.02, cpu_samples=5)  # a first look
+FULL = dict(host_budget_s=0.025, warmup_ms=25.0, rep_ms=100.0, cpu_budget_s=None, cpu_samples=None)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, quick: bool = False) -> Timing:
+    """Time ``fn`` (already warmed up) the way the device allows. ``quick``: a short first look (``QUICK``: about a
+    tenth of the samples and time), for a sweep to tell a clearly slower candidate before timing it in full."""
+    k = QUICK if quick else FULL
     if device.type == "cuda":
         # The host time is taken in two windows of 5 batches, before and after the GPU timing: the fastest batch is
         # the figure (a burst of other work on the host, a compile worker starting, the OS, only ever adds time)
@@ -255,12 +263,12 @@ def time_call(fn: Callable[[], object], device: torch.device) -> Timing:
         with no_gc(), torch.cuda.device(device):
             # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
             # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
-            host = batch_times_us(fn, device, 0.025)
-            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device))
-            host = sorted(host + batch_times_us(fn, device, 0.025))
+            host = batch_times_us(fn, device, k["host_budget_s"])
+            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device, k["warmup_ms"], k["rep_ms"]))
+            host = sorted(host + batch_times_us(fn, device, k["host_budget_s"]))
         return Timing(quantile(times, 0.2), statistics.median(times), quantile(times, 0.8), host[0],
                       quantile(host, 0.2), quantile(host, 0.8))
-    return cpu_timing(fn, device)
+    return cpu_timing(fn, device, k["cpu_budget_s"] or CPU_BUDGET_S, k["cpu_samples"] or CPU_MIN_SAMPLES)
 
 
 CPU_MIN_SAMPLES = 10  # blocks per CPU timing: p20 and p80 are order statistics over at least this many
@@ -374,12 +382,13 @@ def contention(blocks_s: list[float], calls: int, waited: float | None, probe_gb
     return "; ".join(why) or None
 
 
-def cpu_timing(fn: Callable[[], object], device: torch.device) -> Timing:
-    """CPU timing of ``fn`` (already warmed up): p20/p50/p80 of the per-call time over at least ``CPU_MIN_SAMPLES``
+def cpu_timing(fn: Callable[[], object], device: torch.device, budget_s: float = CPU_BUDGET_S,
+               min_samples: int = CPU_MIN_SAMPLES) -> Timing:
+    """CPU timing of ``fn`` (already warmed up): p20/p50/p80 of the per-call time over at least ``min_samples``
     blocks, whether the machine was busy meanwhile (a copy probe right after is compared with the best copy
     bandwidth seen, which it raises when higher)."""
     with no_gc():
-        blocks, n, waited = cpu_blocks(fn)
+        blocks, n, waited = cpu_blocks(fn, budget_s, min_samples)
     best = copy_bandwidth_gbps(device)
     probe = copy_probe_gbps(device)
     times = sorted(b / n * 1e6 for b in blocks)

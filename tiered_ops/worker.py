@@ -299,9 +299,9 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
     if kind == "measure":
         from .measure import measure
 
-        _, op, impl, problem, dtype, mode = task
+        _, op, impl, problem, dtype, mode, *kw = task  # kw: measure's keywords (the pruning bar), when any
         spec = OPS[op]
-        return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode)
+        return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
     if kind == "meta":
         from .meta import collect
 
