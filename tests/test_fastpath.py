@@ -289,6 +289,26 @@ def test_direct_launch_on_gpu():
     assert math.isclose(y.sum().item(), 64, rel_tol=1e-4)
 
 
+@gpu
+@pytest.mark.parametrize("op,args,what", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_kept_kernel_launch_equals_the_registered_op_on_gpu(op, args, what):
+    """On a GPU the fast path's later calls go through the kept compiled kernel (the C launcher), not Triton's
+    launch: every call, forward and backward, equals the registered op bit for bit."""
+    _, registered, fast = _fast(op)
+    ref_outs = _outs(registered(*args))
+    for _ in range(3):  # the first launch through the JITFunction, then the kept kernel
+        outs = _outs(fast(*args))
+        assert all(map(_same, outs, ref_outs)), f"{op} ({what}): fast path and registered op differ"
+    rargs, rleaves = _leaves(args)
+    ref_outs = _outs(registered(*rargs))
+    dys = [_dy(o, 3 + j) for j, o in enumerate(ref_outs)]
+    ref_grads = torch.autograd.grad(ref_outs, rleaves, dys, allow_unused=True)
+    for _ in range(3):
+        fargs, fleaves = _leaves(args)
+        grads = torch.autograd.grad(_outs(fast(*fargs)), fleaves, dys, allow_unused=True)
+        assert all(map(_same, grads, ref_grads)), f"{op} ({what}): gradients differ"
+
+
 class _FakeCompiled:
     """What a first launch returns: a CompiledKernel's launcher, handle and metadata, recording the launches."""
 
