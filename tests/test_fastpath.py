@@ -29,6 +29,18 @@ def _w(n: int, seed: int) -> torch.Tensor:
     return 1 + 0.5 * _t(n, seed=seed)
 
 
+def _ids(n: int, v: int, ignored: int = 0, ignore_index: int = -100) -> torch.Tensor:
+    """Class indices [n] in [0, v), the first ``ignored`` of them ignore_index."""
+    t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(n + v))
+    t[:ignored] = ignore_index
+    return t.to(DEV)
+
+
+def _offsets(rows: int, inner: list[int]) -> torch.Tensor:
+    """Segment boundaries 0, *inner, rows."""
+    return torch.tensor([0, *inner, rows], dtype=torch.int64, device=DEV)
+
+
 # (op, args, first_output, what it covers). Shapes: 37x129 fits no block; 2x20003 and 2x40009 are rows longer than
 # the backward's / the forward's register-resident rows (looped kernels; layer_norm splits few long rows).
 CASES = [
@@ -56,6 +68,26 @@ CASES = [
     ("muladd", (_t(37, 1), _t(1, 129, seed=1), _t(37, 129, seed=2)), "broadcast operands"),
     ("muladd", (_t(37, 129, t=True), _t(37, 129, seed=1), _t(37, 129, seed=2, t=True)), "non-contiguous"),
     ("muladd", (_t(0, 16), _t(0, 16, seed=1), _t(0, 16, seed=2)), "empty"),
+    ("cross_entropy", (_t(37, 129), _ids(37, 129), -100, "mean", 0.0), "odd shape, mean"),
+    ("cross_entropy", (_t(16, 100), _ids(16, 100, ignored=4), -100, "sum", 0.1), "ignored rows, sum, smoothing"),
+    ("cross_entropy", (_t(9, 33, t=True), _ids(9, 33, ignored=3, ignore_index=5), 5, "none", 0.0),
+     "non-contiguous logits, per-row losses, ignore_index 5"),
+    ("cross_entropy", (_t(64, 256)[::2], _ids(32, 256), -100, "mean", 0.0), "logits with a row stride (read in place)"),
+    ("cross_entropy", (_t(2, 20003), _ids(2, 20003), -100, "mean", 0.2), "rows longer than one block"),
+    ("cross_entropy", (_t(0, 16), _ids(0, 16), -100, "sum", 0.0), "empty"),
+    ("fused_add_rms_norm", (_t(37, 129), _t(37, 129, seed=1), [129], _w(129, 1), 1e-6), "odd shape, weight"),
+    ("fused_add_rms_norm", (_t(37, 129, t=True), _t(37, 129, seed=2), [129], None, 1e-6),
+     "non-contiguous x, no weight"),
+    ("fused_add_rms_norm", (_t(4, 6, 33), _t(4, 6, 33, seed=3), [6, 33], _w(6 * 33, 2).view(6, 33), 1e-5),
+     "two normalized dims"),
+    ("fused_add_rms_norm", (_t(2, 20003), _t(2, 20003, seed=4), [20003], _w(20003, 3), 1e-6), "looped backward"),
+    ("fused_add_rms_norm", (_t(2, 40009), _t(2, 40009, seed=5), [40009], None, 1e-6), "looped kernels"),
+    ("fused_add_rms_norm", (_t(0, 16), _t(0, 16, seed=6), [16], _w(16, 4), 1e-6), "empty"),
+    ("segment_sum", (_t(301, 33), _offsets(301, [0, 5, 5, 40, 300])), "odd D, an empty segment"),
+    ("segment_sum", (_t(1000, 16), _offsets(1000, [])), "one giant segment (row ranges, combine)"),
+    ("segment_sum", (_t(3001, 24, t=True), _offsets(3001, [1, 2, 700, 2500, 2501])),
+     "non-contiguous values, long segments sharing row ranges"),
+    ("segment_sum", (_t(0, 8), _offsets(0, [0, 0])), "no rows: every segment empty"),
 ]
 
 
@@ -83,17 +115,39 @@ def _registered(spec):
     """The registered Triton op (torch.ops.tiered_ops.<op>_triton) on the op's signature: what torch.compile traces,
     and the reference the fast path must equal bit for bit (the Impl's fn is the fast path itself in eager code)."""
     kernel = getattr(torch.ops.tiered_ops, f"{spec.name}_triton")
+    n_out = len(spec.outputs)
 
     def call(*a, **k):
         out = kernel(*spec.kernel_args(*a, **k))
-        return out[0] if spec.first_output else out
+        if not spec.first_output:
+            return out
+        return out[0] if n_out == 1 else tuple(out[:n_out])
 
     return call
 
 
 def _leaves(args: tuple) -> tuple[tuple, list[torch.Tensor]]:
-    out = tuple(a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args)
-    return out, [a for a in out if isinstance(a, torch.Tensor)]
+    """Fresh copies of the arguments, the floating tensors leaves requiring grad (indices and offsets as they are)."""
+    out = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                for a in args)
+    return out, [a for a in out if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+def _outs(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit, NaN where the other is NaN (a mean over no targets)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _dy(out: torch.Tensor, seed: int) -> torch.Tensor:
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(DEV)
+
+
+def _truth(op: str, args: tuple) -> list[torch.Tensor]:
+    return _outs(truth64(op, *args, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("op,args,what", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
@@ -101,21 +155,24 @@ def test_fast_path_matches_float64_and_the_registered_op(op, args, what):
     spec, registered, fast = _fast(op)
     rtol, grad_rtol = spec.rtol[torch.float32], spec.grad_rtol[torch.float32]
     fargs, fleaves = _leaves(args)
-    out = fast(*fargs)
+    outs = _outs(fast(*fargs))
     rargs, rleaves = _leaves(args)
-    ref_out = registered(*rargs)
-    targs, tleaves = _leaves(tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args))
-    truth = truth64(op, *targs, dtype=torch.float32)
-    assert out.shape == truth.shape and out.dtype == torch.float32, f"{op} ({what}): {out.shape} {out.dtype}"
-    assert_like_truth(out, truth, rtol, f"{op} fast path ({what}): output")
-    assert torch.equal(out, ref_out), f"{op} ({what}): fast path and registered op differ"
-    assert out.grad_fn is not None, f"{op} ({what}): inputs require grad but the output has no grad_fn"
+    ref_outs = _outs(registered(*rargs))
+    targs, tleaves = _leaves(tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                                   for a in args))
+    truths = _truth(op, targs)
+    assert len(outs) == len(ref_outs) == len(truths) == len(spec.outputs), f"{op} ({what}): {len(outs)} outputs"
+    for j, (out, ref_out, truth) in enumerate(zip(outs, ref_outs, truths)):
+        assert out.shape == truth.shape and out.dtype == torch.float32, f"{op} ({what}): {out.shape} {out.dtype}"
+        assert_like_truth(out, truth, rtol, f"{op} fast path ({what}): output {j}")
+        assert _same(out, ref_out), f"{op} ({what}): output {j} of the fast path and the registered op differ"
+        assert out.grad_fn is not None, f"{op} ({what}): inputs require grad but output {j} has no grad_fn"
 
-    dy = _t(*out.shape, seed=11) if out.numel() else torch.zeros_like(out)
-    grads = torch.autograd.grad(out, fleaves, dy, allow_unused=True)
-    ref_grads = torch.autograd.grad(ref_out, rleaves, dy, allow_unused=True)
-    truth_grads = torch.autograd.grad(truth, tleaves, dy.double(), allow_unused=True)
-    floor = 1e-6 * max(torch.linalg.vector_norm(dy.double()).item(), 1e-30)
+    dys = [_dy(out, 11 + j) for j, out in enumerate(outs)]
+    grads = torch.autograd.grad(outs, fleaves, dys, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_outs, rleaves, dys, allow_unused=True)
+    truth_grads = torch.autograd.grad(truths, tleaves, [d.double() for d in dys], allow_unused=True)
+    floor = 1e-6 * max(sum(torch.linalg.vector_norm(d.double()).item() for d in dys), 1e-30)
     for i, (g, r, t) in enumerate(zip(grads, ref_grads, truth_grads)):
         assert g is not None and r is not None, f"{op} ({what}): gradient {i} missing"
         t = torch.zeros_like(tleaves[i]) if t is None else t
@@ -124,7 +181,31 @@ def test_fast_path_matches_float64_and_the_registered_op(op, args, what):
             assert_like_truth(g, t, grad_rtol, f"{op} fast path ({what}): gradient {i}")
         elif g.numel():  # an exact gradient of ~0 (layer_norm over one element): roundoff is all there is
             assert g.abs().max().item() <= 1e-4, f"{op} ({what}): gradient {i} not ~0"
-        assert torch.equal(g, r), f"{op} ({what}): gradient {i} of fast path and registered op differ"
+        assert _same(g, r), f"{op} ({what}): gradient {i} of fast path and registered op differ"
+
+
+@pytest.mark.parametrize("used", [0, 1])
+def test_several_outputs_each_carry_their_gradient(used):
+    """An op of several outputs (fused_add_rms_norm's y and new_residual): a loss of one of them alone gives the
+    gradients of that one (the other's gradient is None in the backward, not a stale or missing term), equal to the
+    registered op's and to float64 math."""
+    args = next(c[1] for c in CASES if c[0] == "fused_add_rms_norm")
+    spec, registered, fast = _fast("fused_add_rms_norm")
+    fargs, fleaves = _leaves(args)
+    rargs, rleaves = _leaves(args)
+    targs, tleaves = _leaves(tuple(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    out, ref, truth = fast(*fargs)[used], registered(*rargs)[used], _truth("fused_add_rms_norm", targs)[used]
+    dy = _dy(out, 5)
+    grads = torch.autograd.grad(out, fleaves, dy)
+    ref_grads = torch.autograd.grad(ref, rleaves, dy)
+    truth_grads = torch.autograd.grad(truth, tleaves, dy.double(), allow_unused=True)
+    for i, (g, r, t) in enumerate(zip(grads, ref_grads, truth_grads)):
+        t = torch.zeros_like(tleaves[i]) if t is None else t
+        if t.abs().max().item() > 0:
+            assert_like_truth(g, t, spec.grad_rtol[torch.float32], f"gradient {i} of output {used}")
+        else:
+            assert not g.any(), f"gradient {i} of output {used} should be 0"
+        assert _same(g, r), f"gradient {i} of output {used}: fast path and registered op differ"
 
 
 @pytest.mark.parametrize("op", FAST_OPS)
@@ -132,15 +213,19 @@ def test_no_graph_without_grad(op):
     """With no input requiring grad, or under no_grad, the fast path records no autograd node."""
     _, _, fast = _fast(op)
     args = next(c[1] for c in CASES if c[0] == op)
-    assert fast(*args).grad_fn is None
+    assert all(o.grad_fn is None for o in _outs(fast(*args)))
     gargs, _ = _leaves(args)
     with torch.no_grad():
-        out = fast(*gargs)
-    assert out.grad_fn is None and not out.requires_grad
-    truth = truth64(op, *(a.double() if isinstance(a, torch.Tensor) else a for a in args), dtype=torch.float32)
-    assert_like_truth(out, truth, get_op(op).rtol[torch.float32], f"{op} fast path under no_grad")
+        outs = _outs(fast(*gargs))
+    assert all(o.grad_fn is None and not o.requires_grad for o in outs)
+    truths = _truth(op, tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                              for a in args))
+    assert len(outs) == len(truths)
+    for out, truth in zip(outs, truths):
+        assert_like_truth(out, truth, get_op(op).rtol[torch.float32], f"{op} fast path under no_grad")
     with torch.no_grad():
-        assert torch.equal(fast.forward_only(*args), get_op(op).impls["triton"].fn(*args)), f"{op}: forward_only"
+        only, impl = _outs(fast.forward_only(*args)), _outs(get_op(op).impls["triton"].fn(*args))
+        assert len(only) == len(impl) and all(map(_same, only, impl)), f"{op}: forward_only"
 
 
 def test_bad_input_is_named():
@@ -202,6 +287,26 @@ def test_direct_launch_on_gpu():
         y = ts.softmax_fast(x, -1)
     s.synchronize()
     assert math.isclose(y.sum().item(), 64, rel_tol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("op,args,what", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_kept_kernel_launch_equals_the_registered_op_on_gpu(op, args, what):
+    """On a GPU the fast path's later calls go through the kept compiled kernel (the C launcher), not Triton's
+    launch: every call, forward and backward, equals the registered op bit for bit."""
+    _, registered, fast = _fast(op)
+    ref_outs = _outs(registered(*args))
+    for _ in range(3):  # the first launch through the JITFunction, then the kept kernel
+        outs = _outs(fast(*args))
+        assert all(map(_same, outs, ref_outs)), f"{op} ({what}): fast path and registered op differ"
+    rargs, rleaves = _leaves(args)
+    ref_outs = _outs(registered(*rargs))
+    dys = [_dy(o, 3 + j) for j, o in enumerate(ref_outs)]
+    ref_grads = torch.autograd.grad(ref_outs, rleaves, dys, allow_unused=True)
+    for _ in range(3):
+        fargs, fleaves = _leaves(args)
+        grads = torch.autograd.grad(_outs(fast(*fargs)), fleaves, dys, allow_unused=True)
+        assert all(map(_same, grads, ref_grads)), f"{op} ({what}): gradients differ"
 
 
 class _FakeCompiled:

@@ -198,7 +198,7 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
     """The kernel tier as its callers run it: the registered op while torch.compile traces (the graph takes it in), and
     otherwise the eager fast path (``fastpath.tier_fast``: the launchers called directly, one Python autograd.Function
     when a gradient is needed), made on the first call once ``load`` has brought the tier up; the registered op where
-    the tier has no fast path (nor an op of several outputs)."""
+    the tier has no fast path."""
     resolved: list[Callable[..., Any]] = []
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -209,8 +209,7 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
         why = load()
         if why:
             raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
-        single = len(spec.outputs) == 1
-        fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered) if single else None
+        fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered)
         resolved.append(fast or registered)
         return resolved[0](*args, **kwargs)
 

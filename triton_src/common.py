@@ -4,12 +4,13 @@ kernel both normalizations use."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .launch import bound
+from .launch import Step
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -124,46 +125,36 @@ def _norm_param_grads(dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows,
         tl.store(db_ptr + g * n_cols + cols, acc_b, mask=cmask)
 
 
-def norm_param_grads(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor,
-                     with_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dw, db) in fp32 for contiguous (rows, n) dy and x and per-row fp32 mean/rstd: partial sums per group
-    of rows in a kernel, then one sum over the groups."""
-    from torch.library import wrap_triton
+class ParamGradsPlan(NamedTuple):
+    """The launch of the weight/bias gradient kernel for (rows, n) rows: its step, the partials' shape (groups, n),
+    its int arguments, and whether there is one group (its partial sums are the sums)."""
 
-    rows, n = x.shape
+    step: Step
+    shape: tuple
+    ints: tuple
+    with_bias: bool
+    one: bool
+
+
+def plan_param_grads(rows: int, n: int, device: torch.device, has_mean: bool, with_bias: bool) -> ParamGradsPlan:
     block_n = min(128, triton.next_power_of_2(max(n, 1)))
     col_blocks = triton.cdiv(n, block_n)
-    groups = max(1, min(rows, triton.cdiv(target_programs(x.device), col_blocks)))
+    groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
     rows_per = triton.cdiv(rows, groups)
     groups = triton.cdiv(rows, rows_per)
-    dw = torch.empty((groups, n), dtype=torch.float32, device=x.device)
-    db = torch.empty((groups, n), dtype=torch.float32, device=x.device) if with_bias else dw
-    wrap_triton(_norm_param_grads)[(col_blocks, groups)](
-        dy, x, mean if mean is not None else rstd, rstd, dw, db, rows, n, rows_per, HAS_MEAN=mean is not None,
-        HAS_B=with_bias, BLOCK_N=block_n, BLOCK_R=32, num_warps=4)
-    return dw.sum(0), (db.sum(0) if with_bias else None)
+    step = Step(_norm_param_grads, (col_blocks, groups), 4, HAS_MEAN=has_mean, HAS_B=with_bias, BLOCK_N=block_n,
+                BLOCK_R=32)
+    return ParamGradsPlan(step, (groups, n), (rows, n, rows_per), with_bias, groups == 1)
 
 
-class ParamGrads:
-    """norm_param_grads for one (rows, n, device) with the kernel launched directly: its settings worked out once."""
-
-    def __init__(self, rows: int, n: int, device: torch.device, has_mean: bool, with_bias: bool) -> None:
-        block_n = min(128, triton.next_power_of_2(max(n, 1)))
-        col_blocks = triton.cdiv(n, block_n)
-        groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
-        rows_per = triton.cdiv(rows, groups)
-        groups = triton.cdiv(rows, rows_per)
-        self.shape, self.ints, self.with_bias, self.one = (groups, n), (rows, n, rows_per), with_bias, groups == 1
-        self.launch = bound(_norm_param_grads, (col_blocks, groups, 1), 4, HAS_MEAN=has_mean, HAS_B=with_bias,
-                            BLOCK_N=block_n, BLOCK_R=32)
-
-    def __call__(self, dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements, each of n elements in a shape to view as
-        the parameter's (one group of rows: its partial sums are the sums, no reduction kernel)."""
-        dw = dy.new_empty(self.shape, dtype=torch.float32)
-        db = dy.new_empty(self.shape, dtype=torch.float32) if self.with_bias else dw
-        self.launch(dy, x, rstd if mean is None else mean, rstd, dw, db, *self.ints)
-        if self.one:
-            return dw, (db if self.with_bias else None)
-        return dw.sum(0), (db.sum(0) if self.with_bias else None)
+def norm_param_grads(plan: ParamGradsPlan, direct: bool, dy: torch.Tensor, x: torch.Tensor,
+                     mean: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements and per-row fp32 mean/rstd: partial sums per
+    group of rows in a kernel, then one sum over the groups, each of n elements in a shape to view as the parameter's.
+    On the eager fast path (``direct``) one group's partial sums are the sums (no reduction kernel)."""
+    dw = dy.new_empty(plan.shape, dtype=torch.float32)
+    db = dy.new_empty(plan.shape, dtype=torch.float32) if plan.with_bias else dw
+    plan.step(direct, dy, x, rstd if mean is None else mean, rstd, dw, db, *plan.ints)
+    if direct and plan.one:
+        return dw, (db if plan.with_bias else None)
+    return dw.sum(0), (db.sum(0) if plan.with_bias else None)

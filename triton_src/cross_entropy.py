@@ -14,12 +14,15 @@ Versions: v1 — one program per row, per-lane online softmax, recompute in the 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import check_float, num_warps_for
+from .launch import Step
 
 MAX_BLOCK = 4096  # elements of a row one iteration of a program loads
 REDUCTIONS = ("mean", "sum", "none")
@@ -119,32 +122,52 @@ def _rows_of(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(1) == 1 else logits.contiguous()
 
 
-def _settings(n: int) -> tuple[int, int]:
-    block = min(MAX_BLOCK, triton.next_power_of_2(n))
-    return block, num_warps_for(block)
+# One launch plan per direction (checks, kernel, grid, constexprs, int arguments) and one host function that launches
+# from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
+# (cross_entropy_fast, the kept compiled kernel) once per (shapes, strides, dtypes, device, options: ignore_index too,
+# an int argument whose specialization the kept kernel fixes). The targets' values are checked (on the CPU) per call.
+class Plan(NamedTuple):
+    step: Step | None  # None: no rows
+    ints: tuple  # the kernel's int arguments after the pointers (V and the logits' row stride)
+    rows: int
+    n: int
 
 
-def cross_entropy_rows(x: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse), float32 [N] each, of rows of x (last dim contiguous): the kernel alone, no target check."""
+def _plan(logits: torch.Tensor, kernel: object, **consts: object) -> Plan:
     # BLOCK_V is a compile-time constant derived from V: under dynamic shapes specialize on V; rows stay symbolic.
-    rows, n = x.shape[0], int(x.shape[1])
-    loss = torch.empty((rows,), dtype=torch.float32, device=x.device)
-    lse = torch.empty((rows,), dtype=torch.float32, device=x.device)
-    if rows:
-        block, warps = _settings(n)
-        wrap_triton(_ce_fwd)[(rows,)](x, target, loss, lse, n, int(x.stride(0)), ignore_index, label_smoothing,
-                                      BLOCK_V=block, SMOOTH=label_smoothing > 0, num_warps=warps)
-    return loss, lse
+    rows, n = logits.shape[0], int(logits.shape[1])
+    if not rows:
+        return Plan(None, (), rows, n)
+    block = min(MAX_BLOCK, triton.next_power_of_2(n))
+    stride = int(logits.stride(0)) if logits.stride(1) == 1 else n  # the rows _rows_of reads
+    return Plan(Step(kernel, (rows,), num_warps_for(block), BLOCK_V=block, **consts), (n, stride), rows, n)
 
 
-def cross_entropy_launch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-                         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss in the logits' dtype, lse float32 [N]); the launcher as a plain function (the op below registers it)."""
-    op = "cross_entropy_triton"
+def plan_fwd(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smoothing: float) -> Plan:
+    _check("cross_entropy_triton", logits, target, reduction, label_smoothing)
+    return _plan(logits, _ce_fwd, SMOOTH=label_smoothing > 0)
+
+
+def plan_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, reduction: str,
+             label_smoothing: float) -> Plan:
+    op = "cross_entropy_bwd_triton"
     _check(op, logits, target, reduction, label_smoothing)
-    _check_targets(target, logits.shape[1], ignore_index)
-    loss, lse = cross_entropy_rows(_rows_of(logits), target.contiguous(), ignore_index, label_smoothing)
+    rows = logits.shape[0]
+    want = (rows,) if reduction == "none" else ()
+    if tuple(grad.shape) != want:
+        raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (rows,):
+        raise ValueError(f"{op}: lse must be a float32 [N] = [{rows}] tensor, got {lse.dtype} {list(lse.shape)}")
+    return _plan(logits, _ce_bwd)
+
+
+def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_targets(target, plan.n, ignore_index)
+    loss = logits.new_empty((plan.rows,), dtype=torch.float32)
+    lse = logits.new_empty((plan.rows,), dtype=torch.float32)
+    if plan.step is not None:
+        plan.step(direct, _rows_of(logits), target.contiguous(), loss, lse, *plan.ints, ignore_index, label_smoothing)
     if reduction == "sum":
         loss = loss.sum()
     elif reduction == "mean":
@@ -152,30 +175,60 @@ def cross_entropy_launch(logits: torch.Tensor, target: torch.Tensor, ignore_inde
     return loss.to(logits.dtype), lse
 
 
-def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
-                             ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
-    """dlogits [N, V] (contiguous, the logits' dtype) from the saved lse, for the output gradient ``grad``."""
-    op = "cross_entropy_bwd_triton"
-    _check(op, logits, target, reduction, label_smoothing)
-    rows, n = logits.shape[0], int(logits.shape[1])
-    want = (rows,) if reduction == "none" else ()
-    if tuple(grad.shape) != want:
-        raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
-    if lse.dtype != torch.float32 or tuple(lse.shape) != (rows,):
-        raise ValueError(f"{op}: lse must be a float32 [N] = [{rows}] tensor, got {lse.dtype} {list(lse.shape)}")
+def _bwd(plan: Plan, direct: bool, grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+         ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
     scale = grad.float()
     if reduction == "mean":
         scale = scale / (target != ignore_index).sum()
     scale = scale.reshape(-1).contiguous()
-    dx = torch.empty((rows, n), dtype=logits.dtype, device=logits.device)
-    if rows:
-        x = _rows_of(logits)
-        block, warps = _settings(n)
-        wrap_triton(_ce_bwd)[(rows,)](x, target.contiguous(), lse.contiguous(), scale, 1 if reduction == "none" else 0,
-                                      dx, n, int(x.stride(0)), ignore_index, label_smoothing, BLOCK_V=block,
-                                      num_warps=warps)
+    dx = logits.new_empty((plan.rows, plan.n))
+    if plan.step is not None:
+        n, stride = plan.ints
+        plan.step(direct, _rows_of(logits), target.contiguous(), lse.contiguous(), scale,
+                  1 if reduction == "none" else 0, dx, n, stride, ignore_index, label_smoothing)
     return dx
+
+
+def cross_entropy_launch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss in the logits' dtype, lse float32 [N]); the launcher as a plain function (the op below registers it)."""
+    plan = plan_fwd(logits, target, reduction, label_smoothing)
+    return _fwd(plan, False, logits, target, ignore_index, reduction, label_smoothing)
+
+
+def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                             ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
+    """dlogits [N, V] (contiguous, the logits' dtype) from the saved lse, for the output gradient ``grad``."""
+    plan = plan_bwd(grad, logits, target, lse, reduction, label_smoothing)
+    return _bwd(plan, False, grad, logits, target, lse, ignore_index, reduction, label_smoothing)
 
 
 cross_entropy_triton = triton_op("tiered_ops::cross_entropy_triton", cross_entropy_launch, mutates_args={})
 cross_entropy_bwd_triton = triton_op("tiered_ops::cross_entropy_bwd_triton", cross_entropy_bwd_launch, mutates_args={})
+
+_fwd_plans: dict[tuple, Plan] = {}
+_bwd_plans: dict[tuple, Plan] = {}
+
+
+def cross_entropy_fast(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                       label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cross_entropy_launch for eager callers: the plan kept per key, the kernel launched directly."""
+    key = (logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape, target.dtype,
+           target.get_device(), ignore_index, reduction, label_smoothing > 0, label_smoothing <= 1.0,
+           label_smoothing >= 0.0)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(logits, target, reduction, label_smoothing)
+    return _fwd(plan, True, logits, target, ignore_index, reduction, label_smoothing)
+
+
+def cross_entropy_bwd_fast(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                           ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
+    """cross_entropy_bwd_launch for eager callers."""
+    key = (grad.shape, logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape, target.dtype,
+           target.get_device(), lse.shape, lse.dtype, ignore_index, reduction, label_smoothing > 0,
+           label_smoothing <= 1.0, label_smoothing >= 0.0)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = plan_bwd(grad, logits, target, lse, reduction, label_smoothing)
+    return _bwd(plan, True, grad, logits, target, lse, ignore_index, reduction, label_smoothing)

@@ -15,22 +15,26 @@ Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kern
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import (
     MAX_FUSED_FWD,
+    ParamGradsPlan,
     check_float,
     check_norm,
     check_same,
     norm_param_grads,
     num_warps_for,
+    plan_param_grads,
     row_settings,
     target_programs,
 )
+from .launch import Step, param_key
 
 # Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
 MAX_FUSED_BWD = 8192
@@ -155,35 +159,41 @@ def _rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
     return math.prod(x.shape[: x.dim() - len(normalized_shape)])
 
 
-def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
-                              weight: torch.Tensor | None, eps: float
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, new_residual, rstd). The launcher as a plain function: the op below registers it; called bare it is the
-    unregistered contrast."""
+# One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
+# launches from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
+# (fused_add_rms_norm_fast, the kept compiled kernels) once per (shapes, dtype, device).
+class FwdPlan(NamedTuple):
+    step: Step | None  # None: x is empty
+    ints: tuple
+    rows: int
+
+
+class BwdPlan(NamedTuple):
+    step: Step | None  # None: new_residual is empty
+    ints: tuple
+    rows: int
+    persistent: bool  # the rows kernel (a persistent grid, dw in registers), else the looped one
+    dw_shape: tuple | None  # the rows kernel's (programs, n) fp32 dw partials (with a weight)
+    param_grads: ParamGradsPlan | None  # the looped kernel's dw (with a weight)
+
+
+def plan_fwd(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None
+             ) -> FwdPlan:
     n = check_norm(OP, x, normalized_shape, weight=weight)
     _check_like_rows(OP, "residual", residual, x, "x")
-    weight = weight.contiguous() if weight is not None else None
-    xc, rc = x.contiguous(), residual.contiguous()
-    y, s = torch.empty_like(xc), torch.empty_like(xc)
     rows = _rows(x, normalized_shape)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    if xc.numel() == 0:
-        return y, s, rstd
-    w = weight if weight is not None else xc  # dummy pointer, never read when HAS_W is False
+    if x.numel() == 0:
+        return FwdPlan(None, (), rows)
+    flags = dict(HAS_W=weight is not None)
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if n <= MAX_FUSED_FWD:
-        wrap_triton(_fused_add_rms_norm_rows)[(triton.cdiv(rows, per),)](
-            xc, rc, w, y, s, rstd, rows, n, eps, HAS_W=weight is not None, BLOCK_N=block, ROWS=per, num_warps=warps)
-    else:
-        wrap_triton(_fused_add_rms_norm_looped)[(rows,)](xc, rc, w, y, s, rstd, n, eps, HAS_W=weight is not None,
-                                                         BLOCK_N=4096, num_warps=8)
-    return y, s, rstd
+        return FwdPlan(Step(_fused_add_rms_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block,
+                            ROWS=per), (rows, n), rows)
+    return FwdPlan(Step(_fused_add_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows)
 
 
-def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
-                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw): dx is the gradient of x and of residual alike; dw is an empty tensor when there is no weight."""
+def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, normalized_shape: list[int],
+             weight: torch.Tensor | None, rstd: torch.Tensor) -> BwdPlan:
     check_float(BWD, "new_residual", new_residual)
     n = check_norm(BWD, new_residual, normalized_shape, weight=weight)
     _check_like_rows(BWD, "dy", dy, new_residual, "new_residual")
@@ -192,31 +202,95 @@ def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_resi
     if rstd.dtype != torch.float32 or rstd.shape != (rows,) or rstd.device != new_residual.device:
         raise ValueError(f"{BWD}: rstd must be a float32 tensor of {rows} row statistics on {new_residual.device}, "
                          f"got {rstd.dtype} of shape {list(rstd.shape)} on {rstd.device}")
-    sc, dyc, dsc = new_residual.contiguous(), dy.contiguous(), dres.contiguous()
-    dx = torch.empty_like(sc)
+    if new_residual.numel() == 0:
+        return BwdPlan(None, (), rows, False, None, None)
     has_w = weight is not None
-    if sc.numel() == 0:
-        return dx, (torch.zeros_like(weight) if has_w else sc.new_empty((0,)))
-    w = weight.contiguous() if has_w else sc
+    flags = dict(HAS_W=has_w)
     if n <= MAX_FUSED_BWD:
         block, per, _ = row_settings(n, MAX_FUSED_BWD)
-        groups = max(1, min(triton.cdiv(rows, per), target_programs(sc.device)))
+        groups = max(1, min(triton.cdiv(rows, per), target_programs(new_residual.device)))
         rows_per = triton.cdiv(triton.cdiv(rows, groups), per) * per
         groups = triton.cdiv(rows, rows_per)
-        dw = torch.empty((groups, n), dtype=torch.float32, device=sc.device) if has_w else rstd
-        wrap_triton(_fused_add_rms_norm_bwd_rows)[(groups,)](
-            dyc, dsc, sc, w, rstd, dx, dw, rows, n, rows_per, HAS_W=has_w, BLOCK_N=block, ROWS=per,
-            num_warps=num_warps_for(block * per))
-        return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if has_w else sc.new_empty((0,)))
-    wrap_triton(_fused_add_rms_norm_bwd_looped)[(rows,)](dyc, dsc, sc, w, rstd, dx, n, HAS_W=has_w, BLOCK_N=4096,
-                                                         num_warps=8)
-    if not has_w:
+        step = Step(_fused_add_rms_norm_bwd_rows, (groups,), num_warps_for(block * per), **flags, BLOCK_N=block,
+                    ROWS=per)
+        return BwdPlan(step, (rows, n, rows_per), rows, True, (groups, n) if has_w else None, None)
+    pg = plan_param_grads(rows, n, new_residual.device, has_mean=False, with_bias=False) if has_w else None
+    return BwdPlan(Step(_fused_add_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, False, None, pg)
+
+
+def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    xc, rc = x.contiguous(), residual.contiguous()
+    y, s = torch.empty_like(xc), torch.empty_like(xc)
+    rstd = x.new_empty(plan.rows, dtype=torch.float32)
+    if plan.step is not None:  # weight: a dummy pointer (x), never read when HAS_W is False
+        plan.step(direct, xc, rc, xc if weight is None else weight.contiguous(), y, s, rstd, *plan.ints, eps)
+    return y, s, rstd
+
+
+def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
+         weight: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    sc, dyc, dsc = new_residual.contiguous(), dy.contiguous(), dres.contiguous()
+    dx = torch.empty_like(sc)
+    if plan.step is None:
+        return dx, (torch.zeros_like(weight) if weight is not None else sc.new_empty((0,)))
+    w = weight.contiguous() if weight is not None else sc
+    if plan.persistent:  # dw partials per program
+        dw = sc.new_empty(plan.dw_shape, dtype=torch.float32) if plan.dw_shape is not None else rstd
+        plan.step(direct, dyc, dsc, sc, w, rstd, dx, dw, *plan.ints)
+        return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else sc.new_empty((0,)))
+    plan.step(direct, dyc, dsc, sc, w, rstd, dx, *plan.ints)
+    if plan.param_grads is None:
         return dx, sc.new_empty((0,))
-    dw32, _ = norm_param_grads(dyc.view(rows, n), sc.view(rows, n), None, rstd, with_bias=False)
+    dw32, _ = norm_param_grads(plan.param_grads, direct, dyc, sc, None, rstd)
     return dx, dw32.view(weight.shape).to(weight.dtype)
+
+
+def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
+                              weight: torch.Tensor | None, eps: float
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, new_residual, rstd). The launcher as a plain function: the op below registers it; called bare it is the
+    unregistered contrast."""
+    return _fwd(plan_fwd(x, residual, normalized_shape, weight), False, x, residual, weight, eps)
+
+
+def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
+                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw): dx is the gradient of x and of residual alike; dw is an empty tensor when there is no weight."""
+    plan = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd)
+    return _bwd(plan, False, dy, dres, new_residual, weight, rstd)
 
 
 fused_add_rms_norm_triton = triton_op("tiered_ops::fused_add_rms_norm_triton", fused_add_rms_norm_launch,
                                       mutates_args={})
 fused_add_rms_norm_bwd_triton = triton_op("tiered_ops::fused_add_rms_norm_bwd_triton", fused_add_rms_norm_bwd_launch,
                                           mutates_args={})
+
+_fwd_plans: dict[tuple, FwdPlan] = {}
+_bwd_plans: dict[tuple, BwdPlan] = {}
+
+
+def fused_add_rms_norm_fast(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
+                            weight: torch.Tensor | None, eps: float
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), residual.shape, residual.dtype, residual.get_device(),
+           tuple(normalized_shape), param_key(weight))
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(x, residual, normalized_shape, weight)
+    return _fwd(plan, True, x, residual, weight, eps)
+
+
+def fused_add_rms_norm_bwd_fast(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
+                                normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm_bwd_launch for eager callers."""
+    key = (new_residual.shape, new_residual.dtype, new_residual.get_device(), dy.shape, dy.dtype, dy.get_device(),
+           dres.shape, dres.dtype, dres.get_device(), tuple(normalized_shape), param_key(weight), rstd.shape,
+           rstd.dtype, rstd.get_device())
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd)
+    return _bwd(plan, True, dy, dres, new_residual, weight, rstd)

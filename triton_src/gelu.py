@@ -9,13 +9,15 @@ Versions: v1 — one BLOCK per program, masked tail.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import check_float, check_same
-from .launch import bound, param_key
+from .launch import Step, param_key
 
 BLOCK = 4096
 APPROXIMATIONS = ("none", "tanh")
@@ -75,48 +77,17 @@ def _check(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
     return x.shape[-1] if x.dim() else 1
 
 
-def gelu_launch(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    n = _check("gelu_triton", x, bias, approximate)
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    if xc.numel():
-        b = bias.contiguous() if bias is not None else xc
-        wrap_triton(_gelu_fwd)[(triton.cdiv(xc.numel(), BLOCK),)](
-            xc, b, y, xc.numel(), n, HAS_B=bias is not None, TANH=approximate == "tanh", BLOCK=BLOCK, num_warps=8)
-    return y
+# One launch plan per direction (checks, kernel, grid, constexprs, int arguments) and one host function that launches
+# from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path (gelu_fast, the
+# kept compiled kernel) once per (shapes, dtype, device, approximate).
+class Plan(NamedTuple):
+    step: Step | None  # None: x is empty
+    ints: tuple
+    n: int  # the last dim (bias length)
 
 
-def gelu_bwd_launch(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dbias); dbias is an empty tensor without bias."""
-    n = _check("gelu_bwd_triton", x, bias, approximate)
-    check_same("gelu_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"gelu_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    if xc.numel():
-        b = bias.contiguous() if bias is not None else xc
-        wrap_triton(_gelu_bwd)[(triton.cdiv(xc.numel(), BLOCK),)](
-            dyc, xc, b, dx, xc.numel(), n, HAS_B=bias is not None, TANH=approximate == "tanh", BLOCK=BLOCK,
-            num_warps=8)
-    if bias is None:
-        return dx, x.new_empty((0,))
-    return dx, dx.reshape(-1, n).sum(0, dtype=torch.float32).to(x.dtype)
-
-
-gelu_triton = triton_op("tiered_ops::gelu_triton", gelu_launch, mutates_args={})
-gelu_bwd_triton = triton_op("tiered_ops::gelu_bwd_triton", gelu_bwd_launch, mutates_args={})
-
-
-# The eager fast path: the launches of gelu_launch / gelu_bwd_launch through DirectKernel, the settings of each
-# (shapes, dtype, device, approximate) worked out once. Only when not traced: torch.compile traces the ops above.
-_plans: dict[tuple, tuple] = {}
-
-
-def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str, dy: torch.Tensor | None) -> tuple:
-    """(launch or None when x is empty, int args)."""
+def plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str, dy: torch.Tensor | None) -> Plan:
+    """The forward's plan, or with ``dy`` the backward's."""
     n = _check(op, x, bias, approximate)
     if dy is not None:
         check_same(op, "dy", dy, x)
@@ -124,40 +95,62 @@ def _plan(op: str, x: torch.Tensor, bias: torch.Tensor | None, approximate: str,
             raise ValueError(f"{op}: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
     numel = x.numel()
     if not numel:
-        return None, ()
+        return Plan(None, (), n)
     kernel = _gelu_fwd if dy is None else _gelu_bwd
-    return (bound(kernel, (triton.cdiv(numel, BLOCK), 1, 1), 8, HAS_B=bias is not None, TANH=approximate == "tanh",
-                  BLOCK=BLOCK), (numel, n))
+    return Plan(Step(kernel, (triton.cdiv(numel, BLOCK),), 8, HAS_B=bias is not None, TANH=approximate == "tanh",
+                     BLOCK=BLOCK), (numel, n), n)
+
+
+def _fwd(plan: Plan, direct: bool, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    if plan.step is not None:  # bias: a dummy pointer (x), never read when HAS_B is False
+        plan.step(direct, xc, xc if bias is None else bias.contiguous(), y, *plan.ints)
+    return y
+
+
+def _bwd(plan: Plan, direct: bool, dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    if plan.step is not None:
+        plan.step(direct, dyc, xc, xc if bias is None else bias.contiguous(), dx, *plan.ints)
+    if bias is None:
+        return dx, x.new_empty((0,))
+    return dx, dx.reshape(-1, plan.n).sum(0, dtype=torch.float32).to(x.dtype)
+
+
+def gelu_launch(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    return _fwd(plan("gelu_triton", x, bias, approximate, None), False, x, bias)
+
+
+def gelu_bwd_launch(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dbias); dbias is an empty tensor without bias."""
+    return _bwd(plan("gelu_bwd_triton", x, bias, approximate, dy), False, dy, x, bias)
+
+
+gelu_triton = triton_op("tiered_ops::gelu_triton", gelu_launch, mutates_args={})
+gelu_bwd_triton = triton_op("tiered_ops::gelu_bwd_triton", gelu_bwd_launch, mutates_args={})
+
+_plans: dict[tuple, Plan] = {}
 
 
 def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-    """gelu_launch, launched directly (the same kernel and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
-           approximate)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _plan("gelu_triton", x, bias, approximate, None)
-    launch, ints = plan
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    if launch is not None:
-        launch(xc, xc if bias is None else bias.contiguous(), y, *ints)
-    return y
+    """gelu_launch for eager callers: the plan kept per key, the kernel launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias), approximate)
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = plan("gelu_triton", x, bias, approximate, None)
+    return _fwd(p, True, x, bias)
 
 
 def gelu_bwd_fast(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """gelu_bwd_launch, launched directly."""
-    key = (x.shape, x.dtype, x.get_device(), param_key(bias),
-           approximate, dy.shape, dy.dtype, dy.get_device())
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _plan("gelu_bwd_triton", x, bias, approximate, dy)
-    launch, ints = plan
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    if launch is not None:
-        launch(dyc, xc, xc if bias is None else bias.contiguous(), dx, *ints)
-    if bias is None:
-        return dx, x.new_empty((0,))
-    return dx, dx.reshape(-1, ints[1] if ints else bias.shape[0]).sum(0, dtype=torch.float32).to(x.dtype)
+    """gelu_bwd_launch for eager callers."""
+    key = (x.shape, x.dtype, x.get_device(), param_key(bias), approximate, dy.shape, dy.dtype, dy.get_device())
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = plan("gelu_bwd_triton", x, bias, approximate, dy)
+    return _bwd(p, True, dy, x, bias)

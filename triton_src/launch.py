@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 log = logging.getLogger(__name__)
 _I32 = 1 << 31
@@ -278,3 +279,31 @@ class Bound:
 def bound(kernel: Any, grid: tuple[int, int, int], num_warps: int, **consts: Any) -> Bound:
     """``direct(kernel, num_warps, **consts)`` at ``grid``, for one launch plan (see :class:`Bound`)."""
     return Bound(direct(kernel, num_warps, **consts), grid)
+
+
+class Step:
+    """One kernel launch of a launch plan: the kernel, its grid, ``num_warps`` and constexprs, fixed when the plan is
+    made (once per shape on the eager fast path, per call in the registered op). ``step(direct, *args)`` launches it
+    with its runtime arguments in signature order: through ``wrap_triton`` when not ``direct`` (the registered
+    triton_op, so torch.compile traces the launch), else through :class:`Bound` (the kept compiled kernel, for eager
+    callers). Both read the same fields, so the two launches of a plan cannot differ in their settings."""
+
+    __slots__ = ("kernel", "grid", "num_warps", "consts", "_bound")
+
+    def __init__(self, kernel: Any, grid: tuple, num_warps: int, **consts: Any) -> None:
+        self.kernel, self.grid, self.num_warps, self.consts = kernel, grid, num_warps, consts
+        self._bound: Bound | None = None
+
+    def __call__(self, direct: bool, *args: Any) -> None:
+        if not direct:
+            wrap_triton(self.kernel)[self.grid](*args, **self.consts, num_warps=self.num_warps)
+            return
+        b = self._bound
+        if b is None:
+            grid = (*self.grid, 1, 1)[:3]
+            b = self._bound = bound(self.kernel, grid, self.num_warps, **self.consts)
+        b(*args)
+
+    def __repr__(self) -> str:
+        name = getattr(getattr(self.kernel, "fn", None), "__name__", self.kernel)
+        return f"Step({name}, grid={self.grid}, num_warps={self.num_warps}, {self.consts})"

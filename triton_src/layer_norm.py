@@ -18,13 +18,24 @@ v3 — the forward keeps rows up to 32768 in registers (32 warps; v2 looped from
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings, target_programs
-from .launch import bound, param_key
+from .common import (
+    MAX_FUSED_FWD,
+    ParamGradsPlan,
+    check_norm,
+    check_same,
+    norm_param_grads,
+    plan_param_grads,
+    row_settings,
+    target_programs,
+)
+from .launch import Step, param_key
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -189,229 +200,186 @@ def _split_rows(rows: int, n: int, device: torch.device, fused: int = MAX_FUSED)
     return n > fused and rows < target_programs(device)
 
 
-def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                      bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+# One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
+# launches from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
+# (layer_norm_fast, the kept compiled kernels) once per (shapes, dtype, device).
+EMPTY, ONE, SPLIT, ZERO_DX = range(4)  # kinds of plan: nothing to launch, one kernel, split rows, n == 1 (dx = 0)
+
+
+class Plan(NamedTuple):
+    kind: int
+    steps: tuple[Step, ...]
+    ints: tuple
+    rows: int
+    n: int
+    param_grads: ParamGradsPlan | None = None  # backward only
+
+
+def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
+             ) -> Plan:
     n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    rows = xc.numel() // n if n else 0
-    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    if xc.numel() == 0:
-        return y, mean, rstd
-    w = weight.contiguous() if weight is not None else xc  # dummy pointers, never read without HAS_W / HAS_B
-    b = bias.contiguous() if bias is not None else xc
+    rows = x.numel() // n if n else 0
+    if x.numel() == 0:
+        return Plan(EMPTY, (), (), rows, n)
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
         splits = triton.cdiv(n, SPLIT_BLOCK)
-        part = torch.empty((rows, splits, 2), dtype=torch.float32, device=x.device)
-        wrap_triton(_ln_split_stats)[(rows, splits)](xc, part, n, splits, BLOCK_N=SPLIT_BLOCK, num_warps=16)
-        cnt = torch.full((splits,), float(SPLIT_BLOCK), device=x.device)
-        cnt[-1] = n - SPLIT_BLOCK * (splits - 1)
-        mean.copy_((part[..., 0] * cnt).sum(1) / n)
-        m2 = (part[..., 1] + cnt * (part[..., 0] - mean[:, None]) ** 2).sum(1)
-        rstd.copy_(torch.rsqrt(m2 / n + eps))
-        wrap_triton(_ln_split_apply)[(rows, splits)](xc, w, b, y, mean, rstd, n, **flags, BLOCK_N=SPLIT_BLOCK,
-                                                     num_warps=16)
-    elif n <= MAX_FUSED_FWD:
-        wrap_triton(_layer_norm_rows)[(triton.cdiv(rows, per),)](xc, w, b, y, mean, rstd, rows, n, eps, **flags,
-                                                                   BLOCK_N=block, ROWS=per, num_warps=warps)
-    else:
-        wrap_triton(_layer_norm_looped)[(rows,)](xc, w, b, y, mean, rstd, n, eps, **flags, BLOCK_N=4096,
-                                                 num_warps=8)
+        grid = (rows, splits)
+        return Plan(SPLIT, (Step(_ln_split_stats, grid, 16, BLOCK_N=SPLIT_BLOCK),
+                            Step(_ln_split_apply, grid, 16, **flags, BLOCK_N=SPLIT_BLOCK)), (n, splits), rows, n)
+    if n <= MAX_FUSED_FWD:
+        return Plan(ONE, (Step(_layer_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),),
+                    (rows, n), rows, n)
+    return Plan(ONE, (Step(_layer_norm_looped, (rows,), 8, **flags, BLOCK_N=4096),), (n,), rows, n)
+
+
+def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+             has_bias: bool) -> Plan:
+    n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("layer_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    rows = x.numel() // n if n else 0
+    if x.numel() == 0:
+        return Plan(EMPTY, (), (), rows, n)
+    has_w = weight is not None
+    pg = plan_param_grads(rows, n, x.device, has_mean=True, with_bias=has_bias) if has_w or has_bias else None
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n == 1:
+        # y = b whatever x is, so dx is exactly 0. The kernel would leave ptxas's FMA contraction of
+        # dy * w - sum(dy * w) (the product's rounding error) times rstd = 1 / sqrt(eps): seen on the H100.
+        return Plan(ZERO_DX, (), (), rows, n, pg)
+    if _split_rows(rows, n, x.device):
+        splits = triton.cdiv(n, SPLIT_BLOCK)
+        grid = (rows, splits)
+        return Plan(SPLIT, (Step(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
+                            Step(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True)),
+                    (n, splits), rows, n, pg)
+    if n <= MAX_FUSED:
+        return Plan(ONE, (Step(_layer_norm_bwd_rows, (triton.cdiv(rows, per),), warps, HAS_W=has_w, BLOCK_N=block,
+                               ROWS=per),), (rows, n), rows, n, pg)
+    return Plan(ONE, (Step(_layer_norm_bwd_looped, (rows,), 8, HAS_W=has_w, BLOCK_N=4096),), (n,), rows, n, pg)
+
+
+def _fwd(plan: Plan, direct: bool, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+         eps: float, stats: tuple[torch.Tensor, torch.Tensor] | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd); ``stats``: buffers for mean and rstd instead of new tensors."""
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    rows, n = plan.rows, plan.n
+    mean, rstd = stats or (x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32))
+    if plan.kind == EMPTY:
+        return y, mean, rstd
+    w = weight.contiguous() if weight is not None else xc  # dummy pointers, never read without HAS_W / HAS_B
+    b = bias.contiguous() if bias is not None else xc
+    if plan.kind == ONE:
+        plan.steps[0](direct, xc, w, b, y, mean, rstd, *plan.ints, eps)
+        return y, mean, rstd
+    splits = plan.ints[1]
+    part = x.new_empty((rows, splits, 2), dtype=torch.float32)
+    plan.steps[0](direct, xc, part, n, splits)
+    cnt = torch.full((splits,), float(SPLIT_BLOCK), device=x.device)
+    cnt[-1] = n - SPLIT_BLOCK * (splits - 1)
+    mean.copy_((part[..., 0] * cnt).sum(1) / n)
+    m2 = (part[..., 1] + cnt * (part[..., 0] - mean[:, None]) ** 2).sum(1)
+    rstd.copy_(torch.rsqrt(m2 / n + eps))
+    plan.steps[1](direct, xc, w, b, y, mean, rstd, n)
     return y, mean, rstd
+
+
+def _bwd(plan: Plan, direct: bool, dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int],
+         weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+
+    def none() -> torch.Tensor:  # a fresh empty tensor per absent gradient (outputs may not alias)
+        return x.new_empty((0,))
+
+    if plan.kind == EMPTY:
+        zeros = x.new_zeros(tuple(normalized_shape))
+        return dx, (zeros if weight is not None else none()), (zeros.clone() if has_bias else none())
+    w = weight.contiguous() if weight is not None else xc
+    if plan.kind == ONE:
+        plan.steps[0](direct, dyc, xc, w, mean, rstd, dx, *plan.ints)
+    elif plan.kind == ZERO_DX:
+        dx.zero_()
+    else:
+        part = x.new_empty((plan.rows, plan.ints[1], 2), dtype=torch.float32)
+        plan.steps[0](direct, dyc, xc, w, mean, rstd, part, part, dx, *plan.ints)
+        c = (part.sum(1) / plan.n).contiguous()  # (rows, 2): mean of g * xhat, mean of g
+        plan.steps[1](direct, dyc, xc, w, mean, rstd, part, c, dx, *plan.ints)
+    if plan.param_grads is None:
+        return dx, none(), none()
+    dw32, db32 = norm_param_grads(plan.param_grads, direct, dyc, xc, mean, rstd)
+    dw = dw32.view(normalized_shape).to(x.dtype) if weight is not None else none()
+    db = db32.view(normalized_shape).to(x.dtype) if has_bias else none()
+    return dx, dw, db
+
+
+def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    return _fwd(plan_fwd(x, normalized_shape, weight, bias), False, x, weight, bias, eps)
 
 
 def layer_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int],
                           weight: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of layer_norm from the saved statistics; dw / db are empty tensors without weight / bias."""
-    n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("layer_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    rows = xc.numel() // n if n else 0
-    def none() -> torch.Tensor:  # a fresh empty tensor per absent gradient (outputs may not alias)
-        return x.new_empty((0,))
-
-    if xc.numel() == 0:
-        zeros = x.new_zeros(tuple(normalized_shape))
-        return dx, (zeros if weight is not None else none()), (zeros.clone() if has_bias else none())
-    has_w = weight is not None
-    w = weight.contiguous() if has_w else xc
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n == 1:
-        # y = b whatever x is, so dx is exactly 0. The kernel would leave ptxas's FMA contraction of
-        # dy * w - sum(dy * w) (the product's rounding error) times rstd = 1 / sqrt(eps): seen on the H100.
-        dx.zero_()
-    elif _split_rows(rows, n, x.device):
-        splits = triton.cdiv(n, SPLIT_BLOCK)
-        part = torch.empty((rows, splits, 2), dtype=torch.float32, device=x.device)
-        args = (dyc, xc, w, mean, rstd, part)
-        wrap_triton(_ln_split_bwd)[(rows, splits)](*args, part, dx, n, splits, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK,
-                                                   APPLY=False, num_warps=16)
-        c = (part.sum(1) / n).contiguous()  # (rows, 2): mean of g * xhat, mean of g
-        wrap_triton(_ln_split_bwd)[(rows, splits)](*args[:5], part, c, dx, n, splits, HAS_W=has_w,
-                                                   BLOCK_N=SPLIT_BLOCK, APPLY=True, num_warps=16)
-    elif n <= MAX_FUSED:
-        wrap_triton(_layer_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, mean, rstd, dx, rows, n, HAS_W=has_w,
-                                                                       BLOCK_N=block, ROWS=per, num_warps=warps)
-    else:
-        wrap_triton(_layer_norm_bwd_looped)[(rows,)](dyc, xc, w, mean, rstd, dx, n, HAS_W=has_w, BLOCK_N=4096,
-                                                     num_warps=8)
-    if not (has_w or has_bias):
-        return dx, none(), none()
-    dw32, db32 = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), mean, rstd, with_bias=has_bias)
-    dw = dw32.view(normalized_shape).to(x.dtype) if has_w else none()
-    db = db32.view(normalized_shape).to(x.dtype) if has_bias else none()
-    return dx, dw, db
+    plan = plan_bwd(dy, x, normalized_shape, weight, has_bias)
+    return _bwd(plan, False, dy, x, normalized_shape, weight, mean, rstd, has_bias)
 
 
 layer_norm_triton = triton_op("tiered_ops::layer_norm_triton", layer_norm_launch, mutates_args={})
 layer_norm_bwd_triton = triton_op("tiered_ops::layer_norm_bwd_triton", layer_norm_bwd_launch, mutates_args={})
 
-
-# The eager fast path: the launches of layer_norm_launch / layer_norm_bwd_launch through DirectKernel, the settings
-# of each (shapes, dtype, device) worked out once. Only when not traced: torch.compile traces the ops above.
-_fwd_plans: dict[tuple, tuple] = {}
-_bwd_plans: dict[tuple, tuple] = {}
+_fwd_plans: dict[tuple, Plan] = {}
+_bwd_plans: dict[tuple, Plan] = {}
+_scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
-              ) -> tuple:
-    """(kind, launch(es), int args, rows, n, scratch): kind 0 empty, 1 one kernel, 2 split rows (two kernels);
-    scratch: (mean, rstd) the inference path writes and nobody reads (kind 1)."""
-    n = check_norm("layer_norm_triton", x, normalized_shape, weight=weight, bias=bias)
-    rows = x.numel() // n if n else 0
-    if x.numel() == 0:
-        return 0, None, (), rows, n, None
-    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None)
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if _split_rows(rows, n, x.device, MAX_FUSED_FWD):
-        splits = triton.cdiv(n, SPLIT_BLOCK)
-        grid = (rows, splits, 1)
-        launches = (bound(_ln_split_stats, grid, 16, BLOCK_N=SPLIT_BLOCK),
-                    bound(_ln_split_apply, grid, 16, **flags, BLOCK_N=SPLIT_BLOCK))
-        return 2, launches, (n, splits), rows, n, None
-    scratch = (x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32))
-    if n <= MAX_FUSED_FWD:
-        return (1, bound(_layer_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, **flags, BLOCK_N=block, ROWS=per),
-                (rows, n), rows, n, scratch)
-    return 1, bound(_layer_norm_looped, (rows, 1, 1), 8, **flags, BLOCK_N=4096), (n,), rows, n, scratch
-
-
-def _fwd_plan_of(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                 bias: torch.Tensor | None) -> tuple:
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), param_key(bias))
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, bias)
-    return plan
+def _fwd_key(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
+             ) -> tuple:
+    return x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), param_key(bias)
 
 
 def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                     bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """layer_norm_launch, launched directly (the same kernels and settings)."""
-    kind, launch, ints, rows, n, _ = _fwd_plan_of(x, normalized_shape, weight, bias)
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    mean = x.new_empty(rows, dtype=torch.float32)
-    rstd = x.new_empty(rows, dtype=torch.float32)
-    if kind == 0:
-        return y, mean, rstd
-    w = weight.contiguous() if weight is not None else xc
-    b = bias.contiguous() if bias is not None else xc
-    if kind == 1:
-        launch(xc, w, b, y, mean, rstd, *ints, eps)
-        return y, mean, rstd
-    splits = ints[1]
-    part = x.new_empty((rows, splits, 2), dtype=torch.float32)
-    launch[0](xc, part, n, splits)
-    cnt = torch.full((splits,), float(SPLIT_BLOCK), device=x.device)
-    cnt[-1] = n - SPLIT_BLOCK * (splits - 1)
-    mean.copy_((part[..., 0] * cnt).sum(1) / n)
-    m2 = (part[..., 1] + cnt * (part[..., 0] - mean[:, None]) ** 2).sum(1)
-    rstd.copy_(torch.rsqrt(m2 / n + eps))
-    launch[1](xc, w, b, y, mean, rstd, n)
-    return y, mean, rstd
+    """layer_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
+    key = _fwd_key(x, normalized_shape, weight, bias)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight, bias)
+    return _fwd(plan, True, x, weight, bias, eps)
 
 
 def layer_norm_infer_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                           bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """y of layer_norm_fast alone, for a caller that needs no gradient: the kernel's per-row statistics go to
-    scratch buffers of the plan (written by every call, on any stream, read by none) instead of two new tensors."""
-    plan = _fwd_plan_of(x, normalized_shape, weight, bias)
-    if plan[0] != 1:
-        return layer_norm_fast(x, normalized_shape, weight, bias, eps)[0]
-    _, launch, ints, _, _, (mean, rstd) = plan
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    launch(xc, xc if weight is None else weight.contiguous(), xc if bias is None else bias.contiguous(), y, mean, rstd,
-           *ints, eps)
-    return y
-
-
-def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-              has_bias: bool) -> tuple:
-    """(kind, launch(es), int args, rows, n, parameter-gradient plan or None): kind 0 empty, 1 one kernel,
-    2 split rows, 3 n == 1 (dx is 0)."""
-    n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("layer_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"layer_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
-    rows = x.numel() // n if n else 0
-    if x.numel() == 0:
-        return 0, None, (), rows, n, None
-    has_w = weight is not None
-    pg = ParamGrads(rows, n, x.device, has_mean=True, with_bias=has_bias) if has_w or has_bias else None
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n == 1:
-        return 3, None, (), rows, n, pg
-    if _split_rows(rows, n, x.device):
-        splits = triton.cdiv(n, SPLIT_BLOCK)
-        grid = (rows, splits, 1)
-        launches = (bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
-                    bound(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True))
-        return 2, launches, (n, splits), rows, n, pg
-    if n <= MAX_FUSED:
-        return (1, bound(_layer_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
-                         ROWS=per), (rows, n), rows, n, pg)
-    return 1, bound(_layer_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, n, pg
+    """y of layer_norm_fast alone, for a caller that needs no gradient: a one-kernel plan's per-row statistics go to
+    scratch buffers kept with it (written by every call, on any stream, read by none) instead of two new tensors."""
+    key = _fwd_key(x, normalized_shape, weight, bias)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight, bias)
+    if plan.kind != ONE:
+        return _fwd(plan, True, x, weight, bias, eps)[0]
+    stats = _scratch.get(key)
+    if stats is None:
+        stats = _scratch[key] = (x.new_empty(plan.rows, dtype=torch.float32),
+                                 x.new_empty(plan.rows, dtype=torch.float32))
+    return _fwd(plan, True, x, weight, bias, eps, stats)[0]
 
 
 def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                         mean: torch.Tensor, rstd: torch.Tensor, has_bias: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """layer_norm_bwd_launch, launched directly."""
+    """layer_norm_bwd_launch for eager callers."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), has_bias, dy.shape,
            dy.dtype, dy.get_device(), mean.dtype, rstd.dtype)
     plan = _bwd_plans.get(key)
     if plan is None:
-        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight, has_bias)
-    kind, launch, ints, rows, n, pg = plan
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    if kind == 0:
-        zeros = x.new_zeros(tuple(normalized_shape))
-        return (dx, (zeros if weight is not None else x.new_empty((0,))),
-                (zeros.clone() if has_bias else x.new_empty((0,))))
-    w = weight.contiguous() if weight is not None else xc
-    if kind == 1:
-        launch(dyc, xc, w, mean, rstd, dx, *ints)
-    elif kind == 3:
-        dx.zero_()
-    else:
-        part = x.new_empty((rows, ints[1], 2), dtype=torch.float32)
-        launch[0](dyc, xc, w, mean, rstd, part, part, dx, *ints)
-        c = (part.sum(1) / n).contiguous()
-        launch[1](dyc, xc, w, mean, rstd, part, c, dx, *ints)
-    if pg is None:
-        return dx, x.new_empty((0,)), x.new_empty((0,))
-    dw32, db32 = pg(dyc, xc, mean, rstd)
-    dw = dw32.view(normalized_shape).to(x.dtype) if weight is not None else x.new_empty((0,))
-    db = db32.view(normalized_shape).to(x.dtype) if has_bias else x.new_empty((0,))
-    return dx, dw, db
+        plan = _bwd_plans[key] = plan_bwd(dy, x, normalized_shape, weight, has_bias)
+    return _bwd(plan, True, dy, x, normalized_shape, weight, mean, rstd, has_bias)

@@ -8,13 +8,15 @@ Versions: v1 — one BLOCK per program, masked tail.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import check_float
-from .launch import bound
+from .launch import Step
 
 BLOCK = 4096
 
@@ -51,66 +53,66 @@ def _check(op: str, names: tuple[str, ...], *ts: torch.Tensor) -> None:
                         f"{', '.join(f'{t.dtype}/{t.device}' for t in ts)}")
 
 
-def muladd_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    _check("muladd_triton", ("a", "b", "c"), a, b, c)
+# One launch plan per direction (checks, kernel, grid, constexpr, element count) and one host function that launches
+# from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path (muladd_fast, the
+# kept compiled kernel) once per (shapes, dtypes, devices).
+class Plan(NamedTuple):
+    step: Step | None  # None: nothing to compute
+    numel: int
+
+
+def plan(op: str, names: tuple[str, ...], kernel: object, *ts: torch.Tensor) -> Plan:
+    _check(op, names, *ts)
+    n = ts[0].numel()
+    return Plan(Step(kernel, (triton.cdiv(n, BLOCK),), 8, BLOCK=BLOCK) if n else None, n)
+
+
+def _fwd(plan: Plan, direct: bool, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     out = torch.empty_like(a)
-    n = a.numel()
-    if n:
-        wrap_triton(_muladd)[(triton.cdiv(n, BLOCK),)](a, b, c, out, n, BLOCK=BLOCK, num_warps=8)
+    if plan.step is not None:
+        plan.step(direct, a, b, c, out, plan.numel)
     return out
+
+
+def _bwd(plan: Plan, direct: bool, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    g, a, b = g.contiguous(), a.contiguous(), b.contiguous()
+    da, db = torch.empty_like(a), torch.empty_like(b)
+    if plan.step is not None:
+        plan.step(direct, g, a, b, da, db, plan.numel)
+    return da, db
+
+
+def muladd_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    return _fwd(plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c), False, a, b, c)
 
 
 def muladd_bwd_launch(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) = (g * b, g * a)."""
-    _check("muladd_bwd_triton", ("grad", "a", "b"), g, a, b)
-    g, a, b = g.contiguous(), a.contiguous(), b.contiguous()
-    da, db = torch.empty_like(a), torch.empty_like(b)
-    n = a.numel()
-    if n:
-        wrap_triton(_muladd_bwd)[(triton.cdiv(n, BLOCK),)](g, a, b, da, db, n, BLOCK=BLOCK, num_warps=8)
-    return da, db
+    return _bwd(plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b), False, g, a, b)
 
 
 muladd_triton = triton_op("tiered_ops::muladd_triton", muladd_launch, mutates_args={})
 muladd_bwd_triton = triton_op("tiered_ops::muladd_bwd_triton", muladd_bwd_launch, mutates_args={})
 
-
-# The eager fast path: the launches of muladd_launch / muladd_bwd_launch through DirectKernel, the settings of each
-# (shape, dtypes, device) worked out once. Only when not traced: torch.compile traces the ops above.
-_plans: dict[tuple, tuple] = {}
-
-
-def _plan(op: str, names: tuple[str, ...], kernel: object, *ts: torch.Tensor) -> tuple:
-    _check(op, names, *ts)
-    n = ts[0].numel()
-    return (bound(kernel, (triton.cdiv(n, BLOCK), 1, 1), 8, BLOCK=BLOCK) if n else None), n
+_plans: dict[tuple, Plan] = {}
 
 
 def muladd_fast(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """muladd_launch, launched directly (the same kernel and settings)."""
+    """muladd_launch for eager callers: the plan kept per key, the kernel launched directly."""
     key = (0, a.shape, b.shape, c.shape, a.dtype, b.dtype, c.dtype, a.get_device(), b.get_device(), c.get_device())
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
-    launch, n = plan
-    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
-    out = torch.empty_like(a)
-    if launch is not None:
-        launch(a, b, c, out, n)
-    return out
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
+    return _fwd(p, True, a, b, c)
 
 
 def muladd_bwd_fast(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """muladd_bwd_launch, launched directly."""
+    """muladd_bwd_launch for eager callers."""
     key = (1, g.shape, a.shape, b.shape, g.dtype, a.dtype, b.dtype, g.get_device(), a.get_device(), b.get_device())
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
-    launch, n = plan
-    g, a, b = g.contiguous(), a.contiguous(), b.contiguous()
-    da, db = torch.empty_like(a), torch.empty_like(b)
-    if launch is not None:
-        launch(g, a, b, da, db, n)
-    return da, db
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
+    return _bwd(p, True, g, a, b)

@@ -13,13 +13,23 @@ v2 — the forward keeps rows up to 32768 in registers (32 warps; v1 looped from
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings
-from .launch import bound, param_key
+from .common import (
+    MAX_FUSED_FWD,
+    ParamGradsPlan,
+    check_norm,
+    check_same,
+    norm_param_grads,
+    plan_param_grads,
+    row_settings,
+)
+from .launch import Step, param_key
 
 MAX_FUSED = 16384
 
@@ -105,128 +115,109 @@ def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, HA
         tl.store(rstd_ptr + row, rstd)
 
 
+# One launch plan per direction (checks, kernel, grid, constexprs, int arguments) and one host function that launches
+# from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path (rms_norm_fast,
+# the kept compiled kernels) once per (shapes, dtype, device).
+class FwdPlan(NamedTuple):
+    step: Step | None  # None: x is empty
+    ints: tuple
+
+
+class BwdPlan(NamedTuple):
+    step: Step | None  # None: x is empty
+    ints: tuple
+    rows: int
+    param_grads: ParamGradsPlan | None
+
+
+def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> FwdPlan:
+    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
+    if x.numel() == 0:
+        return FwdPlan(None, ())
+    rows = x.numel() // n
+    flags = dict(HAS_W=weight is not None)
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
+        return FwdPlan(Step(_rms_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),
+                       (rows, n))
+    return FwdPlan(Step(_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,))
+
+
+def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> BwdPlan:
+    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
+    check_same("rms_norm_bwd_triton", "dy", dy, x)
+    if dy.shape != x.shape:
+        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    if x.numel() == 0:
+        return BwdPlan(None, (), 0, None)
+    rows = x.numel() // n
+    flags = dict(HAS_W=weight is not None)
+    pg = plan_param_grads(rows, n, x.device, has_mean=False, with_bias=False) if weight is not None else None
+    block, per, warps = row_settings(n, MAX_FUSED)
+    if n <= MAX_FUSED:
+        return BwdPlan(Step(_rms_norm_bwd_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),
+                       (rows, n), rows, pg)
+    return BwdPlan(Step(_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, pg)
+
+
+def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    if plan.step is not None:  # weight: a dummy pointer (x), never read when HAS_W is False
+        plan.step(direct, xc, xc if weight is None else weight.contiguous(), y, *plan.ints, eps)
+    return y
+
+
+def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    xc, dyc = x.contiguous(), dy.contiguous()
+    dx = torch.empty_like(xc)
+    if plan.step is None:
+        return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
+    w = weight.contiguous() if weight is not None else xc
+    rstd = x.new_empty(plan.rows, dtype=torch.float32)
+    plan.step(direct, dyc, xc, w, dx, rstd, *plan.ints, eps)
+    if plan.param_grads is None:
+        return dx, x.new_empty((0,))
+    dw32, _ = norm_param_grads(plan.param_grads, direct, dyc, xc, None, rstd)
+    return dx, dw32.view(weight.shape).to(weight.dtype)
+
+
 def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
                     ) -> torch.Tensor:
     """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
-    weight = weight.contiguous() if weight is not None else None
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    if xc.numel() == 0:
-        return y
-    rows = xc.numel() // n
-    w = weight if weight is not None else xc  # dummy pointer, never read when HAS_W is False
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if n <= MAX_FUSED_FWD:
-        wrap_triton(_rms_norm_rows)[(triton.cdiv(rows, per),)](xc, w, y, rows, n, eps, HAS_W=weight is not None,
-                                                                 BLOCK_N=block, ROWS=per, num_warps=warps)
-    else:
-        wrap_triton(_rms_norm_looped)[(rows,)](xc, w, y, n, eps, HAS_W=weight is not None, BLOCK_N=4096,
-                                               num_warps=8)
-    return y
+    return _fwd(plan_fwd(x, normalized_shape, weight), False, x, weight, eps)
 
 
 def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of rms_norm; dw is an empty tensor when there is no weight."""
-    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("rms_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    has_w = weight is not None
-    rows = xc.numel() // n if n else 0
-    if xc.numel() == 0:
-        return dx, (torch.zeros_like(weight) if has_w else x.new_empty((0,)))
-    w = weight.contiguous() if has_w else xc
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
-        wrap_triton(_rms_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, dx, rstd, rows, n, eps, HAS_W=has_w,
-                                                                     BLOCK_N=block, ROWS=per, num_warps=warps)
-    else:
-        wrap_triton(_rms_norm_bwd_looped)[(rows,)](dyc, xc, w, dx, rstd, n, eps, HAS_W=has_w, BLOCK_N=4096,
-                                                   num_warps=8)
-    if not has_w:
-        return dx, x.new_empty((0,))
-    dw32, _ = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), None, rstd, with_bias=False)
-    return dx, dw32.view(weight.shape).to(weight.dtype)
+    return _bwd(plan_bwd(dy, x, normalized_shape, weight), False, dy, x, weight, eps)
 
 
 rms_norm_triton = triton_op("tiered_ops::rms_norm_triton", rms_norm_launch, mutates_args={})
 rms_norm_bwd_triton = triton_op("tiered_ops::rms_norm_bwd_triton", rms_norm_bwd_launch, mutates_args={})
 
-
-# The eager fast path: the launches of rms_norm_launch / rms_norm_bwd_launch through DirectKernel, the settings of
-# each (shapes, dtype, device) worked out once. Only when not traced: torch.compile traces the ops above.
-_fwd_plans: dict[tuple, tuple] = {}
-_bwd_plans: dict[tuple, tuple] = {}
-
-
-def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
-    """(launch or None when x is empty, int args)."""
-    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
-    if x.numel() == 0:
-        return None, ()
-    rows = x.numel() // n
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if n <= MAX_FUSED_FWD:
-        return (bound(_rms_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=weight is not None, BLOCK_N=block,
-                      ROWS=per), (rows, n))
-    return bound(_rms_norm_looped, (rows, 1, 1), 8, HAS_W=weight is not None, BLOCK_N=4096), (n,)
+_fwd_plans: dict[tuple, FwdPlan] = {}
+_bwd_plans: dict[tuple, BwdPlan] = {}
 
 
 def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
                   ) -> torch.Tensor:
-    """rms_norm_launch, launched directly (the same kernels and settings)."""
+    """rms_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight))
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight)
-    launch, ints = plan
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    if launch is not None:
-        launch(xc, xc if weight is None else weight.contiguous(), y, *ints, eps)
-    return y
-
-
-def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
-    """(launch or None when x is empty, int args, rows, parameter-gradient plan or None)."""
-    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("rms_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
-    if x.numel() == 0:
-        return None, (), 0, None
-    rows = x.numel() // n
-    has_w = weight is not None
-    pg = ParamGrads(rows, n, x.device, has_mean=False, with_bias=False) if has_w else None
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
-        return (bound(_rms_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
-                      ROWS=per), (rows, n), rows, pg)
-    return bound(_rms_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, pg
+        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight)
+    return _fwd(plan, True, x, weight, eps)
 
 
 def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm_bwd_launch, launched directly."""
+    """rms_norm_bwd_launch for eager callers."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), dy.shape, dy.dtype,
            dy.get_device())
     plan = _bwd_plans.get(key)
     if plan is None:
-        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight)
-    launch, ints, rows, pg = plan
-    xc, dyc = x.contiguous(), dy.contiguous()
-    dx = torch.empty_like(xc)
-    if launch is None:
-        return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
-    w = weight.contiguous() if weight is not None else xc
-    rstd = x.new_empty(rows, dtype=torch.float32)
-    launch(dyc, xc, w, dx, rstd, *ints, eps)
-    if pg is None:
-        return dx, x.new_empty((0,))
-    dw32, _ = pg(dyc, xc, None, rstd)
-    return dx, dw32.view(weight.shape).to(weight.dtype)
+        plan = _bwd_plans[key] = plan_bwd(dy, x, normalized_shape, weight)
+    return _bwd(plan, True, dy, x, weight, eps)

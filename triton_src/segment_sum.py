@@ -24,12 +24,15 @@ Versions: v1: segment role + row-range role in one launch, one combine launch wh
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import check_float
+from .launch import Step
 
 MIN_CHUNK, MAX_CHUNK, RANGES = 256, 4096, 1024
 TILE = 4096  # fp32 elements of a program's accumulator tile (32 per thread at 4 warps)
@@ -214,46 +217,100 @@ def _settings(E: int, D: int, S: int) -> dict:
                 d_blocks=triton.cdiv(D, block_d), n_steps=max(1, S.bit_length()))
 
 
-def segment_sum_launch(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    op = "segment_sum_triton"
-    S = _check(op, "values", values, offsets)
-    _check_cpu_boundaries(op, offsets, values.shape[0])
-    x, off = values.contiguous(), offsets.contiguous()
-    E, D = x.shape
-    out = torch.empty((S, D), dtype=x.dtype, device=x.device)
-    if S == 0 or D == 0:
-        return out
+# One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
+# launches from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
+# (segment_sum_fast, the kept compiled kernels) once per (shapes, dtypes, device). The offsets' values are checked
+# (on the CPU) on every call.
+class Plan(NamedTuple):
+    steps: tuple[Step, ...]  # () when there is nothing to compute; the forward's combine step when E > CH
+    ints: tuple  # the main kernel's int arguments after the pointers
+    combine_ints: tuple
+    ranges: int  # row ranges (rows of the fp32 partials: 2 per range)
+    S: int
+
+
+def _steps(kernel: object, E: int, D: int, S: int, combine: bool) -> Plan:
     c = _settings(E, D, S)
-    ws = torch.empty((max(1, 2 * c["ranges"]), D), dtype=torch.float32, device=x.device)
-    wrap_triton(_segment_sum_fwd)[(c["seg_progs"] + c["ranges"], c["d_blocks"])](
-        x, off, out, ws, E, D, S, c["ch"], c["seg_progs"], c["n_steps"], SEGS=c["segs"], BLOCK_R=c["block_r"],
-        BLOCK_D=c["block_d"], num_warps=4)
-    if c["ranges"]:
-        wrap_triton(_segment_sum_combine)[(c["ranges"], c["d_blocks"])](
-            ws, off, out, E, D, S, c["ch"], c["n_steps"], BLOCK_P=max(1, TILE // c["block_d"]),
-            BLOCK_D=c["block_d"], num_warps=4)
-    return out
+    steps = [Step(kernel, (c["seg_progs"] + c["ranges"], c["d_blocks"]), 4, SEGS=c["segs"], BLOCK_R=c["block_r"],
+                  BLOCK_D=c["block_d"])]
+    if combine and c["ranges"]:
+        steps.append(Step(_segment_sum_combine, (c["ranges"], c["d_blocks"]), 4, BLOCK_P=max(1, TILE // c["block_d"]),
+                          BLOCK_D=c["block_d"]))
+    return Plan(tuple(steps), (E, D, S, c["ch"], c["seg_progs"], c["n_steps"]), (E, D, S, c["ch"], c["n_steps"]),
+                c["ranges"], S)
 
 
-def segment_sum_bwd_launch(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
-    """dvalues [rows, D]: each row the dout row of its segment."""
+def plan_fwd(values: torch.Tensor, offsets: torch.Tensor) -> Plan:
+    S = _check("segment_sum_triton", "values", values, offsets)
+    E, D = values.shape
+    if S == 0 or D == 0:
+        return Plan((), (), (), 0, S)
+    return _steps(_segment_sum_fwd, E, D, S, combine=True)
+
+
+def plan_bwd(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> Plan:
     op = "segment_sum_bwd_triton"
     S = _check(op, "dout", dout, offsets)
     if dout.shape[0] != S:
         raise ValueError(f"{op}: dout must have one row per segment ({S}), got shape {list(dout.shape)}")
-    _check_cpu_boundaries(op, offsets, rows)
-    g, off = dout.contiguous(), offsets.contiguous()
-    D = g.shape[1]
-    dx = torch.empty((rows, D), dtype=g.dtype, device=g.device)
+    D = dout.shape[1]
     if S == 0 or D == 0 or rows == 0:
-        return dx
-    c = _settings(rows, D, S)
-    wrap_triton(_segment_sum_bwd)[(c["seg_progs"] + c["ranges"], c["d_blocks"])](
-        g, off, dx, rows, D, S, c["ch"], c["seg_progs"], c["n_steps"], SEGS=c["segs"], BLOCK_R=c["block_r"],
-        BLOCK_D=c["block_d"], num_warps=4)
+        return Plan((), (), (), 0, S)
+    return _steps(_segment_sum_bwd, rows, D, S, combine=False)
+
+
+def _fwd(plan: Plan, direct: bool, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_cpu_boundaries("segment_sum_triton", offsets, values.shape[0])
+    x, off = values.contiguous(), offsets.contiguous()
+    out = x.new_empty((plan.S, x.shape[1]))
+    if not plan.steps:
+        return out
+    ws = x.new_empty((max(1, 2 * plan.ranges), x.shape[1]), dtype=torch.float32)
+    plan.steps[0](direct, x, off, out, ws, *plan.ints)
+    if len(plan.steps) > 1:
+        plan.steps[1](direct, ws, off, out, *plan.combine_ints)
+    return out
+
+
+def _bwd(plan: Plan, direct: bool, dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    _check_cpu_boundaries("segment_sum_bwd_triton", offsets, rows)
+    g, off = dout.contiguous(), offsets.contiguous()
+    dx = g.new_empty((rows, g.shape[1]))
+    if plan.steps:
+        plan.steps[0](direct, g, off, dx, *plan.ints)
     return dx
+
+
+def segment_sum_launch(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    return _fwd(plan_fwd(values, offsets), False, values, offsets)
+
+
+def segment_sum_bwd_launch(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """dvalues [rows, D]: each row the dout row of its segment."""
+    return _bwd(plan_bwd(dout, offsets, rows), False, dout, offsets, rows)
 
 
 segment_sum_triton = triton_op("tiered_ops::segment_sum_triton", segment_sum_launch, mutates_args={})
 segment_sum_bwd_triton = triton_op("tiered_ops::segment_sum_bwd_triton", segment_sum_bwd_launch, mutates_args={})
+
+_fwd_plans: dict[tuple, Plan] = {}
+_bwd_plans: dict[tuple, Plan] = {}
+
+
+def segment_sum_fast(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """segment_sum_launch for eager callers: the plan kept per key, the kernels launched directly."""
+    key = (values.shape, values.dtype, values.get_device(), offsets.shape, offsets.dtype, offsets.get_device())
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(values, offsets)
+    return _fwd(plan, True, values, offsets)
+
+
+def segment_sum_bwd_fast(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
+    """segment_sum_bwd_launch for eager callers."""
+    key = (dout.shape, dout.dtype, dout.get_device(), offsets.shape, offsets.dtype, offsets.get_device(), rows)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = plan_bwd(dout, offsets, rows)
+    return _bwd(plan, True, dout, offsets, rows)

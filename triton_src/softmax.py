@@ -12,13 +12,15 @@ v1 looped from 16384: 4096x32768 read twice).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
-from .launch import bound
+from .launch import Step
 
 MAX_FUSED = 16384  # longest row the backward keeps in registers
 
@@ -87,120 +89,109 @@ def _softmax_bwd_looped(dy_ptr, y_ptr, dx_ptr, n_cols, BLOCK_N: tl.constexpr):
         tl.store(dx_ptr + row * n_cols + start + cols, (y * (dy - s)).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def softmax_rows(x: torch.Tensor, y: torch.Tensor, rows: int, n: int) -> None:
-    """Launch on contiguous (rows, n) x into y."""
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if n <= MAX_FUSED_FWD:
-        wrap_triton(_softmax_rows)[(triton.cdiv(rows, per),)](x, y, rows, n, BLOCK_N=block, ROWS=per,
-                                                                num_warps=warps)
-    else:
-        wrap_triton(_softmax_looped)[(rows,)](x, y, n, BLOCK_N=4096, num_warps=8)
+# One launch plan per direction (kernel, grid, constexprs, int arguments) and one host function that launches from
+# it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path (softmax_fast, the kept
+# compiled kernel) once per (shape, dtype, device, dim).
+class Plan(NamedTuple):
+    step: Step | None  # None: nothing to launch (an empty tensor)
+    ints: tuple
+    last: bool  # dim is already the last dim (no movedim)
 
 
-def softmax_launch(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    check_float("softmax_triton", "x", x)
-    xr = x.reshape(1) if x.dim() == 0 else x.movedim(dim, -1).contiguous()
-    y = torch.empty_like(xr)
-    # The block size is a compile-time constant derived from n: under dynamic shapes (opcheck's
-    # aot_dispatch_dynamic, torch.compile(dynamic=True)) specialize on n; rows stay symbolic.
-    n = int(xr.shape[-1])
-    if xr.numel():
-        softmax_rows(xr, y, xr.numel() // n, n)
-    return y.reshape(()) if x.dim() == 0 else y.movedim(-1, dim)
-
-
-def softmax_bwd_launch(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    """dx of softmax from the output y and its gradient dy (both shaped like x)."""
-    check_float("softmax_bwd_triton", "y", y)
-    check_same("softmax_bwd_triton", "dy", dy, y, "y")
-    if dy.shape != y.shape:
-        raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
-    if y.dim() == 0:
-        return torch.zeros_like(y)  # d/dx of softmax over one element is 0
-    yr, dyr = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
-    dx = torch.empty_like(yr)
-    n = int(yr.shape[-1])
-    if yr.numel():
-        rows = yr.numel() // n
-        block, per, warps = row_settings(n, MAX_FUSED)
-        if n <= MAX_FUSED:
-            wrap_triton(_softmax_bwd_rows)[(triton.cdiv(rows, per),)](dyr, yr, dx, rows, n, BLOCK_N=block, ROWS=per,
-                                                                        num_warps=warps)
-        else:
-            wrap_triton(_softmax_bwd_looped)[(rows,)](dyr, yr, dx, n, BLOCK_N=4096, num_warps=8)
-    return dx.movedim(-1, dim)
-
-
-softmax_triton = triton_op("tiered_ops::softmax_triton", softmax_launch, mutates_args={})
-softmax_bwd_triton = triton_op("tiered_ops::softmax_bwd_triton", softmax_bwd_launch, mutates_args={})
-
-
-# The eager fast path: the same launches as softmax_launch / softmax_bwd_launch through DirectKernel, the settings of
-# each (shape, dtype, device, dim) worked out once. Only when not traced: torch.compile traces the ops above.
-_fwd_plans: dict[tuple, tuple] = {}
-_bwd_plans: dict[tuple, tuple] = {}
-
-
-def _rows_plan(shape: torch.Size, dim: int, bwd: bool) -> tuple:
-    """(launch, int args, last): last when dim is already the last dim (no movedim); launch None: nothing to do."""
+def _plan(shape: torch.Size, dim: int, bwd: bool) -> Plan:
     if len(shape) == 0:
-        return None, (), True
+        return _plan(torch.Size((1,)), -1, bwd)  # a 0-dim tensor: one row of one element
     d = dim + len(shape) if dim < 0 else dim
     if not 0 <= d < len(shape):
         raise IndexError(f"softmax_triton: dim {dim} out of range for x of {len(shape)} dims")
+    # The block size is a compile-time constant derived from n: under dynamic shapes (opcheck's
+    # aot_dispatch_dynamic, torch.compile(dynamic=True)) specialize on n; rows stay symbolic.
     n = int(shape[d])
     numel = 1
     for s in shape:
         numel *= s
     last = d == len(shape) - 1
     if numel == 0:
-        return None, (), last
+        return Plan(None, (), last)
     rows = numel // n
     fused = MAX_FUSED if bwd else MAX_FUSED_FWD
     block, per, warps = row_settings(n, fused)
     if n <= fused:
         kernel = _softmax_bwd_rows if bwd else _softmax_rows
-        return bound(kernel, (triton.cdiv(rows, per), 1, 1), warps, BLOCK_N=block, ROWS=per), (rows, n), last
+        return Plan(Step(kernel, (triton.cdiv(rows, per),), warps, BLOCK_N=block, ROWS=per), (rows, n), last)
     kernel = _softmax_bwd_looped if bwd else _softmax_looped
-    return bound(kernel, (rows, 1, 1), 8, BLOCK_N=4096), (n,), last
+    return Plan(Step(kernel, (rows,), 8, BLOCK_N=4096), (n,), last)
 
 
-def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """softmax_launch, launched directly (the same kernels and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), dim)
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        check_float("softmax_triton", "x", x)
-        plan = _fwd_plans[key] = _rows_plan(x.shape, dim, False)
-    launch, ints, last = plan
-    if launch is None and last and x.dim() == 0:
-        return softmax_launch(x, dim)
-    xr = x.contiguous() if last else x.movedim(dim, -1).contiguous()
+def plan_fwd(x: torch.Tensor, dim: int) -> Plan:
+    check_float("softmax_triton", "x", x)
+    return _plan(x.shape, dim, False)
+
+
+def plan_bwd(dy: torch.Tensor, y: torch.Tensor, dim: int) -> Plan:
+    check_float("softmax_bwd_triton", "y", y)
+    check_same("softmax_bwd_triton", "dy", dy, y, "y")
+    if dy.shape != y.shape:
+        raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
+    return _plan(y.shape, dim, True)
+
+
+def _fwd(plan: Plan, direct: bool, x: torch.Tensor, dim: int) -> torch.Tensor:
+    if x.dim() == 0:
+        xr = x.reshape(1)
+    else:
+        xr = x.contiguous() if plan.last else x.movedim(dim, -1).contiguous()
     y = torch.empty_like(xr)
-    if launch is not None:
-        launch(xr, y, *ints)
-    return y if last else y.movedim(-1, dim)
+    if plan.step is not None:
+        plan.step(direct, xr, y, *plan.ints)
+    if x.dim() == 0:
+        return y.reshape(())
+    return y if plan.last else y.movedim(-1, dim)
 
 
-def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    """softmax_bwd_launch, launched directly."""
-    key = (y.shape, y.dtype, y.get_device(), dim, dy.shape, dy.dtype, dy.get_device())
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        check_float("softmax_bwd_triton", "y", y)
-        check_same("softmax_bwd_triton", "dy", dy, y, "y")
-        if dy.shape != y.shape:
-            raise ValueError(f"softmax_bwd_triton: dy must have the shape of y {list(y.shape)}, got {list(dy.shape)}")
-        plan = _bwd_plans[key] = _rows_plan(y.shape, dim, True)
-    launch, ints, last = plan
-    if launch is None and last and y.dim() == 0:
-        return torch.zeros_like(y)
-    if last:
+def _bwd(plan: Plan, direct: bool, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    if y.dim() == 0:
+        return torch.zeros_like(y)  # d/dx of softmax over one element is 0
+    if plan.last:
         yr, dyr = y.contiguous(), dy.contiguous()
     else:
         yr, dyr = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
     dx = torch.empty_like(yr)
-    if launch is not None:
-        launch(dyr, yr, dx, *ints)
-    return dx if last else dx.movedim(-1, dim)
+    if plan.step is not None:
+        plan.step(direct, dyr, yr, dx, *plan.ints)
+    return dx if plan.last else dx.movedim(-1, dim)
+
+
+def softmax_launch(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
+    return _fwd(plan_fwd(x, dim), False, x, dim)
+
+
+def softmax_bwd_launch(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    """dx of softmax from the output y and its gradient dy (both shaped like x)."""
+    return _bwd(plan_bwd(dy, y, dim), False, dy, y, dim)
+
+
+softmax_triton = triton_op("tiered_ops::softmax_triton", softmax_launch, mutates_args={})
+softmax_bwd_triton = triton_op("tiered_ops::softmax_bwd_triton", softmax_bwd_launch, mutates_args={})
+
+_fwd_plans: dict[tuple, Plan] = {}
+_bwd_plans: dict[tuple, Plan] = {}
+
+
+def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax_launch for eager callers: the plan kept per key, the kernel launched directly."""
+    key = (x.shape, x.dtype, x.get_device(), dim)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = plan_fwd(x, dim)
+    return _fwd(plan, True, x, dim)
+
+
+def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax_bwd_launch for eager callers."""
+    key = (y.shape, y.dtype, y.get_device(), dim, dy.shape, dy.dtype, dy.get_device())
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = plan_bwd(dy, y, dim)
+    return _bwd(plan, True, dy, y, dim)
