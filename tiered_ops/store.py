@@ -196,9 +196,9 @@ class Store:
             self._exec("CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)")
             version = self._version() or 1
             if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"store {self.path} has schema version {version}, newer than this tiered_ops "
-                    f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB elsewhere"
+                raise StoreError(
+                    f"tiered_ops store {self.path}: schema version {version}, newer than this tiered_ops "
+                    f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB (or --db) elsewhere"
                 )
             have = d.columns(self.conn, "measurements")
             for v in range(version, SCHEMA_VERSION):
@@ -355,7 +355,7 @@ def open_store(path: str | Path | None = None) -> Store:
     whose ``unusable`` says why, with a warning in the log: for code that must keep running (model code)."""
     try:
         return Store(path)
-    except StoreError as e:
+    except STORE_ERRORS as e:
         log.warning("%s; using an empty in-memory store instead (nothing is saved): tiered_ops.<op> runs eager", e)
         store = Store(":memory:")
         store.unusable = store.kept_in_memory = str(e)
