@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from .cli_io import out_file
 from .packs import export_pack, import_pack
 from .store import Store
 
@@ -31,6 +32,8 @@ def add_decisions_parser(subparsers: argparse._SubParsersAction,
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     """Run ``decisions export`` (exit 0) or ``decisions import`` (exit 1 when any row was refused)."""
+    if args.decisions_cmd == "export":
+        out_file(args.out, "--out")
     store = Store(getattr(args, "db", None))
     try:
         if args.decisions_cmd == "export":

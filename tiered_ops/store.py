@@ -155,6 +155,17 @@ class Store:
     def backend(self) -> str:
         return self.dialect.name
 
+    @property
+    def writable(self) -> bool:
+        """Whether measurements added now are saved at ``path``; False for a store read into memory (a read-only file
+        or directory, ``read_only``, ``":memory:"``, or an unusable path): ``kept_in_memory`` says why."""
+        return self.kept_in_memory is None
+
+    @property
+    def unsaved(self) -> int:
+        """How many measurements were added to this store and not saved at ``path`` (see ``writable``)."""
+        return self._unsaved
+
     def _exec(self, sql: str, params: tuple = ()) -> Any:
         return self.dialect.execute(self.conn, sql, params)
 
@@ -226,8 +237,9 @@ class Store:
                 for r in rows]
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
         self._write(lambda: self.dialect.executemany(self.conn, sql, data))
-        if self.kept_in_memory is not None and data and self.unusable is None:
+        if self.kept_in_memory is not None and data:
             self._unsaved += len(data)
+        if self.kept_in_memory is not None and data and self.unusable is None:
             (log.warning if self._unsaved == len(data) else log.info)(
                 "tiered_ops store %s: %d new measurement(s) kept in memory only, not saved (%s)", self.path,
                 self._unsaved, self.kept_in_memory)
