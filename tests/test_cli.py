@@ -375,3 +375,16 @@ def test_tiered_ops_db_is_the_cli_store_unless_db_is_given(quick_softmax, tmp_pa
     assert f"from {tmp_path / 'env.sqlite'} to" in capsys.readouterr().out
     assert main(["--db", str(tmp_path / "flag.sqlite"), "export", "--csv", str(tmp_path / "x.csv")]) == 0
     assert f"from {tmp_path / 'flag.sqlite'} to" in capsys.readouterr().out
+
+
+def test_decisions_export_and_import_say_their_summary_once(quick_softmax, tmp_path, capsys):
+    db, pack = tmp_path / "s.sqlite", tmp_path / "pack.json"
+    tiered_ops.use_store(str(db))
+    tiered_ops.softmax(torch.randn(8, 16), -1)
+    tiered_ops.get_store().close()
+    assert main(["--db", str(db), "decisions", "export", "--out", str(pack)]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("wrote 1 decisions") + (out + err).count("wrote 1 decision ") == 1, out + err
+    assert main(["--db", str(tmp_path / "t.sqlite"), "decisions", "import", str(pack)]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("2 measurement(s) added") + (out + err).count("2 row(s) added") == 1, out + err

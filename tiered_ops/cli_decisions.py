@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Sequence
 
@@ -35,6 +36,9 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     if args.decisions_cmd == "export":
         out_file(args.out, "--out")
     store = Store(getattr(args, "db", None))
+    packs = logging.getLogger("tiered_ops.packs")  # its summary and refusals are printed below: not twice
+    level = packs.level
+    packs.setLevel(logging.ERROR)
     try:
         if args.decisions_cmd == "export":
             pack = export_pack(store, args.out, args.gpu)
@@ -50,4 +54,5 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             print(f"refused {n}: {why}", file=sys.stderr)
         return 1 if result.refused else 0
     finally:
+        packs.setLevel(level)
         store.close()
