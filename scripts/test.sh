@@ -4,9 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# torch first: a plain `torch` requirement would pull the CUDA wheels. TORCH_SPEC names another build (pip arguments,
-# e.g. "torch==2.11.0 --index-url https://download.pytorch.org/whl/cu130"); pyproject.toml has the tested range.
-$PY -c "import torch" 2>/dev/null || $PY -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
+# torch first, its CPU build where there is no NVIDIA driver (TORCH_SPEC chooses another): scripts/torch.sh
+bash scripts/torch.sh "$PY"
 $PY -m pip install -q -e ".[test,pg,hf]"  # pg: the PostgreSQL store, tested against a real server; hf: transformers
 $PY -m ruff check .
 set +e

@@ -2,6 +2,7 @@
 
 import argparse
 import inspect
+import logging
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import time
 
 import pandas as pd
 import pytest
+import torch
 from helpers import builtin_ops
 
 import tiered_ops
@@ -208,3 +210,181 @@ def test_ctrl_c_stops_the_bench_within_seconds_and_keeps_finished_rows(tmp_path)
     assert proc.returncode == 130 and "interrupted: every finished measurement is in" in out, out
     assert took < 4, f"took {took:.2f} s to stop"
     assert _stored(db) >= 1
+
+
+# ------------------------------------------------------------------------ routine errors: one line, exit 2
+SOFTMAX = get_op("softmax")
+
+
+@pytest.fixture
+def quick_softmax(monkeypatch):
+    """softmax with eager and one more implementation that is quick to measure on the CPU."""
+    impls = {"eager": SOFTMAX.impls["eager"],
+             "again": tiered_ops.registry.Impl("again", tiered_ops.registry.Tier.COMPILE,
+                                               lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))}
+    monkeypatch.setattr(SOFTMAX, "impls", impls)
+    return impls
+
+
+def _one_line_error(capsys, *says: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for s in says:
+        assert s in err, (s, err)
+    return err
+
+
+def _results_csv(path) -> str:
+    pd.DataFrame([dict(op="softmax", impl="eager", tier="eager", problem="8x4,dim=-1", dtype="fp32", mode="fwd",
+                       device_key="cpu", ok=1, caller_us=1.0, source_hash="h", timestamp=1.0)]).to_csv(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["db-is-a-directory", "db-cannot-be-created", "check-missing", "check-not-csv",
+                                  "check-binary", "check-other-csv", "report-missing", "report-repeat-missing",
+                                  "compare-missing", "export-missing-dir", "export-meta-missing-dir",
+                                  "decisions-export-missing-dir"])
+def test_a_routine_error_is_one_line_naming_the_path_and_exit_2(case, tmp_path, capsys):
+    ok = _results_csv(tmp_path / "a" / "results.csv") if (tmp_path / "a").mkdir() is None else None
+    missing, db = tmp_path / "nope.csv", ["--db", str(tmp_path / "s.sqlite")]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\nnot, a, results, file\n\"unclosed\n")
+    binary = tmp_path / "blob.csv"
+    binary.write_bytes(bytes(range(256)) * 8)
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    argv, says = {
+        "db-is-a-directory": (["--db", str(tmp_path), "select", "softmax", "8x4", "--no-tune", "--device", "cpu"],
+                              [str(tmp_path), "is a directory", "set TIERED_OPS_DB or --db"]),
+        "db-cannot-be-created": (["--db", "/proc/tiered-ops-missing/s.sqlite", "export", "--csv",
+                                  str(tmp_path / "x.csv")], ["/proc/tiered-ops-missing/s.sqlite"]),
+        "check-missing": (["check", "--results", ok, str(missing)], [str(missing), "no such file"]),
+        "check-not-csv": (["check", "--results", str(notes)], [str(notes), "not a results CSV"]),
+        "check-binary": (["check", "--results", str(binary)], [str(binary), "not a results CSV"]),
+        "check-other-csv": (["check", "--results", str(other)], [str(other), "not a results CSV", "no column op"]),
+        "report-missing": (["report", "--results", str(missing), "--out", str(tmp_path / "r"), "--command", "x"],
+                           [str(missing), "no such file"]),
+        "report-repeat-missing": (["report", "--results", ok, "--repeat", str(missing), "--out", str(tmp_path / "r"),
+                                   "--command", "x"], [str(missing)]),
+        "compare-missing": (["compare", "--results", ok, str(missing), "--out", str(tmp_path / "c.md")],
+                            [str(missing), "no such file"]),
+        "export-missing-dir": ([*db, "export", "--csv", str(tmp_path / "no" / "x.csv")],
+                               [str(tmp_path / "no"), "does not exist", "mkdir -p"]),
+        "export-meta-missing-dir": ([*db, "export", "--csv", str(tmp_path / "x.csv"), "--meta",
+                                     str(tmp_path / "no" / "m.jsonl")], [str(tmp_path / "no"), "does not exist"]),
+        "decisions-export-missing-dir": ([*db, "decisions", "export", "--out", str(tmp_path / "no" / "p.json")],
+                                         [str(tmp_path / "no"), "does not exist"]),
+    }[case]
+    assert main(argv) == 2
+    _one_line_error(capsys, *says)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_postgresql_server_that_is_down_is_one_line_exit_2(tmp_path, capsys):
+    pytest.importorskip("psycopg")
+    url = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=2"
+    assert main(["--db", url, "select", "softmax", "8x4", "--no-tune", "--device", "cpu"]) == 2
+    _one_line_error(capsys, "127.0.0.1:9", "cannot connect to PostgreSQL")
+
+
+def test_an_unknown_postgresql_database_is_one_line_exit_2(pg_server, capsys):
+    url = pg_server.url("no_such_database_here")
+    assert main(["--db", url, "export", "--csv", os.devnull]) == 2
+    _one_line_error(capsys, "no_such_database_here", "cannot connect to PostgreSQL")
+
+
+def test_check_exits_1_only_when_the_check_fails(tmp_path, capsys):
+    """A results file that is read and checked keeps exit 1 for a failed check (no CUDA evidence on this CSV)."""
+    assert main(["check", "--results", _results_csv(tmp_path / "results.csv")]) in (0, 1)
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_select_into_a_read_only_store_says_nothing_was_saved(quick_softmax, tmp_path, monkeypatch, capsys, caplog):
+    db = tmp_path / "s.sqlite"
+    tiered_ops.store.Store(db).close()
+    before = db.read_bytes()
+    monkeypatch.setattr(tiered_ops.cli, "Store", lambda p: tiered_ops.store.Store(p, read_only=True))
+    with caplog.at_level(logging.INFO, logger="tiered_ops"):
+        assert main(["--db", str(db), "select", "softmax", "8x16", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "stored in" not in out + err + caplog.text
+    assert "nothing was saved: 2 new measurement(s) kept in memory only" in err and str(db) in err
+    assert db.read_bytes() == before and tiered_ops.get_store().writable is False
+
+
+def test_select_logs_what_it_tunes_and_what_it_decided(quick_softmax, tmp_path, caplog, capsys):
+    db = tmp_path / "s.sqlite"
+    with caplog.at_level(logging.INFO, logger="tiered_ops"):
+        assert main(["--db", str(db), "select", "softmax", "8x16", "--device", "cpu"]) == 0
+    tuning = next(r.getMessage() for r in caplog.records if "tiered_ops: tuning" in r.getMessage())
+    for part in ("softmax", "8x16", "fp32", "fwd_nograd", "eager", "2 implementation(s) (eager, again)",
+                 f"stored in {db}"):
+        assert part in tuning, (part, tuning)
+    done = next(r.getMessage() for r in caplog.records if "tiered_ops: tuned" in r.getMessage())
+    assert re.search(r"tuned softmax 8x16,dim=-1 fp32 fwd_nograd eager in \d+\.\d s: (eager|again) ", done), done
+
+
+def test_quiet_shows_warnings_only(quick_softmax, tmp_path, capsys):
+    assert main(["-q", "--db", str(tmp_path / "s.sqlite"), "select", "softmax", "8x16", "--device", "cpu"]) == 0
+    assert "tiered_ops: tun" not in capsys.readouterr().err  # the CLI's handler shows warnings only
+    assert logging.getLogger("tiered_ops").level == logging.NOTSET  # restored after the command
+    parser = build_parser()
+    assert parser.parse_args(["select", "softmax", "8x4", "-q"]).quiet
+    assert parser.parse_args(["-q", "select", "softmax", "8x4"]).quiet
+    assert not parser.parse_args(["select", "softmax", "8x4"]).quiet
+
+
+# ------------------------------------------------------------------ every TIERED_OPS_* variable applies to the CLI
+def _select_json(tmp_path, capsys, *extra: str) -> dict:
+    import json
+
+    assert main(["--db", str(tmp_path / "s.sqlite"), "select", "softmax", "8x16", "--device", "cpu", "--json",
+                 *extra]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{"):])
+
+
+def test_tiered_ops_tune_0_is_honoured_by_select(quick_softmax, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    monkeypatch.setattr(tiered_ops.decide, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
+    record = _select_json(tmp_path, capsys)
+    assert record["chosen"] == "eager" and "tuning off" in record["reason"]
+
+
+def test_tiered_ops_policy_and_calls_are_honoured_by_select(quick_softmax, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TIERED_OPS_POLICY", "cold-start")
+    monkeypatch.setenv("TIERED_OPS_CALLS", "7")
+    record = _select_json(tmp_path, capsys)
+    assert record["policy"] == "cold-start" and record["calls"] == 7
+    monkeypatch.delenv("TIERED_OPS_POLICY")
+    record = _select_json(tmp_path, capsys, "--policy", "cold-start")  # the calls of the variable, the policy given
+    assert record["policy"] == "cold-start" and record["calls"] == 7
+    assert _select_json(tmp_path, capsys, "--policy", "cold-start", "--calls", "9")["calls"] == 9
+
+
+def test_tiered_ops_margins_is_read_by_select(quick_softmax, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TIERED_OPS_MARGINS", "warp=0.5")
+    assert main(["-q", "--db", str(tmp_path / "s.sqlite"), "select", "softmax", "8x16", "--device", "cpu", "--policy",
+                 "cost-aware"]) == 2
+    _one_line_error(capsys, "TIERED_OPS_MARGINS: unknown tier 'warp'")
+
+
+def test_tiered_ops_db_is_the_cli_store_unless_db_is_given(quick_softmax, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "env.sqlite"))
+    assert main(["export", "--csv", str(tmp_path / "x.csv")]) == 0
+    assert f"from {tmp_path / 'env.sqlite'} to" in capsys.readouterr().out
+    assert main(["--db", str(tmp_path / "flag.sqlite"), "export", "--csv", str(tmp_path / "x.csv")]) == 0
+    assert f"from {tmp_path / 'flag.sqlite'} to" in capsys.readouterr().out
+
+
+def test_decisions_export_and_import_say_their_summary_once(quick_softmax, tmp_path, capsys):
+    db, pack = tmp_path / "s.sqlite", tmp_path / "pack.json"
+    tiered_ops.use_store(str(db))
+    tiered_ops.softmax(torch.randn(8, 16), -1)
+    tiered_ops.get_store().close()
+    assert main(["--db", str(db), "decisions", "export", "--out", str(pack)]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("wrote 1 decisions") + (out + err).count("wrote 1 decision ") == 1, out + err
+    assert main(["--db", str(tmp_path / "t.sqlite"), "decisions", "import", str(pack)]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("2 measurement(s) added") + (out + err).count("2 row(s) added") == 1, out + err

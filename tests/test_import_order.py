@@ -4,7 +4,6 @@ Each case runs in a fresh process without a visible GPU and without TRITON_INTER
 the one under test (this process has imported triton and tiered_ops already).
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -73,9 +72,8 @@ def supported_order(tmp_path_factory) -> str:
 
 FIRSTS = [
     pytest.param("import triton\nimport triton.language as tl\n", id="triton"),
-    pytest.param("import torch.testing._internal.common_methods_invocations\n", id="common_methods_invocations",
-                 marks=pytest.mark.skipif(importlib.util.find_spec("expecttest") is None,
-                                          reason="torch's test internals need expecttest")),
+    # torch's test internals need expecttest: the [test] extra installs it, so this runs wherever the suite does
+    pytest.param("import torch.testing._internal.common_methods_invocations\n", id="common_methods_invocations"),
 ]
 
 

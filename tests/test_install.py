@@ -127,3 +127,40 @@ def test_readme_model_code_runs_as_written():
     assert ns["sel"].tier == Tier.EAGER and ns["sel"].name == "eager"  # nothing measured, tuning off
     assert ns["out"].shape == (8, 4096) and ns["out"].dtype == torch.bfloat16
     assert ns["h"].requires_grad
+
+
+@pytest.mark.parametrize("driver, spec, want", [
+    (False, None, "install -q torch==2.13.0+cpu"),
+    (True, None, "install -q torch==2.13.0"),
+    (False, "torch==2.11.0 --index-url https://example.invalid/cu130",
+     "install -q torch==2.11.0 --index-url https://example.invalid/cu130"),
+])
+def test_scripts_install_the_cpu_torch_where_there_is_no_nvidia_driver(tmp_path, driver, spec, want):
+    """scripts/torch.sh (run by scripts/test.sh, scripts/bench.sh and .ci/run) with a Python that has no torch:
+    PyPI's plain torch (the CUDA build, GBs) only where nvidia-smi is; TORCH_SPEC wins over both."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "pip.log"
+    bin_dir.mkdir()
+    py = bin_dir / "python"
+    py.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && exit 1\nshift 2\necho "$@" >> {log}\n')
+    py.chmod(0o755)
+    if driver:
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"TORCH_SPEC": spec} if spec else {})}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "torch.sh"), str(py)], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [want]
+    for script in ("scripts/test.sh", "scripts/bench.sh", ".ci/run"):
+        text = (ROOT / script).read_text()
+        assert "scripts/torch.sh" in text and "pip install -q torch" not in text.replace('"', ""), script
+
+
+def test_an_editable_install_keeps_the_installed_cpu_torch():
+    """pyproject's torch range holds 2.13.0+cpu: `pip install -e .` after scripts/torch.sh pulls no other torch."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_req = Requirement(next(d for d in deps if d.startswith("torch")))
+    assert torch_req.specifier.contains("2.13.0+cpu") and torch_req.specifier.contains(torch.__version__)

@@ -246,6 +246,41 @@ def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch
     assert "is a directory" in sel_mod.get_store().unusable
 
 
+def _newer_schema(path: Path) -> None:
+    _valid_store(path)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    conn.close()
+
+
+def _damaged_with_a_wal(path: Path) -> None:
+    store = Store(path)
+    store.add([dict(ROW, problem=str(i)) for i in range(300)])
+    store.close()
+    data = bytearray(path.read_bytes())
+    data[1024:4096] = bytes(range(256)) * 12  # its schema page and more overwritten
+    path.write_bytes(bytes(data))
+    Path(str(path) + "-wal").write_bytes(b"junk, not a write-ahead log\n" * 200)
+
+
+@pytest.mark.parametrize("abuse, why", [(_newer_schema, "schema version 99, newer than this tiered_ops"),
+                                        (_damaged_with_a_wal, "SQLite cannot use it")])
+def test_model_code_runs_eager_on_a_store_it_cannot_use_and_warns_once(abuse, why, path, monkeypatch, caplog):
+    abuse(path)
+    monkeypatch.setenv("TIERED_OPS_DB", str(path))
+    monkeypatch.setattr(sel_mod, "_store", None)  # first use in a new process
+    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
+    with caplog.at_level(logging.WARNING, logger="tiered_ops"):
+        for shape in ((64, 300), (8, 16)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x, -1))
+            assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and str(path) in warned[0] and why in warned[0] and "runs eager" in warned[0]
+    assert why in sel_mod.get_store().unusable
+
+
 def test_model_code_runs_eager_when_the_store_fails_while_deciding(two_softmaxes, monkeypatch, caplog):
     def full(rows):
         raise sqlite3.OperationalError("database or disk is full")

@@ -13,7 +13,7 @@ from tiered_ops import bench
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import base_row
 from tiered_ops.method import METHOD_VERSION
-from tiered_ops.store import COLUMN_NAMES, SCHEMA_VERSION, STORE_ERRORS, Store
+from tiered_ops.store import COLUMN_NAMES, SCHEMA_VERSION, STORE_ERRORS, Store, StoreError
 from tiered_ops.timing import fingerprint
 
 ROW = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="[1]", dtype="fp32", device_key="d", ok=1,
@@ -70,7 +70,7 @@ def test_merge_adds_each_measurement_once(store_target):
 def test_a_store_newer_than_this_code_is_refused(store_target):
     store = Store(store_target)
     store._write(lambda: store._exec("UPDATE meta SET value='999' WHERE key='schema_version'"))
-    with pytest.raises(RuntimeError, match="schema version 999"):
+    with pytest.raises(StoreError, match="schema version 999, newer than this tiered_ops"):
         Store(store_target)
 
 

@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,18 +19,16 @@ from .catalog import all_ops, get_op
 from .check import check, live_plan, report
 from .cli_args import build_parser, op_kwargs, protect_shapes
 from .cli_decisions import cmd_decisions
+from .cli_io import UsageError, out_file, read_results
 from .decide import select_backend, use_store
 from .meta import breaks_str, stored_or_collect
 from .registry import DTYPES, MODES
 from .report import cross, render
 from .shards import gpu_devices
-from .store import Store
+from .store import Store, StoreError
 from .targets import load_spec
 from .timing import default_device, fingerprint
 from .tuning import cmd_tune
-
-if TYPE_CHECKING:
-    pass
 
 
 def _device(arg: str | None) -> torch.device:
@@ -53,8 +50,7 @@ def _gpu(args: argparse.Namespace, what: str, why: str) -> torch.device | None:
     return dev
 
 
-def _store(args: argparse.Namespace):
-
+def _store(args: argparse.Namespace) -> Store:
     return Store(args.db)
 
 
@@ -135,9 +131,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_select(args: argparse.Namespace) -> int:
 
     params = op_kwargs(args.op, args)  # before anything runs
-    use_store(_store(args))
-    sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=not args.no_tune,
-                         policy=args.policy, calls=args.calls, mode=args.mode, context=args.context,
+    store = use_store(_store(args))
+    calls = args.calls if args.calls is not None or not args.policy else envs.calls()
+    sel = select_backend(args.op, args.shape, args.dtype, _device(args.device), tune=False if args.no_tune else None,
+                         policy=args.policy, calls=calls, mode=args.mode, context=args.context,
                          budget=args.budget, **params)
     print(f"{args.op} {'x'.join(map(str, args.shape))} {args.dtype} {args.mode} {args.context} "
           f"[{sel.record['policy']}]: {sel.name} "
@@ -150,6 +147,9 @@ def cmd_select(args: argparse.Namespace) -> int:
             fig = "" if c.get("policy_figure") is None else f" judged by {c['policy_figure']:.4g}"
             print(f"  {c['impl']:<14} {c['tier']:<8} {us:>12}  ok={c['ok']} fresh={c['fresh']}{fig}  "
                   f"{c['reason'] or ''}")
+    if not store.writable and store.unsaved:
+        print(f"nothing was saved: {store.unsaved} new measurement(s) kept in memory only ({store.kept_in_memory})",
+              file=sys.stderr)
     return 0
 
 
@@ -216,7 +216,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not args.results:
             print("error: check needs --results reports/<gpu>/results.csv or --live", file=sys.stderr)
             return 2
-        df = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True)
+        df = read_results(args.results)
     findings = check(df)
     print(report(findings))
     return 1 if any(f.fails for f in findings) else 0
@@ -228,6 +228,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("error: report --targets DIR needs --targets-spec FILE (the speed targets, e.g. benchmarks/targets.json)",
               file=sys.stderr)
         return 2
+    read_results(args.results + (args.repeat or []))  # each file checked before anything is written
     rendered_by = "tiered-ops report " + " ".join(args.argv)
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
@@ -292,7 +293,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
             print(f"wrote {out}/grid.csv, picks.csv")
         args.results = args.results or []
     t = _read_targets(args.out_dir)
-    results = pd.concat([pd.read_csv(f) for f in args.results], ignore_index=True) if args.results else None
+    results = read_results(args.results) if args.results else None
     if results is None and t["grid"] is None:
         print("error: targets needs --results (and/or --live / --out-dir with grid.csv)", file=sys.stderr)
         return 2
@@ -312,10 +313,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-
-    frames = {Path(f).parent.name: pd.read_csv(f) for f in args.results}
+    frames = {Path(f).parent.name: read_results([f]) for f in args.results}
+    out_file(args.out, "--out")
     if len(frames) < 2:
         print("error: compare needs results of at least two GPUs (reports/<gpu>/results.csv each)", file=sys.stderr)
         return 2
@@ -328,6 +327,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    out_file(args.csv, "--csv")
+    if args.meta:
+        out_file(args.meta, "--meta")
     store = _store(args)
     df = pd.DataFrame(store.rows(context=args.context))
     df.to_csv(args.csv, index=False)
@@ -355,11 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     handler, level = logging.StreamHandler(sys.stderr), lib.level
     handler.setFormatter(logging.Formatter("%(message)s"))
     lib.addHandler(handler)
-    lib.setLevel(logging.INFO)
+    lib.setLevel(logging.WARNING if args.quiet else logging.INFO)
     try:
         return COMMANDS[args.cmd](args)
-    except (ValueError, IndexError, TypeError) as e:
+    except (ValueError, IndexError, TypeError, UsageError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        print(f"error: {e.filename}: {e.strerror}; check the path", file=sys.stderr)
         return 2
     finally:
         lib.removeHandler(handler)

@@ -135,6 +135,8 @@ def _globals(default: object) -> argparse.ArgumentParser:
     g = argparse.ArgumentParser(add_help=False)
     g.add_argument("--db", default=default,
                    help="SQLite store path (default: $TIERED_OPS_DB or ~/.cache/tiered_ops/results.sqlite)")
+    g.add_argument("-q", "--quiet", action="store_true", default=default if default is argparse.SUPPRESS else False,
+                   help="warnings and errors only (default: also what is tuned or measured, and how long it took)")
     return g
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Sequence
 
+from .cli_io import out_file
 from .packs import export_pack, import_pack
 from .store import Store
 
@@ -31,7 +33,12 @@ def add_decisions_parser(subparsers: argparse._SubParsersAction,
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     """Run ``decisions export`` (exit 0) or ``decisions import`` (exit 1 when any row was refused)."""
+    if args.decisions_cmd == "export":
+        out_file(args.out, "--out")
     store = Store(getattr(args, "db", None))
+    packs = logging.getLogger("tiered_ops.packs")  # its summary and refusals are printed below: not twice
+    level = packs.level
+    packs.setLevel(logging.ERROR)
     try:
         if args.decisions_cmd == "export":
             pack = export_pack(store, args.out, args.gpu)
@@ -47,4 +54,5 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             print(f"refused {n}: {why}", file=sys.stderr)
         return 1 if result.refused else 0
     finally:
+        packs.setLevel(level)
         store.close()

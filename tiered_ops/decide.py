@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -201,15 +202,19 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
         missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
         tune = tuning_enabled() if tune is None else tune
+        tuned_s = None
         if missing and tune:
-            log.info("tiered_ops: %s %s %s %s: no stored decision, measuring %d implementations (once; stored in %s)",
-                     spec.name, problem, dname, mode, len(missing), store.path)
-            new = []
+            where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
+            log.info("tiered_ops: tuning %s %s %s %s %s on %s: no stored decision, measuring %d implementation(s) "
+                     "(%s) once; %s", spec.name, problem, dname, mode, context, device,
+                     len(missing), ", ".join(i.name for i in missing), where)
+            new, t0 = [], time.perf_counter()
             for impl in missing:
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure(spec, impl, problem, dtype, device, mode))
             store.add(new)
+            tuned_s = time.perf_counter() - t0
             rows = store.latest(spec.name, bkey, dname, fp.key, mode)
         near, near_dtype = None, dname
         if not rows and not tune:
@@ -243,6 +248,10 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
             _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
+        if tuned_s is not None:
+            chosen = _decisions[key]
+            log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
+                     context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
         return _decisions[key]
 
 

@@ -155,6 +155,17 @@ class Store:
     def backend(self) -> str:
         return self.dialect.name
 
+    @property
+    def writable(self) -> bool:
+        """Whether measurements added now are saved at ``path``; False for a store read into memory (a read-only file
+        or directory, ``read_only``, ``":memory:"``, or an unusable path): ``kept_in_memory`` says why."""
+        return self.kept_in_memory is None
+
+    @property
+    def unsaved(self) -> int:
+        """How many measurements were added to this store and not saved at ``path`` (see ``writable``)."""
+        return self._unsaved
+
     def _exec(self, sql: str, params: tuple = ()) -> Any:
         return self.dialect.execute(self.conn, sql, params)
 
@@ -196,9 +207,9 @@ class Store:
             self._exec("CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)")
             version = self._version() or 1
             if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"store {self.path} has schema version {version}, newer than this tiered_ops "
-                    f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB elsewhere"
+                raise StoreError(
+                    f"tiered_ops store {self.path}: schema version {version}, newer than this tiered_ops "
+                    f"({SCHEMA_VERSION}): upgrade tiered_ops or point TIERED_OPS_DB (or --db) elsewhere"
                 )
             have = d.columns(self.conn, "measurements")
             for v in range(version, SCHEMA_VERSION):
@@ -226,8 +237,9 @@ class Store:
                 for r in rows]
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
         self._write(lambda: self.dialect.executemany(self.conn, sql, data))
-        if self.kept_in_memory is not None and data and self.unusable is None:
+        if self.kept_in_memory is not None and data:
             self._unsaved += len(data)
+        if self.kept_in_memory is not None and data and self.unusable is None:
             (log.warning if self._unsaved == len(data) else log.info)(
                 "tiered_ops store %s: %d new measurement(s) kept in memory only, not saved (%s)", self.path,
                 self._unsaved, self.kept_in_memory)
@@ -355,7 +367,7 @@ def open_store(path: str | Path | None = None) -> Store:
     whose ``unusable`` says why, with a warning in the log: for code that must keep running (model code)."""
     try:
         return Store(path)
-    except StoreError as e:
+    except STORE_ERRORS as e:
         log.warning("%s; using an empty in-memory store instead (nothing is saved): tiered_ops.<op> runs eager", e)
         store = Store(":memory:")
         store.unusable = store.kept_in_memory = str(e)

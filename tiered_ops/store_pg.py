@@ -51,7 +51,9 @@ def connect(url: str) -> Any:
     try:
         return psycopg.connect(url, autocommit=True, row_factory=dict_row, connect_timeout=30)
     except psycopg.Error as e:
-        raise StoreError(f"tiered_ops store {shown(url)}: cannot connect to PostgreSQL: {str(e).strip()}") from e
+        raise StoreError(f"tiered_ops store {shown(url)}: cannot connect to PostgreSQL: {' '.join(str(e).split())} "
+                         "(check that the server runs and the database exists, or set TIERED_OPS_DB or --db to "
+                         "another store)") from e
 
 
 _PARAM = re.compile(r"\?")

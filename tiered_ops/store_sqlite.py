@@ -218,12 +218,24 @@ def setup(store: Any) -> None:
     writes ``os.access`` did not see is read into memory instead."""
     try:
         _setup(store)
-    except sqlite3.OperationalError as e:
+    except sqlite3.DatabaseError as e:
+        hint = _wal_hint(store.path)  # before closing: SQLite may delete a WAL it cannot read on close
         store.conn.close()
-        if "readonly" not in str(e) or store.kept_in_memory is not None:
-            raise StoreError(f"tiered_ops store {store.path}: SQLite cannot use it: {e}") from e
+        if not isinstance(e, sqlite3.OperationalError) or "readonly" not in str(e) or store.kept_in_memory is not None:
+            raise StoreError(f"tiered_ops store {store.path}: SQLite cannot use it: {e}{hint}") from e
         store.conn = open_file(store, f"SQLite says: {e}")
-        _setup(store)
+        try:
+            _setup(store)
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"tiered_ops store {store.path}: SQLite cannot use it: {e}") from e
+
+
+def _wal_hint(path: Any) -> str:
+    """What to do with a store SQLite cannot use that was not judged (its WAL may belong to a running writer)."""
+    if str(path) == ":memory:" or not Path(str(path) + "-wal").exists():
+        return ""
+    return (f" (a store with a write-ahead log is never moved aside while another process may be writing it: when "
+            f"none is, move {path} and its -wal/-shm files aside, or set TIERED_OPS_DB or --db to another path)")
 
 
 def _setup(store: Any) -> None:
