@@ -224,26 +224,55 @@ def _torch_includes() -> list[str]:
     return include_paths()
 
 
-@pytest.mark.slow
-def test_the_wrappers_compile_with_gxx(tmp_path):
-    """g++ -fsyntax-only of the module and every wrapper file, as one translation unit (one parse of the torch
-    headers; their file-local names must not collide). The CUDA runtime headers come from the toolkit (nvcc's), and
-    the header torch generates at its CUDA build, missing from the CPU wheel, is stubbed."""
+def _gxx_unity(tmp_path: Path, mode: list[str]) -> subprocess.CompletedProcess:
+    """g++ of the module and every wrapper file as one translation unit (one parse of the torch headers; their
+    file-local names must not collide). The CUDA runtime headers come from the toolkit (nvcc's), and the header torch
+    generates at its CUDA build, missing from the CPU wheel, is stubbed."""
     gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++")
     cuda_inc = next((p for p in ("/usr/local/cuda/include",) if os.path.exists(f"{p}/cuda_runtime_api.h")), None)
-    if cuda_inc is None:
-        pytest.skip("no CUDA toolkit headers (cuda_runtime_api.h)")
+    if gxx is None or cuda_inc is None:
+        pytest.skip("needs g++ and the CUDA toolkit's headers")
     stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
     unity = tmp_path / "unity.cpp"
     unity.write_text("".join(f'#include "{p.name}"\n' for p in sorted(CUDA_SRC.glob("*.cpp"))))
     incs = [*_torch_includes(), sysconfig.get_paths()["include"], cuda_inc, str(tmp_path / "stub"), str(CUDA_SRC)]
-    r = subprocess.run([gxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DTORCH_EXTENSION_NAME=tiered_ops_x",
-                        *[f"-I{i}" for i in incs], str(unity)], capture_output=True, text=True, timeout=900)
+    return subprocess.run([gxx, "-std=c++20", *mode, "-Wall", "-Werror", "-DTORCH_EXTENSION_NAME=tiered_ops_x",
+                           *[f"-I{i}" for i in incs], str(unity)], capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_the_wrappers_compile_with_gxx(tmp_path):
+    r = _gxx_unity(tmp_path, ["-fsyntax-only"])
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def _symbols(obj: Path, defined: bool) -> set[str]:
+    r = subprocess.run(["nm", "-C", "--defined-only" if defined else "--undefined-only", str(obj)],
+                       capture_output=True, text=True, check=True)
+    return {m[1] for m in re.finditer(r"^\s*(?:[0-9a-f]+\s+)?[TU] (tiered_ops::.*)$", r.stdout, re.M)}
+
+
+@pytest.mark.slow
+def test_every_launcher_a_wrapper_calls_is_defined_by_its_kernel_file(tmp_path):
+    """The launchers are declared in the wrapper files and defined in the .cu files: a signature that differs links
+    only at load time (an undefined symbol). Both sides are compiled here (PTX only, no ptxas) and their symbols
+    compared."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None or shutil.which("nm") is None:
+        pytest.skip("needs nvcc and nm")
+    r = _gxx_unity(tmp_path, ["-c", "-O0", "-fPIC", "-o", str(tmp_path / "unity.o")])
+    assert r.returncode == 0, r.stderr[-4000:]
+    have: set[str] = set()
+    for cu in sorted(CUDA_SRC.glob("*.cu")):
+        obj = tmp_path / f"{cu.stem}.cuda.o"
+        r = subprocess.run([nvcc, "-c", "-O0", "-std=c++17", "-gencode=arch=compute_90,code=compute_90", str(cu),
+                            "-o", str(obj)], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        have |= _symbols(obj, defined=True)
+    need = _symbols(tmp_path / "unity.o", defined=False)
+    assert need and need <= have, sorted(need - have)
 
 
 @gpu
