@@ -1,4 +1,8 @@
-"""Build and load the CUDA tier: ``cuda_src/*.cu`` + ``cuda_src/binding.cpp`` as one TORCH_LIBRARY extension.
+"""Build and load the CUDA tier: ``cuda_src/*.cu`` and ``cuda_src/*.cpp`` as one TORCH_LIBRARY extension.
+
+An op's CUDA code is two files: its kernels and host launchers ``cuda_src/<op>.cu`` (plain CUDA) and its torch
+wrapper ``cuda_src/<op>.cpp``, which registers the op (schemas, CUDA and CPU kernels, pybind11 functions) with one
+``TIERED_OPS_CUDA_OP`` line. ``binding.cpp`` (the module) and the headers are shared by every op and name none.
 
 Built with ``torch.utils.cpp_extension.load`` (ninja) for the local GPU's architecture, into a build
 directory whose name hashes the sources, the torch and CUDA versions and the target architecture:
@@ -28,8 +32,24 @@ _state: dict[str, object] = {}
 _on_load: list[Callable[[], None]] = []
 
 
+# Files every op's CUDA code is built with: a change to one of them is a change to every op.
+SHARED = ("common.cuh", "launchers.h", "binding.h", "binding.cpp")
+
+
 def sources() -> list[Path]:
-    return sorted(CUDA_SRC.glob("*.cu")) + [CUDA_SRC / "binding.cpp"]
+    return sorted(CUDA_SRC.glob("*.cu")) + sorted(CUDA_SRC.glob("*.cpp"))
+
+
+def op_files(op: str, root: Path | None = None) -> tuple[Path, Path]:
+    """The CUDA files of ``op`` alone: its kernel file and its wrapper file."""
+    root = CUDA_SRC if root is None else root
+    return root / f"{op}.cu", root / f"{op}.cpp"
+
+
+def shared_files(root: Path | None = None) -> list[Path]:
+    """The files every op's CUDA code is built with (an op's source hash covers these and its own two)."""
+    root = CUDA_SRC if root is None else root
+    return [root / f for f in SHARED]
 
 
 def all_files() -> list[Path]:
@@ -120,6 +140,12 @@ def pybind_function(name: str):
     """The pybind11 export of a CUDA op's C++ function (the graph-break contrast), or None when not built."""
     module = _state.get("module")
     return getattr(module, name, None) if module is not None else None
+
+
+def registered_ops() -> list[str] | None:
+    """The ops the loaded extension registered (one per wrapper file), or None when not built."""
+    module = _state.get("module")
+    return list(module.registered_ops) if module is not None else None
 
 
 def ninja_seconds(build_dir: Path) -> dict[str, float]:

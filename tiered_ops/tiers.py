@@ -244,8 +244,7 @@ def standard_impls(spec: OpSpec) -> None:
         raise ValueError(f"{name}: the declaration needs kernel_args to build its kernel tiers")
     declared, spec.impls = dict(spec.impls), {}
     triton_file = TRITON_SRC / f"{name}.py"
-    cu_file = cuda_ext.CUDA_SRC / f"{name}.cu"
-    binding = cuda_ext.CUDA_SRC / "binding.cpp"
+    cu_file, wrapper = cuda_ext.op_files(name)
     spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
     spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
     fast_file = Path(fastpath.__file__)
@@ -257,13 +256,13 @@ def standard_impls(spec: OpSpec) -> None:
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
                                              first_output, n_out),
                   own_code=(triton_file,)))
-    cuda_files = [cu_file, cuda_ext.CUDA_SRC / "common.cuh", cuda_ext.CUDA_SRC / "launchers.h", binding]
+    cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
     cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
     spec.add(Impl("cuda", Tier.CUDA, _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load),
                   (op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
-                  own_code=(cu_file,), own_functions=((binding, f"{name}_cuda"), (binding, f"{name}_bwd_cuda"))))
+                  own_code=(cu_file, wrapper)))
     for impl in declared.values():
         spec.add(impl)
     cuda_ext.on_load(lambda: register_kernel_ops(spec, "cuda", fakes=True))

@@ -1,0 +1,82 @@
+// The torch wrapper of fused_add_rms_norm.cu: argument checks, the launch, and the op's registration (binding.h).
+#include "binding.h"
+
+namespace tiered_ops {
+
+// Host launchers (fused_add_rms_norm.cu).
+// fused_add_rms_norm forward: s = x + residual (rounded once to the dtype), y = s * rsqrt(mean(s^2) + eps) * w
+// (w may be null), with the per-row fp32 rstd out.
+cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,
+                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+
+// fused_add_rms_norm backward from s and the saved rstd: dx = ds + rms_norm's dx of dy at s; with w, dw_partial as for
+// rms_norm_bwd.
+cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
+                                   void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
+                                   cudaStream_t stream);
+
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
+                                                                       c10::IntArrayRef normalized_shape,
+                                                                       const c10::optional<at::Tensor>& weight,
+                                                                       double eps) {
+  const char* op = "fused_add_rms_norm_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  check_cuda(residual, op, "residual");
+  dtype_of(residual, op, "residual");
+  check_twin(residual, x, op, "residual");
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
+  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
+  const int64_t rows = norm_rows(x, normalized_shape);
+  at::Tensor rstd = f32_empty(x, {rows});
+  if (xc.numel() > 0)
+    check_launch(fused_add_rms_norm_fwd(xc.data_ptr(), rc.data_ptr(), ptr_or_null(wc), y.data_ptr(), s.data_ptr(),
+                                        rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"), stream()),
+                 op);
+  return {y, s, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& dres,
+                                                               const at::Tensor& new_residual,
+                                                               c10::IntArrayRef normalized_shape,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const at::Tensor& rstd) {
+  const char* op = "fused_add_rms_norm_bwd_cuda";
+  check_cuda(new_residual, op, "new_residual");
+  dtype_of(new_residual, op, "new_residual");
+  const int64_t n = check_norm(new_residual, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, new_residual, normalized_shape, op, "weight");
+  check_twin(dy, new_residual, op, "dy", "new_residual");
+  check_twin(dres, new_residual, op, "dres", "new_residual");
+  const int64_t rows = norm_rows(new_residual, normalized_shape);
+  check_stat(rstd, rows, op, "rstd");
+  const c10::cuda::CUDAGuard guard(new_residual.device());
+  const at::Tensor sc = new_residual.contiguous(), dyc = dy.contiguous(), dsc = dres.contiguous();
+  at::Tensor dx = at::empty_like(sc);
+  if (sc.numel() == 0)
+    return {dx, wc.defined() ? at::zeros_like(wc) : new_residual.new_empty({0})};
+  at::Tensor partial;
+  int64_t rows_per = 1;
+  if (wc.defined()) {
+    rows_per = rows_per_group(rows, n);
+    partial = f32_empty(new_residual, {(rows + rows_per - 1) / rows_per, n});
+  }
+  check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
+                                      rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(partial), rows, n, rows_per,
+                                      dtype_of(new_residual, op, "new_residual"), stream()), op);
+  return {dx, wc.defined() ? sum_partials(partial, new_residual, normalized_shape) : new_residual.new_empty({0})};
+}
+
+}  // namespace
+
+TIERED_OPS_CUDA_OP(fused_add_rms_norm,
+                  "fused_add_rms_norm_cuda(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, "
+                  "float eps) -> (Tensor, Tensor, Tensor)",
+                  "fused_add_rms_norm_bwd_cuda(Tensor dy, Tensor dres, Tensor new_residual, int[] normalized_shape, "
+                  "Tensor? weight, Tensor rstd) -> (Tensor, Tensor)");
+
+}  // namespace tiered_ops

@@ -1,0 +1,73 @@
+// The torch wrapper of layer_norm.cu: argument checks, the launch, and the op's registration (binding.h).
+#include "binding.h"
+
+namespace tiered_ops {
+
+// Host launchers (layer_norm.cu).
+// layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out.
+cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
+                           int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+
+// layer_norm backward from the saved statistics: dx; dw_partial / db_partial (may be null) as for rms_norm_bwd.
+cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const float* mean, const float* rstd,
+                           void* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n, int64_t rows_per,
+                           DType dtype, cudaStream_t stream);
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias, double eps) {
+  const char* op = "layer_norm_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  const at::Tensor bc = norm_param(bias, x, normalized_shape, op, "bias");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  const int64_t rows = norm_rows(x, normalized_shape);
+  at::Tensor mean = f32_empty(x, {rows}), rstd = at::empty_like(mean);
+  if (xc.numel() > 0)
+    check_launch(layer_norm_fwd(xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), y.data_ptr(), mean.data_ptr<float>(),
+                                rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"), stream()), op);
+  return {y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
+    const at::Tensor& dy, const at::Tensor& x, c10::IntArrayRef normalized_shape,
+    const c10::optional<at::Tensor>& weight, const at::Tensor& mean, const at::Tensor& rstd, bool has_bias) {
+  const char* op = "layer_norm_bwd_cuda";
+  const int64_t n = check_norm(x, normalized_shape, op);
+  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  check_twin(dy, x, op, "dy");
+  const int64_t rows = n ? x.numel() / n : 0;
+  check_stat(mean, rows, op, "mean");
+  check_stat(rstd, rows, op, "rstd");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  const bool want_w = wc.defined();
+  if (xc.numel() == 0) {
+    const at::Tensor z = x.new_zeros(normalized_shape);
+    return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
+  }
+  const int64_t rows_per = rows_per_group(rows, n), groups = (rows + rows_per - 1) / rows_per;
+  at::Tensor pw, pb;
+  if (want_w) pw = f32_empty(x, {groups, n});
+  if (has_bias) pb = f32_empty(x, {groups, n});
+  check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean.data_ptr<float>(),
+                              rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(pw), f32_or_null(pb), rows, n,
+                              rows_per, dtype_of(x, op, "x"), stream()), op);
+  return {dx, want_w ? sum_partials(pw, x, normalized_shape) : x.new_empty({0}),
+          has_bias ? sum_partials(pb, x, normalized_shape) : x.new_empty({0})};
+}
+
+}  // namespace
+
+TIERED_OPS_CUDA_OP(layer_norm,
+                  "layer_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
+                  "-> (Tensor, Tensor, Tensor)",
+                  "layer_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean, "
+                  "Tensor rstd, bool has_bias) -> (Tensor, Tensor, Tensor)");
+
+}  // namespace tiered_ops
