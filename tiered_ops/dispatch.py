@@ -63,6 +63,16 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
+    if key[-1] == 0:
+        # The compiled context's selection of this signature is cached now too: a trace that found the key missing
+        # would guard on its absence, and its own miss (which caches it) would fail that guard: a recompile.
+        compiled = key[:-1] + (1,)
+        if compiled not in _calls:
+            try:
+                _calls[compiled] = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
+                                                  context="compiled", warm_graphed=False)
+            except STORE_ERRORS:
+                pass  # the trace decides it then
     if key[-1] == 0 and _decide.capturable(x.device):
         # an eager call (a user's warm-up before capturing): the graphed context's choice is called once too, on
         # copies of this call's arguments, so a capture of this call finds it compiled and loaded
