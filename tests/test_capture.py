@@ -37,6 +37,7 @@ def _plant(x: torch.Tensor, impl: Impl) -> tuple:
             policy, calls, decide._budget, "fwd_nograd")
     eager = spec.impls["eager"]
     decide._decisions[base + ("eager",)] = decide.Selection(eager.fn, eager, {"reason": "planted"})
+    decide._decisions[base + ("compiled",)] = decide.Selection(eager.fn, eager, {"reason": "planted"})
     decide._decisions[base + ("graphed",)] = decide.Selection(impl.fn, impl, {"reason": "planted"})
     return base
 
