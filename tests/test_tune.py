@@ -49,7 +49,8 @@ def test_tune_measures_the_recorded_calls_and_the_first_real_call_measures_nothi
     tiered_ops.clear_cache()
     with torch.no_grad():
         model(ids)
-    assert [s.name for k, s in select._calls.items() if k[0] == "rms_norm"] == [chosen]
+    # the eager call and the compiled context's selection of its signature (cached with it for a later trace)
+    assert [s.name for k, s in select._calls.items() if k[0] == "rms_norm" and k[-1] == 0] == [chosen]
     again = tiered_ops.tune(model, (ids,))
     assert again.measured == 0 and again.calls[0].chosen == chosen
     assert "rms_norm 2x8x64" in str(again) and "stored" in str(again)
@@ -145,7 +146,7 @@ def test_readme_snippet_runs(monkeypatch, capsys):
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "swapped 5 module(s)" in out and "rms_norm 2x16x64" in out
+    assert "swapped 6 module(s)" in out and "rms_norm 2x16x64" in out  # 5 RMSNorms and the loss
     stored = select.get_store().rows(op="rms_norm")
     assert stored and {r["mode"] for r in stored} == {"fwd_nograd"}
 
