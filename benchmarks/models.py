@@ -1,97 +1,134 @@
-"""Model-level benchmark: stock transformers vs Liger's patch vs tiered_ops.patch (after tiered_ops.tune).
+"""Model-level benchmark: stock transformers vs tiered_ops.patch (with and without fuse_residual) vs Liger's patch.
 
-Models, built from configs with random weights (nothing is downloaded), in bf16: a Llama-architecture model at
-Llama-3-8B dimensions with 2 layers (hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256) and
-GPT-2 small (768, 12 layers, 12 heads; its position table raised to the prefill length). Dropout is 0.
-Workloads: prefill (1 x --seq tokens, inference), one-token forward (1 x 1 without a cache: the launch-bound
-end) and a training step (1 x --seq: forward, LM loss, backward). Contexts: eager, torch.compile(fullgraph=True)
-and CUDA graphs (inference, on a GPU). Liger: its apply_liger_kernel_to_<arch>(model=...) with its defaults
-except the fused linear cross entropy (off, so that logits exist to compare); it patches transformers' module
-functions for the rest of the process, so it runs last. Each row: the median (p20, p80) of CUDA-event timings of
---reps runs after --warmup, the logits' relative error against stock eager in float32, and the seconds
-tiered_ops.tune took for that workload and context. Writes models.csv (long format) and models.md to --out-dir.
+Models, built from configs with random weights (nothing is downloaded), in bf16: Llama-3-8B dimensions with 2 layers
+(hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256), Qwen3-8B dimensions with 2 layers (hidden
+4096, intermediate 12288, 32 heads, 8 kv heads, head_dim 128, vocab 151936) and GPT-2 small; dropout 0.
+Workloads: prefill (1 x --seq tokens, inference), decode (1 x 1 without a cache: the launch-bound end) and train
+(1 x --seq: forward, LM loss, backward). Contexts: eager, torch.compile(fullgraph=True), CUDA graphs (inference, on a
+GPU; captured after an eager warm-up on a side stream, torch's recipe). Liger: apply_liger_kernel_to_<arch>(model=...)
+with its defaults except the fused linear cross entropy (off, so that logits exist); the module functions it
+replaces (RoPE) are put back after it and swapped in only while Liger's rows run, so every variant runs in one process.
 
-    python benchmarks/models.py --out-dir reports/models          # on a GPU
-    python benchmarks/models.py --tiny --out-dir /tmp/models      # CPU smoke: hidden 64, 2 layers, seq 16
+Timing: the variants of one row are measured in interleaved rounds (--rounds, each round times --reps calls of every
+variant, the order rotated per round), so drift hits all of them alike. Each row: the median and p20-p80 of all its
+calls, and a verdict against stock: faster where its median is below stock's p20 and stock's median above its p80,
+slower in the mirror case, else a tie within the spread. Also the logits' relative error
+against stock eager (float32), the seconds tiered_ops.tune took, and for training the peak memory.
+
+Writes models.csv and models.md into --out-dir (default reports/<gpu>/) after every row, so a cut run keeps what it
+measured. Expected runtime on an H100, one model per call (--models): ~4-6 min for llama-8b-dims-2l or qwen3-8b-dims-2l
+(compiles dominate), ~3 min for gpt2-small; all three exceed one 9-minute call.
+
+    python benchmarks/models.py --models llama-8b-dims-2l          # on a GPU
+    python benchmarks/models.py --quick --out-dir /tmp/models      # CPU smoke: tiny configs, every code path
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
+import datetime
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 import tiered_ops
 
-VARIANTS = ("stock", "tiered", "liger")  # liger last: its patch changes transformers' module functions
+VARIANTS = ("stock", "tiered", "tiered-fused", "liger")
 WORKLOADS = ("prefill", "decode", "train")
 CONTEXTS = ("eager", "compile", "graphs")
 TUNE_CONTEXT = {"eager": "eager", "compile": "compiled", "graphs": "graphed"}
-COLUMNS = ("model", "variant", "workload", "context", "tokens", "dtype", "ms_p50", "ms_p20", "ms_p80", "reps",
-           "rel_err_vs_stock", "tune_s", "note", "device", "torch", "transformers", "liger")
+COLUMNS = ("model", "variant", "workload", "context", "tokens", "dtype", "ms_p50", "ms_p20", "ms_p80", "calls",
+           "verdict", "rel_err_vs_stock", "tune_s", "peak_mib", "note", "device", "torch", "transformers", "liger")
 
 
 class Skip(Exception):
-    """A row that cannot be measured here, with why."""
+    """A variant that cannot run here, with why."""
 
 
-def models(tiny: bool, seq: int) -> dict[str, tuple[Any, Any, str]]:
+def models(quick: bool, seq: int) -> dict[str, tuple[Any, Any, str]]:
     """name -> (model class, config, liger architecture name)."""
     import transformers as T
 
     no_dropout = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    if tiny:
-        llama = T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, vocab_size=128, max_position_embeddings=max(64, seq))
-        gpt2 = T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=max(64, seq),
-                            bos_token_id=0, eos_token_id=0, **no_dropout)
-        return {"llama-tiny-2l": (T.LlamaForCausalLM, llama, "llama"),
-                "gpt2-tiny-2l": (T.GPT2LMHeadModel, gpt2, "gpt2")}
+    if quick:
+        small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=max(64, seq))
+        return {"llama-tiny": (T.LlamaForCausalLM, T.LlamaConfig(**small), "llama"),
+                "qwen3-tiny": (T.Qwen3ForCausalLM, T.Qwen3Config(**small, head_dim=16), "qwen3"),
+                "gpt2-tiny": (T.GPT2LMHeadModel, T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
+                                                              n_positions=max(64, seq), bos_token_id=0,
+                                                              eos_token_id=0, **no_dropout), "gpt2")}
     llama = T.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
                           num_key_value_heads=8, vocab_size=128256, max_position_embeddings=max(8192, seq))
+    qwen3 = T.Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=2, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                          max_position_embeddings=max(8192, seq))
     gpt2 = T.GPT2Config(n_positions=max(1024, seq), **no_dropout)  # the defaults are GPT-2 small
-    return {"llama-8b-dims-2l": (T.LlamaForCausalLM, llama, "llama"), "gpt2-small": (T.GPT2LMHeadModel, gpt2, "gpt2")}
+    return {"llama-8b-dims-2l": (T.LlamaForCausalLM, llama, "llama"),
+            "qwen3-8b-dims-2l": (T.Qwen3ForCausalLM, qwen3, "qwen3"),
+            "gpt2-small": (T.GPT2LMHeadModel, gpt2, "gpt2")}
 
 
-def variant(name: str, base: torch.nn.Module, arch: str) -> tuple[torch.nn.Module, str]:
-    """A copy of ``base`` under ``name``'s patch, and a note on what the patch did."""
-    model = copy.deepcopy(base)
-    if name == "tiered":
-        report = tiered_ops.patch(model)
-        left = "; ".join(sorted({f"{x.cls}: {x.reason}" for x in report.left}))
-        return model, f"{len(report.swapped)} modules swapped" + (f", left {left}" if left else "")
-    if name == "liger":
+class Variant:
+    """A copy of the base model under one patch; ``active()`` is the context its calls must run in."""
+
+    def __init__(self, name: str, base: torch.nn.Module, arch: str) -> None:
+        self.name, self.model, self.note, self._swap = name, copy.deepcopy(base), "", {}
+        if name.startswith("tiered"):
+            report = tiered_ops.patch(self.model, fuse_residual=name == "tiered-fused")
+            left = sorted({f"{x.cls}: {x.reason}" for x in report.left})
+            self.note = f"{len(report.swapped)} swapped" + (f"; left {'; '.join(left)}" if left else "")
+        elif name == "liger":
+            self._liger(arch)
+
+    def _liger(self, arch: str) -> None:
         try:
             import liger_kernel.transformers as L
         except ImportError:
-            raise Skip("liger not installed") from None
+            raise Skip("liger-kernel not installed") from None
         apply = getattr(L, f"apply_liger_kernel_to_{arch}", None)
         if apply is None:
             raise Skip(f"liger has no {arch} patch")
-        apply(model=model, fused_linear_cross_entropy=False)
-        return model, "liger defaults, fused linear cross entropy off (logits kept)"
-    return model, ""
+        import importlib
+
+        mod = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        before = dict(vars(mod))
+        apply(model=self.model, fused_linear_cross_entropy=False)
+        # module functions Liger replaced (RoPE): back for the other variants, swapped in for Liger's calls
+        self._swap = {(mod, k): v for k, v in vars(mod).items() if before.get(k, v) is not v}
+        for (m, k) in self._swap:
+            setattr(m, k, before[k])
+        self.note = "liger defaults, fused linear cross entropy off" + (
+            f"; module functions swapped per call: {', '.join(k for _, k in self._swap)}" if self._swap else "")
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        old = {key: getattr(*key) for key in self._swap}
+        for (m, k), v in self._swap.items():
+            setattr(m, k, v)
+        try:
+            yield
+        finally:
+            for (m, k), v in old.items():
+                setattr(m, k, v)
 
 
 def step_fn(model: Any, workload: str, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
     """One call of ``workload`` on ``model`` (an nn.Module or its compiled form), returning the logits."""
     if workload == "train":
-        params = [p for p in model.parameters()] if isinstance(model, torch.nn.Module) else None
-
         def train() -> torch.Tensor:
             out = model(input_ids=ids, labels=ids, use_cache=False)
             out.loss.backward()
-            for p in params or ():
-                p.grad = None
             return out.logits.detach()
 
         return train
@@ -104,7 +141,7 @@ def step_fn(model: Any, workload: str, ids: torch.Tensor) -> Callable[[], torch.
 
 
 def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``fn`` captured in a CUDA graph (its inputs are static): each call replays it."""
+    """``fn`` captured in a CUDA graph after an eager warm-up on a side stream (torch's recipe); calls replay it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -122,10 +159,8 @@ def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
-def timed(fn: Callable[[], Any], warmup: int, reps: int, cuda: bool) -> list[float]:
-    """Milliseconds of each of ``reps`` calls after ``warmup`` (CUDA events on a GPU, else the wall clock)."""
-    for _ in range(warmup):
-        fn()
+def timed(fn: Callable[[], Any], reps: int, cuda: bool) -> list[float]:
+    """Milliseconds of each of ``reps`` calls (CUDA events on a GPU, else the wall clock)."""
     ms = []
     for _ in range(reps):
         if cuda:
@@ -142,19 +177,33 @@ def timed(fn: Callable[[], Any], warmup: int, reps: int, cuda: bool) -> list[flo
     return ms
 
 
+def spread(ms: list[float]) -> tuple[float, float, float]:
+    """(median, p20, p80)."""
+    q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [ms[0]] * 4
+    return statistics.median(ms), q[0], q[3]
+
+
+def verdict(mine: tuple[float, float, float], stock: tuple[float, float, float]) -> str:
+    """faster / slower when each median lies outside the other's p20-p80, else a tie within the spread."""
+    if mine[0] < stock[1] and stock[0] > mine[2]:
+        return "faster"
+    if mine[0] > stock[2] and stock[0] < mine[1]:
+        return "slower"
+    return "tie"
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.float(), ref.float()
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def build(model: torch.nn.Module, workload: str, context: str, ids: torch.Tensor, args: argparse.Namespace
+def build(v: Variant, workload: str, context: str, ids: torch.Tensor, args: argparse.Namespace
           ) -> Callable[[], torch.Tensor]:
     if context == "eager":
-        return step_fn(model, workload, ids)
+        return step_fn(v.model, workload, ids)
     if context == "compile":
-        torch._dynamo.reset()
-        return step_fn(torch.compile(model, fullgraph=True, backend=args.backend), workload, ids)
-    return graphed(step_fn(model, workload, ids))
+        return step_fn(torch.compile(v.model, fullgraph=True, backend=args.backend), workload, ids)
+    return graphed(step_fn(v.model, workload, ids))
 
 
 def unsupported(workload: str, context: str, device: torch.device) -> str | None:
@@ -165,137 +214,186 @@ def unsupported(workload: str, context: str, device: torch.device) -> str | None
     return None
 
 
-def measure_model(name: str, cls: Any, config: Any, arch: str, args: argparse.Namespace, base_row: dict
-                  ) -> list[dict]:
-    dev, dtype = torch.device(args.device), torch.bfloat16
-    torch.manual_seed(0)
-    with dev:
-        base = cls(config).to(dtype).eval()
-    if getattr(base, "loss_type", None) is None:  # GPT-2 names none: transformers then logs, which breaks fullgraph
-        base.loss_type = "ForCausalLM"
-    vocab = config.vocab_size
-    inputs = {"prefill": torch.randint(0, vocab, (1, args.seq), device=dev),
-              "decode": torch.randint(0, vocab, (1, 1), device=dev)}
-    inputs["train"] = inputs["prefill"]
-    reference: dict[str, torch.Tensor] = {}
-    rows = []
-    for vname in VARIANTS:
-        common = dict(base_row, model=name, variant=vname, dtype="bf16")
+def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:
+    if device.type != "cuda":
+        return ""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+
+
+def measure_row(name: str, variants: dict[str, Variant], workload: str, context: str, ids: torch.Tensor,
+                args: argparse.Namespace, common: dict, reference: dict) -> list[dict]:
+    """Every variant of one (workload, context): prepared, then timed in interleaved rounds."""
+    dev = ids.device
+    rows, fns = {}, {}
+    for vname, v in variants.items():
+        row = dict(common, model=name, variant=vname, workload=workload, context=context, tokens=ids.numel(),
+                   note=v.note)
+        rows[vname] = row
+        v.model.train(workload == "train")
         try:
-            model, note = variant(vname, base, arch)
-        except Skip as e:
-            rows.append(dict(common, note=str(e)))
-            print(f"{name} {vname}: {e}", file=sys.stderr)
+            with v.active():
+                if vname.startswith("tiered") and args.tune:
+                    kw = dict(input_ids=ids, use_cache=False) | ({"labels": ids} if workload == "train" else {})
+                    row["tune_s"] = round(tiered_ops.tune(v.model, kw, train=workload == "train",
+                                                          context=TUNE_CONTEXT[context]).seconds, 2)
+                fn = build(v, workload, context, ids, args)
+                out = fn()
+                for _ in range(args.warmup):
+                    fn()
+                if workload == "train":
+                    row["peak_mib"] = peak_mib(fn, dev)
+        except Exception as e:  # a variant that cannot run a context is a result too
+            row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            print(f"{name} {vname} {workload} {context}: {row['note']}", file=sys.stderr)
             continue
-        for workload in WORKLOADS:
-            ids = inputs[workload]
-            model.train(workload == "train")
-            for context in CONTEXTS:
-                row = dict(common, workload=workload, context=context, tokens=ids.numel(), note=note)
-                why = unsupported(workload, context, dev)
-                if why:
-                    rows.append(dict(row, note=why))
-                    continue
-                try:
-                    if vname == "tiered":
-                        if args.tune:
-                            kw = dict(input_ids=ids, use_cache=False) | ({"labels": ids} if workload == "train" else {})
-                            report = tiered_ops.tune(model, kw, train=workload == "train",
-                                                     context=TUNE_CONTEXT[context])
-                            row["tune_s"] = round(report.seconds, 2)
-                        step_fn(model, workload, ids)()  # the decisions exist before any trace or capture
-                    fn = build(model, workload, context, ids, args)
-                    out = fn()
-                    ms = timed(fn, args.warmup, args.reps, dev.type == "cuda")
-                except Exception as e:  # a variant that cannot run a context is a result too
-                    rows.append(dict(row, note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"))
-                    print(f"{name} {vname} {workload} {context}: {rows[-1]['note']}", file=sys.stderr)
-                    continue
-                if vname == "stock" and context == "eager":
-                    reference[workload] = out.float().clone()
-                q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [ms[0]] * 4
-                rows.append(dict(row, ms_p50=round(statistics.median(ms), 4), ms_p20=round(q[0], 4),
-                                 ms_p80=round(q[3], 4), reps=len(ms),
-                                 rel_err_vs_stock=(f"{rel_err(out, reference[workload]):.3e}"
-                                                   if workload in reference else "")))
-                print(f"{name} {vname:6s} {workload:7s} {context:7s} {rows[-1]['ms_p50']:10.3f} ms  "
-                      f"rel err {rows[-1]['rel_err_vs_stock'] or '-'}", file=sys.stderr)
-        del model
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+        if vname == "stock" and context == "eager":
+            reference[workload] = out.float().clone()
+        if workload in reference:
+            row["rel_err_vs_stock"] = f"{rel_err(out, reference[workload]):.3e}"
+        fns[vname] = fn
+    samples: dict[str, list[float]] = {v: [] for v in fns}
+    order = list(fns)
+    for r in range(args.rounds):
+        for vname in order[r % len(order):] + order[:r % len(order)]:
+            with variants[vname].active():
+                samples[vname] += timed(fns[vname], args.reps, dev.type == "cuda")
+            if workload == "train":
+                for p in variants[vname].model.parameters():
+                    p.grad = None
+    stats = {v: spread(ms) for v, ms in samples.items()}
+    for vname, (p50, p20, p80) in stats.items():
+        rows[vname].update(ms_p50=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4), calls=len(samples[vname]),
+                           verdict=verdict(stats[vname], stats["stock"]) if "stock" in stats and vname != "stock"
+                           else "")
+        print(f"{name} {vname:12s} {workload:7s} {context:7s} {p50:10.3f} ms ({p20:.3f}-{p80:.3f}) "
+              f"{rows[vname]['verdict']}", file=sys.stderr)
+    del fns
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return list(rows.values())
 
 
-def render(rows: list[dict], args: argparse.Namespace) -> str:
-    """models.md: per model, each workload x context, every variant's median and its speedup over stock."""
-    r0 = rows[0] if rows else {}
-    out = ["# Model-level benchmark", "",
-           f"`{' '.join(['python', 'benchmarks/models.py', *sys.argv[1:]])}` on {r0.get('device')}; torch "
-           f"{r0.get('torch')}, transformers {r0.get('transformers')}, liger {r0.get('liger') or 'not installed'}. "
-           f"bf16, prefill/train {args.seq} tokens, decode 1 token (no cache). Median of {args.reps} CUDA-event "
-           f"timings after {args.warmup} warm-up calls (wall clock on a CPU). Rel err: logits against stock eager, "
-           "in float32. Tune s: tiered_ops.tune for that workload and context (0 when already stored).", ""]
+def render(rows: list[dict], head: list[str]) -> str:
+    """models.md: per model, each workload x context, every variant's median, spread and verdict against stock."""
+    out = ["# Model-level benchmark", "", *head, ""]
     for model in dict.fromkeys(r["model"] for r in rows):
-        out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | vs stock | rel err | "
-                "tune s | note |", "|---|---|---|---:|---|---:|---:|---:|---|"]
+        out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | vs stock | verdict | "
+                "rel err | tune s | peak MiB | note |", "|---|---|---|---:|---|---:|---|---:|---:|---:|---|"]
         mine = [r for r in rows if r["model"] == model]
-        for r in sorted(mine, key=lambda r: (WORKLOADS.index(r.get("workload") or "prefill"),
-                                             CONTEXTS.index(r.get("context") or "eager"))):
+        for r in mine:
             stock = next((s for s in mine if s["variant"] == "stock" and s.get("workload") == r.get("workload")
                           and s.get("context") == r.get("context") and s.get("ms_p50")), None)
             speed = f"{stock['ms_p50'] / r['ms_p50']:.2f}x" if stock and r.get("ms_p50") else ""
-            spread = f"{r['ms_p20']}-{r['ms_p80']}" if r.get("ms_p50") else ""
+            sp = f"{r['ms_p20']}-{r['ms_p80']}" if r.get("ms_p50") else ""
             out.append(f"| {r.get('workload', '')} | {r.get('context', '')} | {r['variant']} | {r.get('ms_p50', '')} "
-                       f"| {spread} | {speed} | {r.get('rel_err_vs_stock', '')} | {r.get('tune_s', '')} "
-                       f"| {r.get('note', '')} |")
+                       f"| {sp} | {speed} | {r.get('verdict', '')} | {r.get('rel_err_vs_stock', '')} "
+                       f"| {r.get('tune_s', '')} | {r.get('peak_mib', '')} | {r.get('note', '')} |")
         out.append("")
     return "\n".join(out)
 
 
+def write(rows: list[dict], out: Path, head: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "models.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
+    (out / "models.md").write_text(render(rows, head))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out-dir", required=True, help="where models.csv and models.md are written")
-    p.add_argument("--tiny", action="store_true", help="CPU smoke test: hidden 64, 2 layers, seq 16, 3 reps")
-    p.add_argument("--device", help="default: cuda when there is one (cpu with --tiny)")
-    p.add_argument("--seq", type=int, help="prefill and training tokens (default 2048; 16 with --tiny)")
-    p.add_argument("--reps", type=int, help="timed runs per row (default 20; 3 with --tiny)")
-    p.add_argument("--warmup", type=int, help="untimed runs first (default 3; 1 with --tiny)")
-    p.add_argument("--backend", help="torch.compile backend (default inductor; eager with --tiny: the trace only)")
+    p.add_argument("--out-dir", help="where models.csv and models.md go (default reports/<gpu>/)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke: tiny configs, seq 16, 2 rounds of 2 calls")
+    p.add_argument("--device", help="default: cuda when there is one (cpu with --quick)")
+    p.add_argument("--seq", type=int, help="prefill and training tokens (default 2048; 16 with --quick)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
+    p.add_argument("--reps", type=int, help="calls of each variant per round (default 10; 2 with --quick)")
+    p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 0 with --quick)")
+    p.add_argument("--backend", help="torch.compile backend (default inductor; eager with --quick)")
     p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
-                   help="tune before the tiered rows (default on; off with --tiny: measuring on a CPU takes minutes)")
-    p.add_argument("--models", help="comma-separated model names (default: both)")
+                   help="tiered_ops.tune before the tiered rows (default on; off with --quick)")
+    p.add_argument("--models", help="comma-separated model names (default: all)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--contexts", default=",".join(CONTEXTS))
     args = p.parse_args(argv)
-    tiny = args.tiny
-    args.device = args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu")
-    args.seq = args.seq or (16 if tiny else 2048)
-    args.reps = args.reps or (3 if tiny else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 3)
-    args.backend = args.backend or ("eager" if tiny else "inductor")
-    args.tune = (not tiny) if args.tune is None else args.tune
+    q = args.quick
+    args.device = args.device or ("cuda" if torch.cuda.is_available() and not q else "cpu")
+    args.seq, args.rounds = args.seq or (16 if q else 2048), args.rounds or (2 if q else 5)
+    args.reps = args.reps or (2 if q else 10)
+    args.warmup = args.warmup if args.warmup is not None else (0 if q else 3)
+    args.backend = args.backend or ("eager" if q else "inductor")
+    args.tune = (not q) if args.tune is None else args.tune
+    # one model's forward code is traced per variant and workload: past dynamo's default limit it would run eager
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     if not args.tune:
         os.environ["TIERED_OPS_TUNE"] = "0"  # decisions from the store, or eager: nothing is measured
     import transformers
 
     try:
         import liger_kernel
+
         liger = getattr(liger_kernel, "__version__", "installed")
     except ImportError:
         liger = ""
     dev = torch.device(args.device)
-    base_row = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-                    torch=torch.__version__, transformers=transformers.__version__, liger=liger)
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+    out = Path(args.out_dir or f"reports/{gpu.lower().replace(' ', '-')}")
+    common = dict(device=gpu, torch=torch.__version__, transformers=transformers.__version__, liger=liger, dtype="bf16")
+    head = [f"`python benchmarks/models.py {' '.join(sys.argv[1:] if argv is None else argv)}` at commit {_commit()} "
+            f"on {gpu}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, liger {liger or 'not installed'}.",
+            f"bf16, prefill/train {args.seq} tokens, decode 1 token (no cache). {args.rounds} interleaved rounds of "
+            f"{args.reps} calls per variant (order rotated per round), after {args.warmup} warm-up calls; CUDA events "
+            "(wall clock on a CPU). Verdict vs stock: faster/slower when each median lies outside the other's "
+            "p20-p80, else tie. Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
+            "workload and context. Peak MiB: training step, above the memory held before it."]
     rows: list[dict] = []
-    for name, (cls, config, arch) in models(tiny, args.seq).items():
+    for name, (cls, config, arch) in models(q, args.seq).items():
         if args.models and name not in args.models.split(","):
             continue
-        rows += measure_model(name, cls, config, arch, args, base_row)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "models.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
-    (out / "models.md").write_text(render(rows, args))
+        torch.manual_seed(0)
+        with dev:
+            base = cls(config).to(torch.bfloat16).eval()
+        if getattr(base, "loss_type", None) is None:  # GPT-2 names none: transformers then logs, breaking fullgraph
+            base.loss_type = "ForCausalLM"
+        variants = {}
+        for vname in args.variants.split(","):
+            try:
+                variants[vname] = Variant(vname, base, arch)
+            except Skip as e:
+                rows.append(dict(common, model=name, variant=vname, note=str(e)))
+        del base
+        ids = {"prefill": torch.randint(0, config.vocab_size, (1, args.seq), device=dev),
+               "decode": torch.randint(0, config.vocab_size, (1, 1), device=dev)}
+        ids["train"] = ids["prefill"]
+        reference: dict[str, torch.Tensor] = {}
+        for workload in args.workloads.split(","):
+            for context in args.contexts.split(","):
+                why = unsupported(workload, context, dev)
+                if why:
+                    rows += [dict(common, model=name, variant=v, workload=workload, context=context, note=why)
+                             for v in variants]
+                else:
+                    rows += measure_row(name, variants, workload, context, ids[workload], args, common, reference)
+                write(rows, out, head)  # as it goes: a cut run keeps its rows
+        del variants
+    write(rows, out, head)
     print(f"wrote {out / 'models.csv'} and {out / 'models.md'} ({len(rows)} rows)")
     return 0
 

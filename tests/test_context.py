@@ -64,7 +64,7 @@ def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(no_tu
     decide.clear_cache()
     x = torch.randn(3, 17)
     torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x.double(), -1).float())
-    assert [k[-1] for k in decide._calls if k[0] == "softmax"] == [0]
+    assert [k[-1] for k in decide._calls if k[0] == "softmax"] == [0, 1]  # the compiled one cached for a trace
     contexts = {k[-1] for k in decide._decisions if k[0] == "softmax"}
     assert contexts == {"eager", "compiled", "graphed"}  # a compiled region finds its decision at trace time
 
@@ -97,3 +97,23 @@ def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tm
         assert "compiled caller" not in eager.record["reason"]
     finally:
         decide.use_store(None)
+
+
+def test_a_compiled_caller_after_an_eager_call_compiles_once(no_tune):
+    """The eager call caches the compiled context's selection of its signature too: the trace finds it, so no guard
+    on its absence fails after the trace's own miss (which recompiled every patched model once)."""
+    from torch._dynamo.utils import counters
+
+    decide.clear_cache()
+    torch._dynamo.reset()
+    counters.clear()
+    x, w = torch.randn(3, 16), torch.randn(16)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(t + 1, (16,), w) * 2
+
+    tiered_ops.rms_norm(x + 1, (16,), w)  # eager: decides every context
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), f(x))
+    assert counters["stats"]["unique_graphs"] == 1

@@ -19,7 +19,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     2: ("tiers", "cuda_ext", "fastpath", "peers", "catalog"),
     3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),
     4: ("packs", "predict", "decide", "dispatch", "record"),
-    5: ("bench", "report", "check", "targets", "territories", "patching", "tuning", "analysis", "shards"),
+    5: ("bench", "report", "check", "targets", "territories", "patching", "patch_*", "tuning", "analysis", "shards"),
     6: ("cli", "cli_*", "__main__", "__init__"),
 }
 

@@ -51,6 +51,10 @@ _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
 _selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
+# (op, impl, problem, dtype, device, mode) of implementations called once outside CUDA-graph capture: what a call
+# inside a capture may run (a first call there may compile, autotune or synchronize, which capture forbids).
+_warm: set[tuple] = set()
+_told: set[tuple] = set()  # capture fallbacks logged once
 
 
 def set_tuning(enabled: bool | None) -> None:
@@ -178,9 +182,11 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                    tune: bool | None = None, progress: Callable[[str], None] | None = None,
                    policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd",
-                   context: str = "eager", budget: int | None = None) -> Selection:
+                   context: str = "eager", budget: int | None = None, warm_graphed: bool = True) -> Selection:
     """The selection for one problem in one context; the decisions of the other contexts are made from the same
-    rows at the same time, so a compiled region finds its decision at trace time after any eager call decided."""
+    rows at the same time, so a compiled region finds its decision at trace time after any eager call decided.
+    ``warm_graphed``: the graphed context's choice is called once on the problem's inputs when it is decided (a
+    caller with the call's own arguments warms it with those instead)."""
     if policy is None:
         policy, calls = default_policy()
         budget = _budget if budget is None else budget
@@ -248,11 +254,89 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
             _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
+        if warm_graphed:
+            warm(spec, _decisions[key[:-1] + ("graphed",)].impl, problem, dtype, device, mode)
         if tuned_s is not None:
             chosen = _decisions[key]
             log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
                      context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
         return _decisions[key]
+
+
+def capturable(device: torch.device) -> bool:
+    """Whether calls on ``device`` can be captured into a CUDA graph (only there is warming needed)."""
+    return device.type == "cuda"
+
+
+def is_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> bool:
+    return impl.tier == Tier.EAGER or (spec.name, impl.name, problem, dtype, device, mode) in _warm
+
+
+def mark_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+              mode: str) -> None:
+    if capturable(device):
+        _warm.add((spec.name, impl.name, problem, dtype, device, mode))
+
+
+def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+         args: tuple | None = None) -> None:
+    """Call ``impl`` once outside capture (and its backward in a gradient mode) on copies of ``args``, or on the
+    op's inputs at ``problem``, so that a later call inside a CUDA-graph capture finds it compiled and loaded.
+    Only where capture exists (``capturable``); a failure is logged and leaves it cold (a capture then runs
+    what is warm)."""
+    if (is_warm(spec, impl, problem, dtype, device, mode) or not capturable(device)
+            or torch.compiler.is_compiling()
+            or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+        return
+    grad = mode in GRAD_MODES
+    if args is None:
+        args, kwargs = (lambda i: (i.args, i.kwargs))(spec.make_inputs(problem, dtype, device, 0))
+    else:
+        kwargs = {}
+    args = tuple(a.detach().clone().requires_grad_(grad and i in spec.grad_args and a.is_floating_point())
+                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
+    try:
+        with torch.set_grad_enabled(grad):
+            out = impl.fn(*args, **kwargs)
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)
+                    and o.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 (a cold implementation is not run in capture; the call itself will say)
+        log.warning("tiered_ops.%s: warming %s at %s %s failed (%s: %s); a CUDA-graph capture will not run it",
+                    spec.name, impl.name, problem, DTYPE_NAMES[dtype], type(e).__name__, e)
+        return
+    mark_warm(spec, impl, problem, dtype, device, mode)
+
+
+def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                      mode: str) -> Selection:
+    """The selection of a call inside a CUDA-graph capture: nothing is measured, compiled or synchronized there.
+    The graphed context's decision where it is warm (called outside capture at this problem), else the eager
+    context's where warm, else the eager tier; a fallback is logged once."""
+    policy, calls = default_policy()
+    base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
+    for ctx in ("graphed", "eager"):
+        sel = _decisions.get(base + (ctx,))
+        if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode):
+            if ctx == "graphed":
+                return sel
+            why = "the graphed decision is not warm (never called outside capture at this shape)"
+            break
+    else:
+        eager = spec.impls["eager"]
+        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
+                                              context="graphed", candidates=[],
+                                              reason="inside CUDA-graph capture with no warm decision: eager"))
+        why = "no warm decision (call the op or tiered_ops.tune outside capture first)"
+    told = (spec.name, problem, dtype, device, mode)
+    if told not in _told:
+        _told.add(told)
+        log.warning("tiered_ops.%s %s %s inside CUDA-graph capture: %s; running %s", spec.name, problem,
+                    DTYPE_NAMES[dtype], why, sel.name)
+    return sel
 
 
 def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,

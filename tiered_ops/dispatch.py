@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import decide as _decide
 from .catalog import get_op
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
 from .record import active, note
@@ -42,14 +43,18 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
     problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
+    mode = "fwd+bwd" if train else "fwd_nograd"
     if active():
-        note(spec, problem, x.dtype, "fwd+bwd" if train else "fwd_nograd", x.device, CONTEXTS[key[-1]])
+        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
+    if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
+        # capture may find the graphed decision warm)
+        return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode).fn(*args, **kwargs)
     # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
     # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
     unusable = not torch.compiler.is_compiling() and get_store().unusable
     try:
         sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
-                             mode="fwd+bwd" if train else "fwd_nograd", context=CONTEXTS[key[-1]])
+                             mode=mode, context=CONTEXTS[key[-1]], warm_graphed=False)
     except STORE_ERRORS as e:
         log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
         eager = spec.impls["eager"]
@@ -58,6 +63,28 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
+    if key[-1] == 0:
+        # The compiled context's selection of this signature is cached now too: a trace that found the key missing
+        # would guard on its absence, and its own miss (which caches it) would fail that guard: a recompile.
+        compiled = key[:-1] + (1,)
+        if compiled not in _calls:
+            try:
+                _calls[compiled] = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
+                                                  context="compiled", warm_graphed=False)
+            except STORE_ERRORS:
+                pass  # the trace decides it then
+    if key[-1] == 0 and _decide.capturable(x.device):
+        # an eager call (a user's warm-up before capturing): the graphed context's choice is called once too, on
+        # copies of this call's arguments, so a capture of this call finds it compiled and loaded
+        try:
+            graphed = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
+                                     context="graphed", warm_graphed=False).impl
+        except STORE_ERRORS:
+            graphed = spec.impls["eager"]  # what a capture then runs: always warm
+        _decide.warm(spec, graphed, problem, _as_dtype(x.dtype), x.device, mode, args)
+        out = sel.fn(*args, **kwargs)
+        _decide.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode)
+        return out
     return sel.fn(*args, **kwargs)
 
 

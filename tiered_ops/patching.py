@@ -36,13 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dispatch import public
-from .registry import OPS
+from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_forwards, loss_plan, route_loss, same_code, unroute_loss
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
 log = logging.getLogger(__name__)
 
-PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax")
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
@@ -153,19 +153,7 @@ class _Plan:
     replacement: str
 
 
-def _same_code(f: Any, g: Any) -> bool:
-    """Whether two functions compile to the same bytecode, names and constants (a copied class's forward)."""
-    a, b = getattr(f, "__code__", None), getattr(g, "__code__", None)
-    return a is not None and b is not None and (a.co_code, a.co_names, a.co_consts) == (b.co_code, b.co_names,
-                                                                                        b.co_consts)
-
-
-@functools.lru_cache(maxsize=1)
-def _hf_reference_forwards() -> tuple[Callable, Callable]:
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    return LlamaRMSNorm.forward, GemmaRMSNorm.forward
+_same_code = same_code
 
 
 def _plan_torch(m: nn.Module) -> _Plan | str | None:
@@ -219,7 +207,7 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
         return _Plan("gelu", fwd, f"tiered_ops.gelu (approximate={form!r})")
     if "RMSNorm" not in name or not hasattr(m, "weight"):
         return None
-    llama, gemma = _hf_reference_forwards()
+    llama, gemma, _ = hf_reference_forwards()
     if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
         return _Plan("rms_norm", _llama_rms_norm_forward,
                      "tiered_ops.rms_norm (Llama form: fp32 weight fused; bf16/fp16: weight multiplied after the cast)")
@@ -245,19 +233,26 @@ def _plan(m: nn.Module) -> _Plan | str | None:
     return plan
 
 
-def _residual_pairs(model: nn.Module) -> list[tuple[str, str]]:
-    """(path, class) of the RMSNorms that follow a residual add in decoder layers (each layer's
-    post_attention_layernorm, and the input_layernorm of every layer after the first)."""
-    pairs, first = [], True
+def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
+    """Each decoder layer's residual add + post_attention_layernorm onto tiered_ops.fused_add_rms_norm
+    (``patch_layers``); the MLP's add + the next layer's input_layernorm are left, with why."""
+    first = True
     for path, m in model.named_modules():
-        pre, post = getattr(m, "input_layernorm", None), getattr(m, "post_attention_layernorm", None)
-        if not (isinstance(pre, nn.Module) and isinstance(post, nn.Module) and "RMSNorm" in type(post).__name__):
+        plan = decoder_plan(m)
+        if plan is None:
             continue
+        cls = type(m).__name__
+        if isinstance(plan, str):
+            report.left.append(Left(path, cls, f"residual add + RMSNorm not fused: {plan}"))
+            continue
+        m.forward = functools.partial(plan[0], m)
+        object.__setattr__(m, _MARK, plan[1])
+        report.swapped.append(Swapped(path, cls, plan[1]))
         if not first:
-            pairs.append((f"{path}.input_layernorm", type(pre).__name__))
-        pairs.append((f"{path}.post_attention_layernorm", type(post).__name__))
+            report.left.append(Left(f"{path}.input_layernorm", type(m.input_layernorm).__name__,
+                                    "residual add + RMSNorm not fused: the previous layer's MLP add is across the "
+                                    "layer boundary (the model's loop)"))
         first = False
-    return pairs
 
 
 def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: bool = False) -> PatchReport:
@@ -265,7 +260,9 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
 
     ``ops``: the tiered_ops ops to swap into (default all of ``PATCHABLE_OPS``). ``fuse_residual``: also fuse the
     residual add + RMSNorm pairs of decoder layers (needs an op ``fused_add_rms_norm``; without it the pairs are
-    left and the report says so). Returns what was swapped and what was left, with why."""
+    left and the report says so); off by default. ``cross_entropy`` in ``ops`` routes a transformers causal-LM
+    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy. Returns what was swapped and what was left, with
+    why."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
     wanted = PATCHABLE_OPS if ops is None else tuple(ops)
@@ -286,10 +283,16 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
             object.__setattr__(m, _MARK, plan.replacement)
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
-        why = ("fused_add_rms_norm not available" if "fused_add_rms_norm" not in OPS else
-               "fused_add_rms_norm exists, but the decoder-layer rewrite that calls it is not written yet")
-        for path, cls in _residual_pairs(model):
-            report.left.append(Left(path, cls, f"residual add + RMSNorm not fused: {why}"))
+        _fuse_residual(model, report)
+    for path, m in model.named_modules():
+        loss = loss_plan(m)
+        if loss is None:
+            continue
+        if isinstance(loss, str) or "cross_entropy" not in wanted:
+            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
+            report.left.append(Left(path, type(m).__name__, f"causal-LM loss not routed: {reason}"))
+        else:
+            report.swapped.append(Swapped(path, type(m).__name__, route_loss(m)))
     log.info("tiered_ops.patch: swapped %d module(s), left %d", len(report.swapped), len(report.left))
     return report
 
@@ -300,6 +303,7 @@ def unpatch(model: nn.Module) -> int:
         raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
     n = 0
     for m in model.modules():
+        n += unroute_loss(m)
         if _MARK in m.__dict__:
             del m.__dict__[_MARK]
             m.__dict__.pop("forward", None)
@@ -309,4 +313,4 @@ def unpatch(model: nn.Module) -> int:
 
 def patched(module: nn.Module) -> str | None:
     """The replacement ``patch`` put on ``module`` (a description), or None when it is not swapped."""
-    return module.__dict__.get(_MARK)
+    return module.__dict__.get(_MARK) or module.__dict__.get(LOSS_MARK)

@@ -1,0 +1,164 @@
+"""patch's model-level rewrites: the decoder layer's residual add + post-attention RMSNorm through
+tiered_ops.fused_add_rms_norm (fuse_residual=True), and the causal-LM loss through tiered_ops.cross_entropy.
+
+Tiny transformers models (hidden 64, 2 layers, weights off their init): outputs, losses and gradients of the patched
+model against the stock one, in fp32 to a few ulps, in bf16 no farther from the float64 model than 2x the stock
+model is (its matmuls round too)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import rel
+from test_patch import force_tier, needs_hf, tiny
+
+import tiered_ops
+from tiered_ops.patch_layers import causal_lm_loss
+from tiered_ops.patching import patch, patched, unpatch
+from tiered_ops.registry import rel_error
+
+DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
+
+
+@pytest.fixture(autouse=True)
+def no_tuning(monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+
+
+def _batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 128, (2, n), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100  # ignored targets
+    return ids, labels
+
+
+def train_step(model, ids, labels, **kw) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss, logits, parameter gradients) of one training step on the model's own loss."""
+    model.zero_grad()
+    out = model(ids, labels=labels, **kw)
+    out.loss.backward()
+    return out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                                    if p.grad is not None}
+
+
+def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.double().flatten() for g in grads.values()])
+
+
+def _compare(got, stock, truth, dtype) -> None:
+    assert set(got[2]) == set(stock[2])
+    if dtype == torch.float32:
+        assert rel(got[0], stock[0]) < 1e-5 and rel(got[1], stock[1]) < 1e-5
+        scale = max(g.double().norm().item() for g in stock[2].values())
+        for name in stock[2]:
+            assert rel_error(got[2][name], stock[2][name], floor=scale) < 1e-5, name
+        return
+    for what, g, s, t in [("loss", got[0], stock[0], truth[0]), ("logits", got[1], stock[1], truth[1]),
+                          ("gradients", _flat(got[2]), _flat(stock[2]), _flat(truth[2]))]:
+        assert rel(g, t) <= 2 * rel(s, t) + 1e-6, f"{what}: patched {rel(g, t):.2e} vs stock {rel(s, t):.2e}"
+
+
+@needs_hf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", DECODERS)
+def test_fused_residual_and_routed_loss_match_stock(family, dtype):
+    model = tiny(family).to(dtype)
+    ids, labels = _batch()
+    truth = train_step(copy.deepcopy(model).double(), ids, labels)
+    stock = train_step(model, ids, labels)
+    report = patch(model, fuse_residual=True)
+    layers = [s for s in report.swapped if "fused_add_rms_norm" in s.replacement]
+    assert [s.path for s in layers] == ["model.layers.0", "model.layers.1"], str(report)
+    assert any("cross_entropy" in s.replacement for s in report.swapped)
+    _compare(train_step(model, ids, labels), stock, truth, dtype)
+    assert unpatch(model) == len(report.swapped)
+    _compare(train_step(model, ids, labels), stock, truth, dtype)  # unpatched: the stock model again
+    assert all(patched(m) is None for m in model.modules()) and "_loss_function" not in model.__dict__
+
+
+@needs_hf
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_residual_runs_the_kernels(dtype, monkeypatch):
+    """With the Triton tier forced (the interpreter here), the fused layer still matches stock."""
+    force_tier(monkeypatch, "triton")
+    model = tiny("llama").to(dtype)
+    ids, labels = _batch()
+    truth = train_step(copy.deepcopy(model).double(), ids, labels)
+    stock = train_step(model, ids, labels)
+    patch(model, fuse_residual=True)
+    _compare(train_step(model, ids, labels), stock, truth, dtype)
+
+
+@needs_hf
+def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch):
+    from tiered_ops import patch_layers
+
+    seen = []
+    real = patch_layers.fused_add_rms_norm
+    monkeypatch.setattr(patch_layers, "fused_add_rms_norm", lambda *a: seen.append(a[0].shape) or real(*a))
+    model = tiny("qwen3")
+    patch(model, fuse_residual=True)
+    with torch.no_grad():
+        model(_batch()[0])
+    assert seen == [torch.Size([2, 8, 64])] * 2  # once per layer
+
+
+@needs_hf
+def test_fuse_residual_is_off_by_default_and_reports_the_boundary_pairs():
+    model = tiny("llama")
+    assert not any("fused_add" in s.replacement for s in patch(model).swapped)
+    unpatch(model)
+    report = patch(model, fuse_residual=True)
+    assert [x.path for x in report.left] == ["model.layers.1.input_layernorm"]
+    assert "layer boundary" in report.left[0].reason
+
+
+@needs_hf
+def test_gradient_checkpointing_runs_the_class_forward():
+    model = tiny("llama").train()
+    model.gradient_checkpointing_enable()
+    ids, labels = _batch()
+    stock = train_step(model, ids, labels)
+    patch(model, fuse_residual=True)
+    got = train_step(model, ids, labels)
+    assert rel(got[0], stock[0]) < 1e-6 and rel(_flat(got[2]), _flat(stock[2])) < 1e-5
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_num_items_in_batch_and_shift_labels(family):
+    model = tiny(family)
+    ids, labels = _batch()
+    n = torch.tensor(11)
+    stock = train_step(model, ids, labels, num_items_in_batch=n)
+    patch(model, ops=["cross_entropy"])
+    got = train_step(model, ids, labels, num_items_in_batch=n)
+    assert rel(got[0], stock[0]) < 1e-6 and rel(_flat(got[2]), _flat(stock[2])) < 1e-5
+
+
+def test_causal_lm_loss_against_transformers():
+    pytest.importorskip("transformers")
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=g)
+    labels = torch.randint(0, 7, (2, 5), generator=g)
+    labels[1, 2] = -100
+    shifted = torch.randint(0, 7, (2, 5), generator=g)
+    for kw in [{}, {"num_items_in_batch": 6}, {"num_items_in_batch": torch.tensor(6)}, {"shift_labels": shifted},
+               {"ignore_index": 3}]:
+        lab = labels.clamp(min=0) if "ignore_index" in kw else labels
+        a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        ref, got = ForCausalLMLoss(a, lab, 7, **kw), causal_lm_loss(b, lab, 7, **kw)
+        ref.backward()
+        got.backward()
+        assert got.dtype == torch.float32 and rel(got, ref) < 1e-6 and rel(b.grad, a.grad) < 1e-6, kw
+    every = torch.full((2, 5), -100)
+    assert causal_lm_loss(logits, every, 7).isnan() and ForCausalLMLoss(logits, every, 7).isnan()
+
+
+def test_the_loss_is_in_the_public_ops():
+    assert "cross_entropy" in tiered_ops.patching.PATCHABLE_OPS
