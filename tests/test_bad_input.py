@@ -143,7 +143,7 @@ def test_integer_input_names_the_argument_at_the_torch_tiers(op, impl):
 def test_select_backend_callable_validates(monkeypatch, tier):
     force(monkeypatch, tier)
     sel = tiered_ops.select_backend("softmax", (4, 8))
-    with pytest.raises(TypeError, match=r"\bx\b.*floating dtype.*got torch.int64"):
+    with pytest.raises(TypeError, match=r"\bx\b must be a floating tensor.*got dtype torch.int64"):
         sel(torch.ones(4, 8, dtype=torch.int64))
 
 

@@ -41,7 +41,7 @@ def floating(op: str, name: str, t: object, optional: bool = False) -> None:
     """``t`` is a floating tensor (float32, bfloat16, float16; float64 for the reference)."""
     tensor(op, name, t, optional)
     if t is not None and t.dtype not in FLOATS:  # type: ignore[union-attr]
-        raise TypeError(f"{op}: {name} must have a floating dtype (float32, bfloat16, float16), got "
+        raise TypeError(f"{op}: {name} must be a floating tensor (float32, bfloat16, float16), got dtype "
                         f"{t.dtype}")  # type: ignore[union-attr]
 
 
