@@ -3,8 +3,8 @@
 // of exp(x - m) over its elements, rescaled when m grows; the block combines the pairs once), then
 // loss = lse - (1 - s) x[t] - s / V sum(x), s = label_smoothing; an ignored row (t == ignore_index) writes loss 0
 // without reading its logits. Writes float32 loss[N] and lse[N]; the binding reduces loss (sum, or sum / count).
-// Backward, per row: dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g[row * g_stride] (g_stride 0: one scalar),
-// zeros for an ignored row.
+// Backward, per row: dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g[row * g_stride] (g_stride 0: one scalar);
+// an ignored row 0, NaN where its lse is not finite (torch's 0 * softmax: its logits are read for that).
 //
 // Bytes: forward 1 read of the logits + 16 N (targets, loss, lse); nothing [N, V] is written. Backward 1 read of
 // the logits + 1 write of dx + 12 N (targets, lse). Memory-bound on an H100 (V >= 32000: 64 KB and more per row).
@@ -80,18 +80,29 @@ __global__ void __launch_bounds__(1024) ce_bwd_v1_kernel(const T* __restrict__ x
                                                          const float* __restrict__ lse, const float* __restrict__ g,
                                                          int64_t g_stride, T* __restrict__ dx, int64_t rows, int64_t n,
                                                          int64_t stride, int64_t ignore_index, float smoothing) {
+  __shared__ float smem[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = target[r];
     T* dr = dx + r * n;
+    const T* xr = x + r * stride;
     const int64_t step = (int64_t)blockDim.x * V;
-    if (t == ignore_index) {
+    if (t == ignore_index) {  // the same for the whole block
+      // torch's gradient of an ignored row is 0 * softmax: 0, or NaN across the row where its lse is not finite
+      // (a NaN, a +inf, or every entry -inf): the row's max, a NaN counted as +inf, says which.
+      float m = -INFINITY;
+      for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += step) {
+        float a[V];
+        load_f<T, V>(xr, i, a);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = fmaxf(m, a[j] != a[j] ? INFINITY : a[j]);
+      }
+      const float zero = block_max(m, smem) * 0.f;  // NaN for +-inf
       float z[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) z[j] = 0.f;
+      for (int j = 0; j < V; ++j) z[j] = zero;
       for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += step) store_f<T, V>(dr, i, z);
       continue;
     }
-    const T* xr = x + r * stride;
     const float scale = g[r * g_stride], l = lse[r], off = smoothing / (float)n, hit = 1.f - smoothing;
     const bool ok = t >= 0 && t < n;
     // no dependence between iterations: unrolled, the next pack's load is in flight while this one is computed

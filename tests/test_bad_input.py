@@ -4,8 +4,11 @@ op-specific arguments: normalized_shape, dim, approximate, bias shape)."""
 
 import pytest
 import torch
-from helpers import HAS_CUDA, builtin_ops, gpu
+import torch.nn.functional as F
+from helpers import HAS_CUDA, builtin_ops, device_for, gpu
 
+import tiered_ops
+from tiered_ops import decide, dispatch
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import arg_names
 from tiered_ops.registry import as_outputs
@@ -110,3 +113,202 @@ def test_public_op_names_an_argument_that_is_not_a_tensor(op, grad):
     for name, args in _each_tensor_replaced(spec, inp, lambda a: a.tolist()):
         with torch.set_grad_enabled(grad), pytest.raises(TypeError, match=rf"'{name}' must be a torch.Tensor"):
             getattr(tiered_ops, op)(*args, **inp.kwargs)
+
+
+# ---- the op's contract: validated once, before any tier runs, on every path ---------------------------------------
+
+CPU_TIERS = ["eager", "compile", "triton"]  # triton: on the interpreter here
+ALL_TIERS = [*CPU_TIERS, pytest.param("cuda", marks=gpu)]
+
+
+def force(monkeypatch, tier: str) -> None:
+    """Every tiered_ops.<op> call and every select_backend runs ``tier``."""
+    def chosen(spec, problem, dtype, device, *args, **kwargs):
+        impl = spec.impls[tier]
+        return decide.Selection(impl.fn, impl, {"op": spec.name, "chosen": impl.name, "reason": "forced by the test"})
+
+    monkeypatch.setattr(dispatch, "select_problem", chosen)
+    monkeypatch.setattr(decide, "select_problem", chosen)
+    decide.clear_cache()
+
+
+@pytest.mark.parametrize("impl", ["eager", "compile"])
+@pytest.mark.parametrize("op", OPS)
+def test_integer_input_names_the_argument_at_the_torch_tiers(op, impl):
+    """The torch tiers hold the same contract as the kernel tiers (the compile tier once returned zeros)."""
+    test_integer_input_names_the_argument(op, impl)
+
+
+@pytest.mark.parametrize("tier", CPU_TIERS)
+def test_select_backend_callable_validates(monkeypatch, tier):
+    force(monkeypatch, tier)
+    sel = tiered_ops.select_backend("softmax", (4, 8))
+    with pytest.raises(TypeError, match=r"\bx\b must be a floating tensor.*got dtype torch.int64"):
+        sel(torch.ones(4, 8, dtype=torch.int64))
+
+
+BAD_OFFSETS = [([0, 5, 3, 8], r"sorted.*offsets\[1\] = 5 > offsets\[2\] = 3"),
+               ([0, 2, 5, 5], r"offsets\[-1\] must be values.shape\[0\] = 8, got 5"),
+               ([1, 2, 5, 8], r"offsets\[0\] must be 0")]
+
+
+@pytest.mark.parametrize("tier", [*CPU_TIERS, "eager_segment_reduce"])
+def test_segment_sum_offsets_are_checked_on_every_path(monkeypatch, tier):
+    """Malformed CPU offsets are a ValueError at each tier, through select_backend's callable and through
+    tiered_ops.segment_sum's hot path (a valid call of the same shapes first: the key does not hold the values)."""
+    v = torch.randn(8, 4)
+    spec = get_op("segment_sum")
+    force(monkeypatch, tier)
+    sel = tiered_ops.select_backend("segment_sum", (8, 4), segments=3)
+    tiered_ops.segment_sum(v, torch.tensor([0, 2, 5, 8]))
+    for bad, match in BAD_OFFSETS:
+        for call in (spec.impls[tier].fn, sel, tiered_ops.segment_sum):
+            with pytest.raises(ValueError, match=match):
+                call(v, torch.tensor(bad))
+
+
+@pytest.mark.parametrize("tier", CPU_TIERS)
+def test_cross_entropy_targets_are_checked_on_the_hot_path(monkeypatch, tier):
+    force(monkeypatch, tier)
+    x = torch.randn(3, 5)
+    tiered_ops.cross_entropy(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"target\[1\] = 7 is outside \[0, 5\)"):
+        tiered_ops.cross_entropy(x, torch.tensor([0, 7, 2]))
+
+
+@pytest.mark.parametrize("tier", CPU_TIERS)
+def test_a_weight_of_the_wrong_shape_is_caught_on_the_hot_path(monkeypatch, tier):
+    """The key holds an optional tensor's shape and dtype: a weight of another shape is validated again."""
+    force(monkeypatch, tier)
+    x = torch.randn(3, 8)
+    tiered_ops.rms_norm(x, (8,), torch.randn(8))
+    with pytest.raises(ValueError, match=r"rms_norm: weight must have shape normalized_shape \[8\], got \[4\]"):
+        tiered_ops.rms_norm(x, (8,), torch.randn(4))
+
+
+@pytest.mark.parametrize("tier", CPU_TIERS + ["eager_segment_reduce"])
+def test_segment_sum_without_segments_stays_in_the_graph(tier):
+    """S = 0 (offsets [0], E = 0): an empty output that backward runs through (dvalues empty), at every tier."""
+    v = torch.zeros(0, 4, requires_grad=True)
+    out = get_op("segment_sum").impls[tier].fn(v, torch.zeros(1, dtype=torch.int64))
+    assert out.shape == (0, 4) and out.requires_grad
+    out.sum().backward()
+    assert v.grad is not None and v.grad.shape == (0, 4)
+
+
+def test_op_arguments_name_what_is_wrong():
+    with pytest.raises(TypeError, match=r"shapes: dim 0 must be an integer, got 8.5"):
+        tiered_ops.select_backend("softmax", (8.5, 64))
+    with pytest.raises(TypeError, match=r"rms_norm: normalized_shape: dim 0 must be an integer, got 64.5"):
+        tiered_ops.select_backend("rms_norm", (8, 64), normalized_shape=(64.5,))
+    with pytest.raises(TypeError, match=r"rms_norm: normalized_shape: dim 0 must be an integer, got 64.5"):
+        tiered_ops.rms_norm(torch.randn(8, 64), (64.5,))
+    with pytest.raises(TypeError, match=r"select_backend: op 'softmax' takes no parameter 'foo' \(its parameters: dim"):
+        tiered_ops.select_backend("softmax", (4, 8), foo=1)
+    with pytest.raises(TypeError, match=r"tiered_ops.softmax: x must be float32, bfloat16 or float16.*float64"):
+        tiered_ops.softmax(torch.randn(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"softmax at .*: measuring it needs at least .* GiB .* more than the"):
+        tiered_ops.select_backend("softmax", (1 << 40, 1 << 20), tune=True)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="names a CUDA device on a machine without one")
+def test_a_cuda_device_without_cuda_is_a_clear_error():
+    for dev in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=r"device: cuda.* asked for, but torch"):
+            tiered_ops.select_backend("softmax", (4, 8), device=dev)
+
+
+# ---- one answer whichever tier is decided ------------------------------------------------------------------------
+
+MIXED = {  # op -> (call(x, p), torch's answer(x, p)): p is the op's floating parameter of another dtype
+    "rms_norm": (lambda x, p: tiered_ops.rms_norm(x, (x.shape[-1],), p), lambda x, p: F.rms_norm(x, (16,), p)),
+    "fused_add_rms_norm": (lambda x, p: tiered_ops.fused_add_rms_norm(x, x * 0.5, (16,), p),
+                           lambda x, p: (F.rms_norm(x + x * 0.5, (16,), p), x + x * 0.5)),
+    "gelu": (lambda x, p: tiered_ops.gelu(x, p), lambda x, p: F.gelu(x + p)),
+    "layer_norm": (lambda x, p: tiered_ops.layer_norm(x, (16,), p, p * 0.1),
+                   lambda x, p: F.layer_norm(x, (16,), p, p * 0.1)),
+}
+BOUND = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("tier", ALL_TIERS)
+@pytest.mark.parametrize("x_dtype,p_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                             (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("op", sorted(MIXED))
+def test_mixed_dtypes_give_torchs_answer_at_every_tier(monkeypatch, op, x_dtype, p_dtype, tier):
+    """A parameter of another dtype than x: torch's dtype and values (within the output dtype's bound), and
+    gradients of each input's dtype, whichever tier is decided; where torch refuses the mix (layer_norm's float32 x
+    with a bfloat16 weight), every tier refuses it too, naming the parameter."""
+    if op == "layer_norm" and not (x_dtype != torch.float32 and p_dtype == torch.float32):
+        force(monkeypatch, tier)
+        with pytest.raises(TypeError, match=r"layer_norm: weight must have x's dtype"):
+            MIXED[op][0](torch.randn(4, 16, dtype=x_dtype), torch.randn(16, dtype=p_dtype))
+        return
+    dev = device_for(tier)
+    force(monkeypatch, tier)
+    call, want_fn = MIXED[op]
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(5, 16, generator=g).to(x_dtype).to(dev)
+    p0 = (1 + 0.5 * torch.randn(16, generator=g)).to(p_dtype).to(dev)
+    for train in (False, True):
+        x, p = x0.clone().requires_grad_(train), p0.clone().requires_grad_(train)
+        xr, pr = x0.clone().requires_grad_(train), p0.clone().requires_grad_(train)
+        got, want = as_outputs(call(x, p)), as_outputs(want_fn(xr, pr))
+        for o, w in zip(got, want):
+            assert o.dtype == w.dtype, (op, tier, o.dtype, w.dtype)
+            assert (o.double() - w.double()).norm() <= 2 * BOUND[w.dtype] * w.double().norm()
+        if train:
+            sum(o.float().sum() for o in got).backward()
+            sum(w.float().sum() for w in want).backward()
+            bound = 4 * max(BOUND[x_dtype], BOUND[p_dtype])  # each gradient carries the roundings of both dtypes
+            for a, b in ((x, xr), (p, pr)):
+                assert a.grad.dtype == b.grad.dtype == a.dtype
+                assert (a.grad.double() - b.grad.double()).norm() <= bound * b.grad.double().norm() + 1e-6
+
+
+@pytest.mark.parametrize("tier", CPU_TIERS)
+def test_muladd_refuses_mixed_dtypes_at_every_tier(monkeypatch, tier):
+    force(monkeypatch, tier)
+    a = torch.randn(4, 8)
+    with pytest.raises(TypeError, match=r"muladd: a, b and c must share one dtype"):
+        tiered_ops.muladd(a, a.bfloat16(), a)
+
+
+@pytest.mark.parametrize("tier", ALL_TIERS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm"])
+def test_eps_none_is_torchs_default_at_every_tier(monkeypatch, op, dtype, tier):
+    """eps=None is torch's default, the compute dtype's eps (float32's), not x's dtype's: rows of mean square 1e-6
+    are 100x apart between the two."""
+    dev = device_for(tier)
+    force(monkeypatch, tier)
+    x = (1e-3 * torch.randn(4, 64)).to(dtype).to(dev)
+    got = as_outputs(tiered_ops.rms_norm(x, (64,)) if op == "rms_norm"
+                     else tiered_ops.fused_add_rms_norm(x, x, (64,)))[0]
+    want = F.rms_norm(x if op == "rms_norm" else x + x, (64,))
+    assert (got.double() - want.double()).norm() <= 2 * BOUND[dtype] * want.double().norm()
+
+
+CE_ROWS = [[float("nan"), 1.0, 2.0, 3.0], [float("inf"), 1.0, 2.0, 3.0], [-float("inf"), 1.0, 2.0, 3.0],
+           [-float("inf")] * 4, [0.5, 1.0, 2.0, 3.0]]
+
+
+@pytest.mark.parametrize("tier", ALL_TIERS)
+@pytest.mark.parametrize("reduction,smoothing", [("mean", 0.0), ("sum", 0.0), ("none", 0.0), ("mean", 0.1),
+                                                 ("none", 0.2)])
+def test_cross_entropy_ignored_row_with_non_finite_logits_is_torchs(tier, reduction, smoothing):
+    """An ignored row's loss is 0 whatever its logits; its gradient is torch's 0 * softmax: NaN across the row where
+    its log-sum-exp is not finite (a NaN, a +inf, every entry -inf), else 0."""
+    dev = device_for(tier)
+    spec = get_op("cross_entropy")
+    for row in CE_ROWS:
+        logits = torch.tensor([row, [0.0, 1.0, 2.0, 3.0], [3.0, -1.0, 0.0, 2.0]], device=dev)
+        target = torch.tensor([-100, 1, 3], device=dev)
+        x, xr = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        got = spec.impls[tier].fn(x, target, -100, reduction, smoothing)
+        want = F.cross_entropy(xr, target, reduction=reduction, label_smoothing=smoothing)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        g = torch.full_like(want, 3.0)
+        got.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(x.grad, xr.grad, equal_nan=True, msg=lambda m: f"row {row}: {m}")

@@ -274,3 +274,26 @@ def test_host_time_of_a_gpu_bound_call_is_its_launch_path_not_the_gpu():
     assert t.host_us < 0.2 * t.p50_us, t
     assert t.host_us <= t.host_p20_us <= t.host_p80_us < t.p50_us, t
     assert t.caller_us == t.p50_us
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_gate_calls_each_optional_argument_omitted(dtype):
+    """The inputs factory passes rms_norm's eps explicitly; a tier whose own eps=None default is x's dtype's eps (not
+    torch's, the compute dtype's) agrees with eager on those inputs and fails the gate with eps omitted. The shipped
+    tiers pass it."""
+    import torch.nn.functional as F
+
+    from tiered_ops.measure import check_defaults, gate
+    from tiered_ops.registry import checked
+
+    spec, dev = get_op("rms_norm"), torch.device("cpu")
+
+    def own_default(x, normalized_shape, weight=None, eps=None):
+        return F.rms_norm(x, tuple(normalized_shape), weight, torch.finfo(x.dtype).eps if eps is None else eps)
+
+    planted = Impl("planted_own_eps", Tier.TRITON, checked(spec, own_default), (spec.source,))
+    edge = spec.edge_problems()[0]
+    err, why = gate(spec, planted, edge, dtype, dev)
+    assert why is not None and "eps omitted" in why and "defaults" in why, why
+    for name in ("eager", "triton"):
+        assert check_defaults(spec, spec.impls[name], edge, dtype, dev, grad=True)[1] is None

@@ -85,7 +85,9 @@ def test_bad_input_names_the_argument(impl):
     fn = tiered_ops.get_op("rms_norm").impls[impl].fn
     x = torch.randn(4, 8, device=dev)
     with pytest.raises((TypeError, ValueError, RuntimeError), match="weight"):
-        fn(x, (8,), torch.randn(8, device=dev, dtype=torch.float16))  # dtype mismatch
+        fn(x, (8,), torch.ones(8, device=dev, dtype=torch.int32))  # not floating (another float dtype promotes)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="weight"):
+        fn(x, (8,), torch.randn(7, device=dev))  # wrong shape
     with pytest.raises((ValueError, RuntimeError), match="normalized_shape"):
         fn(x, (7,), None)
 

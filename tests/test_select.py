@@ -51,6 +51,7 @@ def test_select_backend_fast_path_keys_on_the_resolved_device(monkeypatch):
     current = [torch.device("cuda", 0)]
     seen = []
     monkeypatch.setattr(sel_mod, "default_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA devices named, never touched
     monkeypatch.setattr(sel_mod, "select_problem", lambda spec, problem, dtype, dev, *a, **k: seen.append(dev) or dev)
     sel_mod.clear_cache()
     try:

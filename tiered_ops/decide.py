@@ -24,7 +24,9 @@ Which correct implementation wins is the policy's call (``tiered_ops.policy``): 
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +40,19 @@ from .measure import bucket_str, gate, measure
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy, choose
 from .predict import nearest_bucket, predict
-from .registry import CONTEXTS, DTYPE_NAMES, DTYPES, GRAD_MODES, Impl, OpSpec, Problem, Tier, check_context, check_mode
+from .registry import (
+    CONTEXTS,
+    DTYPE_NAMES,
+    DTYPES,
+    GRAD_MODES,
+    Impl,
+    OpSpec,
+    Problem,
+    Tier,
+    check_context,
+    check_dims,
+    check_mode,
+)
 from .store import Store, open_store
 from .timing import caller_range, default_device, fingerprint
 
@@ -210,6 +224,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         tune = tuning_enabled() if tune is None else tune
         tuned_s = None
         if missing and tune:
+            _check_fits(spec, problem, dtype, device, mode)
             where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
             log.info("tiered_ops: tuning %s %s %s %s %s on %s: no stored decision, measuring %d implementation(s) "
                      "(%s) once; %s", spec.name, problem, dname, mode, context, device,
@@ -339,6 +354,26 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     return sel
 
 
+def _memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory in bytes (the host's RAM for the CPU), or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return None
+
+
+def _check_fits(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> None:
+    """Measuring ``problem`` allocates its inputs and outputs at least: a ValueError saying what was asked and why
+    it cannot be where they exceed the device's memory (rather than the allocator's error from inside a measurement)."""
+    need, total = spec.mode_bytes(problem, dtype, mode), _memory_bytes(device)
+    if total is not None and need > total:
+        raise ValueError(f"{spec.name} at {problem} {DTYPE_NAMES[dtype]} {mode}: measuring it needs at least "
+                         f"{need / 2**30:.3g} GiB of inputs and outputs, more than the {total / 2**30:.3g} GiB of "
+                         f"{device} memory; ask for a shape that fits, or decide it where it fits and share the store")
+
+
 def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
                    device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
     """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
@@ -409,6 +444,15 @@ def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, de
     return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context, budget)
 
 
+def _cuda_index(dev: torch.device) -> int:
+    """The index of a CUDA device asked for (the current one where ``dev`` names none); a ValueError where torch sees
+    no CUDA device."""
+    if not torch.cuda.is_available():
+        why = "torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ValueError(f"device: {dev} asked for, but {why} (torch {torch.__version__}); use device='cpu'")
+    return torch.cuda.current_device() if dev.index is None else dev.index
+
+
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
                    calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
@@ -425,7 +469,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     """
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
-        dev = torch.device("cuda", torch.cuda.current_device())
+        dev = torch.device("cuda", _cuda_index(dev))
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
         fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, budget, mode, context, tuple(params.items()))
         sel = _selects.get(fast)
@@ -434,9 +478,17 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     except TypeError:
         fast = None
     # after the fast path: a shape that fails here is never cached
-    if any(int(d) < 1 for d in shapes):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
-        raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(int(d)) for d in shapes)}")
+    dims = check_dims("shapes", shapes)
+    if any(d < 1 for d in dims):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
+        raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(d) for d in dims)}")
+    if dev.type == "cuda":
+        _cuda_index(dev)
     spec = get_op(op)
+    takes = list(inspect.signature(spec.problem).parameters)[1:]
+    unknown = [k for k in params if k not in takes]
+    if unknown:
+        raise TypeError(f"select_backend: op {op!r} takes no parameter {unknown[0]!r} (its parameters: "
+                        f"{', '.join(takes) or 'none'})")
     if policy is not None or budget is not None:
         check_policy(policy or "fastest", calls, budget)
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,

@@ -19,7 +19,7 @@ from . import decide as _decide
 from .catalog import get_op
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
 from .record import active, note
-from .registry import CONTEXTS, OpSpec
+from .registry import CONTEXTS, DTYPE_NAMES, Impl, OpSpec, mixed_dtypes, run_promoted
 from .store import STORE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,16 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
-    problem = spec.problem_of(*args, **kwargs)  # validates dims/shapes with torch-like errors
+    if spec.validate is not None:  # the op's contract, once per call signature (the key holds what it reads)
+        spec.validate(*args, **kwargs)
+    if spec.check_values is not None:
+        spec.check_values(*args, **kwargs)
+    if x.dtype not in DTYPE_NAMES:
+        first = next(iter(inspect.signature(spec.reference).parameters))
+        raise TypeError(f"tiered_ops.{spec.name}: {first} must be float32, bfloat16 or float16 (the dtypes its tiers "
+                        f"are selected for), got {x.dtype}; float64 is the gate's reference: "
+                        f"tiered_ops.get_op({spec.name!r}).reference takes it")
+    problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
     if active():
         note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
@@ -60,6 +69,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         eager = spec.impls["eager"]
         sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
                                               reason=f"the store failed: {e}: eager", candidates=[]))
+    sel = Selection(hot_fn(spec, sel.impl, x.device, mixed_dtypes(args, kwargs)), sel.impl, sel.record)
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
@@ -88,17 +98,40 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     return sel.fn(*args, **kwargs)
 
 
+def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:
+    """What the hot path of ``tiered_ops.<op>`` calls for one call signature, validated on the slow path: the tier
+    alone (``impl.unchecked``), and only what the key cannot hold on every call: the data checks where they cost no
+    sync (``spec.check_values``, CPU tensors), a mix of floating dtypes promoted as torch does (``run_promoted``)."""
+    fn = impl.unchecked
+    if fn is None:
+        return impl.fn
+    values = spec.check_values if device.type == "cpu" else None
+    if mixed:
+        def promoted(*args: Any) -> Any:
+            if values is not None:
+                values(*args)
+            return run_promoted(spec, fn, args, {})
+        return promoted
+    if values is not None:
+        def checked_values(*args: Any) -> Any:
+            values(*args)
+            return fn(*args)
+        return checked_values
+    return fn
+
+
 def _is_tensor(p: inspect.Parameter) -> bool:
     return "Tensor" in str(p.annotation)
 
 
 def _key_part(p: inspect.Parameter, decisive: set[str]) -> str | None:
-    """The fast-path key's expression for one argument, or None where it cannot change the decision: a required
-    tensor's shape and dtype, an optional one's presence (its shape and dtype are the op's to check), a sequence
-    as a tuple, and of the other arguments only those the op's problem takes (``decisive``: eps is not one)."""
+    """The fast-path key's expression for one argument, or None where it cannot change the decision nor the
+    validation of the call (the slow path validates each key once): a tensor's shape and dtype (an optional one's
+    None when absent), a sequence as a tuple, and of the other arguments only those the op's problem takes
+    (``decisive``: eps is not one)."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
-        return f"{n} is None" if "None" in ann else f"{n}.shape, {n}.dtype"
+        return f"{n} is None or ({n}.shape, {n}.dtype)" if "None" in ann else f"{n}.shape, {n}.dtype"
     if n not in decisive:
         return None
     if "Sequence" in ann or "list" in ann:

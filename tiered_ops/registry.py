@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -101,11 +102,32 @@ class Problem:
         return s + "".join(f",{k}={v}" for k, v in self.params)
 
 
+def check_dims(what: str, dims: Any) -> tuple[int, ...]:
+    """``dims`` (a shape) as a tuple of ints >= 0: a TypeError naming ``what`` for a dim that is no integer (8.5,
+    "8"; a bool is no dim either), a ValueError for a negative one."""
+    try:
+        items = tuple(dims)
+    except TypeError:
+        raise TypeError(f"{what}: expected a sequence of integer dims, got {type(dims).__name__}") from None
+    out = []
+    for i, d in enumerate(items):
+        try:
+            if isinstance(d, bool):
+                raise TypeError
+            out.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"{what}: dim {i} must be an integer, got {d!r} ({type(d).__name__}) in "
+                            f"{list(items)}") from None
+        if out[-1] < 0:
+            raise ValueError(f"{what}: dim {i} must be >= 0, got {out[-1]} in {list(items)}")
+    return tuple(out)
+
+
 def make_problem(shape: tuple[int, ...] | list[int], **params: Any) -> Problem:
     def freeze(v: Any) -> Any:
         return tuple(v) if isinstance(v, list) else v
 
-    return Problem(tuple(int(d) for d in shape), tuple(sorted((k, freeze(v)) for k, v in params.items())))
+    return Problem(check_dims("shape", shape), tuple(sorted((k, freeze(v)) for k, v in params.items())))
 
 
 def pow2_ceil(n: int) -> int:
@@ -153,6 +175,15 @@ class OpSpec:
     bwd_bytes: Callable[[Problem, torch.dtype], int] | None = None
     autograd: tuple[Callable[..., None], Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None
     bwd_fake: Callable[..., Any] | None = None
+    # The op's contract, checked once before any implementation runs (``checked``): ``validate`` takes the op's call
+    # arguments and raises a TypeError/ValueError naming the argument, what was expected and what came (types,
+    # dtypes, shapes, devices, options); ``check_values`` checks what only the data says (sorted offsets, targets in
+    # range), where reading it costs no device sync (CPU tensors outside a torch.compile trace), and is a no-op
+    # elsewhere. ``result_dtype``: a call's output dtype where floating arguments of several dtypes meet (default:
+    # the first argument's), as torch gives it.
+    validate: Callable[..., None] | None = None
+    check_values: Callable[..., None] | None = None
+    result_dtype: Callable[..., torch.dtype] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def mode_bytes(self, problem: Problem, dtype: torch.dtype, mode: str) -> int:
@@ -200,6 +231,9 @@ class Impl:
     # the functions inside shared files that are its own (name of a C++/Python function).
     own_code: tuple[Path, ...] = ()
     own_functions: tuple[tuple[Path, str], ...] = ()
+    # ``fn`` without the op's contract check (``checked``): for a caller that has validated this call signature
+    # already (the hot path of ``tiered_ops.<op>``, a timed call of the harness's own inputs). None: ``fn`` itself.
+    unchecked: Callable[..., Any] | None = None
     _hash: str | None = None
 
     def why_not(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:
@@ -230,6 +264,55 @@ def register_op(spec: OpSpec) -> OpSpec:
         raise ValueError(f"op {spec.name!r} registered twice")
     OPS[spec.name] = spec
     return spec
+
+
+def mixed_dtypes(args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether the floating tensors among a call's arguments have more than one dtype."""
+    first = None
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            if first is None:
+                first = a.dtype
+            elif a.dtype != first:
+                return True
+    return False
+
+
+def run_promoted(spec: OpSpec, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A call whose floating tensors have several dtypes, as torch promotes it: every floating tensor taken exactly
+    to the widest of their dtypes (an upcast loses nothing), ``fn`` run there (one dtype, as every implementation
+    takes it) and each output rounded once to the dtype torch returns (``spec.result_dtype``, default the first
+    argument's). Autograd takes each gradient back to its input's dtype."""
+    floats = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    wide = floats[0].dtype
+    for t in floats[1:]:
+        wide = torch.promote_types(wide, t.dtype)
+    up = lambda a: a.to(wide) if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    out_dtype = spec.result_dtype(*args, **kwargs) if spec.result_dtype is not None else floats[0].dtype
+    out = fn(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()})
+    if isinstance(out, tuple):
+        return tuple(o.to(out_dtype) for o in out)
+    return out.to(out_dtype)
+
+
+def checked(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an implementation of ``spec``) behind the op's contract: ``spec.validate`` and ``spec.check_values``
+    once, before anything runs, then ``fn``; a call of mixed floating dtypes that the contract accepts (a bfloat16
+    weight for a float32 x) runs through ``run_promoted``, so every tier gives torch's result dtype and values."""
+    validate, values = spec.validate, spec.check_values
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if validate is not None:
+            validate(*args, **kwargs)
+        if values is not None:
+            values(*args, **kwargs)
+        if mixed_dtypes(args, kwargs):
+            return run_promoted(spec, fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = getattr(fn, "__name__", spec.name)
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
 
 
 def as_outputs(out: Any) -> tuple[Any, ...]:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import cuda_ext, fastpath
-from .registry import Impl, OpSpec, Tier, package_dir
+from .registry import Impl, OpSpec, Tier, checked, package_dir
 
 TRITON_SRC = package_dir("triton_src")
 log = logging.getLogger(__name__)
@@ -245,24 +245,33 @@ def standard_impls(spec: OpSpec) -> None:
     declared, spec.impls = dict(spec.impls), {}
     triton_file = TRITON_SRC / f"{name}.py"
     cu_file, wrapper = cuda_ext.op_files(name)
-    spec.add(Impl("eager", Tier.EAGER, eager, (op_file,), own_functions=((op_file, eager.__name__),)))
-    spec.add(Impl("compile", Tier.COMPILE, Compiled(eager), (op_file,), own_functions=((op_file, eager.__name__),)))
+    # Each tier's fn runs behind the op's contract (``registry.checked``: validated once, before the tier runs, mixed
+    # dtypes promoted as torch does); ``unchecked`` is the tier alone, for callers that validated the call already.
+    spec.add(Impl("eager", Tier.EAGER, checked(spec, eager), (op_file,), own_functions=((op_file, eager.__name__),),
+                  unchecked=eager))
+    compiled = Compiled(eager)
+    spec.add(Impl("compile", Tier.COMPILE, checked(spec, compiled), (op_file,),
+                  own_functions=((op_file, eager.__name__),), unchecked=compiled))
     fast_file = Path(fastpath.__file__)
     triton_registered = _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output,
                               n_out)
-    spec.add(Impl("triton", Tier.TRITON, _eager_fast(spec, "triton", triton_registered, lambda: _triton_load(spec)),
-                  (op_file, triton_file, TRITON_SRC / "common.py", TRITON_SRC / "launch.py", fast_file),
+    triton_fast = _eager_fast(spec, "triton", triton_registered, lambda: _triton_load(spec))
+    spec.add(Impl("triton", Tier.TRITON, checked(spec, triton_fast), unchecked=triton_fast,
+                  sources=(op_file, triton_file, TRITON_SRC / "common.py", TRITON_SRC / "launch.py", fast_file),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
                                              first_output, n_out),
                   own_code=(triton_file,)))
     cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
     cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
-    spec.add(Impl("cuda", Tier.CUDA, _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load),
-                  (op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
+    cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
+    spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
+                  sources=(op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file, wrapper)))
-    for impl in declared.values():
+    for impl in declared.values():  # the declaration's own implementations, behind the same contract
+        if impl.unchecked is None and impl.tier != Tier.PEER:
+            impl.unchecked, impl.fn = impl.fn, checked(spec, impl.fn)
         spec.add(impl)
     cuda_ext.on_load(lambda: register_kernel_ops(spec, "cuda", fakes=True))

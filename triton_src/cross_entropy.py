@@ -1,7 +1,8 @@
 """cross_entropy, Triton tier: per row of logits [N, V], lse = log sum exp(x) by an online softmax (one pass: a
 running max and sum of exp per lane, combined once at the end), loss = lse - (1 - s) x[t] - s / V sum(x); the
 reduction over rows (sum, or sum / count of non-ignored targets) on the [N] float32 losses. Backward:
-dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g from the saved lse, zeros for an ignored row.
+dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g from the saved lse; an ignored row 0, NaN where its lse is not
+finite (torch's 0 * softmax).
 
 Bytes: forward 1 read of the logits (+ the target's logit, one cached line) + 8 N (targets) + 8 N (loss and lse,
 float32); no [N, V] intermediate. Backward 1 read + 1 write of [N, V] (+ targets, lse, the output gradient).
@@ -73,9 +74,16 @@ def _ce_bwd(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, stride, igno
     cols = tl.arange(0, BLOCK_V)
     dx_row = dx_ptr + row * n_cols
     if t == ignore_index:
+        # torch's gradient of an ignored row is 0 * softmax: 0, or NaN across the row where its lse is not finite
+        # (a NaN, a +inf, or every entry -inf): the row's max, a NaN counted as +inf, says which.
+        x_row = x_ptr + row * stride
+        m = tl.full([BLOCK_V], -float("inf"), tl.float32)
         for start in range(0, n_cols, BLOCK_V):
-            tl.store(dx_row + start + cols, tl.zeros([BLOCK_V], tl.float32).to(dx_ptr.dtype.element_ty),
-                     mask=start + cols < n_cols)
+            x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf")).to(tl.float32)
+            m = tl.maximum(m, tl.where(x != x, float("inf"), x))
+        z = tl.zeros([BLOCK_V], tl.float32) + tl.max(m, axis=0) * 0.0  # NaN for +-inf
+        for start in range(0, n_cols, BLOCK_V):
+            tl.store(dx_row + start + cols, z.to(dx_ptr.dtype.element_ty), mask=start + cols < n_cols)
     else:
         x_row = x_ptr + row * stride
         g = tl.load(g_ptr + row * g_stride)

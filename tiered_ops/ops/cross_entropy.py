@@ -33,6 +33,7 @@ Bytes: read logits and targets, write the loss. Backward: read logits, targets, 
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +52,22 @@ def _check_args(reduction: str, label_smoothing: float) -> None:
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+
+
+def validate(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+             label_smoothing: float = 0.0) -> None:
+    """The contract of a call (every tier): shapes, dtypes, devices and options (errors name the argument)."""
+    check(logits, target, reduction, label_smoothing)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"cross_entropy: ignore_index must be an int, got {ignore_index!r} "
+                        f"({type(ignore_index).__name__})")
+
+
+def check_values(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0) -> None:
+    """Targets in [0, V) or ignore_index, read where that costs no device sync (CPU, outside a compiled trace)."""
+    if target.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_targets(target, logits.shape[1], ignore_index)
 
 
 def check(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
@@ -82,11 +99,10 @@ def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> No
 
 def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
               label_smoothing: float = 0.0) -> torch.Tensor:
-    """Eager tier and reference: F.cross_entropy on float32 logits (float64 stays float64), in the logits' dtype."""
-    check(logits, target, reduction, label_smoothing)
-    if target.device.type == "cpu" and not torch.compiler.is_compiling():
-        check_targets(target, logits.shape[1], ignore_index)
-    else:  # no sync: a device-side assert on CUDA (torch's own kernel asserts there too)
+    """Eager tier and reference: F.cross_entropy on float32 logits (float64 stays float64), in the logits' dtype.
+    (Targets on the CPU are checked before it runs: ``check_values``.)"""
+    if target.device.type != "cpu" or torch.compiler.is_compiling():
+        # no sync: a device-side assert on CUDA (torch's own kernel asserts there too)
         bad = ((target < 0) | (target >= logits.shape[1])) & (target != ignore_index)
         torch._assert_async(~bad.any(), "cross_entropy: a target is outside [0, V) and is not ignore_index")
     x = logits.float() if logits.dtype in LOW_PRECISION else logits
@@ -106,7 +122,6 @@ def _problem(shape: tuple[int, ...], reduction: str = "mean", label_smoothing: f
 
 def _problem_of(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                 label_smoothing: float = 0.0) -> Problem:
-    check(logits, target, reduction, label_smoothing)
     return _problem(tuple(logits.shape), reduction, label_smoothing)
 
 
@@ -143,7 +158,7 @@ def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
 def _kernel_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> tuple:
     """The op's signature onto the kernel ops' schema (logits, target, int ignore_index, str reduction, float)."""
-    return logits, target, int(ignore_index), reduction, float(label_smoothing)
+    return logits, target, operator.index(ignore_index), reduction, float(label_smoothing)
 
 
 def _fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
@@ -193,4 +208,5 @@ SPEC = register_op(OpSpec(
         _problem((4096, 128256), reduction="none", label_smoothing=0.1, ignored=0.25),
     ] if dev == "cuda" else [_problem((64, 4096)), _problem((256, 32000), ignored=0.25)],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
+    validate=validate, check_values=check_values,
 ))

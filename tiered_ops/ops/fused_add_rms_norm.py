@@ -2,8 +2,9 @@
 
 The pre-norm residual step of a Llama-style block: new_residual = x + residual in x's dtype (rounded once, as torch's
 ``x + residual``), y = rms_norm(new_residual, normalized_shape, weight, eps) with torch.nn.functional.rms_norm
-semantics (fp32 math; eps=None is x's dtype's eps). residual has x's shape and dtype; weight x's dtype and shape
-normalized_shape.
+semantics (fp32 math; eps=None is torch's default, the compute dtype's eps: float32's for float32, bfloat16 and
+float16 x). residual has x's shape and dtype; weight has shape normalized_shape and any floating dtype (another dtype
+than x's is promoted as torch does: y and new_residual in x's dtype).
 Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
 Bytes: read x and residual, write y and new_residual (+ weight once). Backward: read dy, d_new_residual and
 new_residual, write dx (+ weight, + dw once); dresidual is dx (the same tensor, as eager autograd of the sum gives).
@@ -23,32 +24,37 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, register_op
-from ._common import gen, norm_shape, norm_split, randn
-from .rms_norm import _bucket  # the same bucket: (rows rounded up, normalized size, weight?)
+from ._common import check_eps, check_norm, floating, gen, norm_param, norm_shape, norm_split, randn, same_device
+from .rms_norm import _bucket, default_eps  # the same bucket: (rows rounded up, normalized size, weight?)
 
 
-def _check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
-    """residual must be a tensor of x's shape and dtype: ``x + residual`` would broadcast or promote silently."""
-    if not isinstance(residual, torch.Tensor):
-        raise TypeError(f"fused_add_rms_norm: residual must be a torch.Tensor, got {type(residual).__name__}")
+def validate(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+             weight: torch.Tensor | None = None, eps: float | None = None) -> None:
+    """The contract of a call (every tier): x floating, residual of x's shape, dtype and device (``x + residual``
+    would broadcast or promote silently), normalized_shape x's trailing dims, weight of that shape on x's device
+    (any floating dtype: torch promotes), eps a float or None."""
+    ns = check_norm("fused_add_rms_norm", x, normalized_shape)
+    floating("fused_add_rms_norm", "residual", residual)
+    same_device("fused_add_rms_norm", "residual", residual, x, "x")
     if residual.dtype != x.dtype:
         raise TypeError(f"fused_add_rms_norm: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
     if residual.shape != x.shape:
         raise ValueError(f"fused_add_rms_norm: residual must have the shape of x {list(x.shape)}, "
                          f"got {list(residual.shape)}")
+    norm_param("fused_add_rms_norm", "weight", weight, x, ns)
+    check_eps("fused_add_rms_norm", eps, optional=True)
 
 
 def reference(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
               weight: torch.Tensor | None = None, eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager tier and reference: the sum, then torch's own rms_norm of it (fp32 math for low precision)."""
-    _check_residual(x, residual)
     new_residual = x + residual
     return F.rms_norm(new_residual, norm_shape(normalized_shape), weight, eps), new_residual
 
 
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
              ) -> Problem:
-    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "fused_add_rms_norm")
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"fused_add_rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
@@ -57,7 +63,6 @@ def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | Non
 
 def _problem_of(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
                 weight: torch.Tensor | None = None, eps: float | None = None) -> Problem:
-    _check_residual(x, residual)
     return _problem(tuple(x.shape), normalized_shape, weight is not None)
 
 
@@ -83,7 +88,7 @@ def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
 def _kernel_args(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
                  weight: torch.Tensor | None = None, eps: float | None = None) -> tuple:
     """The op's signature onto the kernel ops' schema (x, residual, int[] normalized_shape, weight?, float eps)."""
-    return x, residual, list(norm_shape(normalized_shape)), weight, torch.finfo(x.dtype).eps if eps is None else eps
+    return x, residual, list(norm_shape(normalized_shape)), weight, default_eps(x) if eps is None else float(eps)
 
 
 def _rows(x: torch.Tensor, normalized_shape: list[int]) -> Any:
@@ -137,4 +142,5 @@ SPEC = register_op(OpSpec(
         [(1, 4096), (8, 4096), (64, 4096), (4096, 4096), (32768, 4096), (32768, 8192)] if dev == "cuda"
         else [(8, 1024), (256, 1024)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
+    validate=validate,
 ))

@@ -1,6 +1,7 @@
 """gelu(x, bias=None, approximate="none"): torch.nn.functional.gelu(x + bias), fused.
 
-bias (optional) has shape [x.shape[-1]] and x's dtype, like a Linear layer's bias. approximate is "none"
+bias (optional) has shape [x.shape[-1]], like a Linear layer's bias, and any floating dtype: ``x + bias`` promotes
+as in torch (a bfloat16 bias on float32 x gives float32, a float32 bias on bfloat16 x too). approximate is "none"
 (erf) or "tanh", as in F.gelu. The kernel tiers add the bias in fp32 (one rounding where eager rounds x + bias
 first).
 Bucket: (numel rounded up to a power of two, the last dim when there is a bias, bias?, approximate).
@@ -18,13 +19,19 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import gen, randn
+from ._common import floating, gen, randn, same_device
 
 APPROXIMATIONS = ("none", "tanh")
 
 
-def _check(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> None:
-    if approximate not in APPROXIMATIONS:
+def validate(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> None:
+    """The contract of a call (every tier): x floating, bias None or a floating [x.shape[-1]] on x's device (any
+    floating dtype: promoted), approximate "none" or "tanh"."""
+    floating("gelu", "x", x)
+    floating("gelu", "bias", bias, optional=True)
+    if bias is not None:
+        same_device("gelu", "bias", bias, x, "x")
+    if not isinstance(approximate, str) or approximate not in APPROXIMATIONS:
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if bias is not None and (x.dim() == 0 or tuple(bias.shape) != (x.shape[-1],)):
         raise ValueError(f"gelu: bias must have shape [x.shape[-1]], got {list(bias.shape)} for x of shape "
@@ -33,7 +40,6 @@ def _check(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> None
 
 def reference(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> torch.Tensor:
     """Eager tier and reference: F.gelu of x + bias."""
-    _check(x, bias, approximate)
     return F.gelu(x if bias is None else x + bias, approximate=approximate)
 
 
@@ -46,7 +52,6 @@ def _problem(shape: tuple[int, ...], bias: bool = True, approximate: str = "none
 
 
 def _problem_of(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> Problem:
-    _check(x, bias, approximate)
     return _problem(tuple(x.shape), bias is not None, approximate)
 
 
@@ -113,6 +118,8 @@ SPEC = register_op(OpSpec(
     ],
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])],
-    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
+    result_dtype=lambda x, bias=None, approximate="none": (
+        x.dtype if bias is None else torch.promote_types(x.dtype, bias.dtype)),
 ))
 

@@ -1,7 +1,9 @@
 """layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5): torch.nn.functional.layer_norm semantics.
 
 y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape dims (biased variance),
-in x's dtype; weight and bias are optional, each of x's dtype and shape normalized_shape.
+in x's dtype; weight and bias are optional, each of shape normalized_shape and of x's dtype, or float32 for a
+bfloat16/float16 x (torch's mixed layer_norm: the math in float32, y in x's dtype); torch refuses any other mix, and
+so does every tier here (a TypeError naming the parameter).
 Bucket: (rows rounded up to a power of two, the normalized size n, weight?, bias?).
 Bytes: read x + write y (+ weight, bias once). Backward: read x and dy, write dx (+ weight, dw, db once).
 Autograd of the kernel ops: the kernels return (y, mean, rstd) with fp32 per-row statistics, saved for
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import gen, norm_shape, norm_split, randn
+from ._common import LOW_PRECISION, check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn
 
 
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
@@ -27,9 +29,26 @@ def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: to
     return F.layer_norm(x, norm_shape(normalized_shape), weight, bias, eps)
 
 
+def validate(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None, eps: float = 1e-5) -> None:
+    """The contract of a call (every tier): x floating, normalized_shape x's trailing dims, weight and bias of that
+    shape on x's device, of x's dtype or (both) float32 for a bfloat16/float16 x; eps a float."""
+    ns = check_norm("layer_norm", x, normalized_shape)
+    norm_param("layer_norm", "weight", weight, x, ns)
+    norm_param("layer_norm", "bias", bias, x, ns)
+    params = [(n, t) for n, t in (("weight", weight), ("bias", bias)) if t is not None]
+    mixed = x.dtype in LOW_PRECISION and all(t.dtype == torch.float32 for _, t in params)
+    for name, t in params:
+        if t.dtype != x.dtype and not mixed:
+            raise TypeError(f"layer_norm: {name} must have x's dtype ({x.dtype}), or float32 like every parameter "
+                            f"for a bfloat16/float16 x, got {t.dtype}"
+                            + ("" if len(params) == 1 else f" (weight {weight.dtype}, bias {bias.dtype})"))
+    check_eps("layer_norm", eps, optional=False)
+
+
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
              bias: bool = True) -> Problem:
-    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "layer_norm")
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"layer_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
@@ -129,5 +148,6 @@ SPEC = register_op(OpSpec(
         else [(256, 1024), (8, 65536)])] + ([_problem((16, 64, 256, 256), normalized_shape=(64, 256, 256))]
                                               if dev == "cuda" else []),
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
+    validate=validate,
 ))
 

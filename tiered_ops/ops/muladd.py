@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ._common import gen, randn
+from ._common import floating, gen, randn, same_device
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -46,14 +46,22 @@ def _operands(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.
     return a.expand(shape), b.expand(shape), c.expand(shape)
 
 
+def validate(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """The contract of a call (every tier): a, b, c floating tensors of one dtype (no promotion) and one device that
+    broadcast to one shape."""
+    for name, t in (("a", a), ("b", b), ("c", c)):
+        floating("muladd", name, t)
+    for name, t in (("b", b), ("c", c)):
+        same_device("muladd", name, t, a, "a")
+    _out_shape(a, b, c)
+
+
 def reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Eager tier and reference: the plain expression."""
-    _out_shape(a, b, c)
     return a * b + c
 
 
 def addcmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    _out_shape(a, b, c)
     return torch.addcmul(c, a, b)
 
 
@@ -156,7 +164,7 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (65536, 256), (32, 4096), (1, 4096)] if dev == "cuda" else [(256, 1024), (4096, 1024)])]
     + [_problem((16384, 4096) if dev == "cuda" else (256, 1024), "16384x4096,4096,4096" if dev == "cuda"
                 else "256x1024,1024,1024")],  # a scale and a shift per column
-    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_operands,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_operands, validate=validate,
 ))
 SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_functions=((SPEC.source, "addcmul"),)))
 

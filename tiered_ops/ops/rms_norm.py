@@ -1,7 +1,9 @@
 """rms_norm(x, normalized_shape, weight=None, eps=None): torch.nn.functional.rms_norm semantics.
 
 y = x * rsqrt(mean(x^2 over the trailing normalized_shape dims) + eps) * weight, in x's dtype;
-eps=None means torch.finfo(x.dtype).eps. weight must have x's dtype and shape normalized_shape.
+eps=None means torch's default: the eps of the compute dtype (torch.finfo(torch.float32).eps for float32, bfloat16
+and float16 x, float64's for float64). weight has shape normalized_shape and any floating dtype: another dtype than
+x's is promoted as torch does (the math in the wider dtype, y in x's dtype).
 Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
 Bytes: read x + write y (+ weight once). Backward: read x and dy, write dx (+ weight, + dw once).
 Autograd of the kernel ops: save x and weight; the backward kernel recomputes rsqrt(mean(x^2) + eps).
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import gen, norm_shape, norm_split, randn
+from ._common import check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn
 
 
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
@@ -25,9 +27,18 @@ def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: to
     return F.rms_norm(x, norm_shape(normalized_shape), weight, eps)
 
 
+def validate(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+             eps: float | None = None) -> None:
+    """The contract of a call (every tier): x floating, normalized_shape x's trailing dims, weight of that shape on
+    x's device (any floating dtype: torch promotes), eps a float or None."""
+    ns = check_norm("rms_norm", x, normalized_shape)
+    norm_param("rms_norm", "weight", weight, x, ns)
+    check_eps("rms_norm", eps, optional=True)
+
+
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
              ) -> Problem:
-    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape)
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "rms_norm")
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
@@ -62,8 +73,13 @@ def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
     return (3 * rows * n + (2 * n if p.kw["weight"] else 0)) * dt.itemsize
 
 
+def default_eps(x: torch.Tensor) -> float:
+    """torch's eps for eps=None: that of the compute dtype (float32 for float32, bfloat16 and float16 x)."""
+    return torch.finfo(torch.promote_types(x.dtype, torch.float32)).eps
+
+
 def _eps(x: torch.Tensor, eps: float | None) -> float:
-    return torch.finfo(x.dtype).eps if eps is None else float(eps)
+    return default_eps(x) if eps is None else float(eps)
 
 
 def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
@@ -114,6 +130,6 @@ SPEC = register_op(OpSpec(
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096), (12, 250000)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
-    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
 ))
 

@@ -12,10 +12,10 @@ CPU and the GPU (a 5000-row bf16 segment is 14 % off: it needs the same fp32 cop
 offsets, sums a prefix silently when offsets[-1] < E, and its CUDA kernel has one thread walk a whole segment, so one
 giant segment runs serially. Both are measured; the gate holds both to the float64 math.
 
-Validation: values 2-D float and offsets 1-D int64 on values' device, everywhere. Offsets' values (offsets[0] == 0,
-offsets[-1] == E, sorted) are read on the host only where that costs no sync: CPU offsets outside a torch.compile
-trace (on every call of the eager tiers and of the Triton launcher on the interpreter; once per call signature in
-tiered_ops.segment_sum, whose problem_of runs on its slow path). On a GPU, and inside a compiled graph, offsets are
+Validation (``validate``, before any tier runs): values 2-D float and offsets 1-D int64 on values' device, everywhere.
+Offsets' values (offsets[0] == 0, offsets[-1] == E, sorted: ``check_values``) are read on the host only where that
+costs no sync: CPU offsets outside a torch.compile trace, on every call of every tier and of tiered_ops.segment_sum.
+On a GPU, and inside a compiled graph, offsets are
 never read on the host: malformed offsets give unspecified sums but every access stays in bounds (the kernels clamp
 each boundary to [0, E] and each segment id to [0, S); the eager tiers clamp the ids, or the offsets).
 Problem: values' shape (E, D), ``segments`` S (default: mean length 16) and ``lengths``, how make_inputs draws the
@@ -36,20 +36,18 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ._common import gen, randn
+from ._common import floating, gen, randn, tensor
 
 LENGTHS = ("uniform", "powerlaw")
 MEAN_LENGTH = 16  # default rows per segment
 POWER = 1.5  # powerlaw: segment k of a random order holds a share ~ k^-POWER of the rows
 
 
-def _check(values: torch.Tensor, offsets: torch.Tensor) -> int:
-    """Shapes and dtypes of the arguments (and the offsets' values where reading them costs no sync); S."""
-    if not isinstance(values, torch.Tensor) or not isinstance(offsets, torch.Tensor):
-        bad = "values" if not isinstance(values, torch.Tensor) else "offsets"
-        raise TypeError(f"segment_sum: {bad} must be a torch.Tensor")
-    if not values.is_floating_point():
-        raise TypeError(f"segment_sum: values must be a floating tensor [E, D], got dtype {values.dtype}")
+def validate(values: torch.Tensor, offsets: torch.Tensor) -> None:
+    """The contract of a call (every tier): shapes, dtypes and devices of the arguments."""
+    tensor("segment_sum", "values", values)
+    tensor("segment_sum", "offsets", offsets)
+    floating("segment_sum", "values", values)
     if values.dim() != 2:
         raise ValueError(f"segment_sum: values must be 2-D [E, D], got shape {list(values.shape)}")
     if offsets.dtype != torch.int64:
@@ -59,9 +57,12 @@ def _check(values: torch.Tensor, offsets: torch.Tensor) -> int:
                          f"{list(offsets.shape)}")
     if offsets.device != values.device:
         raise ValueError(f"segment_sum: offsets must be on values' device {values.device}, got {offsets.device}")
+
+
+def check_values(values: torch.Tensor, offsets: torch.Tensor) -> None:
+    """The offsets' values, where reading them costs no sync (CPU offsets outside a torch.compile trace)."""
     if offsets.device.type == "cpu" and not torch.compiler.is_compiling():
         check_boundaries(offsets, values.shape[0])
-    return offsets.shape[0] - 1
 
 
 def check_boundaries(offsets: torch.Tensor, rows: int) -> None:
@@ -84,10 +85,10 @@ def _acc(values: torch.Tensor) -> torch.dtype:
 
 def reference(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Eager tier and reference: index_add of the rows, at the segment ids searchsorted finds, into fp32 sums."""
-    S = _check(values, offsets)
+    S = offsets.shape[0] - 1
     acc = _acc(values)
-    if S == 0:
-        return values.new_zeros((0, values.shape[1]))
+    if S == 0:  # no segment: an empty output, still in values' autograd graph
+        return values[:0] * 0
     rows = torch.arange(values.shape[0], device=values.device)
     ids = torch.searchsorted(offsets[1:], rows, right=True).clamp_(max=S - 1)
     out = values.new_zeros((S, values.shape[1]), dtype=acc).index_add(0, ids, values.to(acc))
@@ -98,7 +99,6 @@ def segment_reduce(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """torch.segment_reduce of the values in fp32 (it accumulates in its input's dtype). Off the CPU the offsets are
     clamped to [0, E] and made non-decreasing first (a no-op for valid ones): torch's GPU kernel reads rows at the
     offsets it is given, unchecked."""
-    _check(values, offsets)
     if offsets.device.type != "cpu":
         offsets = offsets.clamp(0, values.shape[0]).cummax(0).values
     return torch.segment_reduce(values.to(_acc(values)), "sum", offsets=offsets, axis=0).to(values.dtype)
@@ -120,7 +120,7 @@ def _problem(shape: tuple[int, ...], segments: int | None = None, lengths: str =
 
 
 def _problem_of(values: torch.Tensor, offsets: torch.Tensor) -> Problem:
-    return _problem(tuple(values.shape), _check(values, offsets))
+    return _problem(tuple(values.shape), offsets.shape[0] - 1)
 
 
 def _sizes(p: Problem) -> tuple[int, int, int]:
@@ -201,7 +201,8 @@ SPEC = register_op(OpSpec(
         [_problem((1 << 22, d), segments=1 << 18, lengths=dist) for d in (64, 128) for dist in LENGTHS]
         + [_problem((1 << 14, 64), segments=1 << 10)] if dev == "cuda"
         else [_problem((4096, 64), segments=256, lengths=dist) for dist in LENGTHS]),
-    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
+    check_values=check_values,
 ))
 SPEC.add(Impl("eager_segment_reduce", Tier.EAGER, segment_reduce, (SPEC.source,),
               own_functions=((SPEC.source, "segment_reduce"),)))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import gen, randn
+from ._common import floating, gen, randn
 
 
 def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -21,11 +21,23 @@ def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.softmax(x, dim)
 
 
-def _problem(shape: tuple[int, ...], dim: int = -1) -> Problem:
-    nd = max(len(shape), 1)
+def validate(x: torch.Tensor, dim: int = -1) -> None:
+    """The contract of a call (every tier): x floating, dim an integer in range."""
+    floating("softmax", "x", x)
+    _dim(x.dim(), dim)
+
+
+def _dim(ndim: int, dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"softmax: dim must be an int, got {dim!r} ({type(dim).__name__})")
+    nd = max(ndim, 1)
     if not -nd <= dim < nd:
         raise IndexError(f"softmax: dim out of range (expected to be in range of [{-nd}, {nd - 1}], but got {dim})")
-    return make_problem(shape, dim=dim if dim < 0 else dim - nd)
+    return dim if dim < 0 else dim - nd
+
+
+def _problem(shape: tuple[int, ...], dim: int = -1) -> Problem:
+    return make_problem(shape, dim=_dim(len(shape), dim))
 
 
 def _problem_of(x: torch.Tensor, dim: int = -1) -> Problem:
@@ -101,6 +113,6 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (4096, 32768), (65536, 256), (512, 393216), (32, 4096), (1, 4096), (12, 250000)]
         if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
-    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args,
+    source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
 ))
 
