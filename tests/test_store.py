@@ -275,6 +275,56 @@ def test_a_valid_store_in_a_read_only_directory_is_read_not_moved_aside(unprivil
     unprivileged.run(body)
 
 
+def test_a_read_only_store_file_is_read_not_moved_aside(unprivileged, caplog):
+    def body():
+        path = unprivileged.dir / "results.sqlite"
+        _valid_store(path)
+        path.chmod(0o444)
+        data = path.read_bytes()
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+            store = Store(path)
+            store.add([dict(ROW, problem="2")])
+        assert [r["problem"] for r in store.rows()] == ["1", "2"]
+        assert store.moved_aside is None and store.kept_in_memory == f"{path} cannot be written: the file is read-only"
+        assert "kept in memory" in caplog.text and path.read_bytes() == data and not _aside(path)
+
+    unprivileged.run(body)
+
+
+def _store_with_a_wal(path: Path, with_shm: bool) -> None:
+    """A store at ``path`` whose rows are all in its write-ahead log (copied while its writer had it open)."""
+    writer = Store(path.with_name("writer.sqlite"))
+    writer.add([ROW])
+    writer.add([dict(ROW, problem="2")])
+    for suffix in ("", "-wal") + (("-shm",) if with_shm else ()):
+        shutil.copyfile(str(writer.path) + suffix, str(path) + suffix)
+    writer.close()
+    assert Path(str(path) + "-wal").stat().st_size > 0
+
+
+@pytest.mark.parametrize("with_shm", [True, False], ids=["with-shm", "no-shm"])
+@pytest.mark.parametrize("locked", [True, False], ids=["read-only-dir", "writable-dir"])
+def test_a_read_only_store_with_its_wal_serves_the_rows_in_the_wal(locked, with_shm, unprivileged):
+    def body():
+        d = unprivileged.dir
+        path = d / "results.sqlite"
+        _store_with_a_wal(path, with_shm)
+        files = {p.name: p.read_bytes() for p in d.iterdir() if p.name.startswith(path.name)}
+        for name in files:
+            (d / name).chmod(0o444)
+        kept = {name: files[name] for name in (path.name, path.name + "-wal")}
+        if locked:
+            _lock(d)
+        store = Store(path)
+        assert [r["problem"] for r in store.rows()] == ["1", "2"]  # not an empty store: SQLite's immutable reads miss
+        assert store.kept_in_memory == f"{path} cannot be written: the file is read-only"
+        store.add([dict(ROW, problem="3")])
+        store.close()
+        assert {name: (d / name).read_bytes() for name in kept} == kept  # SQLite may add a -shm beside them
+
+    unprivileged.run(body)
+
+
 def test_a_store_opened_read_only_serves_its_rows_and_keeps_new_ones_in_memory(path, caplog):
     _valid_store(path)
     data = path.read_bytes()
