@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "tiered_ops"
 
 # Layer of each module (dotted name under tiered_ops); a module may import only its own layer or lower ones.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("envs", "environment", "buckets", "method"),
+    0: ("envs", "environment", "buckets", "method", "progress"),
     1: ("registry", "ops", "ops.*"),
     2: ("tiers", "cuda_ext", "fastpath", "peers", "catalog"),
     3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),

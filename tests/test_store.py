@@ -2,10 +2,18 @@
 can be, stores that cannot be written, failures that were the environment's."""
 
 import logging
+import os
+import pwd
+import select
 import shutil
+import signal
 import sqlite3
 import stat
+import tempfile
+import time
+import traceback
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -118,21 +126,96 @@ def _writes_blocked(directory: Path) -> bool:
     return False
 
 
+def _nobody() -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+class Unprivileged:
+    """A directory ``dir`` and ``run(body)``, which calls ``body()`` where file permissions bind: in this process
+    for a user other than root, else in a forked child that drops to ``nobody`` (tiered_ops already imported: the
+    child needs no access to root's home, where the interpreter may live). The child's assertion errors, skips and
+    log records (``caplog`` lives on in it) come back as this test's."""
+
+    def __init__(self, directory: Path, ids: tuple[int, int] | None) -> None:
+        self.dir, self.ids = directory, ids
+
+    def run(self, body: Callable[[], None], timeout: float = 300.0) -> None:
+        if self.ids is None:
+            body()
+            return
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            os.close(read_end)
+            status, text = "ok", ""
+            try:
+                os.setgroups([])
+                os.setgid(self.ids[1])
+                os.setuid(self.ids[0])
+            except OSError as e:
+                status, text = "skip", f"cannot drop root's privileges to uid {self.ids[0]}: {e}"
+            else:
+                try:
+                    torch.set_num_threads(1)  # OpenMP's pool does not survive fork
+                    body()
+                except pytest.skip.Exception as e:
+                    status, text = "skip", str(e)
+                except BaseException:
+                    status, text = "fail", traceback.format_exc()
+            with os.fdopen(write_end, "w") as f:
+                f.write(f"{status}\n{text}")
+            os._exit(0)
+        os.close(write_end)
+        chunks, deadline = [], time.monotonic() + timeout
+        with os.fdopen(read_end, "rb") as f:
+            while select.select([f], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                chunk = os.read(f.fileno(), 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        _, wait_status = os.waitpid(pid, 0)
+        status, _, text = b"".join(chunks).decode(errors="replace").partition("\n")
+        if status == "skip":
+            pytest.skip(text)
+        if status != "ok":
+            pytest.fail(f"the child running as uid {self.ids[0]} (wait status {wait_status}, "
+                        f"{'timed out' if time.monotonic() >= deadline else 'ended'}): {status} {text}", pytrace=False)
+
+
 @pytest.fixture
-def locked_dir(tmp_path):
-    """A directory chmod 0o555 (restored afterwards); the test is skipped where that does not stop writes."""
-    d = tmp_path / "locked"
-    d.mkdir()
+def unprivileged(tmp_path):
+    """An ``Unprivileged`` with a directory its user owns; skips only where permissions cannot bind (a user other
+    than root whom chmod does not stop)."""
+    if os.geteuid() != 0:
+        d = tmp_path / "unprivileged"
+        d.mkdir()
+        d.chmod(0o555)
+        blocked = _writes_blocked(d)
+        d.chmod(0o755)
+        if not blocked:
+            pytest.skip("chmod 0o555 does not stop this user writing, and it is not root, who could drop privileges")
+        yield Unprivileged(d, None)
+        return
+    ids = _nobody()
+    d = Path(tempfile.mkdtemp(prefix="tiered_ops_unprivileged_"))  # pytest's tmp_path is root's, mode 0700
+    try:
+        os.chown(d, *ids)
+        yield Unprivileged(d, ids)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
-    def lock() -> Path:
-        d.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-        if not _writes_blocked(d):
-            pytest.skip("running as root: chmod 0o555 does not stop writes here (the read_only=True tests cover the "
-                        "read-only path)")
-        return d
 
-    yield d, lock
-    d.chmod(0o755)
+def _lock(directory: Path) -> Path:
+    """``directory`` chmod 0o555 (its user can read, not write, in it)."""
+    directory.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    assert _writes_blocked(directory)
+    return directory
 
 
 def test_a_directory_is_a_store_error_naming_it(tmp_path):
@@ -147,12 +230,15 @@ def test_a_file_where_a_directory_must_be_is_a_store_error(tmp_path):
         Store(tmp_path / "notes" / "results.sqlite")
 
 
-def test_a_path_under_a_missing_parent_that_cannot_be_created_is_a_store_error(locked_dir):
-    d, lock = locked_dir
-    path = lock() / "missing" / "results.sqlite"
-    with pytest.raises(StoreError, match=f"{path}: no store there and none can be created: directory {d} is not"):
-        Store(path)
-    assert not (d / "missing").exists()
+def test_a_path_under_a_missing_parent_that_cannot_be_created_is_a_store_error(unprivileged):
+    def body():
+        d = _lock(unprivileged.dir)
+        path = d / "missing" / "results.sqlite"
+        with pytest.raises(StoreError, match=f"{path}: no store there and none can be created: directory {d} is not"):
+            Store(path)
+        assert not (d / "missing").exists()
+
+    unprivileged.run(body)
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (nothing can be created in it)")
@@ -168,21 +254,75 @@ def _valid_store(path: Path) -> None:
     store.close()
 
 
-def test_a_valid_store_in_a_read_only_directory_is_read_not_moved_aside(locked_dir, caplog):
-    d, lock = locked_dir
-    path = d / "results.sqlite"
-    _valid_store(path)
-    before = sorted(p.name for p in d.iterdir())
-    lock()
-    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+def test_a_valid_store_in_a_read_only_directory_is_read_not_moved_aside(unprivileged, caplog):
+    def body():
+        d = unprivileged.dir
+        path = d / "results.sqlite"
+        _valid_store(path)
+        before = sorted(p.name for p in d.iterdir())
+        _lock(d)
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+            store = Store(path)
+            store.add([dict(ROW, problem="2")])
+        assert [r["problem"] for r in store.rows()] == ["1", "2"]  # served from it, the new one kept in memory
+        assert store.moved_aside is None
+        assert store.kept_in_memory == f"{path} cannot be written: directory {d} is not writable"
+        assert sorted(p.name for p in d.iterdir()) == before
+        assert f"{path} cannot be written" in caplog.text and "kept in memory" in caplog.text
+        d.chmod(0o755)
+        assert [r["problem"] for r in Store(path).rows()] == ["1"]
+
+    unprivileged.run(body)
+
+
+def test_a_read_only_store_file_is_read_not_moved_aside(unprivileged, caplog):
+    def body():
+        path = unprivileged.dir / "results.sqlite"
+        _valid_store(path)
+        path.chmod(0o444)
+        data = path.read_bytes()
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+            store = Store(path)
+            store.add([dict(ROW, problem="2")])
+        assert [r["problem"] for r in store.rows()] == ["1", "2"]
+        assert store.moved_aside is None and store.kept_in_memory == f"{path} cannot be written: the file is read-only"
+        assert "kept in memory" in caplog.text and path.read_bytes() == data and not _aside(path)
+
+    unprivileged.run(body)
+
+
+def _store_with_a_wal(path: Path, with_shm: bool) -> None:
+    """A store at ``path`` whose rows are all in its write-ahead log (copied while its writer had it open)."""
+    writer = Store(path.with_name("writer.sqlite"))
+    writer.add([ROW])
+    writer.add([dict(ROW, problem="2")])
+    for suffix in ("", "-wal") + (("-shm",) if with_shm else ()):
+        shutil.copyfile(str(writer.path) + suffix, str(path) + suffix)
+    writer.close()
+    assert Path(str(path) + "-wal").stat().st_size > 0
+
+
+@pytest.mark.parametrize("with_shm", [True, False], ids=["with-shm", "no-shm"])
+@pytest.mark.parametrize("locked", [True, False], ids=["read-only-dir", "writable-dir"])
+def test_a_read_only_store_with_its_wal_serves_the_rows_in_the_wal(locked, with_shm, unprivileged):
+    def body():
+        d = unprivileged.dir
+        path = d / "results.sqlite"
+        _store_with_a_wal(path, with_shm)
+        files = {p.name: p.read_bytes() for p in d.iterdir() if p.name.startswith(path.name)}
+        for name in files:
+            (d / name).chmod(0o444)
+        kept = {name: files[name] for name in (path.name, path.name + "-wal")}
+        if locked:
+            _lock(d)
         store = Store(path)
-        store.add([dict(ROW, problem="2")])
-    assert [r["problem"] for r in store.rows()] == ["1", "2"]  # served from it, the new one kept in memory
-    assert store.moved_aside is None and "not writable" in store.kept_in_memory
-    assert sorted(p.name for p in d.iterdir()) == before
-    assert f"{path} cannot be written" in caplog.text and "kept in memory" in caplog.text
-    d.chmod(0o755)
-    assert [r["problem"] for r in Store(path).rows()] == ["1"]
+        assert [r["problem"] for r in store.rows()] == ["1", "2"]  # not an empty store: SQLite's immutable reads miss
+        assert store.kept_in_memory == f"{path} cannot be written: the file is read-only"
+        store.add([dict(ROW, problem="3")])
+        store.close()
+        assert {name: (d / name).read_bytes() for name in kept} == kept  # SQLite may add a -shm beside them
+
+    unprivileged.run(body)
 
 
 def test_a_store_opened_read_only_serves_its_rows_and_keeps_new_ones_in_memory(path, caplog):
@@ -217,20 +357,24 @@ def two_softmaxes(monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["read_only", "chmod"])
-def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, locked_dir, caplog):
-    d, lock = locked_dir
-    path = d / "results.sqlite"
-    tiered_ops.use_store(str(path))
-    tiered_ops.softmax(torch.randn(4, 8))  # a valid store with a decision for another shape
-    tiered_ops.use_store(Store(path, read_only=True) if how == "read_only" else str(lock() / "results.sqlite"))
-    n = len(Store(path, read_only=True).rows())
-    x = torch.randn(64, 300)
-    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
-        y = tiered_ops.softmax(x)
-    torch.testing.assert_close(y, torch.softmax(x, -1))
-    assert "kept in memory only" in caplog.text
-    assert len(sel_mod.get_store().rows()) == n + 2  # measured here (2 implementations), kept in memory
-    assert len(Store(path, read_only=True).rows()) == n  # the file is as it was
+def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, tmp_path, request, caplog):
+    place = request.getfixturevalue("unprivileged") if how == "chmod" else Unprivileged(tmp_path, None)
+
+    def body():
+        path = place.dir / "results.sqlite"
+        tiered_ops.use_store(str(path))
+        tiered_ops.softmax(torch.randn(4, 8))  # a valid store with a decision for another shape
+        tiered_ops.use_store(Store(path, read_only=True) if how == "read_only" else str(_lock(place.dir) / path.name))
+        n = len(Store(path, read_only=True).rows())
+        x = torch.randn(64, 300)
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+            y = tiered_ops.softmax(x)
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+        assert "kept in memory only" in caplog.text
+        assert len(sel_mod.get_store().rows()) == n + 2  # measured here (2 implementations), kept in memory
+        assert len(Store(path, read_only=True).rows()) == n  # the file is as it was
+
+    place.run(body)
 
 
 def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch, caplog):

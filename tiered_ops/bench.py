@@ -163,7 +163,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     A row another sweep stored as contended while this one ran is taken as it is, not measured again at once: the
     busy machine was likely the two sweeps (an idle rerun measures it again).
     """
-    from tqdm import tqdm
+    from .progress import Progress
 
     specs = list({s.name: s for s, _, _ in cases}.values())
     modes = list(modes)
@@ -178,7 +178,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         return [i for i in spec.impls.values() if only is None or i.name in only]
 
     todo = [(s, p, dt, m, i) for s, p, dt in cases for m in modes for i in chosen(s)]
-    say = tqdm.write if progress else log
+    say = Progress.write if progress else log
     wall_start = time.time()
     pool = Pool(device, sorted({s.reference.__module__ for s in specs}), timeout_s, log=say) if isolate else None
     try:
@@ -233,7 +233,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         waiting: list[int] = []  # candidates another sweep holds
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
         of_case: dict[tuple, list] = {}  # this sweep's rows per (op, problem, dtype, mode): the pruning bar
-        bar = tqdm(todo, disable=not progress, unit="meas", dynamic_ncols=True)
+        bar = Progress(todo, disable=not progress, unit="meas", dynamic_ncols=True)
         for n, (spec, problem, dtype, mode, impl) in enumerate(bar):
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt

@@ -304,9 +304,9 @@ def with_progress(pairs: Sequence[tuple[OpSpec, Impl]], bar: bool = True) -> Ite
     """The (op, implementation) pairs of a cost-metadata phase, one at a time, saying how far it has got: a tqdm
     bar on stderr when ``bar`` and stderr is a terminal, else an INFO log line per implementation."""
     if bar and sys.stderr.isatty():
-        from tqdm import tqdm
+        from .progress import Progress
 
-        with tqdm(pairs, desc="cost metadata", unit="impl", file=sys.stderr, dynamic_ncols=True) as shown:
+        with Progress(pairs, desc="cost metadata", unit="impl", file=sys.stderr, dynamic_ncols=True) as shown:
             for spec, impl in shown:
                 shown.set_postfix_str(f"{spec.name} {impl.name}")
                 yield spec, impl

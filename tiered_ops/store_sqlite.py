@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 import urllib.parse
 import warnings
@@ -90,7 +92,29 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
         conn.close()
         if "locked" in str(e) or "busy" in str(e):
             raise
+    wal = Path(str(path) + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return _read_with_wal(path, wal)  # ``immutable`` would not see the transactions in the WAL
     return sqlite3.connect(uri + "&immutable=1", uri=True)
+
+
+def _read_with_wal(path: Path, wal: Path) -> sqlite3.Connection:
+    """An in-memory copy of the store at ``path`` with the transactions of its write-ahead log ``wal``: both files
+    copied into a private temporary directory, where SQLite can build the WAL index it cannot build beside them."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="tiered_ops_store_") as tmp:
+            copy = Path(tmp) / path.name
+            shutil.copyfile(path, copy)
+            shutil.copyfile(wal, str(copy) + "-wal")
+            disk = sqlite3.connect(copy)
+            try:
+                mem = sqlite3.connect(":memory:")
+                disk.backup(mem)
+            finally:
+                disk.close()
+    except OSError as e:
+        raise sqlite3.OperationalError(f"cannot read it with its write-ahead log {wal}: {e}") from e
+    return mem
 
 
 def unusable(path: Path, read_only: bool = False) -> str | None:

@@ -136,9 +136,9 @@ def record_step(model: torch.nn.Module, example_inputs: Any, train: bool = False
 
 def _progress(calls: Sequence[RecordedCall]) -> Iterable[tuple[int, RecordedCall]]:
     if sys.stderr.isatty():
-        from tqdm import tqdm
+        from .progress import Progress
 
-        yield from enumerate(tqdm(calls, desc="tune", unit="call", dynamic_ncols=True))
+        yield from enumerate(Progress(calls, desc="tune", unit="call", dynamic_ncols=True))
         return
     for i, call in enumerate(calls):
         log.info("tune: [%d/%d] %s", i + 1, len(calls), call)

@@ -48,14 +48,16 @@ def _ce_fwd(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, stride, ignore_index, smoot
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             m_new = tl.maximum(m, x)
             keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
-            s = tl.where(keep, s * tl.exp(m - m_new) + tl.exp(x - m_new), s)
+            shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
+            s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
             s = tl.where(x != x, float("nan"), s)  # maximum drops a NaN: the sum carries it
             m = m_new
             if SMOOTH:
                 xs += tl.where(mask, x, 0.0)
         m_row = tl.max(m, axis=0)
         # a NaN anywhere made its lane's s NaN (NaN * 0 stays NaN), so the row's lse is NaN, as in torch
-        s_row = tl.sum(s * tl.where(m != -float("inf"), tl.exp(m - m_row), 0.0), axis=0)
+        s_row = tl.sum(s * tl.where(m != -float("inf"), tl.exp(m - tl.where(m_row == -float("inf"), 0.0, m_row)), 0.0),
+                       axis=0)
         lse = m_row + tl.log(s_row)
         ok = (t >= 0) & (t < n_cols)
         xt = tl.load(x_row + tl.where(ok, t, 0)).to(tl.float32)

@@ -32,7 +32,10 @@ def _softmax_rows(x_ptr, y_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, ROWS: tl.
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    mx = tl.max(x, axis=1)
+    # an all -inf row (the input's, or a row past n_rows) is NaN, as -inf - -inf makes it, without computing that
+    mx = tl.where(mx == -float("inf"), float("nan"), mx)
+    e = tl.exp(x - mx[:, None])
     y = e / tl.sum(e, axis=1)[:, None]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -50,13 +53,16 @@ def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
         keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
-        s = tl.where(keep, s * tl.exp(m - m_new) + tl.exp(x - m_new), s)
+        shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
+        s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
         m = m_new
     m_row = tl.max(m, axis=0)
-    s_row = tl.sum(tl.where(m != -float("inf"), s * tl.exp(m - m_row), 0.0), axis=0)
+    s_row = tl.sum(tl.where(m != -float("inf"), s * tl.exp(m - tl.where(m_row == -float("inf"), 0.0, m_row)), 0.0),
+                   axis=0)
+    m_row = tl.where(m_row == -float("inf"), float("nan"), m_row)  # an all -inf row is NaN (-inf - -inf)
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         tl.store(y_row + start + cols, (tl.exp(x - m_row) / s_row).to(y_ptr.dtype.element_ty), mask=mask)
 
 
