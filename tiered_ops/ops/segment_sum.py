@@ -90,7 +90,9 @@ def reference(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     if S == 0:  # no segment: an empty output, still in values' autograd graph
         return values[:0] * 0
     rows = torch.arange(values.shape[0], device=values.device)
-    ids = torch.searchsorted(offsets[1:], rows, right=True).clamp_(max=S - 1)
+    # searchsorted over all S + 1 boundaries, minus one: the same ids as over offsets[1:] (offsets[0] == 0 <= every
+    # row), without a sliced sorted sequence (Inductor-compiled on the GPU, the sliced form gave wrong sums)
+    ids = torch.searchsorted(offsets, rows, right=True).sub_(1).clamp_(0, S - 1)
     out = values.new_zeros((S, values.shape[1]), dtype=acc).index_add(0, ids, values.to(acc))
     return out.to(values.dtype)
 
