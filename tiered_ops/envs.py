@@ -53,3 +53,10 @@ def verbose_build() -> bool:
 def contention_check() -> bool:
     """TIERED_OPS_CONTENTION_CHECK: notice a busy machine while timing on the CPU (default on)."""
     return os.environ.get("TIERED_OPS_CONTENTION_CHECK", "1").lower() not in OFF
+
+
+def gate_bytes(device_type: str) -> int:
+    """TIERED_OPS_GATE_BYTES: the float64 correctness check's budget at a problem, bytes moved at float64 (default
+    64 MiB on the CPU, 4 GiB on a GPU); a larger row-wise problem is checked on a sample of its rows."""
+    v = os.environ.get("TIERED_OPS_GATE_BYTES")
+    return int(float(v)) if v else (64 << 20 if device_type == "cpu" else 4 << 30)
