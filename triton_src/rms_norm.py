@@ -7,6 +7,10 @@ Bytes: forward 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED_FWD 
 twice (sum of squares, then scale): 2 reads + 1 write. Backward: read x, dy, write dx; with a weight,
 x and dy are read once more by the dw kernel (v1: 5 passes where 3 would do).
 Limits: any row length; non-contiguous x is made contiguous first.
+Hugging Face forms (constexpr flags of the same kernels, one launch): OFFSET multiplies by (w + w_offset) formed in
+fp32 (Gemma); CAST rounds x * r to x's dtype before the weight multiplies it, y in promote(w, x) (Llama). Both take
+r = rsqrt(mean(x^2) + eps), the instruction torch.rsqrt is, and a float32 w over bf16/fp16 x. The backward is the
+same formula with w + w_offset (through the cast, as autograd passes a gradient through .to()).
 Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw kernel.
 v2 — the forward keeps rows up to 32768 in registers (32 warps; v1 looped from 16384: 4096x32768 read twice).
 """
@@ -18,29 +22,88 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import MAX_FUSED_FWD, ParamGrads, check_norm, check_same, norm_param_grads, row_settings
+from .common import MAX_FUSED_FWD, ParamGrads, check_float, check_norm, norm_param_grads, row_settings
 from .launch import bound, param_key
 
 MAX_FUSED = 16384
 
 
 @triton.jit
-def _rms_norm_rows(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
-                   ROWS: tl.constexpr):
+def _rstd(ss, n_cols, eps, HF: tl.constexpr):
+    # HF: rsqrt(mean + eps), as the Hugging Face modules compute it with torch.rsqrt
+    if HF:
+        r = tl.math.rsqrt(ss / n_cols + eps)
+    else:
+        r = 1.0 / tl.sqrt(ss / n_cols + eps)
+    return r
+
+
+@triton.jit
+def _apply_weight(y, w, w_offset, x_dtype: tl.constexpr, OFFSET: tl.constexpr, CAST: tl.constexpr):
+    # y = x * r in fp32 and w loaded in fp32: y * (w + w_offset), or the weight after y's rounding to x's dtype
+    if CAST:
+        y = y.to(x_dtype).to(tl.float32)
+    if OFFSET:
+        w = w + w_offset
+    return y * w
+
+
+def check_form(op: str, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+               weight_offset: float, cast_before_weight: bool) -> int:
+    """check_norm, where a Hugging Face form's weight may also be float32 over bf16/fp16 x; the normalized size."""
+    if weight_offset and (cast_before_weight or weight is None):
+        raise ValueError(f"{op}: weight_offset={weight_offset} needs a weight and excludes cast_before_weight")
+    if not (weight_offset or cast_before_weight) or weight is None or weight.dtype == x.dtype:
+        return check_norm(op, x, normalized_shape, weight=weight)
+    n = check_norm(op, x, normalized_shape)
+    check_float(op, "weight", weight)
+    if weight.dtype != torch.float32:
+        raise TypeError(f"{op}: weight must have the dtype of x ({x.dtype}) or float32, got {weight.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"{op}: weight must be on {x.device} like x, got {weight.device}")
+    if list(weight.shape) != list(normalized_shape):
+        raise ValueError(f"{op}: weight must have shape {list(normalized_shape)}, got {list(weight.shape)}")
+    return n
+
+
+def out_dtype(x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool) -> torch.dtype:
+    """y's dtype: x's, or promote(weight, x) where the weight multiplies after the cast."""
+    return torch.promote_types(weight.dtype, x.dtype) if cast_before_weight and weight is not None else x.dtype
+
+
+def check_dy(op: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool,
+             x_name: str = "x") -> None:
+    """dy has the forward output's dtype, x's device and x's shape."""
+    want = out_dtype(x, weight, cast_before_weight)
+    if dy.dtype != want:
+        raise TypeError(f"{op}: dy must have the output's dtype {want}, got {dy.dtype}")
+    if dy.device != x.device:
+        raise ValueError(f"{op}: dy must be on {x.device} like {x_name}, got {dy.device}")
+    if dy.shape != x.shape:
+        raise ValueError(f"{op}: dy must have the shape of {x_name} {list(x.shape)}, got {list(dy.shape)}")
+
+
+@triton.jit
+def _rms_norm_rows(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ROWS: tl.constexpr, OFFSET: tl.constexpr = False, CAST: tl.constexpr = False):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps, OFFSET or CAST)
     y = x * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        y = _apply_weight(y, w, w_offset, x_ptr.dtype.element_ty, OFFSET, CAST)
+    elif CAST:
+        y = y.to(x_ptr.dtype.element_ty)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
+                     OFFSET: tl.constexpr = False, CAST: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n_cols
     y_row = y_ptr + row * n_cols
@@ -49,18 +112,22 @@ def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, HAS_W: tl.constexpr, BLOC
     for start in range(0, n_cols, BLOCK_N):
         x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=0.0).to(tl.float32)
         acc += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = _rstd(tl.sum(acc, axis=0), n_cols, eps, OFFSET or CAST)
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         y = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = _apply_weight(y, w, w_offset, x_ptr.dtype.element_ty, OFFSET, CAST)
+        elif CAST:
+            y = y.to(x_ptr.dtype.element_ty)
         tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
-                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr,
+                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr = False,
+                       HF: tl.constexpr = False):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
@@ -68,8 +135,11 @@ def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, e
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_W:
-        g = g * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        if OFFSET:
+            w = w + w_offset
+        g = g * w
+    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps, HF)
     c = tl.sum(g * x, axis=1) * rstd * rstd / n_cols
     dx = rstd[:, None] * (g - x * c[:, None])
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -78,8 +148,8 @@ def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, e
 
 
 @triton.jit
-def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, w_offset, HAS_W: tl.constexpr,
+                         BLOCK_N: tl.constexpr, OFFSET: tl.constexpr = False, HF: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     acc_ss = tl.zeros([BLOCK_N], tl.float32)
@@ -89,50 +159,58 @@ def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, HA
         x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                w = w + w_offset
+            g = g * w
         acc_ss += x * x
         acc_gx += g * x
-    rstd = 1.0 / tl.sqrt(tl.sum(acc_ss, axis=0) / n_cols + eps)
+    rstd = _rstd(tl.sum(acc_ss, axis=0), n_cols, eps, HF)
     c = tl.sum(acc_gx, axis=0) * rstd * rstd / n_cols
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                w = w + w_offset
+            g = g * w
         tl.store(dx_ptr + row * n_cols + start + cols, (rstd * (g - x * c)).to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_W:
         tl.store(rstd_ptr + row, rstd)
 
 
-def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
-                    ) -> torch.Tensor:
+def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
+                    weight_offset: float = 0.0, cast_before_weight: bool = False) -> torch.Tensor:
     """The launcher as a plain function: the op below registers it; called bare it is the unregistered contrast."""
-    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
+    n = check_form("rms_norm_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
     weight = weight.contiguous() if weight is not None else None
     xc = x.contiguous()
-    y = torch.empty_like(xc)
+    y = torch.empty_like(xc, dtype=out_dtype(x, weight, cast_before_weight))
+    form = dict(OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
     if xc.numel() == 0:
         return y
     rows = xc.numel() // n
     w = weight if weight is not None else xc  # dummy pointer, never read when HAS_W is False
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if n <= MAX_FUSED_FWD:
-        wrap_triton(_rms_norm_rows)[(triton.cdiv(rows, per),)](xc, w, y, rows, n, eps, HAS_W=weight is not None,
-                                                                 BLOCK_N=block, ROWS=per, num_warps=warps)
+        wrap_triton(_rms_norm_rows)[(triton.cdiv(rows, per),)](xc, w, y, rows, n, eps, weight_offset,
+                                                                 HAS_W=weight is not None, BLOCK_N=block, ROWS=per,
+                                                                 num_warps=warps, **form)
     else:
-        wrap_triton(_rms_norm_looped)[(rows,)](xc, w, y, n, eps, HAS_W=weight is not None, BLOCK_N=4096,
-                                               num_warps=8)
+        wrap_triton(_rms_norm_looped)[(rows,)](xc, w, y, n, eps, weight_offset, HAS_W=weight is not None,
+                                               BLOCK_N=4096, num_warps=8, **form)
     return y
 
 
 def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps: float, weight_offset: float = 0.0, cast_before_weight: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of rms_norm; dw is an empty tensor when there is no weight."""
-    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("rms_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    n = check_form("rms_norm_bwd_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
+    check_dy("rms_norm_bwd_triton", dy, x, weight, cast_before_weight)
+    form = dict(OFFSET=bool(weight_offset), HF=bool(weight_offset or cast_before_weight))
     xc, dyc = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(xc)
     has_w = weight is not None
@@ -143,11 +221,12 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     block, per, warps = row_settings(n, MAX_FUSED)
     if n <= MAX_FUSED:
-        wrap_triton(_rms_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, dx, rstd, rows, n, eps, HAS_W=has_w,
-                                                                     BLOCK_N=block, ROWS=per, num_warps=warps)
+        wrap_triton(_rms_norm_bwd_rows)[(triton.cdiv(rows, per),)](dyc, xc, w, dx, rstd, rows, n, eps, weight_offset,
+                                                                     HAS_W=has_w, BLOCK_N=block, ROWS=per,
+                                                                     num_warps=warps, **form)
     else:
-        wrap_triton(_rms_norm_bwd_looped)[(rows,)](dyc, xc, w, dx, rstd, n, eps, HAS_W=has_w, BLOCK_N=4096,
-                                                   num_warps=8)
+        wrap_triton(_rms_norm_bwd_looped)[(rows,)](dyc, xc, w, dx, rstd, n, eps, weight_offset, HAS_W=has_w,
+                                                   BLOCK_N=4096, num_warps=8, **form)
     if not has_w:
         return dx, x.new_empty((0,))
     dw32, _ = norm_param_grads(dyc.view(rows, n), xc.view(rows, n), None, rstd, with_bias=False)
@@ -164,40 +243,44 @@ _fwd_plans: dict[tuple, tuple] = {}
 _bwd_plans: dict[tuple, tuple] = {}
 
 
-def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
-    """(launch or None when x is empty, int args)."""
-    n = check_norm("rms_norm_triton", x, normalized_shape, weight=weight)
+def _fwd_plan(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, weight_offset: float,
+              cast_before_weight: bool) -> tuple:
+    """(launch or None when x is empty, int args, y's dtype)."""
+    n = check_form("rms_norm_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
+    dt = out_dtype(x, weight, cast_before_weight)
     if x.numel() == 0:
-        return None, ()
+        return None, (), dt
     rows = x.numel() // n
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    form = dict(OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
     if n <= MAX_FUSED_FWD:
         return (bound(_rms_norm_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=weight is not None, BLOCK_N=block,
-                      ROWS=per), (rows, n))
-    return bound(_rms_norm_looped, (rows, 1, 1), 8, HAS_W=weight is not None, BLOCK_N=4096), (n,)
+                      ROWS=per, **form), (rows, n), dt)
+    return bound(_rms_norm_looped, (rows, 1, 1), 8, HAS_W=weight is not None, BLOCK_N=4096, **form), (n,), dt
 
 
-def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float
-                  ) -> torch.Tensor:
+def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
+                  weight_offset: float = 0.0, cast_before_weight: bool = False) -> torch.Tensor:
     """rms_norm_launch, launched directly (the same kernels and settings)."""
-    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight))
+    key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), bool(weight_offset),
+           cast_before_weight)
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight)
-    launch, ints = plan
+        plan = _fwd_plans[key] = _fwd_plan(x, normalized_shape, weight, weight_offset, cast_before_weight)
+    launch, ints, dt = plan
     xc = x.contiguous()
-    y = torch.empty_like(xc)
+    y = torch.empty_like(xc, dtype=dt)
     if launch is not None:
-        launch(xc, xc if weight is None else weight.contiguous(), y, *ints, eps)
+        launch(xc, xc if weight is None else weight.contiguous(), y, *ints, eps, weight_offset)
     return y
 
 
-def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None) -> tuple:
+def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+              weight_offset: float, cast_before_weight: bool) -> tuple:
     """(launch or None when x is empty, int args, rows, parameter-gradient plan or None)."""
-    n = check_norm("rms_norm_bwd_triton", x, normalized_shape, weight=weight)
-    check_same("rms_norm_bwd_triton", "dy", dy, x)
-    if dy.shape != x.shape:
-        raise ValueError(f"rms_norm_bwd_triton: dy must have the shape of x {list(x.shape)}, got {list(dy.shape)}")
+    n = check_form("rms_norm_bwd_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
+    check_dy("rms_norm_bwd_triton", dy, x, weight, cast_before_weight)
+    form = dict(OFFSET=bool(weight_offset), HF=bool(weight_offset or cast_before_weight))
     if x.numel() == 0:
         return None, (), 0, None
     rows = x.numel() // n
@@ -206,18 +289,19 @@ def _bwd_plan(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], we
     block, per, warps = row_settings(n, MAX_FUSED)
     if n <= MAX_FUSED:
         return (bound(_rms_norm_bwd_rows, (triton.cdiv(rows, per), 1, 1), warps, HAS_W=has_w, BLOCK_N=block,
-                      ROWS=per), (rows, n), rows, pg)
-    return bound(_rms_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096), (n,), rows, pg
+                      ROWS=per, **form), (rows, n), rows, pg)
+    return bound(_rms_norm_bwd_looped, (rows, 1, 1), 8, HAS_W=has_w, BLOCK_N=4096, **form), (n,), rows, pg
 
 
 def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                      eps: float, weight_offset: float = 0.0, cast_before_weight: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm_bwd_launch, launched directly."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), dy.shape, dy.dtype,
-           dy.get_device())
+           dy.get_device(), bool(weight_offset), cast_before_weight)
     plan = _bwd_plans.get(key)
     if plan is None:
-        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight)
+        plan = _bwd_plans[key] = _bwd_plan(dy, x, normalized_shape, weight, weight_offset, cast_before_weight)
     launch, ints, rows, pg = plan
     xc, dyc = x.contiguous(), dy.contiguous()
     dx = torch.empty_like(xc)
@@ -225,7 +309,7 @@ def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[
         return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
     w = weight.contiguous() if weight is not None else xc
     rstd = x.new_empty(rows, dtype=torch.float32)
-    launch(dyc, xc, w, dx, rstd, *ints, eps)
+    launch(dyc, xc, w, dx, rstd, *ints, eps, weight_offset)
     if pg is None:
         return dx, x.new_empty((0,))
     dw32, _ = pg(dyc, xc, None, rstd)
