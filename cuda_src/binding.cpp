@@ -135,27 +135,61 @@ at::Tensor softmax_bwd_cuda(const at::Tensor& dy, const at::Tensor& y, int64_t d
   return last ? dx : dx.movedim(-1, dim);
 }
 
+// The weight of a Hugging Face norm form (weight_offset or cast_before_weight): x's dtype, or float32 over a bf16/fp16
+// x (then *w_fp32); the form's arguments checked. Outside those forms: norm_param.
+at::Tensor hf_norm_weight(const c10::optional<at::Tensor>& t, const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                          double weight_offset, bool cast_before_weight, const char* op, bool* w_fp32) {
+  *w_fp32 = false;
+  TORCH_CHECK(!(weight_offset != 0 && cast_before_weight), op, ": weight_offset and cast_before_weight together: no "
+              "such norm form");
+  const bool has_w = t.has_value() && t->defined();
+  TORCH_CHECK(weight_offset == 0 || has_w, op, ": weight_offset needs a weight (it multiplies by offset + weight)");
+  if (!has_w || (weight_offset == 0 && !cast_before_weight) || t->scalar_type() == x.scalar_type())
+    return norm_param(t, x, normalized_shape, op, "weight");
+  check_cuda(*t, op, "weight");
+  TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": weight must have the dtype of x (", x.scalar_type(),
+              ") or float32, got ", t->scalar_type());
+  TORCH_CHECK(t->device() == x.device(), op, ": weight must be on ", x.device(), " like x, got ", t->device());
+  TORCH_CHECK(t->sizes().equals(normalized_shape), op, ": weight must have shape ", shape_str(normalized_shape),
+              ", got ", shape_str(t->sizes()));
+  *w_fp32 = true;
+  return t->contiguous();
+}
+
+// The output's dtype: x's, or float32 where a float32 weight multiplies after the cast (promote(weight, x)).
+at::ScalarType hf_out_dtype(const at::Tensor& x, bool w_fp32, bool cast_before_weight) {
+  return w_fp32 && cast_before_weight ? at::kFloat : x.scalar_type();
+}
+
 at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
-                         double eps) {
+                         double eps, double weight_offset, bool cast_before_weight) {
   const char* op = "rms_norm_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc);
+  at::Tensor y = at::empty_like(xc, xc.options().dtype(hf_out_dtype(x, w32, cast_before_weight)));
   if (xc.numel() > 0)
     check_launch(rms_norm_fwd(xc.data_ptr(), ptr_or_null(wc), y.data_ptr(), xc.numel() / n, n, (float)eps,
-                              dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
+                              dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream(), (float)weight_offset,
+                              cast_before_weight, w32), op);
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
                                                      c10::IntArrayRef normalized_shape,
-                                                     const c10::optional<at::Tensor>& weight, double eps) {
+                                                     const c10::optional<at::Tensor>& weight, double eps,
+                                                     double weight_offset, bool cast_before_weight) {
   const char* op = "rms_norm_bwd_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
-  check_like(dy, x, op, "dy");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
+  const bool dy32 = hf_out_dtype(x, w32, cast_before_weight) != x.scalar_type();
+  check_cuda(dy, op, "dy");
+  TORCH_CHECK(dy.scalar_type() == hf_out_dtype(x, w32, cast_before_weight), op, ": dy must have the output's dtype (",
+              hf_out_dtype(x, w32, cast_before_weight), "), got ", dy.scalar_type());
+  TORCH_CHECK(dy.device() == x.device(), op, ": dy must be on ", x.device(), " like x, got ", dy.device());
   check_same_shape(dy, x, op, "dy", "x");
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
@@ -173,32 +207,37 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(),
                             wc.defined() ? rstd.data_ptr<float>() : nullptr,
                             wc.defined() ? partial.data_ptr<float>() : nullptr, rows, n, (float)eps, rows_per,
-                            dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream()), op);
-  return {dx, wc.defined() ? sum_partials(partial, x, normalized_shape) : x.new_empty({0})};
+                            dtype_of(x, op, "x"), at::cuda::getCurrentCUDAStream(), (float)weight_offset, w32, dy32),
+               op);
+  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : x.new_empty({0})};
 }
 
 // ---- fused_add_rms_norm ----
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
                                                                        c10::IntArrayRef normalized_shape,
                                                                        const c10::optional<at::Tensor>& weight,
-                                                                       double eps) {
+                                                                       double eps, double weight_offset,
+                                                                       bool cast_before_weight) {
   const char* op = "fused_add_rms_norm_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
   check_cuda(residual, op, "residual");
   dtype_of(residual, op, "residual");
   check_like(residual, x, op, "residual");
   check_same_shape(residual, x, op, "residual", "x");
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
-  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
+  at::Tensor y = at::empty_like(xc, xc.options().dtype(hf_out_dtype(x, w32, cast_before_weight))),
+             s = at::empty_like(xc);
   int64_t rows = 1;
   for (int64_t d = 0; d < x.dim() - (int64_t)normalized_shape.size(); ++d) rows *= x.size(d);
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
   if (xc.numel() > 0)
     check_launch(fused_add_rms_norm_fwd(xc.data_ptr(), rc.data_ptr(), ptr_or_null(wc), y.data_ptr(), s.data_ptr(),
                                         rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"),
-                                        at::cuda::getCurrentCUDAStream()), op);
+                                        at::cuda::getCurrentCUDAStream(), (float)weight_offset, cast_before_weight,
+                                        w32), op);
   return {y, s, rstd};
 }
 
@@ -206,13 +245,21 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
                                                                const at::Tensor& new_residual,
                                                                c10::IntArrayRef normalized_shape,
                                                                const c10::optional<at::Tensor>& weight,
-                                                               const at::Tensor& rstd) {
+                                                               const at::Tensor& rstd, double weight_offset,
+                                                               bool cast_before_weight) {
   const char* op = "fused_add_rms_norm_bwd_cuda";
   check_cuda(new_residual, op, "new_residual");
   dtype_of(new_residual, op, "new_residual");
   const int64_t n = check_norm(new_residual, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, new_residual, normalized_shape, op, "weight");
-  check_like(dy, new_residual, op, "dy", "new_residual");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, new_residual, normalized_shape, weight_offset, cast_before_weight, op,
+                                       &w32);
+  const at::ScalarType y_dtype = hf_out_dtype(new_residual, w32, cast_before_weight);
+  check_cuda(dy, op, "dy");
+  TORCH_CHECK(dy.scalar_type() == y_dtype, op, ": dy must have the output's dtype (", y_dtype, "), got ",
+              dy.scalar_type());
+  TORCH_CHECK(dy.device() == new_residual.device(), op, ": dy must be on ", new_residual.device(),
+              " like new_residual, got ", dy.device());
   check_same_shape(dy, new_residual, op, "dy", "new_residual");
   check_like(dres, new_residual, op, "dres", "new_residual");
   check_same_shape(dres, new_residual, op, "dres", "new_residual");
@@ -235,9 +282,10 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
                                       rstd.data_ptr<float>(), dx.data_ptr(),
                                       wc.defined() ? partial.data_ptr<float>() : nullptr, rows, n, rows_per,
-                                      dtype_of(new_residual, op, "new_residual"), at::cuda::getCurrentCUDAStream()),
+                                      dtype_of(new_residual, op, "new_residual"), at::cuda::getCurrentCUDAStream(),
+                                      (float)weight_offset, w32, y_dtype != new_residual.scalar_type()),
                op);
-  return {dx, wc.defined() ? sum_partials(partial, new_residual, normalized_shape) : new_residual.new_empty({0})};
+  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : new_residual.new_empty({0})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
@@ -526,8 +574,10 @@ at::Tensor segment_sum_bwd_cuda(const at::Tensor& dout, const at::Tensor& offset
 TORCH_LIBRARY(tiered_ops, m) {
   m.def("softmax_cuda(Tensor x, int dim) -> Tensor");
   m.def("softmax_bwd_cuda(Tensor dy, Tensor y, int dim) -> Tensor");
-  m.def("rms_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, float eps) -> Tensor");
-  m.def("rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, float eps, float weight_offset=0., "
+        "bool cast_before_weight=False) -> Tensor");
+  m.def("rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps, "
+        "float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor)");
   m.def("layer_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean, Tensor rstd, "
@@ -540,10 +590,10 @@ TORCH_LIBRARY(tiered_ops, m) {
         "-> (Tensor, Tensor)");
   m.def("cross_entropy_bwd_cuda(Tensor grad, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
         "str reduction, float label_smoothing) -> Tensor");
-  m.def("fused_add_rms_norm_cuda(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, float eps) "
-        "-> (Tensor, Tensor, Tensor)");
+  m.def("fused_add_rms_norm_cuda(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, float eps, "
+        "float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor, Tensor)");
   m.def("fused_add_rms_norm_bwd_cuda(Tensor dy, Tensor dres, Tensor new_residual, int[] normalized_shape, "
-        "Tensor? weight, Tensor rstd) -> (Tensor, Tensor)");
+        "Tensor? weight, Tensor rstd, float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor)");
   m.def("segment_sum_cuda(Tensor values, Tensor offsets) -> Tensor");
   m.def("segment_sum_bwd_cuda(Tensor dout, Tensor offsets, int rows) -> Tensor");
 }

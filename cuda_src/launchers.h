@@ -12,9 +12,11 @@ enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 // y[r, :] = softmax(x[r, :]) for `rows` contiguous rows of `n` elements.
 cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, cudaStream_t stream);
 
-// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w (w may be null) for contiguous rows.
+// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w (w may be null) for contiguous rows. Hugging Face forms:
+// w_offset multiplies by (w + w_offset) in fp32; cast rounds x * rsqrt(...) to the dtype before the weight. w_fp32: w is
+// float32 over a bf16/fp16 x (y is then float32 under cast, else x's dtype).
 cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, DType dtype,
-                         cudaStream_t stream);
+                         cudaStream_t stream, float w_offset = 0.f, bool cast = false, bool w_fp32 = false);
 
 // out = a * b + c over `numel` contiguous elements (fp32 arithmetic, one rounding).
 cudaError_t muladd_fwd(const void* a, const void* b, const void* c, void* out, int64_t numel, DType dtype,
@@ -25,20 +27,25 @@ cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, i
                         cudaStream_t stream);
 
 // rms_norm backward: dx for every row; with w, also rstd per row and dw_partial (ceil(rows / rows_per), n) fp32
-// partial sums of the weight gradient (the caller sums them).
+// partial sums of the weight gradient (the caller sums them). w_offset as in the forward; w_fp32: a float32 w over a
+// bf16/fp16 x, with dy float32 when dy_fp32 (the forward's output under cast).
 cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
-                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream);
+                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream,
+                         float w_offset = 0.f, bool w_fp32 = false, bool dy_fp32 = false);
 
 // fused_add_rms_norm forward: s = x + residual (rounded once to the dtype), y = s * rsqrt(mean(s^2) + eps) * w
 // (w may be null), with the per-row fp32 rstd out.
+// Hugging Face forms and w_fp32 as for rms_norm_fwd, on y.
 cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,
-                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream,
+                                   float w_offset = 0.f, bool cast = false, bool w_fp32 = false);
 
 // fused_add_rms_norm backward from s and the saved rstd: dx = ds + rms_norm's dx of dy at s; with w, dw_partial as for
-// rms_norm_bwd.
+// rms_norm_bwd (w_offset, w_fp32, dy_fp32 as there).
 cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
                                    void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, float w_offset = 0.f, bool w_fp32 = false,
+                                   bool dy_fp32 = false);
 
 // layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out.
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,

@@ -170,3 +170,47 @@ def test_public_op_takes_the_forms_by_keyword_only():
     m = _module("llama", 8, torch.float32, torch.device("cpu"))
     m.weight.data = w
     assert _ulps(y, m(x.bfloat16())) <= 1
+
+
+# ---- the fused residual form: HF's `residual = residual + x`, then the norm of it ---------------------------------
+
+@pytest.mark.parametrize("wdtype", ["same", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW], ids=str)
+@pytest.mark.parametrize("form", ["llama", "gemma"])
+@pytest.mark.parametrize("impl", ["eager", "triton", pytest.param("cuda", marks=gpu)])
+def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
+    dev = _dev(impl)
+    wdt = dtype if wdtype == "same" else torch.float32
+    fn = tiered_ops.get_op("fused_add_rms_norm").impls[impl].fn
+    m = _module(form, 64, wdt, dev)
+    g = torch.Generator().manual_seed(6)
+    x = _exact_rows(29, 64, dtype, dev, seed=7)
+    res = _exact_rows(29, 64, dtype, dev, seed=8)  # sums of k/8 stay exact: bit-equality as for rms_norm
+    x0, r0 = x.clone(), res.clone()
+    s_hf = r0 + x0
+    want = m(s_hf)
+    with torch.no_grad():
+        y, s = fn(x, res, (64,), m.weight, EPS, **FORMS[form][1])
+    assert torch.equal(s, s_hf)
+    assert y.dtype == want.dtype
+    interp_bf16 = dev.type == "cpu" and impl != "eager" and dtype == torch.bfloat16
+    yy, ww = (y.to(dtype), want.to(dtype)) if interp_bf16 else (y, want)
+    assert _ulps(yy, ww.detach()) <= (3 if interp_bf16 else 0)
+    # gradients: HF's autograd of the sum and the module, for both outputs used downstream
+    outs = []
+    for run in ("hf", "ours"):
+        xa, ra = x0.clone().requires_grad_(True), r0.clone().requires_grad_(True)
+        m.weight.grad = None
+        if run == "hf":
+            s2 = ra + xa
+            y2 = m(s2)
+        else:
+            y2, s2 = fn(xa, ra, (64,), m.weight, EPS, **FORMS[form][1])
+        if not outs:
+            dy = torch.randn(y2.shape, generator=g).to(device=dev, dtype=y2.dtype)
+            ds = torch.randn(s2.shape, generator=g).to(device=dev, dtype=s2.dtype)
+        torch.autograd.backward([y2, s2], [dy, ds])
+        outs.append((xa.grad, ra.grad, m.weight.grad.clone()))
+    bound = max(GRAD_RTOL[dtype], GRAD_RTOL[wdt])
+    for a, b, what in zip(outs[1], outs[0], ("dx", "dresidual", "dw")):
+        assert a.dtype == b.dtype and _rel(a, b) < bound, f"{impl}/{form} {dtype}: {what} off HF's by {_rel(a, b):.2e}"

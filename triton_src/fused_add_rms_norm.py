@@ -8,6 +8,8 @@ elements; longer rows loop twice (x and residual read twice). Backward: read dy,
 MAX_FUSED_BWD: a persistent grid whose programs each sum their rows' dw in registers ((programs, n) fp32 partials,
 summed after), so dy and s are read once; longer rows loop twice over dy and s, and the column kernel of common.py
 reads them once more for dw.
+Hugging Face forms: the flags of rms_norm's kernels (OFFSET: w + w_offset in fp32; CAST: y rounded to x's dtype before
+the weight, y in promote(w, x)), applied to y of the rounded sum s, in the same launch.
 Limits: any row length; non-contiguous inputs are made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kernel + looped kernel backward.
 """
@@ -24,13 +26,13 @@ from torch.library import triton_op, wrap_triton
 from .common import (
     MAX_FUSED_FWD,
     check_float,
-    check_norm,
     check_same,
     norm_param_grads,
     num_warps_for,
     row_settings,
     target_programs,
 )
+from .rms_norm import _apply_weight, _rstd, check_dy, check_form, out_dtype
 
 # Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
 MAX_FUSED_BWD = 8192
@@ -39,8 +41,9 @@ BWD = "fused_add_rms_norm_bwd_triton"
 
 
 @triton.jit
-def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
-                             BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, w_offset,
+                             HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr,
+                             CAST: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
@@ -50,17 +53,18 @@ def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows
     s = (x + r).to(s_ptr.dtype.element_ty)  # one rounding, as torch's x + residual
     tl.store(s_ptr + offs, s, mask=mask)
     sf = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / n_cols + eps)
+    rstd = _rstd(tl.sum(sf * sf, axis=1), n_cols, eps, OFFSET or CAST)
     y = sf * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        y = _apply_weight(y, w, w_offset, s_ptr.dtype.element_ty, OFFSET, CAST)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
 @triton.jit
-def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
-                               BLOCK_N: tl.constexpr):
+def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, w_offset,
+                               HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr, CAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK_N)
@@ -73,7 +77,7 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
         tl.store(s_ptr + base + start + cols, s, mask=mask)
         sf = s.to(tl.float32)
         acc += sf * sf
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = _rstd(tl.sum(acc, axis=0), n_cols, eps, OFFSET or CAST)
     for start in range(0, n_cols, BLOCK_N):
         # s again from x and residual (not read back from s_ptr: no barrier orders this program's own stores)
         mask = start + cols < n_cols
@@ -81,20 +85,24 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
         r = tl.load(r_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         y = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = _apply_weight(y, w, w_offset, s_ptr.dtype.element_ty, OFFSET, CAST)
         tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
 def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, n_rows, n_cols, rows_per,
-                                 HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                                 w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                                 OFFSET: tl.constexpr):
     # One program per group of rows_per rows (a persistent grid): dx row by row, dw summed in registers.
     g_id = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if OFFSET:
+            w = w + w_offset
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     r_start = g_id * rows_per
     r_end = tl.minimum(r_start + rows_per, n_rows)
@@ -119,8 +127,8 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
 
 
 @triton.jit
-def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, HAS_W: tl.constexpr,
-                                   BLOCK_N: tl.constexpr):
+def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, w_offset,
+                                   HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK_N)
@@ -130,14 +138,20 @@ def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_pt
         mask = start + cols < n_cols
         g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                wl = wl + w_offset
+            g = g * wl
         acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
     c = tl.sum(acc, axis=0) * rstd * rstd / n_cols
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                wl = wl + w_offset
+            g = g * wl
         s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -156,15 +170,16 @@ def _rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
 
 
 def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
-                              weight: torch.Tensor | None, eps: float
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+                              cast_before_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, new_residual, rstd). The launcher as a plain function: the op below registers it; called bare it is the
     unregistered contrast."""
-    n = check_norm(OP, x, normalized_shape, weight=weight)
+    n = check_form(OP, x, normalized_shape, weight, weight_offset, cast_before_weight)
     _check_like_rows(OP, "residual", residual, x, "x")
     weight = weight.contiguous() if weight is not None else None
     xc, rc = x.contiguous(), residual.contiguous()
-    y, s = torch.empty_like(xc), torch.empty_like(xc)
+    y, s = torch.empty_like(xc, dtype=out_dtype(x, weight, cast_before_weight)), torch.empty_like(xc)
+    form = dict(OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
     rows = _rows(x, normalized_shape)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if xc.numel() == 0:
@@ -173,20 +188,23 @@ def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalize
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if n <= MAX_FUSED_FWD:
         wrap_triton(_fused_add_rms_norm_rows)[(triton.cdiv(rows, per),)](
-            xc, rc, w, y, s, rstd, rows, n, eps, HAS_W=weight is not None, BLOCK_N=block, ROWS=per, num_warps=warps)
+            xc, rc, w, y, s, rstd, rows, n, eps, weight_offset, HAS_W=weight is not None, BLOCK_N=block, ROWS=per,
+            num_warps=warps, **form)
     else:
-        wrap_triton(_fused_add_rms_norm_looped)[(rows,)](xc, rc, w, y, s, rstd, n, eps, HAS_W=weight is not None,
-                                                         BLOCK_N=4096, num_warps=8)
+        wrap_triton(_fused_add_rms_norm_looped)[(rows,)](xc, rc, w, y, s, rstd, n, eps, weight_offset,
+                                                         HAS_W=weight is not None, BLOCK_N=4096, num_warps=8, **form)
     return y, s, rstd
 
 
 def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
-                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor,
+                                  weight_offset: float = 0.0, cast_before_weight: bool = False
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw): dx is the gradient of x and of residual alike; dw is an empty tensor when there is no weight."""
     check_float(BWD, "new_residual", new_residual)
-    n = check_norm(BWD, new_residual, normalized_shape, weight=weight)
-    _check_like_rows(BWD, "dy", dy, new_residual, "new_residual")
+    n = check_form(BWD, new_residual, normalized_shape, weight, weight_offset, cast_before_weight)
+    check_float(BWD, "dy", dy)
+    check_dy(BWD, dy, new_residual, weight, cast_before_weight, "new_residual")
     _check_like_rows(BWD, "dres", dres, new_residual, "new_residual")
     rows = _rows(new_residual, normalized_shape)
     if rstd.dtype != torch.float32 or rstd.shape != (rows,) or rstd.device != new_residual.device:
@@ -205,11 +223,11 @@ def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_resi
         groups = triton.cdiv(rows, rows_per)
         dw = torch.empty((groups, n), dtype=torch.float32, device=sc.device) if has_w else rstd
         wrap_triton(_fused_add_rms_norm_bwd_rows)[(groups,)](
-            dyc, dsc, sc, w, rstd, dx, dw, rows, n, rows_per, HAS_W=has_w, BLOCK_N=block, ROWS=per,
-            num_warps=num_warps_for(block * per))
+            dyc, dsc, sc, w, rstd, dx, dw, rows, n, rows_per, weight_offset, HAS_W=has_w, BLOCK_N=block, ROWS=per,
+            num_warps=num_warps_for(block * per), OFFSET=bool(weight_offset))
         return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if has_w else sc.new_empty((0,)))
-    wrap_triton(_fused_add_rms_norm_bwd_looped)[(rows,)](dyc, dsc, sc, w, rstd, dx, n, HAS_W=has_w, BLOCK_N=4096,
-                                                         num_warps=8)
+    wrap_triton(_fused_add_rms_norm_bwd_looped)[(rows,)](dyc, dsc, sc, w, rstd, dx, n, weight_offset, HAS_W=has_w,
+                                                         BLOCK_N=4096, num_warps=8, OFFSET=bool(weight_offset))
     if not has_w:
         return dx, sc.new_empty((0,))
     dw32, _ = norm_param_grads(dyc.view(rows, n), sc.view(rows, n), None, rstd, with_bias=False)
