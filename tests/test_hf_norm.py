@@ -214,3 +214,34 @@ def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
     bound = max(GRAD_RTOL[dtype], GRAD_RTOL[wdt])
     for a, b, what in zip(outs[1], outs[0], ("dx", "dresidual", "dw")):
         assert a.dtype == b.dtype and _rel(a, b) < bound, f"{impl}/{form} {dtype}: {what} off HF's by {_rel(a, b):.2e}"
+
+
+# ---- tiered_ops.patch: one call of the one-launch form, bit-equal to the module's own forward ----------------------
+
+@pytest.mark.parametrize("wdtype", ["same", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("tier", ["eager", "triton"])
+def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeypatch):
+    from tiered_ops import decide as select
+    from tiered_ops import dispatch, patching
+
+    def chosen(spec, problem, dt, device, *args, **kwargs):
+        impl = spec.impls[tier]
+        return select.Selection(impl.fn, impl, {"op": spec.name, "chosen": impl.name, "reason": "forced by the test"})
+
+    monkeypatch.setattr(dispatch, "select_problem", chosen)
+    select.clear_cache()
+    calls = []
+    real = patching.rms_norm
+    monkeypatch.setattr(patching, "rms_norm", lambda *a, **k: calls.append(k) or real(*a, **k))
+    m = _module(form, 64, dtype if wdtype == "same" else torch.float32, torch.device("cpu"))
+    x = _exact_rows(16, 64, dtype, torch.device("cpu"), seed=9)
+    with torch.no_grad():
+        want = m(x)
+        report = tiered_ops.patch(m)
+        assert [s.path for s in report.swapped] == [""], str(report)
+        got = m(x)
+    assert calls == [FORMS[form][1]], f"{form}: {calls}"  # one tiered_ops.rms_norm in the HF form, nothing around it
+    assert got.dtype == want.dtype and torch.equal(got, want), f"{tier}/{form} {dtype}: not bit-equal"
+    select.clear_cache()
