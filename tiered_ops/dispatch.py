@@ -134,6 +134,8 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                               _capturing=_CAPTURING)
     sig = []
     for i, p in enumerate(params):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in sig:
+            sig.append("*")
         if p.default is inspect.Parameter.empty:
             sig.append(p.name)
         else:
@@ -143,7 +145,11 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                       for g in grads)
     decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
     parts = [f"{first}.shape, {first}.dtype, _dev"] + [k for p in params[1:] if (k := _key_part(p, decisive))]
-    call = ", ".join(names)
+    # keyword-only arguments (the reference's after ``*``) go on by name, to the slow path as its kwargs
+    positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    call = ", ".join(positional + [f"{k}={k}" for k in keywords])
+    slow = f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}"
     src = f'''def {spec.name}({", ".join(sig)}):
     try:
         train = ({req}) and _grad()
@@ -154,7 +160,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
         raise _not_tensors({spec.name!r}, {optional!r}, {", ".join(f"{t}={t}" for t in tensors)}) from None
     sel = _calls.get(key)
     if sel is None:
-        return _dispatch(_SPEC, key, {first}, ({call},), {{}}, train)
+        return _dispatch(_SPEC, key, {first}, {slow}, train)
     return sel.fn({call})
 '''
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)

@@ -104,20 +104,17 @@ def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     x, w = hidden_states, self.weight
-    if x.dtype not in _DTYPES:
+    if x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.float32):
         return _fallback(self, x)
-    if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon)
-    return w * rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)  # cast to x's dtype, then the weight
+    # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
+    return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
 
 
 def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype not in _DTYPES:
+    if x.dtype not in _DTYPES or self.weight.dtype not in (x.dtype, torch.float32):
         return _fallback(self, x)
-    w = 1.0 + self.weight.float()
-    if x.dtype == torch.float32:
-        return rms_norm(x, (x.shape[-1],), w, self.eps)
-    return rms_norm(x.float(), (x.shape[-1],), w, self.eps).type_as(x)
+    # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
+    return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
 
 
 def _nn_gelu_forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
