@@ -161,7 +161,10 @@ def test_form_argument_errors(impl):
         fn(x.bfloat16(), (8,), w.half(), EPS, cast_before_weight=True)
 
 
-def test_public_op_takes_the_forms_by_keyword_only():
+def test_public_op_takes_the_forms_by_keyword_only(monkeypatch):
+    # nothing measured, nothing stored: the eager tier, bit-equal to the module (a tuned choice, compile or the
+    # interpreted Triton tier, is within the dtype's bound, not bit-equal)
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
     x, w = torch.randn(4, 8), torch.randn(8)
     with pytest.raises(TypeError):
         tiered_ops.rms_norm(x, (8,), w, EPS, 1.0)  # the torch signature ends at eps
