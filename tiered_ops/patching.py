@@ -10,16 +10,16 @@ and ``.to()`` are untouched; a deepcopy or a pickled copy stays swapped); ``unpa
 - ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (every affine variant) -> tiered_ops.layer_norm / rms_norm;
 - ``torch.nn.GELU`` (none, tanh) -> tiered_ops.gelu; ``torch.nn.Softmax`` with a dim -> tiered_ops.softmax;
 - transformers' RMSNorm of Llama, Mistral, Qwen2, Qwen3 (and any class whose forward is LlamaRMSNorm's code):
-  normalize in fp32, cast to the input dtype, then multiply by the weight. In fp32 that is rms_norm with the
-  weight; in bf16/fp16 the fused kernels would multiply before the one rounding, so the weight is multiplied
-  after tiered_ops.rms_norm without a weight (the same two roundings as the original);
+  normalize in fp32, cast to the input dtype, then multiply by the weight: one tiered_ops.rms_norm call with
+  ``cast_before_weight=True`` (the same two roundings as the original, the output promoted as its ``w * y``);
 - transformers' GemmaRMSNorm (and any class with its forward's code): normalize and multiply by (1 + weight) in
-  fp32, then cast: rms_norm in fp32 with the weight 1 + w (a bf16/fp16 input is upcast first);
+  fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
 - transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
   NewGELUActivation, FastGELUActivation, AccurateGELUActivation).
 
 A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
-bf16 or fp16; a weight or bias of another dtype than the input, as under autocast). transformers is imported only
+bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
+Hugging Face RMSNorms, which their forms take). transformers is imported only
 when the model holds one of its classes.
 """
 
@@ -207,10 +207,10 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
     llama, gemma, _ = hf_reference_forwards()
     if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
         return _Plan("rms_norm", _llama_rms_norm_forward,
-                     "tiered_ops.rms_norm (Llama form: fp32 weight fused; bf16/fp16: weight multiplied after the cast)")
+                     "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
     if _same_code(cls.forward, gemma) and hasattr(m, "eps"):
         return _Plan("rms_norm", _gemma_rms_norm_forward,
-                     "tiered_ops.rms_norm (Gemma form: in fp32 with weight 1 + w, then cast)")
+                     "tiered_ops.rms_norm (Gemma form: weight_offset=1.0, one launch)")
     if name in _LLAMA_STYLE or name in _GEMMA_STYLE:
         return "its forward is not the Llama/Gemma RMSNorm code this patch reproduces (another transformers version)"
     return "an RMSNorm whose semantics this patch does not know"
