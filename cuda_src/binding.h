@@ -113,6 +113,43 @@ inline at::Tensor norm_param(const c10::optional<at::Tensor>& t, const at::Tenso
   return t->contiguous();
 }
 
+// The weight of a Hugging Face norm form (weight_offset or cast_before_weight): x's dtype, or float32 over a bf16/fp16
+// x (then *w_fp32); the form's arguments checked. Outside those forms: norm_param.
+inline at::Tensor hf_norm_weight(const c10::optional<at::Tensor>& t, const at::Tensor& x,
+                                 c10::IntArrayRef normalized_shape, double weight_offset, bool cast_before_weight,
+                                 const char* op, bool* w_fp32) {
+  *w_fp32 = false;
+  TORCH_CHECK(!(weight_offset != 0 && cast_before_weight), op, ": weight_offset and cast_before_weight together: no "
+              "such norm form");
+  const bool has_w = t.has_value() && t->defined();
+  TORCH_CHECK(weight_offset == 0 || has_w, op, ": weight_offset needs a weight (it multiplies by offset + weight)");
+  if (!has_w || (weight_offset == 0 && !cast_before_weight) || t->scalar_type() == x.scalar_type())
+    return norm_param(t, x, normalized_shape, op, "weight");
+  check_cuda(*t, op, "weight");
+  TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": weight must have the dtype of x (", x.scalar_type(),
+              ") or float32, got ", t->scalar_type());
+  TORCH_CHECK(t->device() == x.device(), op, ": weight must be on ", x.device(), " like x, got ", t->device());
+  TORCH_CHECK(t->sizes().equals(normalized_shape), op, ": weight must have shape ", shape_str(normalized_shape),
+              ", got ", shape_str(t->sizes()));
+  *w_fp32 = true;
+  return t->contiguous();
+}
+
+// A norm form's output dtype: x's, or float32 where a float32 weight multiplies after the cast (promote(weight, x)).
+inline at::ScalarType hf_out_dtype(const at::Tensor& x, bool w_fp32, bool cast_before_weight) {
+  return w_fp32 && cast_before_weight ? at::kFloat : x.scalar_type();
+}
+
+// dy, the gradient of a norm form's output: a CUDA tensor of the output's dtype, on x's device, of x's shape.
+inline void check_norm_dy(const at::Tensor& dy, const at::Tensor& x, at::ScalarType y_dtype, const char* op,
+                          const char* x_arg = "x") {
+  check_cuda(dy, op, "dy");
+  TORCH_CHECK(dy.scalar_type() == y_dtype, op, ": dy must have the output's dtype (", y_dtype, "), got ",
+              dy.scalar_type());
+  TORCH_CHECK(dy.device() == x.device(), op, ": dy must be on ", x.device(), " like ", x_arg, ", got ", dy.device());
+  check_same_shape(dy, x, op, "dy", x_arg);
+}
+
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 inline float* f32_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 

@@ -151,8 +151,8 @@ inline unsigned grid_rows(int64_t rows) { return (unsigned)(rows < 65535 * 32 ? 
 // j, dw[g, j] = sum over the group's rows of dy * xhat and db[g, j] = sum of dy, xhat = (x - mean) * rstd
 // (mean null: rms_norm; dw or db null: not wanted). Threads own consecutive columns, so every row's loads are coalesced; the caller sums
 // the groups. Bytes: dy and x read once more, (groups, n) fp32 partials written.
-template <typename T>
-__global__ void norm_param_grads_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+template <typename T, typename TX = T>
+__global__ void norm_param_grads_kernel(const T* __restrict__ dy, const TX* __restrict__ x,
                                         const float* __restrict__ mean, const float* __restrict__ rstd,
                                         float* __restrict__ dw, float* __restrict__ db, int64_t rows, int64_t n,
                                         int64_t rows_per) {
@@ -169,12 +169,12 @@ __global__ void norm_param_grads_kernel(const T* __restrict__ dy, const T* __res
   if (db) db[g * n + j] = ab;
 }
 
-template <typename T>
-inline cudaError_t launch_norm_param_grads(const T* dy, const T* x, const float* mean, const float* rstd, float* dw,
+template <typename T, typename TX = T>  // TX: x's type where dy has another (an fp32 output over bf16/fp16 x)
+inline cudaError_t launch_norm_param_grads(const T* dy, const TX* x, const float* mean, const float* rstd, float* dw,
                                            float* db, int64_t rows, int64_t n, int64_t rows_per, cudaStream_t stream) {
   const int64_t groups = (rows + rows_per - 1) / rows_per;
   const dim3 grid((unsigned)((n + 255) / 256), (unsigned)groups);
-  norm_param_grads_kernel<T><<<grid, 256, 0, stream>>>(dy, x, mean, rstd, dw, db, rows, n, rows_per);
+  norm_param_grads_kernel<T, TX><<<grid, 256, 0, stream>>>(dy, x, mean, rstd, dw, db, rows, n, rows_per);
   return cudaGetLastError();
 }
 

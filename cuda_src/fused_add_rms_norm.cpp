@@ -5,15 +5,18 @@ namespace tiered_ops {
 
 // Host launchers (fused_add_rms_norm.cu).
 // fused_add_rms_norm forward: s = x + residual (rounded once to the dtype), y = s * rsqrt(mean(s^2) + eps) * w
-// (w may be null), with the per-row fp32 rstd out.
+// (w may be null), with the per-row fp32 rstd out. Hugging Face forms on y: w_offset multiplies by (w + w_offset) in
+// fp32; cast rounds s * rstd to the dtype before the weight. w_fp32: w is float32 over a bf16/fp16 x (y is then
+// float32 under cast, else x's dtype).
 cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,
-                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+                                   int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream,
+                                   float w_offset, bool cast, bool w_fp32);
 
 // fused_add_rms_norm backward from s and the saved rstd: dx = ds + rms_norm's dx of dy at s; with w, dw_partial as for
-// rms_norm_bwd.
+// rms_norm_bwd. w_offset as in the forward; w_fp32: a float32 w over a bf16/fp16 s, with dy float32 when dy_fp32.
 cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
                                    void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, float w_offset, bool w_fp32, bool dy_fp32);
 
 
 namespace {
@@ -21,21 +24,25 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
                                                                        c10::IntArrayRef normalized_shape,
                                                                        const c10::optional<at::Tensor>& weight,
-                                                                       double eps) {
+                                                                       double eps, double weight_offset,
+                                                                       bool cast_before_weight) {
   const char* op = "fused_add_rms_norm_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
   check_cuda(residual, op, "residual");
   dtype_of(residual, op, "residual");
   check_twin(residual, x, op, "residual");
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
-  at::Tensor y = at::empty_like(xc), s = at::empty_like(xc);
+  at::Tensor y = at::empty_like(xc, xc.options().dtype(hf_out_dtype(x, w32, cast_before_weight))),
+             s = at::empty_like(xc);
   const int64_t rows = norm_rows(x, normalized_shape);
   at::Tensor rstd = f32_empty(x, {rows});
   if (xc.numel() > 0)
     check_launch(fused_add_rms_norm_fwd(xc.data_ptr(), rc.data_ptr(), ptr_or_null(wc), y.data_ptr(), s.data_ptr(),
-                                        rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"), stream()),
+                                        rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"), stream(),
+                                        (float)weight_offset, cast_before_weight, w32),
                  op);
   return {y, s, rstd};
 }
@@ -44,13 +51,17 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
                                                                const at::Tensor& new_residual,
                                                                c10::IntArrayRef normalized_shape,
                                                                const c10::optional<at::Tensor>& weight,
-                                                               const at::Tensor& rstd) {
+                                                               const at::Tensor& rstd, double weight_offset,
+                                                               bool cast_before_weight) {
   const char* op = "fused_add_rms_norm_bwd_cuda";
   check_cuda(new_residual, op, "new_residual");
   dtype_of(new_residual, op, "new_residual");
   const int64_t n = check_norm(new_residual, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, new_residual, normalized_shape, op, "weight");
-  check_twin(dy, new_residual, op, "dy", "new_residual");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, new_residual, normalized_shape, weight_offset, cast_before_weight, op,
+                                       &w32);
+  const at::ScalarType y_dtype = hf_out_dtype(new_residual, w32, cast_before_weight);
+  check_norm_dy(dy, new_residual, y_dtype, op, "new_residual");
   check_twin(dres, new_residual, op, "dres", "new_residual");
   const int64_t rows = norm_rows(new_residual, normalized_shape);
   check_stat(rstd, rows, op, "rstd");
@@ -67,16 +78,19 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   }
   check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
                                       rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(partial), rows, n, rows_per,
-                                      dtype_of(new_residual, op, "new_residual"), stream()), op);
-  return {dx, wc.defined() ? sum_partials(partial, new_residual, normalized_shape) : new_residual.new_empty({0})};
+                                      dtype_of(new_residual, op, "new_residual"), stream(), (float)weight_offset, w32,
+                                      y_dtype != new_residual.scalar_type()),
+               op);
+  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : new_residual.new_empty({0})};
 }
 
 }  // namespace
 
 TIERED_OPS_CUDA_OP(fused_add_rms_norm,
                   "fused_add_rms_norm_cuda(Tensor x, Tensor residual, int[] normalized_shape, Tensor? weight, "
-                  "float eps) -> (Tensor, Tensor, Tensor)",
+                  "float eps, float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor, Tensor)",
                   "fused_add_rms_norm_bwd_cuda(Tensor dy, Tensor dres, Tensor new_residual, int[] normalized_shape, "
-                  "Tensor? weight, Tensor rstd) -> (Tensor, Tensor)");
+                  "Tensor? weight, Tensor rstd, float weight_offset=0., bool cast_before_weight=False) "
+                  "-> (Tensor, Tensor)");
 
 }  // namespace tiered_ops

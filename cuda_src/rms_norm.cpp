@@ -4,38 +4,46 @@
 namespace tiered_ops {
 
 // Host launchers (rms_norm.cu).
-// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w (w may be null) for contiguous rows.
+// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w (w may be null) for contiguous rows. Hugging Face forms:
+// w_offset multiplies by (w + w_offset) in fp32; cast rounds x * rsqrt(...) to the dtype before the weight. w_fp32: w is
+// float32 over a bf16/fp16 x (y is then float32 under cast, else x's dtype).
 cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, DType dtype,
-                         cudaStream_t stream);
+                         cudaStream_t stream, float w_offset, bool cast, bool w_fp32);
 
 // rms_norm backward: dx for every row; with w, also rstd per row and dw_partial (ceil(rows / rows_per), n) fp32
-// partial sums of the weight gradient (the caller sums them).
+// partial sums of the weight gradient (the caller sums them). w_offset as in the forward; w_fp32: a float32 w over a
+// bf16/fp16 x, with dy float32 when dy_fp32 (the forward's output under cast).
 cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
-                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream);
+                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream,
+                         float w_offset, bool w_fp32, bool dy_fp32);
 
 namespace {
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
-                         double eps) {
+                         double eps, double weight_offset, bool cast_before_weight) {
   const char* op = "rms_norm_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc);
+  at::Tensor y = at::empty_like(xc, xc.options().dtype(hf_out_dtype(x, w32, cast_before_weight)));
   if (xc.numel() > 0)
     check_launch(rms_norm_fwd(xc.data_ptr(), ptr_or_null(wc), y.data_ptr(), xc.numel() / n, n, (float)eps,
-                              dtype_of(x, op, "x"), stream()), op);
+                              dtype_of(x, op, "x"), stream(), (float)weight_offset, cast_before_weight, w32), op);
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& x,
                                                      c10::IntArrayRef normalized_shape,
-                                                     const c10::optional<at::Tensor>& weight, double eps) {
+                                                     const c10::optional<at::Tensor>& weight, double eps,
+                                                     double weight_offset, bool cast_before_weight) {
   const char* op = "rms_norm_bwd_cuda";
   const int64_t n = check_norm(x, normalized_shape, op);
-  const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
-  check_twin(dy, x, op, "dy");
+  bool w32 = false;
+  const at::Tensor wc = hf_norm_weight(weight, x, normalized_shape, weight_offset, cast_before_weight, op, &w32);
+  const at::ScalarType y_dtype = hf_out_dtype(x, w32, cast_before_weight);
+  check_norm_dy(dy, x, y_dtype, op);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
   at::Tensor dx = at::empty_like(xc);
@@ -51,15 +59,17 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   }
   check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(),
                             f32_or_null(rstd), f32_or_null(partial), rows, n, (float)eps, rows_per,
-                            dtype_of(x, op, "x"), stream()), op);
-  return {dx, wc.defined() ? sum_partials(partial, x, normalized_shape) : x.new_empty({0})};
+                            dtype_of(x, op, "x"), stream(), (float)weight_offset, w32, y_dtype != x.scalar_type()),
+               op);
+  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : x.new_empty({0})};
 }
 
 }  // namespace
 
 TIERED_OPS_CUDA_OP(rms_norm,
-                  "rms_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, float eps) -> Tensor",
-                  "rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps) "
-                  "-> (Tensor, Tensor)");
+                  "rms_norm_cuda(Tensor x, int[] normalized_shape, Tensor? weight, float eps, float weight_offset=0., "
+                  "bool cast_before_weight=False) -> Tensor",
+                  "rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps, "
+                  "float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor)");
 
 }  // namespace tiered_ops

@@ -10,17 +10,30 @@
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row: x, dy read twice, dx written once); dw = sum over rows of dy * x * r by the column kernel of
 // common.cuh (x and dy read once more: 5 passes where 3 would do, v1).
+// Hugging Face forms (runtime arguments of the same kernels, one launch): w_offset multiplies by (w + w_offset) in fp32
+// (Gemma); cast rounds x * r to T before the weight multiplies it (Llama), y in promote(w, x). r = rsqrtf(mean + eps)
+// is torch.rsqrt's. A float32 w over bf16/fp16 x (W = float, and Y = float under cast) takes v1's scalar path.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace tiered_ops {
 
-template <typename T, int V>
-__global__ void rms_norm_v1_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                                   int64_t rows, int64_t n, float eps) {
+// v = x * r in fp32, wv = w in fp32: the output value before its rounding to Y.
+template <typename T>
+__device__ __forceinline__ float rms_weighted(float v, bool has_w, float wv, float w_offset, bool cast) {
+  if (cast) v = to_f(from_f<T>(v));
+  return has_w ? v * (w_offset != 0.f ? wv + w_offset : wv) : v;
+}
+
+template <typename T, int V, typename W = T, typename Y = T>
+__global__ void rms_norm_v1_kernel(const T* __restrict__ x, const W* __restrict__ w, Y* __restrict__ y,
+                                   int64_t rows, int64_t n, float eps, float w_offset, bool cast) {
+  static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, Y>::value), "packs need one element type");
   __shared__ float smem[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * n;
-    T* yr = y + r * n;
+    Y* yr = y + r * n;
     float ss = 0.f;
     for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
       if constexpr (V > 1) {
@@ -39,14 +52,11 @@ __global__ void rms_norm_v1_kernel(const T* __restrict__ x, const T* __restrict_
         Pack<T> pw;
         if (w) pw = *reinterpret_cast<const Pack<T>*>(w + i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float v = to_f(p.v[j]) * rstd;
-          q.v[j] = from_f<T>(w ? v * to_f(pw.v[j]) : v);
-        }
+        for (int j = 0; j < V; ++j)
+          q.v[j] = from_f<T>(rms_weighted<T>(to_f(p.v[j]) * rstd, w, w ? to_f(pw.v[j]) : 0.f, w_offset, cast));
         *reinterpret_cast<Pack<T>*>(yr + i) = q;
       } else {
-        const float v = to_f(xr[i]) * rstd;
-        yr[i] = from_f<T>(w ? v * to_f(w[i]) : v);
+        yr[i] = from_f<Y>(rms_weighted<T>(to_f(xr[i]) * rstd, w, w ? to_f(w[i]) : 0.f, w_offset, cast));
       }
     }
   }
@@ -55,7 +65,7 @@ __global__ void rms_norm_v1_kernel(const T* __restrict__ x, const T* __restrict_
 template <typename T, int P>
 __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                               T* __restrict__ y, int64_t rows, int n, float eps,
-                                                              int tpr) {
+                                                              int tpr, float w_offset, bool cast) {
   constexpr int V = Pack<T>::N;
   __shared__ float smem[32];
   const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
@@ -81,7 +91,7 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
         float pw[V], a[V];
         if (w) load_f<T, V>(w, i, pw);
 #pragma unroll
-        for (int j = 0; j < V; ++j) a[j] = w ? to_f(q[p].v[j]) * rstd * pw[j] : to_f(q[p].v[j]) * rstd;
+        for (int j = 0; j < V; ++j) a[j] = rms_weighted<T>(to_f(q[p].v[j]) * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
         store_f<T, V>(y, r * n + i, a);
       }
     }
@@ -89,28 +99,38 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
 }
 
 template <typename T>
-static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps,
-                                   cudaStream_t stream) {
+static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps, float w_offset,
+                                   bool cast, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const RowsConfig c = rows_config(rows, n, V, aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w)));
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
-                                             x, w, y, rows, (int)n, eps, c.tpr));
+                                             x, w, y, rows, (int)n, eps, c.tpr, w_offset, cast));
     return cudaGetLastError();
   }
   const bool vec = n % V == 0 && aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
   const int threads = row_threads(n, vec ? V : 1);
   if (vec)
-    rms_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps);
+    rms_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps, w_offset, cast);
   else
-    rms_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps);
+    rms_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps, w_offset, cast);
   return cudaGetLastError();
 }
 
-template <typename T, int V>
-__global__ void rms_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+// A float32 weight over bf16/fp16 x: v1's scalar path, y of type Y (T, or float under cast).
+template <typename T, typename Y>
+static cudaError_t launch_rms_norm_w32(const T* x, const float* w, Y* y, int64_t rows, int64_t n, float eps,
+                                       float w_offset, bool cast, cudaStream_t stream) {
+  rms_norm_v1_kernel<T, 1, float, Y><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(x, w, y, rows, n, eps,
+                                                                                         w_offset, cast);
+  return cudaGetLastError();
+}
+
+template <typename T, int V, typename W = T, typename DY = T>
+__global__ void rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                                        T* __restrict__ dx, float* __restrict__ rstd_out, int64_t rows, int64_t n,
-                                       float eps) {
+                                       float eps, float w_offset) {
+  static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t base = r * n;
@@ -118,20 +138,20 @@ __global__ void rms_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __rest
     for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
       float a[V], g[V], ww[V];
       load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, g);
-      if (w) load_f<T, V>(w, i, ww);
+      load_f<DY, V>(dy, base + i, g);
+      if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += (w ? g[j] * ww[j] : g[j]) * a[j];
+      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += (w ? g[j] * (ww[j] + w_offset) : g[j]) * a[j];
     }
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
     const float c = block_sum(gx, smem) * rstd * rstd / (float)n;
     for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
       float a[V], g[V], ww[V];
       load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, g);
-      if (w) load_f<T, V>(w, i, ww);
+      load_f<DY, V>(dy, base + i, g);
+      if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = rstd * ((w ? g[j] * ww[j] : g[j]) - a[j] * c);
+      for (int j = 0; j < V; ++j) a[j] = rstd * ((w ? g[j] * (ww[j] + w_offset) : g[j]) - a[j] * c);
       store_f<T, V>(dx, base + i, a);
     }
     if (rstd_out && threadIdx.x == 0) rstd_out[r] = rstd;
@@ -140,36 +160,73 @@ __global__ void rms_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __rest
 
 template <typename T>
 static cudaError_t launch_rms_norm_bwd(const T* dy, const T* x, const T* w, T* dx, float* rstd, float* dw_partial,
-                                       int64_t rows, int64_t n, float eps, int64_t rows_per, cudaStream_t stream) {
+                                       int64_t rows, int64_t n, float eps, int64_t rows_per, float w_offset,
+                                       cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && (w == nullptr || aligned16(w));
   const int threads = row_threads(n, vec ? V : 1);
   float* rstd_out = w ? rstd : nullptr;
   if (vec)
-    rms_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps);
+    rms_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps,
+                                                                           w_offset);
   else
-    rms_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps);
+    rms_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps,
+                                                                           w_offset);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_norm_param_grads<T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
 }
 
+// A float32 weight over bf16/fp16 x (dy of type DY: T, or float under cast): the scalar path, then the column kernel.
+template <typename T, typename DY>
+static cudaError_t launch_rms_norm_bwd_w32(const DY* dy, const T* x, const float* w, T* dx, float* rstd,
+                                           float* dw_partial, int64_t rows, int64_t n, float eps, int64_t rows_per,
+                                           float w_offset, cudaStream_t stream) {
+  rms_norm_bwd_v1_kernel<T, 1, float, DY><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(dy, x, w, dx, rstd, rows,
+                                                                                               n, eps, w_offset);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_norm_param_grads<DY, T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
+}
+
 cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
-                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream) {
+                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream,
+                         float w_offset, bool w_fp32, bool dy_fp32) {
   if (rows == 0 || n == 0) return cudaSuccess;
+  if (w_fp32 && w != nullptr && dtype != DType::F32) {
+    TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
+      if (dy_fp32)
+        return launch_rms_norm_bwd_w32(static_cast<const float*>(dy), static_cast<const T*>(x),
+                                       static_cast<const float*>(w), static_cast<T*>(dx), rstd, dw_partial, rows, n,
+                                       eps, rows_per, w_offset, stream);
+      return launch_rms_norm_bwd_w32(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
+                                     static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
+    });
+    return cudaErrorInvalidValue;
+  }
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                  static_cast<const T*>(w), static_cast<T*>(dx), rstd, dw_partial, rows,
-                                                 n, eps, rows_per, stream));
+                                                 n, eps, rows_per, w_offset, stream));
   return cudaSuccess;
 }
 
 cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, DType dtype,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, float w_offset, bool cast, bool w_fp32) {
   if (rows == 0 || n == 0) return cudaSuccess;
+  if (w_fp32 && w != nullptr && dtype != DType::F32) {
+    TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
+      if (cast)  // promote(float32, T): y is float32
+        return launch_rms_norm_w32(static_cast<const T*>(x), static_cast<const float*>(w), static_cast<float*>(y),
+                                   rows, n, eps, w_offset, cast, stream);
+      return launch_rms_norm_w32(static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rows, n,
+                                 eps, w_offset, cast, stream);
+    });
+    return cudaErrorInvalidValue;
+  }
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_rms_norm(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y),
-                                             rows, n, eps, stream));
+                                             rows, n, eps, w_offset, cast, stream));
   return cudaSuccess;
 }
 

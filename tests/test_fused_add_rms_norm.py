@@ -16,6 +16,8 @@ PROBLEMS = [
     P((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
     P((5, 64), weight=False),  # no weight
     P((0, 16)),  # empty
+    P((64, 256), weight_offset=1.0),  # Hugging Face's Gemma form on the sum
+    P((64, 256), cast_before_weight=True),  # Hugging Face's Llama form on the sum
 ]
 
 

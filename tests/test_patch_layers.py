@@ -93,17 +93,43 @@ def test_fused_residual_runs_the_kernels(dtype, monkeypatch):
 
 
 @needs_hf
-def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family, form", [("qwen3", {"cast_before_weight": True}), ("gemma", {"weight_offset": 1.0})])
+def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch, family, form, dtype):
+    """One call per layer, the norm's weight and its Hugging Face form passed to it (no multiply after it, no upcast
+    before it), in bf16 as in fp32."""
     from tiered_ops import patch_layers
 
     seen = []
     real = patch_layers.fused_add_rms_norm
-    monkeypatch.setattr(patch_layers, "fused_add_rms_norm", lambda *a: seen.append(a[0].shape) or real(*a))
-    model = tiny("qwen3")
+    monkeypatch.setattr(patch_layers, "fused_add_rms_norm",
+                        lambda *a, **k: seen.append((a[0].shape, a[3] is not None, k)) or real(*a, **k))
+    model = tiny(family).to(dtype)
     patch(model, fuse_residual=True)
     with torch.no_grad():
         model(_batch()[0])
-    assert seen == [torch.Size([2, 8, 64])] * 2  # once per layer
+    assert seen == [(torch.Size([2, 8, 64]), True, form)] * 2  # once per layer
+
+
+@needs_hf
+@pytest.mark.parametrize("wdtype", ["same", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_add_rms_norm_is_the_hf_add_and_norm_bit_for_bit(family, dtype, wdtype):
+    """The fused call (eager tier: nothing stored, tuning off) gives the stock norm of the stock sum exactly, output
+    dtype included: the form's roundings are the module's."""
+    from tiered_ops.patch_layers import add_rms_norm
+
+    layer = tiny(family).model.layers[0]
+    norm = layer.post_attention_layernorm.to(dtype if wdtype == "same" else torch.float32)
+    g = torch.Generator().manual_seed(3)
+    x, r = (torch.randn(3, 5, 64, generator=g).to(dtype) for _ in range(2))
+    with torch.no_grad():
+        y, h = add_rms_norm(norm, x, r, gemma=family == "gemma")
+        want_h = r + x
+        want_y = norm(want_h)
+    assert torch.equal(h, want_h)
+    assert y.dtype == want_y.dtype and torch.equal(y, want_y)
 
 
 @needs_hf

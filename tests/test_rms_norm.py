@@ -24,6 +24,8 @@ PROBLEMS = [
     P((64, 256)),  # short rows: several rows per Triton program
     P((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
     P((5, 64), weight=False),  # no weight
+    P((64, 256), weight_offset=1.0),  # Hugging Face's Gemma form: (1 + w) in fp32, one rounding
+    P((64, 256), cast_before_weight=True),  # Hugging Face's Llama form: rounded to x's dtype, then the weight
 ]
 
 

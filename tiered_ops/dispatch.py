@@ -19,7 +19,7 @@ from . import decide as _decide
 from .catalog import get_op
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
 from .record import active, note
-from .registry import CONTEXTS, DTYPE_NAMES, Impl, OpSpec, mixed_dtypes, run_promoted
+from .registry import CONTEXTS, DTYPE_NAMES, Impl, OpSpec, needs_promotion, run_promoted
 from .store import STORE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         eager = spec.impls["eager"]
         sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
                                               reason=f"the store failed: {e}: eager", candidates=[]))
-    sel = Selection(hot_fn(spec, sel.impl, x.device, mixed_dtypes(args, kwargs)), sel.impl, sel.record)
+    sel = Selection(hot_fn(spec, sel.impl, x.device, needs_promotion(spec, args, kwargs)), sel.impl, sel.record)
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
@@ -107,15 +107,15 @@ def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Calla
         return impl.fn
     values = spec.check_values if device.type == "cpu" else None
     if mixed:
-        def promoted(*args: Any) -> Any:
+        def promoted(*args: Any, **kwargs: Any) -> Any:
             if values is not None:
-                values(*args)
-            return run_promoted(spec, fn, args, {})
+                values(*args, **kwargs)
+            return run_promoted(spec, fn, args, kwargs)
         return promoted
     if values is not None:
-        def checked_values(*args: Any) -> Any:
-            values(*args)
-            return fn(*args)
+        def checked_values(*args: Any, **kwargs: Any) -> Any:
+            values(*args, **kwargs)
+            return fn(*args, **kwargs)
         return checked_values
     return fn
 
@@ -167,6 +167,8 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                               _capturing=_CAPTURING)
     sig = []
     for i, p in enumerate(params):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in sig:
+            sig.append("*")
         if p.default is inspect.Parameter.empty:
             sig.append(p.name)
         else:
@@ -176,7 +178,11 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                       for g in grads)
     decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
     parts = [f"{first}.shape, {first}.dtype, _dev"] + [k for p in params[1:] if (k := _key_part(p, decisive))]
-    call = ", ".join(names)
+    # keyword-only arguments (the reference's after ``*``) go on by name, to the slow path as its kwargs
+    positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    call = ", ".join(positional + [f"{k}={k}" for k in keywords])
+    slow = f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}"
     src = f'''def {spec.name}({", ".join(sig)}):
     try:
         train = ({req}) and _grad()
@@ -187,7 +193,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
         raise _not_tensors({spec.name!r}, {optional!r}, {", ".join(f"{t}={t}" for t in tensors)}) from None
     sel = _calls.get(key)
     if sel is None:
-        return _dispatch(_SPEC, key, {first}, ({call},), {{}}, train)
+        return _dispatch(_SPEC, key, {first}, {slow}, train)
     return sel.fn({call})
 '''
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)

@@ -5,9 +5,10 @@ layers share one forward: ``residual + attention`` then ``post_attention_layerno
 ``residual + mlp``. The rewrite (a forward on the layer instance, for any class whose forward is that code) computes
 the first add and the norm in one ``tiered_ops.fused_add_rms_norm`` call, which returns the normalized sum and the sum
 (the next residual). The sum is rounded to the input's dtype before the norm, as in the original. The norm keeps its
-form: Llama's normalizes in fp32, casts, then multiplies by the weight (fused where input and weight are fp32,
-multiplied after the call otherwise, the same two roundings); Gemma's multiplies by 1 + weight in fp32 before its
-one cast (fused in fp32; in bf16/fp16 the layer runs the add and the norm apart, as the original). The MLP's add and
+form through the op's Hugging Face forms, in the same launch: Llama's normalizes in fp32, rounds to the input's dtype,
+then multiplies by the weight (``cast_before_weight=True``: the same two roundings, the output promoted as the
+original's); Gemma's multiplies by 1 + weight in fp32 before its one rounding (``weight_offset=1.0``). A weight of
+another dtype than the input's or float32 runs the add and the norm apart, as the original. The MLP's add and
 the next layer's input norm stay apart (the layer boundary is the model's loop). Under gradient checkpointing the
 layer runs its class's forward. Every call site of the fused op is in ``add_rms_norm``.
 
@@ -60,17 +61,15 @@ def hf_reference_forwards() -> tuple[Callable, Callable, Callable]:
 def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(residual + x), residual + x) of a transformers RMSNorm of the Llama form (``gemma``: the Gemma form),
-    through tiered_ops.fused_add_rms_norm where the form allows; else the add and the norm module apart."""
-    if x.dtype in _DTYPES and residual.dtype == x.dtype and residual.shape == x.shape:
-        w = norm.weight
-        if gemma:
-            if x.dtype == torch.float32:
-                return fused_add_rms_norm(x, residual, (x.shape[-1],), 1.0 + w.float(), norm.eps)
-        elif x.dtype == torch.float32 and w.dtype == torch.float32:
-            return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.variance_epsilon)
-        else:  # normalize in fp32, cast to x's dtype, then the weight (w * y promotes as the original does)
-            y, h = fused_add_rms_norm(x, residual, (x.shape[-1],), None, norm.variance_epsilon)
-            return w * y, h
+    through one tiered_ops.fused_add_rms_norm call in the norm's Hugging Face form where the dtypes allow (a weight of
+    x's dtype or float32); else the add and the norm module apart."""
+    w = norm.weight
+    if (x.dtype in _DTYPES and residual.dtype == x.dtype and residual.shape == x.shape
+            and w.dtype in (x.dtype, torch.float32)):
+        if gemma:  # (1 + w) in fp32, one rounding
+            return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
+        # normalized in fp32, rounded to x's dtype, then the weight (the output promote(w, x))
+        return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h
 
@@ -117,10 +116,10 @@ def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str 
         return "its forward is already replaced on the instance (by other code): left as it is"
     if same_code(type(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
         return _llama_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
-                                        "(Llama form: weight fused in fp32, multiplied after the cast otherwise)")
+                                        "(Llama form: cast_before_weight=True)")
     if same_code(type(post).forward, gemma_norm) and hasattr(post, "eps"):
         return _gemma_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
-                                        "(Gemma form: fused in fp32; bf16/fp16 add and norm apart)")
+                                        "(Gemma form: weight_offset=1.0)")
     return "its post_attention_layernorm is not the Llama/Gemma RMSNorm"
 
 

@@ -10,16 +10,16 @@ and ``.to()`` are untouched; a deepcopy or a pickled copy stays swapped); ``unpa
 - ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (every affine variant) -> tiered_ops.layer_norm / rms_norm;
 - ``torch.nn.GELU`` (none, tanh) -> tiered_ops.gelu; ``torch.nn.Softmax`` with a dim -> tiered_ops.softmax;
 - transformers' RMSNorm of Llama, Mistral, Qwen2, Qwen3 (and any class whose forward is LlamaRMSNorm's code):
-  normalize in fp32, cast to the input dtype, then multiply by the weight. In fp32 that is rms_norm with the
-  weight; in bf16/fp16 the fused kernels would multiply before the one rounding, so the weight is multiplied
-  after tiered_ops.rms_norm without a weight (the same two roundings as the original);
+  normalize in fp32, cast to the input dtype, then multiply by the weight: one tiered_ops.rms_norm call with
+  ``cast_before_weight=True`` (the same two roundings as the original, the output promoted as its ``w * y``);
 - transformers' GemmaRMSNorm (and any class with its forward's code): normalize and multiply by (1 + weight) in
-  fp32, then cast: rms_norm in fp32 with the weight 1 + w (a bf16/fp16 input is upcast first);
+  fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
 - transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
   NewGELUActivation, FastGELUActivation, AccurateGELUActivation).
 
 A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
-bf16 or fp16; a weight or bias of another dtype than the input, as under autocast). transformers is imported only
+bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
+Hugging Face RMSNorms, which their forms take). transformers is imported only
 when the model holds one of its classes.
 """
 
@@ -104,20 +104,17 @@ def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     x, w = hidden_states, self.weight
-    if x.dtype not in _DTYPES:
+    if x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.float32):
         return _fallback(self, x)
-    if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon)
-    return w * rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)  # cast to x's dtype, then the weight
+    # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
+    return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
 
 
 def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype not in _DTYPES:
+    if x.dtype not in _DTYPES or self.weight.dtype not in (x.dtype, torch.float32):
         return _fallback(self, x)
-    w = 1.0 + self.weight.float()
-    if x.dtype == torch.float32:
-        return rms_norm(x, (x.shape[-1],), w, self.eps)
-    return rms_norm(x.float(), (x.shape[-1],), w, self.eps).type_as(x)
+    # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
+    return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
 
 
 def _nn_gelu_forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
@@ -210,10 +207,10 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
     llama, gemma, _ = hf_reference_forwards()
     if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
         return _Plan("rms_norm", _llama_rms_norm_forward,
-                     "tiered_ops.rms_norm (Llama form: fp32 weight fused; bf16/fp16: weight multiplied after the cast)")
+                     "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
     if _same_code(cls.forward, gemma) and hasattr(m, "eps"):
         return _Plan("rms_norm", _gemma_rms_norm_forward,
-                     "tiered_ops.rms_norm (Gemma form: in fp32 with weight 1 + w, then cast)")
+                     "tiered_ops.rms_norm (Gemma form: weight_offset=1.0, one launch)")
     if name in _LLAMA_STYLE or name in _GEMMA_STYLE:
         return "its forward is not the Llama/Gemma RMSNorm code this patch reproduces (another transformers version)"
     return "an RMSNorm whose semantics this patch does not know"

@@ -184,6 +184,9 @@ class OpSpec:
     validate: Callable[..., None] | None = None
     check_values: Callable[..., None] | None = None
     result_dtype: Callable[..., torch.dtype] | None = None
+    # ``takes_mixed``: whether a call's mix of floating dtypes is one every tier takes as it is (a Hugging Face norm
+    # form's float32 weight over a bfloat16 x), not a promotion.
+    takes_mixed: Callable[..., bool] | None = None
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def mode_bytes(self, problem: Problem, dtype: torch.dtype, mode: str) -> int:
@@ -278,6 +281,12 @@ def mixed_dtypes(args: tuple, kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def needs_promotion(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a call mixes floating dtypes in a way torch promotes (``run_promoted``), rather than one its op
+    takes as it is (``spec.takes_mixed``)."""
+    return mixed_dtypes(args, kwargs) and not (spec.takes_mixed is not None and spec.takes_mixed(*args, **kwargs))
+
+
 def run_promoted(spec: OpSpec, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     """A call whose floating tensors have several dtypes, as torch promotes it: every floating tensor taken exactly
     to the widest of their dtypes (an upcast loses nothing), ``fn`` run there (one dtype, as every implementation
@@ -306,7 +315,7 @@ def checked(spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
             validate(*args, **kwargs)
         if values is not None:
             values(*args, **kwargs)
-        if mixed_dtypes(args, kwargs):
+        if needs_promotion(spec, args, kwargs):
             return run_promoted(spec, fn, args, kwargs)
         return fn(*args, **kwargs)
 

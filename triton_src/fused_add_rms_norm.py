@@ -8,6 +8,8 @@ elements; longer rows loop twice (x and residual read twice). Backward: read dy,
 MAX_FUSED_BWD: a persistent grid whose programs each sum their rows' dw in registers ((programs, n) fp32 partials,
 summed after), so dy and s are read once; longer rows loop twice over dy and s, and the column kernel of common.py
 reads them once more for dw.
+Hugging Face forms: the flags of rms_norm's kernels (OFFSET: w + w_offset in fp32; CAST: y rounded to x's dtype before
+the weight, y in promote(w, x)), applied to y of the rounded sum s, in the same launch.
 Limits: any row length; non-contiguous inputs are made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kernel + looped kernel backward.
 """
@@ -26,7 +28,6 @@ from .common import (
     MAX_FUSED_FWD,
     ParamGradsPlan,
     check_float,
-    check_norm,
     check_same,
     norm_param_grads,
     num_warps_for,
@@ -35,6 +36,7 @@ from .common import (
     target_programs,
 )
 from .launch import Step, param_key
+from .rms_norm import _apply_weight, _rstd, check_dy, check_form, out_dtype
 
 # Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
 MAX_FUSED_BWD = 8192
@@ -43,8 +45,9 @@ BWD = "fused_add_rms_norm_bwd_triton"
 
 
 @triton.jit
-def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
-                             BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, w_offset,
+                             HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr,
+                             CAST: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
@@ -54,17 +57,18 @@ def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows
     s = (x + r).to(s_ptr.dtype.element_ty)  # one rounding, as torch's x + residual
     tl.store(s_ptr + offs, s, mask=mask)
     sf = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=1) / n_cols + eps)
+    rstd = _rstd(tl.sum(sf * sf, axis=1), n_cols, eps, OFFSET or CAST)
     y = sf * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        y = _apply_weight(y, w, w_offset, s_ptr.dtype.element_ty, OFFSET, CAST)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
 
 
 @triton.jit
-def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
-                               BLOCK_N: tl.constexpr):
+def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, w_offset,
+                               HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr, CAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK_N)
@@ -77,7 +81,7 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
         tl.store(s_ptr + base + start + cols, s, mask=mask)
         sf = s.to(tl.float32)
         acc += sf * sf
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = _rstd(tl.sum(acc, axis=0), n_cols, eps, OFFSET or CAST)
     for start in range(0, n_cols, BLOCK_N):
         # s again from x and residual (not read back from s_ptr: no barrier orders this program's own stores)
         mask = start + cols < n_cols
@@ -85,20 +89,24 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
         r = tl.load(r_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         y = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = _apply_weight(y, w, w_offset, s_ptr.dtype.element_ty, OFFSET, CAST)
         tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd)
 
 
 @triton.jit
 def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, n_rows, n_cols, rows_per,
-                                 HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                                 w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                                 OFFSET: tl.constexpr):
     # One program per group of rows_per rows (a persistent grid): dx row by row, dw summed in registers.
     g_id = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if OFFSET:
+            w = w + w_offset
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     r_start = g_id * rows_per
     r_end = tl.minimum(r_start + rows_per, n_rows)
@@ -123,8 +131,8 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
 
 
 @triton.jit
-def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, HAS_W: tl.constexpr,
-                                   BLOCK_N: tl.constexpr):
+def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, w_offset,
+                                   HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK_N)
@@ -134,14 +142,20 @@ def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_pt
         mask = start + cols < n_cols
         g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                wl = wl + w_offset
+            g = g * wl
         acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
     c = tl.sum(acc, axis=0) * rstd * rstd / n_cols
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                wl = wl + w_offset
+            g = g * wl
         s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -166,6 +180,7 @@ class FwdPlan(NamedTuple):
     step: Step | None  # None: x is empty
     ints: tuple
     rows: int
+    out: torch.dtype  # y's dtype
 
 
 class BwdPlan(NamedTuple):
@@ -177,26 +192,29 @@ class BwdPlan(NamedTuple):
     param_grads: ParamGradsPlan | None  # the looped kernel's dw (with a weight)
 
 
-def plan_fwd(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None
-             ) -> FwdPlan:
-    n = check_norm(OP, x, normalized_shape, weight=weight)
+def plan_fwd(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+             weight_offset: float = 0.0, cast_before_weight: bool = False) -> FwdPlan:
+    n = check_form(OP, x, normalized_shape, weight, weight_offset, cast_before_weight)
     _check_like_rows(OP, "residual", residual, x, "x")
     rows = _rows(x, normalized_shape)
+    dt = out_dtype(x, weight, cast_before_weight)
     if x.numel() == 0:
-        return FwdPlan(None, (), rows)
-    flags = dict(HAS_W=weight is not None)
+        return FwdPlan(None, (), rows, dt)
+    flags = dict(HAS_W=weight is not None, OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
     block, per, warps = row_settings(n, MAX_FUSED_FWD)
     if n <= MAX_FUSED_FWD:
         return FwdPlan(Step(_fused_add_rms_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block,
-                            ROWS=per), (rows, n), rows)
-    return FwdPlan(Step(_fused_add_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows)
+                            ROWS=per), (rows, n), rows, dt)
+    return FwdPlan(Step(_fused_add_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, dt)
 
 
 def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, normalized_shape: list[int],
-             weight: torch.Tensor | None, rstd: torch.Tensor) -> BwdPlan:
+             weight: torch.Tensor | None, rstd: torch.Tensor, weight_offset: float = 0.0,
+             cast_before_weight: bool = False) -> BwdPlan:
     check_float(BWD, "new_residual", new_residual)
-    n = check_norm(BWD, new_residual, normalized_shape, weight=weight)
-    _check_like_rows(BWD, "dy", dy, new_residual, "new_residual")
+    n = check_form(BWD, new_residual, normalized_shape, weight, weight_offset, cast_before_weight)
+    check_float(BWD, "dy", dy)
+    check_dy(BWD, dy, new_residual, weight, cast_before_weight, "new_residual")
     _check_like_rows(BWD, "dres", dres, new_residual, "new_residual")
     rows = _rows(new_residual, normalized_shape)
     if rstd.dtype != torch.float32 or rstd.shape != (rows,) or rstd.device != new_residual.device:
@@ -205,7 +223,7 @@ def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, n
     if new_residual.numel() == 0:
         return BwdPlan(None, (), rows, False, None, None)
     has_w = weight is not None
-    flags = dict(HAS_W=has_w)
+    flags = dict(HAS_W=has_w, OFFSET=bool(weight_offset))
     if n <= MAX_FUSED_BWD:
         block, per, _ = row_settings(n, MAX_FUSED_BWD)
         groups = max(1, min(triton.cdiv(rows, per), target_programs(new_residual.device)))
@@ -219,17 +237,18 @@ def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, n
 
 
 def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     xc, rc = x.contiguous(), residual.contiguous()
-    y, s = torch.empty_like(xc), torch.empty_like(xc)
+    y, s = torch.empty_like(xc, dtype=plan.out), torch.empty_like(xc)
     rstd = x.new_empty(plan.rows, dtype=torch.float32)
     if plan.step is not None:  # weight: a dummy pointer (x), never read when HAS_W is False
-        plan.step(direct, xc, rc, xc if weight is None else weight.contiguous(), y, s, rstd, *plan.ints, eps)
+        plan.step(direct, xc, rc, xc if weight is None else weight.contiguous(), y, s, rstd, *plan.ints, eps,
+                  float(weight_offset))
     return y, s, rstd
 
 
 def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
-         weight: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+         weight: torch.Tensor | None, rstd: torch.Tensor, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
     sc, dyc, dsc = new_residual.contiguous(), dy.contiguous(), dres.contiguous()
     dx = torch.empty_like(sc)
     if plan.step is None:
@@ -237,9 +256,9 @@ def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, dres: torch.Tensor, new_
     w = weight.contiguous() if weight is not None else sc
     if plan.persistent:  # dw partials per program
         dw = sc.new_empty(plan.dw_shape, dtype=torch.float32) if plan.dw_shape is not None else rstd
-        plan.step(direct, dyc, dsc, sc, w, rstd, dx, dw, *plan.ints)
+        plan.step(direct, dyc, dsc, sc, w, rstd, dx, dw, *plan.ints, float(weight_offset))
         return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else sc.new_empty((0,)))
-    plan.step(direct, dyc, dsc, sc, w, rstd, dx, *plan.ints)
+    plan.step(direct, dyc, dsc, sc, w, rstd, dx, *plan.ints, float(weight_offset))
     if plan.param_grads is None:
         return dx, sc.new_empty((0,))
     dw32, _ = norm_param_grads(plan.param_grads, direct, dyc, sc, None, rstd)
@@ -247,19 +266,21 @@ def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, dres: torch.Tensor, new_
 
 
 def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
-                              weight: torch.Tensor | None, eps: float
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+                              cast_before_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, new_residual, rstd). The launcher as a plain function: the op below registers it; called bare it is the
     unregistered contrast."""
-    return _fwd(plan_fwd(x, residual, normalized_shape, weight), False, x, residual, weight, eps)
+    plan = plan_fwd(x, residual, normalized_shape, weight, weight_offset, cast_before_weight)
+    return _fwd(plan, False, x, residual, weight, eps, weight_offset)
 
 
 def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
-                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                  normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor,
+                                  weight_offset: float = 0.0, cast_before_weight: bool = False
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw): dx is the gradient of x and of residual alike; dw is an empty tensor when there is no weight."""
-    plan = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd)
-    return _bwd(plan, False, dy, dres, new_residual, weight, rstd)
+    plan = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd, weight_offset, cast_before_weight)
+    return _bwd(plan, False, dy, dres, new_residual, weight, rstd, weight_offset)
 
 
 fused_add_rms_norm_triton = triton_op("tiered_ops::fused_add_rms_norm_triton", fused_add_rms_norm_launch,
@@ -272,25 +293,27 @@ _bwd_plans: dict[tuple, BwdPlan] = {}
 
 
 def fused_add_rms_norm_fast(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
-                            weight: torch.Tensor | None, eps: float
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0,
+                            cast_before_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = (x.shape, x.dtype, x.get_device(), residual.shape, residual.dtype, residual.get_device(),
-           tuple(normalized_shape), param_key(weight))
+           tuple(normalized_shape), param_key(weight), bool(weight_offset), bool(cast_before_weight))
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, residual, normalized_shape, weight)
-    return _fwd(plan, True, x, residual, weight, eps)
+        plan = _fwd_plans[key] = plan_fwd(x, residual, normalized_shape, weight, weight_offset, cast_before_weight)
+    return _fwd(plan, True, x, residual, weight, eps, weight_offset)
 
 
 def fused_add_rms_norm_bwd_fast(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor,
-                                normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor
+                                normalized_shape: list[int], weight: torch.Tensor | None, rstd: torch.Tensor,
+                                weight_offset: float = 0.0, cast_before_weight: bool = False
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm_bwd_launch for eager callers."""
     key = (new_residual.shape, new_residual.dtype, new_residual.get_device(), dy.shape, dy.dtype, dy.get_device(),
            dres.shape, dres.dtype, dres.get_device(), tuple(normalized_shape), param_key(weight), rstd.shape,
-           rstd.dtype, rstd.get_device())
+           rstd.dtype, rstd.get_device(), bool(weight_offset), bool(cast_before_weight))
     plan = _bwd_plans.get(key)
     if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd)
-    return _bwd(plan, True, dy, dres, new_residual, weight, rstd)
+        plan = _bwd_plans[key] = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd, weight_offset,
+                                          cast_before_weight)
+    return _bwd(plan, True, dy, dres, new_residual, weight, rstd, weight_offset)

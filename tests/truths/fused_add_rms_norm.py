@@ -14,11 +14,13 @@ def _dims(x: torch.Tensor, normalized_shape: Any) -> tuple[int, ...]:
 
 
 def truth(x: torch.Tensor, residual: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
-          eps: float | None = None, *, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+          eps: float | None = None, *, dtype: torch.dtype, weight_offset: float = 0.0, cast_before_weight: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face forms on y as for rms_norm's truth (the cast is exact in float64)."""
     eps = torch.finfo(dtype).eps if eps is None else eps  # as F.rms_norm: eps=None is the input dtype's eps
     s = x + residual
     y = s / torch.sqrt((s * s).mean(_dims(s, normalized_shape), keepdim=True) + eps)
-    return (y if weight is None else y * weight), s
+    return (y if weight is None else y * (weight_offset + weight)), s
 
 
 def random_problem(draw, shape: tuple[int, ...]) -> dict:

@@ -13,10 +13,12 @@ def _dims(x: torch.Tensor, normalized_shape: Any) -> tuple[int, ...]:
 
 
 def truth(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None, eps: float | None = None,
-          *, dtype: torch.dtype) -> torch.Tensor:
+          *, dtype: torch.dtype, weight_offset: float = 0.0, cast_before_weight: bool = False) -> torch.Tensor:
+    """Hugging Face forms: weight_offset multiplies by (offset + w); cast_before_weight rounds before the weight in
+    the candidate's dtype, which float64 math does not: the same value."""
     eps = torch.finfo(dtype).eps if eps is None else eps  # F.rms_norm: eps=None is the input dtype's eps
     y = x / torch.sqrt((x * x).mean(_dims(x, normalized_shape), keepdim=True) + eps)
-    return y if weight is None else y * weight
+    return y if weight is None else y * (weight_offset + weight)
 
 
 def random_problem(draw, shape: tuple[int, ...]) -> dict:

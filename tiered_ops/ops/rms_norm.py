@@ -7,6 +7,15 @@ x's is promoted as torch does (the math in the wider dtype, y in x's dtype).
 Bucket: (rows rounded up to a power of two, the normalized size n, whether there is a weight).
 Bytes: read x + write y (+ weight once). Backward: read x and dy, write dx (+ weight, + dw once).
 Autograd of the kernel ops: save x and weight; the backward kernel recomputes rsqrt(mean(x^2) + eps).
+
+Hugging Face's norm forms (keyword-only, named by what they change in the math, so that one flag serves every model
+class written that way): ``weight_offset=o`` multiplies by (o + weight) formed in fp32 (Gemma: o = 1,
+``(x.float() * rsqrt(mean(x^2) + eps) * (1.0 + weight.float())).type_as(x)``); ``cast_before_weight=True`` rounds
+the normalized x to x's dtype before the weight multiplies it (Llama, Mistral, Qwen2/3:
+``weight * hidden_states.to(input_dtype)``), and the output has ``promote(weight.dtype, x.dtype)``, so a float32
+weight over bf16 activations gives a float32 output, as there. In both forms the weight may be float32 while x is
+bf16/fp16; the two flags together (no Hugging Face norm has that form) are an error. The gradients are those of the
+math: through the cast, as autograd passes a gradient through ``.to()``.
 """
 
 from __future__ import annotations
@@ -21,38 +30,91 @@ from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, registe
 from ._common import check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn
 
 
+def check_form(x: torch.Tensor, weight: torch.Tensor | None, weight_offset: float, cast_before_weight: bool,
+               op: str = "rms_norm") -> None:
+    """The Hugging Face form's arguments: a weight for an offset, not both flags, a weight of x's dtype or float32."""
+    if weight_offset and cast_before_weight:
+        raise ValueError(f"{op}: weight_offset and cast_before_weight together: no such norm form (Gemma's is "
+                         f"weight_offset=1.0, Llama's cast_before_weight=True), got {weight_offset} and True")
+    if weight_offset and weight is None:
+        raise ValueError(f"{op}: weight_offset={weight_offset} needs a weight (it multiplies by offset + weight)")
+    if weight is not None and weight.dtype not in (x.dtype, torch.float32) and x.dtype != torch.float64:
+        raise TypeError(f"{op}: weight must have the dtype of x ({x.dtype}) or float32 in a Hugging Face form, "
+                        f"got {weight.dtype}")
+
+
+def hf_norm(x: torch.Tensor, dims: tuple[int, ...], weight: torch.Tensor | None, eps: float, weight_offset: float,
+            cast_before_weight: bool) -> torch.Tensor:
+    """The Hugging Face forms in torch ops, in their order: fp32 math for bf16/fp16 (float64 stays float64, where
+    the cast is exact and the form is the math)."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    h = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    if cast_before_weight:
+        h = h.to(x.dtype)
+        return h if weight is None else weight * h
+    w = weight if x.dtype == torch.float64 else weight.float()
+    return (h * (weight_offset + w)).to(x.dtype)
+
+
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-              eps: float | None = None) -> torch.Tensor:
-    """Eager tier and reference: torch's own rms_norm (computes in fp32 for low precision)."""
-    return F.rms_norm(x, norm_shape(normalized_shape), weight, eps)
+              eps: float | None = None, *, weight_offset: float = 0.0, cast_before_weight: bool = False
+              ) -> torch.Tensor:
+    """Eager tier and reference: torch's own rms_norm (computes in fp32 for low precision); the Hugging Face forms
+    as their modules compute them."""
+    if not weight_offset and not cast_before_weight:
+        return F.rms_norm(x, norm_shape(normalized_shape), weight, eps)
+    check_form(x, weight, weight_offset, cast_before_weight)
+    ns = norm_shape(normalized_shape)
+    return hf_norm(x, tuple(range(x.dim() - len(ns), x.dim())), weight, _eps(x, eps), weight_offset,
+                   cast_before_weight)
 
 
 def validate(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-             eps: float | None = None) -> None:
+             eps: float | None = None, *, weight_offset: float = 0.0, cast_before_weight: bool = False) -> None:
     """The contract of a call (every tier): x floating, normalized_shape x's trailing dims, weight of that shape on
-    x's device (any floating dtype: torch promotes), eps a float or None."""
+    x's device (any floating dtype: torch promotes; x's or float32 in a Hugging Face form), eps a float or None."""
     ns = check_norm("rms_norm", x, normalized_shape)
     norm_param("rms_norm", "weight", weight, x, ns)
     check_eps("rms_norm", eps, optional=True)
+    if weight_offset or cast_before_weight:
+        check_form(x, weight, weight_offset, cast_before_weight)
 
 
-def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True
-             ) -> Problem:
+def takes_mixed(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                eps: float | None = None, *, weight_offset: float = 0.0, cast_before_weight: bool = False) -> bool:
+    """Whether every tier takes this call's mix of dtypes as it is: a Hugging Face form's float32 weight over a
+    bfloat16/float16 x is part of the form (the kernels read it as float32), not a promotion."""
+    return bool(weight_offset or cast_before_weight)
+
+
+def form_params(weight_offset: float, cast_before_weight: bool) -> dict[str, Any]:
+    """A problem's Hugging Face form parameters: only those set, so a plain problem (and its bucket) stays as it was."""
+    return {k: v for k, v in (("weight_offset", float(weight_offset)), ("cast_before_weight", bool(cast_before_weight)))
+            if v}
+
+
+def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
+             weight_offset: float = 0.0, cast_before_weight: bool = False) -> Problem:
     ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "rms_norm")
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
-    return make_problem(shape, normalized_shape=ns, weight=bool(weight))
+    if weight_offset and (cast_before_weight or not weight):
+        raise ValueError("rms_norm: weight_offset needs a weight and excludes cast_before_weight")
+    return make_problem(shape, normalized_shape=ns, weight=bool(weight),
+                        **form_params(weight_offset, cast_before_weight))
 
 
 def _problem_of(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-                eps: float | None = None) -> Problem:
-    return _problem(tuple(x.shape), normalized_shape, weight is not None)
+                eps: float | None = None, *, weight_offset: float = 0.0, cast_before_weight: bool = False) -> Problem:
+    return _problem(tuple(x.shape), normalized_shape, weight is not None, weight_offset, cast_before_weight)
 
 
 def _bucket(p: Problem) -> tuple:
     rows, n = norm_split(p)
-    return pow2_ceil(rows), n, p.kw["weight"]
+    kw = p.kw
+    form = tuple((k, kw[k]) for k in ("weight_offset", "cast_before_weight") if k in kw)  # a plain bucket: none
+    return (pow2_ceil(rows), n, kw["weight"], *form)
 
 
 def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -60,7 +122,8 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
     ns = p.kw["normalized_shape"]
     x = randn(p.shape, dtype, device, g)
     w = (1 + 0.5 * randn(ns, torch.float32, device, g)).to(dtype) if p.kw["weight"] else None
-    return Inputs((x, ns, w, torch.finfo(dtype).eps))  # eps of x's dtype, also for the float64 reference
+    form = form_params(p.kw.get("weight_offset", 0.0), p.kw.get("cast_before_weight", False))
+    return Inputs((x, ns, w, torch.finfo(dtype).eps), form)  # eps of x's dtype, also for the float64 reference
 
 
 def _bytes(p: Problem, dt: torch.dtype) -> int:
@@ -83,31 +146,42 @@ def _eps(x: torch.Tensor, eps: float | None) -> float:
 
 
 def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
-                 eps: float | None = None) -> tuple:
-    """F.rms_norm's signature onto the kernel ops' schema (x, int[] normalized_shape, weight?, float eps)."""
-    return x, list(norm_shape(normalized_shape)), weight, _eps(x, eps)
+                 eps: float | None = None, *, weight_offset: float = 0.0, cast_before_weight: bool = False) -> tuple:
+    """F.rms_norm's signature onto the kernel ops' schema (x, int[] normalized_shape, weight?, float eps,
+    float weight_offset, bool cast_before_weight)."""
+    if weight_offset or cast_before_weight:
+        check_form(x, weight, weight_offset, cast_before_weight)
+    return x, list(norm_shape(normalized_shape)), weight, _eps(x, eps), float(weight_offset), bool(cast_before_weight)
 
 
-def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+def out_dtype(x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool) -> torch.dtype:
+    """The output's dtype: x's, or promote(weight, x) where the weight multiplies after the cast."""
+    return torch.promote_types(weight.dtype, x.dtype) if cast_before_weight and weight is not None else x.dtype
+
+
+def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
+          weight_offset: float = 0.0, cast_before_weight: bool = False) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format, dtype=out_dtype(x, weight, cast_before_weight))
 
 
 def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+              eps: float, weight_offset: float = 0.0, cast_before_weight: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None else x.new_empty((0,))
     return torch.empty_like(x, memory_format=torch.contiguous_format), dw
 
 
 def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, ctx.normalized_shape, weight, ctx.eps = inputs
+    x, ctx.normalized_shape, weight, ctx.eps, *form = inputs
+    ctx.form = tuple(form)  # (weight_offset, cast_before_weight)
     ctx.save_for_backward(x, weight)
 
 
 def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         x, weight = ctx.saved_tensors
-        dx, dw = bwd(grad, x, ctx.normalized_shape, weight, ctx.eps)
-        return dx, None, (dw if weight is not None else None), None
+        dx, dw = bwd(grad, x, ctx.normalized_shape, weight, ctx.eps, *ctx.form)
+        return dx, None, (dw if weight is not None else None), None, *(None,) * len(ctx.form)
 
     return backward
 
@@ -126,10 +200,15 @@ SPEC = register_op(OpSpec(
         _problem((4, 6, 33), normalized_shape=(6, 33)),  # normalized over two trailing dims
         _problem((5, 64), weight=False),  # no weight
         _problem((0, 16)),  # empty
+        _problem((1823, 781), weight_offset=1.0),  # Gemma's form: (1 + w), then one rounding
+        _problem((1823, 781), cast_before_weight=True),  # Llama's form: rounded to x's dtype, then the weight
+        _problem((2, 40009), cast_before_weight=True),  # Llama's form, looped kernels
+        _problem((5, 64), weight=False, cast_before_weight=True),  # the cast alone
     ],
     default_problems=lambda dev: [_problem(s) for s in (
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096), (12, 250000)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
+    takes_mixed=takes_mixed,
 ))
 
