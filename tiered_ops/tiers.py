@@ -8,6 +8,7 @@ registrations, availability checks, source files for staleness) lives here and n
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -227,6 +228,21 @@ def _bind(kernel: Callable[..., Any], kernel_args: Callable[..., tuple], first: 
     return lambda *a, **k: kernel(*kernel_args(*a, **k))
 
 
+def local_imports(path: Path) -> tuple[Path, ...]:
+    """``path`` and the sibling modules it imports relatively (``from .rms_norm import ...``), transitively: the files
+    whose bytes an implementation built from ``path`` runs, so its source hash moves when any of them changes."""
+    seen: list[Path] = []
+    todo = [path]
+    while todo:
+        p = todo.pop()
+        if p in seen or not p.is_file():
+            continue
+        seen.append(p)
+        for m in re.finditer(r"^from \.(\w+) import", p.read_text(), re.M):
+            todo.append(p.parent / f"{m.group(1)}.py")
+    return tuple(seen)
+
+
 def standard_impls(spec: OpSpec) -> None:
     """Register the eager, compile, triton and cuda implementations of ``spec`` (kernel files named after the op),
     ahead of any implementation the declaration added itself.
@@ -238,6 +254,7 @@ def standard_impls(spec: OpSpec) -> None:
     ``<op>_bwd_<tier>`` that ``spec.autograd`` calls.
     """
     name, op_file, first_output, n_out = spec.name, spec.source, spec.first_output, len(spec.outputs)
+    op_files = local_imports(op_file)  # the declaration and the sibling modules it imports (ops/_common.py, ...)
     eager = spec.eager or spec.reference
     kernel_args = spec.kernel_args
     if kernel_args is None:
@@ -247,17 +264,18 @@ def standard_impls(spec: OpSpec) -> None:
     cu_file, wrapper = cuda_ext.op_files(name)
     # Each tier's fn runs behind the op's contract (``registry.checked``: validated once, before the tier runs, mixed
     # dtypes promoted as torch does); ``unchecked`` is the tier alone, for callers that validated the call already.
-    spec.add(Impl("eager", Tier.EAGER, checked(spec, eager), (op_file,), own_functions=((op_file, eager.__name__),),
+    spec.add(Impl("eager", Tier.EAGER, checked(spec, eager), op_files, own_functions=((op_file, eager.__name__),),
                   unchecked=eager))
     compiled = Compiled(eager)
-    spec.add(Impl("compile", Tier.COMPILE, checked(spec, compiled), (op_file,),
+    spec.add(Impl("compile", Tier.COMPILE, checked(spec, compiled), op_files,
                   own_functions=((op_file, eager.__name__),), unchecked=compiled))
     fast_file = Path(fastpath.__file__)
     triton_registered = _bind(_kernel_op(f"{name}_triton", lambda: _triton_load(spec)), kernel_args, first_output,
                               n_out)
     triton_fast = _eager_fast(spec, "triton", triton_registered, lambda: _triton_load(spec))
     spec.add(Impl("triton", Tier.TRITON, checked(spec, triton_fast), unchecked=triton_fast,
-                  sources=(op_file, triton_file, TRITON_SRC / "common.py", TRITON_SRC / "launch.py", fast_file),
+                  sources=(*op_files, *local_imports(triton_file), TRITON_SRC / "common.py", TRITON_SRC / "launch.py",
+                           fast_file),
                   available=_triton_available_for(spec), timeable=_triton_timeable,
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
                                              first_output, n_out),
@@ -266,7 +284,7 @@ def standard_impls(spec: OpSpec) -> None:
     cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
     cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
     spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
-                  sources=(op_file, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
+                  sources=(*op_files, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file, wrapper)))
