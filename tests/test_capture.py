@@ -163,3 +163,23 @@ def test_reduce_overhead_compile_of_a_patched_model_runs():
         for _ in range(4):
             out = fn(input_ids=ids, use_cache=False).logits.float()
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_warming_passes_the_calls_keyword_arguments(fresh, monkeypatch):
+    """The warm-up call runs what the capture will run: a keyword-only argument (a norm form, a Triton constexpr)
+    reaches the warmed implementation, so no kernel specialization is compiled for the first time inside capture."""
+    seen: list = []
+    spec = get_op("rms_norm")
+
+    def fn(*a, **k):
+        seen.append(k)
+        return spec.reference(*a, **k)
+
+    impl = Impl("planted", Tier.TRITON, fn, (spec.source,))
+    monkeypatch.setattr(decide, "capturable", lambda device: True)
+    x, w = torch.randn(4, 64).bfloat16(), torch.randn(64)
+    problem = spec.problem_of(x, (64,), w, cast_before_weight=True)
+    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6),
+                {"cast_before_weight": True})
+    assert seen == [{"cast_before_weight": True}]
+    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd")

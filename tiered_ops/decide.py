@@ -294,7 +294,7 @@ def mark_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
 
 
 def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-         args: tuple | None = None) -> None:
+         args: tuple | None = None, kwargs: dict[str, Any] | None = None) -> None:
     """Call ``impl`` once outside capture (and its backward in a gradient mode) on copies of ``args``, or on the
     op's inputs at ``problem``, so that a later call inside a CUDA-graph capture finds it compiled and loaded.
     Only where capture exists (``capturable``); a failure is logged and leaves it cold (a capture then runs
@@ -307,7 +307,7 @@ def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     if args is None:
         args, kwargs = (lambda i: (i.args, i.kwargs))(spec.make_inputs(problem, dtype, device, 0))
     else:
-        kwargs = {}
+        kwargs = dict(kwargs or {})  # the call's keyword arguments too: a Triton constexpr (a norm form) is one
     args = tuple(a.detach().clone().requires_grad_(grad and i in spec.grad_args and a.is_floating_point())
                  if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
     try:

@@ -91,7 +91,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                                      context="graphed", warm_graphed=False).impl
         except STORE_ERRORS:
             graphed = spec.impls["eager"]  # what a capture then runs: always warm
-        _decide.warm(spec, graphed, problem, _as_dtype(x.dtype), x.device, mode, args)
+        _decide.warm(spec, graphed, problem, _as_dtype(x.dtype), x.device, mode, args, kwargs)
         out = sel.fn(*args, **kwargs)
         _decide.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode)
         return out
