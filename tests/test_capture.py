@@ -78,7 +78,7 @@ def test_capture_runs_the_graphed_choice_only_once_it_is_warm(fresh, monkeypatch
     torch.testing.assert_close(dispatch.dispatch(spec, _key(x, w, 2), x, (x, (64,), w), {}), ref)  # cold: eager
     assert calls == []
     torch.testing.assert_close(tiered_ops.rms_norm(x, (64,), w), ref)  # the eager warm-up call runs eager...
-    assert len(calls) == 1 and calls[0][0] is not x  # ...and warms the graphed choice once on copies
+    assert len(calls) == 1 and calls[0][0] is x  # ...and warms the graphed choice once, on its own tensors
     torch.testing.assert_close(tiered_ops.rms_norm(x, (64,), w), ref)
     assert len(calls) == 1  # once
     torch.testing.assert_close(dispatch.dispatch(spec, _key(x, w, 2), x, (x, (64,), w), {}), 2 * ref)  # warm
@@ -98,7 +98,7 @@ def test_a_decision_warms_its_graphed_choice_on_the_problems_inputs(fresh, monke
                                 context="eager")
     assert sel.impl is impl
     assert len(calls) == 1 and calls[0][0].shape == (8, 64) and calls[0][0].requires_grad  # forward and backward
-    assert decide.is_warm(spec, impl, problem, torch.float32, torch.device("cpu"), "fwd+bwd")
+    assert decide.is_warm(spec, impl, problem, torch.float32, torch.device("cpu"), "fwd+bwd", decide.flavor(calls[0]))
 
 
 def test_the_capture_check_reaches_the_capture_path(fresh, monkeypatch):
@@ -182,4 +182,25 @@ def test_warming_passes_the_calls_keyword_arguments(fresh, monkeypatch):
     decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6),
                 {"cast_before_weight": True})
     assert seen == [{"cast_before_weight": True}]
-    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd")
+    how = decide.flavor((x, (64,), w, 1e-6))
+    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", how)
+
+
+def test_warm_only_for_the_flavour_it_ran(fresh, monkeypatch):
+    """A compiled implementation guards on each tensor's type, requires_grad and strides: warmed on the op's own
+    inputs (plain tensors), it is not warm for a model's call with a Parameter weight that requires grad, so that
+    call warms it again and a capture of it runs nothing cold."""
+    spec = get_op("rms_norm")
+    calls: list = []
+    impl = _counting(calls)
+    monkeypatch.setattr(decide, "capturable", lambda device: True)
+    x = torch.randn(4, 64)
+    w = torch.nn.Parameter(torch.randn(64))
+    problem = spec.problem_of(x, (64,), w)
+    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd")  # the op's own inputs
+    model_call = decide.flavor((x, (64,), w, 1e-6))
+    assert not decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
+    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6))
+    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
+    assert len(calls) == 2 and calls[-1][2] is w  # inference warms on the call's own tensors
+    assert w.grad is None

@@ -283,14 +283,24 @@ def capturable(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def is_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> bool:
-    return impl.tier == Tier.EAGER or (spec.name, impl.name, problem, dtype, device, mode) in _warm
+def flavor(args: tuple, kwargs: dict[str, Any] | None = None) -> tuple:
+    """What a compiled implementation's guards see of a call's tensors besides their shapes and dtypes: each one's
+    type (a Parameter is not a Tensor to dynamo), requires_grad and strides. A warm-up with other flavours than the
+    captured call (a copy of a weight that does not require grad) leaves the compile tier to recompile, and so to
+    autotune and synchronize, inside the capture."""
+    return tuple((type(a).__name__, a.requires_grad, tuple(a.stride())) for a in (*args, *(kwargs or {}).values())
+                 if isinstance(a, torch.Tensor))
+
+
+def is_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+            how: tuple = ()) -> bool:
+    return impl.tier == Tier.EAGER or (spec.name, impl.name, problem, dtype, device, mode, how) in _warm
 
 
 def mark_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-              mode: str) -> None:
+              mode: str, how: tuple = ()) -> None:
     if capturable(device):
-        _warm.add((spec.name, impl.name, problem, dtype, device, mode))
+        _warm.add((spec.name, impl.name, problem, dtype, device, mode, how))
 
 
 def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
@@ -299,17 +309,20 @@ def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     op's inputs at ``problem``, so that a later call inside a CUDA-graph capture finds it compiled and loaded.
     Only where capture exists (``capturable``); a failure is logged and leaves it cold (a capture then runs
     what is warm)."""
-    if (is_warm(spec, impl, problem, dtype, device, mode) or not capturable(device)
+    grad = mode in GRAD_MODES
+    if args is None:  # the op's own inputs, its differentiable ones requiring grad in a gradient mode
+        args, kwargs = (lambda i: (i.args, i.kwargs))(spec.make_inputs(problem, dtype, device, 0))
+        args = tuple(a.requires_grad_(grad and i in spec.grad_args and a.is_floating_point())
+                     if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
+    else:
+        kwargs = dict(kwargs or {})  # the call's keyword arguments too: a Triton constexpr (a norm form) is one
+        if grad:  # copies (a backward into them leaves the caller's tensors alone), with the call's flavour
+            args = tuple(_like(a) if isinstance(a, torch.Tensor) else a for a in args)
+    how = flavor(args, kwargs)
+    if (is_warm(spec, impl, problem, dtype, device, mode, how) or not capturable(device)
             or torch.compiler.is_compiling()
             or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
         return
-    grad = mode in GRAD_MODES
-    if args is None:
-        args, kwargs = (lambda i: (i.args, i.kwargs))(spec.make_inputs(problem, dtype, device, 0))
-    else:
-        kwargs = dict(kwargs or {})  # the call's keyword arguments too: a Triton constexpr (a norm form) is one
-    args = tuple(a.detach().clone().requires_grad_(grad and i in spec.grad_args and a.is_floating_point())
-                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
     try:
         with torch.set_grad_enabled(grad):
             out = impl.fn(*args, **kwargs)
@@ -323,11 +336,20 @@ def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
         log.warning("tiered_ops.%s: warming %s at %s %s failed (%s: %s); a CUDA-graph capture will not run it",
                     spec.name, impl.name, problem, DTYPE_NAMES[dtype], type(e).__name__, e)
         return
-    mark_warm(spec, impl, problem, dtype, device, mode)
+    mark_warm(spec, impl, problem, dtype, device, mode, how)
+
+
+def _like(a: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` that a compiled implementation's guards cannot tell from it: same strides, requires_grad and
+    Parameter-ness."""
+    c = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a.detach())
+    if isinstance(a, torch.nn.Parameter):
+        return torch.nn.Parameter(c, requires_grad=a.requires_grad)
+    return c.requires_grad_(a.requires_grad)
 
 
 def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
-                      mode: str) -> Selection:
+                      mode: str, how: tuple = ()) -> Selection:
     """The selection of a call inside a CUDA-graph capture: nothing is measured, compiled or synchronized there.
     The graphed context's decision where it is warm (called outside capture at this problem), else the eager
     context's where warm, else the eager tier; a fallback is logged once."""
@@ -335,7 +357,7 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
     for ctx in ("graphed", "eager"):
         sel = _decisions.get(base + (ctx,))
-        if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode):
+        if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
             if ctx == "graphed":
                 return sel
             why = "the graphed decision is not warm (never called outside capture at this shape)"

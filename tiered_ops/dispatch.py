@@ -57,7 +57,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
     if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
         # capture may find the graphed decision warm)
-        return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode).fn(*args, **kwargs)
+        return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode,
+                                         _decide.flavor(args, kwargs)).fn(*args, **kwargs)
     # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
     # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
     unusable = not torch.compiler.is_compiling() and get_store().unusable
@@ -85,7 +86,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                 pass  # the trace decides it then
     if key[-1] == 0 and _decide.capturable(x.device):
         # an eager call (a user's warm-up before capturing): the graphed context's choice is called once too, on
-        # copies of this call's arguments, so a capture of this call finds it compiled and loaded
+        # this call's arguments (copies of them where a backward runs), so a capture of this call finds it compiled and
+        # loaded for tensors of these very flavours
         try:
             graphed = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
                                      context="graphed", warm_graphed=False).impl
@@ -93,7 +95,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
             graphed = spec.impls["eager"]  # what a capture then runs: always warm
         _decide.warm(spec, graphed, problem, _as_dtype(x.dtype), x.device, mode, args, kwargs)
         out = sel.fn(*args, **kwargs)
-        _decide.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode)
+        _decide.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode, _decide.flavor(args, kwargs))
         return out
     return sel.fn(*args, **kwargs)
 
