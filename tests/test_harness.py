@@ -12,7 +12,7 @@ from tiered_ops.bench import sweep
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
 from tiered_ops.registry import Impl, Tier, rel_error
-from tiered_ops.store import Store
+from tiered_ops.store import Store, StoreError
 
 CPU = torch.device("cpu")
 SOFTMAX = get_op("softmax")
@@ -205,7 +205,7 @@ def test_store_schema_version_is_checked(private_store):
     con.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     con.commit()
     con.close()
-    with pytest.raises(RuntimeError, match="schema version 999"):
+    with pytest.raises(StoreError, match="schema version 999, newer than this tiered_ops"):
         Store(private_store)
 
 
