@@ -75,10 +75,11 @@ def test_agreement_skips_cases_a_cut_second_sweep_left_half_measured():
 
 def test_compare_writes_the_cross_gpu_view_from_two_results_files(tmp_path):
     base = dict(op="muladd", problem="64x64", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
-                p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0)
+                p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0, source_hash="h", timestamp=1.0)
     for gpu, fast, speed in (("gpu-a", "eager", 1.0), ("gpu-b", "compile", 2.0)):
         (tmp_path / gpu).mkdir()
-        pd.DataFrame([dict(base, impl=i, tier=i, gpu_name=gpu.upper(), caller_us=(1.0 if i == fast else 3.0) / speed)
+        pd.DataFrame([dict(base, impl=i, tier=i, gpu_name=gpu.upper(), device_key=gpu,
+                           caller_us=(1.0 if i == fast else 3.0) / speed)
                       for i in ("eager", "compile")]).to_csv(tmp_path / gpu / "results.csv", index=False)
     out = tmp_path / "README.md"
     assert main(["compare", "--results", str(tmp_path / "gpu-a" / "results.csv"),
