@@ -296,15 +296,14 @@ def test_the_gate_calls_each_optional_argument_omitted(dtype):
     """The inputs factory passes rms_norm's eps explicitly; a tier whose own eps=None default is x's dtype's eps (not
     torch's, the compute dtype's) agrees with eager on those inputs and fails the gate with eps omitted. The shipped
     tiers pass it."""
-    import torch.nn.functional as F
-
     from tiered_ops.measure import check_defaults, gate
+    from tiered_ops.ops.rms_norm import reference
     from tiered_ops.registry import checked
 
     spec, dev = get_op("rms_norm"), torch.device("cpu")
 
-    def own_default(x, normalized_shape, weight=None, eps=None):
-        return F.rms_norm(x, tuple(normalized_shape), weight, torch.finfo(x.dtype).eps if eps is None else eps)
+    def own_default(x, normalized_shape, weight=None, eps=None, **form):  # form: the Hugging Face forms' arguments
+        return reference(x, normalized_shape, weight, torch.finfo(x.dtype).eps if eps is None else eps, **form)
 
     planted = Impl("planted_own_eps", Tier.TRITON, checked(spec, own_default), (spec.source,))
     edge = spec.edge_problems()[0]
