@@ -8,11 +8,13 @@ import torch
 
 import tiered_ops
 from tiered_ops import decide as sel_mod
+from tiered_ops import measure as measure_mod
+from tiered_ops.analysis import table
 from tiered_ops.bench import sweep
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import measure
 from tiered_ops.registry import Impl, Tier, rel_error
-from tiered_ops.store import Store
+from tiered_ops.store import COLUMN_NAMES, Store, StoreError
 
 CPU = torch.device("cpu")
 SOFTMAX = get_op("softmax")
@@ -205,7 +207,7 @@ def test_store_schema_version_is_checked(private_store):
     con.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     con.commit()
     con.close()
-    with pytest.raises(RuntimeError, match="schema version 999"):
+    with pytest.raises(StoreError, match="schema version 999, newer than this tiered_ops"):
         Store(private_store)
 
 
@@ -232,6 +234,19 @@ def test_sweep_resumes_instead_of_remeasuring(private_store, monkeypatch):
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None, modes=["fwd_nograd", "fwd+bwd"])
     assert len(store.rows()) == n  # nothing measured twice
+
+
+def test_a_sweep_frame_has_every_store_column(private_store, monkeypatch):
+    """A sweep whose rows all pass, timed in full and uncontended, carries no reason in any row: its frame still has
+    that column (and every other of the store), so the CLI's table of it prints instead of raising AttributeError."""
+    spec = get_op("muladd")
+    monkeypatch.setattr(spec, "impls", {"eager": spec.impls["eager"]})
+    monkeypatch.setattr(measure_mod, "contention_check", lambda: False)  # a busy machine's row would have a reason
+    df = sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, Store(private_store),
+               progress=False, log=lambda s: None, modes=["fwd_nograd"], cost_metadata=False)
+    assert len(df) == 1 and df.ok.iloc[0] == 1 and df.reason.isna().all()
+    assert set(COLUMN_NAMES) <= set(df.columns)
+    assert "<- winner" in table(df, "muladd")
 
 
 @pytest.mark.gpu
@@ -281,15 +296,14 @@ def test_the_gate_calls_each_optional_argument_omitted(dtype):
     """The inputs factory passes rms_norm's eps explicitly; a tier whose own eps=None default is x's dtype's eps (not
     torch's, the compute dtype's) agrees with eager on those inputs and fails the gate with eps omitted. The shipped
     tiers pass it."""
-    import torch.nn.functional as F
-
     from tiered_ops.measure import check_defaults, gate
+    from tiered_ops.ops.rms_norm import reference
     from tiered_ops.registry import checked
 
     spec, dev = get_op("rms_norm"), torch.device("cpu")
 
-    def own_default(x, normalized_shape, weight=None, eps=None):
-        return F.rms_norm(x, tuple(normalized_shape), weight, torch.finfo(x.dtype).eps if eps is None else eps)
+    def own_default(x, normalized_shape, weight=None, eps=None, **form):  # form: the Hugging Face forms' arguments
+        return reference(x, normalized_shape, weight, torch.finfo(x.dtype).eps if eps is None else eps, **form)
 
     planted = Impl("planted_own_eps", Tier.TRITON, checked(spec, own_default), (spec.source,))
     edge = spec.edge_problems()[0]

@@ -75,10 +75,11 @@ def test_agreement_skips_cases_a_cut_second_sweep_left_half_measured():
 
 def test_compare_writes_the_cross_gpu_view_from_two_results_files(tmp_path):
     base = dict(op="muladd", problem="64x64", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
-                p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0)
+                p80_us=None, torch_version="t", triton_version="tr", copy_gbps=1000.0, source_hash="h", timestamp=1.0)
     for gpu, fast, speed in (("gpu-a", "eager", 1.0), ("gpu-b", "compile", 2.0)):
         (tmp_path / gpu).mkdir()
-        pd.DataFrame([dict(base, impl=i, tier=i, gpu_name=gpu.upper(), caller_us=(1.0 if i == fast else 3.0) / speed)
+        pd.DataFrame([dict(base, impl=i, tier=i, gpu_name=gpu.upper(), device_key=gpu,
+                           caller_us=(1.0 if i == fast else 3.0) / speed)
                       for i in ("eager", "compile")]).to_csv(tmp_path / gpu / "results.csv", index=False)
     out = tmp_path / "README.md"
     assert main(["compare", "--results", str(tmp_path / "gpu-a" / "results.csv"),
@@ -117,10 +118,11 @@ def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
 def test_the_report_shows_peak_memory_where_the_results_carry_it(tmp_path):
     """GPU rows carry the bytes one call allocates above its inputs: the report shows them in MiB; results without
     them (CPU rows, older files) render as before, with no such column."""
-    df = pd.read_csv(ROOT / "reports/nvidia-h100/results.csv")
+    last_h100 = ROOT / "reports/nvidia-h100/tree-dab8732/results.csv"  # real GPU rows, whatever tree they measured
+    df = pd.read_csv(last_h100)
     assert df.peak_bytes.notna().all()
     out = tmp_path / "with"
-    assert main(["report", "--results", str(ROOT / "reports/nvidia-h100/results.csv"), "--out", str(out),
+    assert main(["report", "--results", str(last_h100), "--out", str(out),
                  "--command", "x", "--no-csv"]) == 0
     text = (out / "README.md").read_text()
     assert "| rel err | peak MiB | breaks |" in text

@@ -154,7 +154,8 @@ def test_render_regret_and_dispatch():
 def test_the_commands_render_the_targets_only_when_asked(tmp_path, capsys):
     csv = tmp_path / "results.csv"
     pd.DataFrame([dict(r, torch_version="t", triton_version="tr", cuda_version="c", gpu_name="GPU", copy_gbps=3000.0,
-                       host_us=r["caller_us"], timestamp=1.0, first_call_s=0.1, rel_error=0.0, reason="")
+                       host_us=r["caller_us"], timestamp=1.0, first_call_s=0.1, rel_error=0.0, reason="",
+                       device_key="gpu", source_hash="h")
                   for r in _rows()]).to_csv(csv, index=False)
     assert main(["targets", "--results", str(csv)]) == 2
     assert "needs --spec FILE" in capsys.readouterr().err

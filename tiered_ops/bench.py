@@ -24,7 +24,7 @@ from .measure import PRUNE_FACTOR, base_row, contended, measure, pruned, usable
 from .meta import breaks_str, stored_or_collect, with_progress
 from .registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
 from .shards import in_shard, spread
-from .store import Store
+from .store import COLUMN_NAMES, Store
 from .timing import Fingerprint, caller_range, copy_bandwidth_gbps, fingerprint
 from .worker import Pool
 
@@ -294,6 +294,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         log(f"{busy} measurement(s) taken while the machine was busy (reason 'contended: ...'): stored for the record, "
             "excluded from every decision; run the same command on an idle machine to measure them again")
     df = pd.DataFrame(results)
+    if len(df):  # every store column, also one no row filled in (a sweep where no row has a reason)
+        df = df.reindex(columns=[*df.columns, *(c for c in COLUMN_NAMES if c not in df.columns)])
     if metas is not None and len(df):
         df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]
         df["loc"] = [metas.get((r.op, r.impl), {}).get("loc") for r in df.itertuples()]

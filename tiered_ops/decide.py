@@ -500,9 +500,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     except TypeError:
         fast = None
     # after the fast path: a shape that fails here is never cached
-    dims = check_dims("shapes", shapes)
-    if any(d < 1 for d in dims):  # a decision is for a real input: (-1, 64) or (0, 64) is a caller's mistake
-        raise ValueError(f"shapes: dims must be positive, got {'x'.join(str(d) for d in dims)}")
+    check_dims("shapes", shapes, positive=True)  # a decision is for a real input: (-1, 64) or (0, 64) is a mistake
     if dev.type == "cuda":
         _cuda_index(dev)
     spec = get_op(op)

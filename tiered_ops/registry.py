@@ -102,9 +102,9 @@ class Problem:
         return s + "".join(f",{k}={v}" for k, v in self.params)
 
 
-def check_dims(what: str, dims: Any) -> tuple[int, ...]:
+def check_dims(what: str, dims: Any, positive: bool = False) -> tuple[int, ...]:
     """``dims`` (a shape) as a tuple of ints >= 0: a TypeError naming ``what`` for a dim that is no integer (8.5,
-    "8"; a bool is no dim either), a ValueError for a negative one."""
+    "8"; a bool is no dim either), a ValueError for a negative one (``positive``: for one below 1, naming the shape)."""
     try:
         items = tuple(dims)
     except TypeError:
@@ -118,8 +118,10 @@ def check_dims(what: str, dims: Any) -> tuple[int, ...]:
         except TypeError:
             raise TypeError(f"{what}: dim {i} must be an integer, got {d!r} ({type(d).__name__}) in "
                             f"{list(items)}") from None
-        if out[-1] < 0:
+        if out[-1] < 0 and not positive:
             raise ValueError(f"{what}: dim {i} must be >= 0, got {out[-1]} in {list(items)}")
+    if positive and any(d < 1 for d in out):
+        raise ValueError(f"{what}: dims must be positive, got {'x'.join(str(d) for d in out)}")
     return tuple(out)
 
 
