@@ -28,9 +28,7 @@ from typing import Any
 
 from .catalog import get_op
 from .policy import DEFAULT_MARGINS
-from .registry import DTYPES, MODES, Tier
-
-CONTEXTS = ("eager", "compiled", "graphed")
+from .registry import CONTEXTS, DTYPES, MODES, Tier
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,12 @@ import torch
 from . import decide
 from .patching import patch
 from .record import RecordedCall, Recorder
+from .registry import CONTEXTS as CALL_CONTEXTS
 from .registry import DTYPE_NAMES
 
 log = logging.getLogger(__name__)
 
-CONTEXTS: tuple[str | None, ...] = (None, "eager", "compiled", "graphed")
+CONTEXTS: tuple[str | None, ...] = (None, *CALL_CONTEXTS)  # None: the context each call was made in
 
 
 @dataclass
