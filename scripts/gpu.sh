@@ -187,11 +187,16 @@ PY
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     models)
-      # transformers models from configs (Llama at 8B dimensions with 2 layers, GPT-2 small): stock, Liger, tiered_ops.
-      echo "== models: stock vs Liger vs tiered_ops"
-      timeout "${MODELS_TIMEOUT:-500}" $PY benchmarks/models.py --out-dir "$OUT" ${MODELS_ARGS:-} 2>&1 \
-        | grep -v -E "UserWarning|warn_once" | tee "$OUT/models.log" | tail -25
-      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      # transformers models from configs: stock, tiered_ops (with and without fuse_residual), Liger; one run of
+      # benchmarks/models.py per model into $OUT/models/<model>/ (each writes its rows as it goes: a model cut by the
+      # deadline keeps what it finished). An 8B-dimension model takes ~5 min on an H100, GPT-2 small ~3: MODELS picks.
+      echo "== models: stock vs tiered_ops vs Liger"
+      for m in ${MODELS:-llama-8b-dims-2l qwen3-8b-dims-2l gpt2-small}; do
+        mkdir -p "$OUT/models/$m"
+        run_for "$(left)" $PY benchmarks/models.py --models "$m" --out-dir "$OUT/models/$m" ${MODELS_ARGS:-} 2>&1 \
+          | grep -v -E "UserWarning|warn_once" | tee "$OUT/models/$m/models.log" | grep -E "8b-dims|gpt2|wrote"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done
       ;;
     compiled)
       # Decisions of a compiled caller: each implementation measured inside a compiled function (between pointwise
