@@ -8,7 +8,8 @@
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
 #                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
-#                 launch (host us per call per tier and launch layer), decoder and models (model-level benchmarks),
+#                 launch (host us per call per tier and launch layer), dispatch (tiered_ops.<op>'s own per-call cost),
+#                 decoder and models (model-level benchmarks),
 #                 compiled (decisions per call context))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
 # first, so the sweep measures them beside ours.
@@ -178,6 +179,13 @@ PY
       timeout "${LAUNCH_TIMEOUT:-300}" $PY scripts/diag/launch_layers.py 2>&1 | grep -v -E "UserWarning|warn_once" \
         | tee "$OUT/launch_layers.txt" | tail -30
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    dispatch)
+      # tiered_ops.<op> and a select_backend callable minus the chosen implementation called directly, per op at its
+      # launch-bound shape (target: <= 1 us on the GPU host).
+      echo "== dispatch: per-call overhead"
+      run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead.csv" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tail -12
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
