@@ -33,6 +33,9 @@ FORMS = {  # module class, its kwargs in tiered_ops, the weight as the module's 
     "gemma": (GemmaRMSNorm, dict(weight_offset=1.0), 0.0),
 }
 
+# Triton runs on the interpreter on the CPU and compiled on a GPU: there it is one of the GPU script's (-m gpu) tests.
+TRITON = pytest.param("triton", marks=gpu) if HAS_CUDA else "triton"
+
 
 def _module(form: str, n: int, wdtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.nn.Module:
     cls, _, base = FORMS[form]
@@ -73,7 +76,7 @@ def _dev(impl: str) -> torch.device:
 @pytest.mark.parametrize("wdtype", ["same", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float32, *LOW], ids=str)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("impl", ["eager", "triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("impl", ["eager", TRITON, pytest.param("cuda", marks=gpu)])
 def test_forward_matches_hf_module(impl, form, dtype, wdtype):
     dev = _dev(impl)
     wdt = dtype if wdtype == "same" else torch.float32
@@ -122,7 +125,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("wdtype", ["same", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float32, *LOW], ids=str)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("impl", [TRITON, pytest.param("cuda", marks=gpu)])
 def test_backward_matches_hf_autograd(impl, form, dtype, wdtype):
     dev = _dev(impl)
     wdt = dtype if wdtype == "same" else torch.float32
@@ -149,7 +152,7 @@ def test_backward_matches_hf_autograd(impl, form, dtype, wdtype):
 
 # ---- the op's checks --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("impl", ["eager", "triton"])
+@pytest.mark.parametrize("impl", ["eager", TRITON])
 def test_form_argument_errors(impl):
     fn = tiered_ops.get_op("rms_norm").impls[impl].fn
     x, w = torch.randn(4, 8), torch.randn(8)
@@ -180,7 +183,7 @@ def test_public_op_takes_the_forms_by_keyword_only(monkeypatch):
 @pytest.mark.parametrize("wdtype", ["same", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float32, *LOW], ids=str)
 @pytest.mark.parametrize("form", ["llama", "gemma"])
-@pytest.mark.parametrize("impl", ["eager", "triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("impl", ["eager", TRITON, pytest.param("cuda", marks=gpu)])
 def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
     dev = _dev(impl)
     wdt = dtype if wdtype == "same" else torch.float32
@@ -224,7 +227,7 @@ def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
 @pytest.mark.parametrize("wdtype", ["same", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("tier", ["eager", "triton"])
+@pytest.mark.parametrize("tier", ["eager", TRITON])
 def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeypatch):
     from tiered_ops import decide as select
     from tiered_ops import dispatch, patching
