@@ -49,9 +49,13 @@ at::Tensor ce_rows(const at::Tensor& logits) { return logits.stride(1) == 1 ? lo
 
 std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, const at::Tensor& target,
                                                       int64_t ignore_index, c10::string_view reduction,
-                                                      double label_smoothing) {
+                                                      double label_smoothing,
+                                                      c10::optional<at::ScalarType> dtype) {
   const char* op = "cross_entropy_cuda";
   check_ce(logits, target, label_smoothing, op);
+  const at::ScalarType out = dtype.value_or(logits.scalar_type());
+  TORCH_CHECK(out == at::kFloat || out == logits.scalar_type(), op,
+              ": dtype must be None, float32 or the logits' dtype (", logits.scalar_type(), "), got ", out);
   const int red = ce_reduction(reduction, op);
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor xc = ce_rows(logits), tc = target.contiguous();
@@ -63,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, 
                                    dtype_of(logits, op, "logits"), stream()), op);
   if (red == 2) loss = loss.sum();
   if (red == 1) loss = loss.sum() / tc.ne(ignore_index).sum();  // 0 / 0 = NaN when every target is ignored
-  return {loss.to(logits.scalar_type()), lse};
+  return {loss.to(out), lse};
 }
 
 at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
@@ -72,7 +76,11 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
   const char* op = "cross_entropy_bwd_cuda";
   check_ce(logits, target, label_smoothing, op);
   const int red = ce_reduction(reduction, op);
-  check_like(grad, logits, op, "grad", "logits");
+  check_cuda(grad, op, "grad");
+  TORCH_CHECK(grad.scalar_type() == at::kFloat || grad.scalar_type() == logits.scalar_type(), op,
+              ": grad must be float32 or the logits' dtype (", logits.scalar_type(), "), got ", grad.scalar_type());
+  TORCH_CHECK(grad.device() == logits.device(), op, ": grad must be on ", logits.device(), " like logits, got ",
+              grad.device());
   const int64_t rows = logits.size(0), n = logits.size(1);
   TORCH_CHECK(red == 0 ? (grad.dim() == 1 && grad.size(0) == rows) : grad.dim() == 0, op, ": grad must have shape ",
               red == 0 ? "[N]" : "[] (a scalar)", " for reduction '", std::string(reduction), "', got ",
@@ -98,8 +106,8 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
 }  // namespace
 
 TIERED_OPS_CUDA_OP(cross_entropy,
-                  "cross_entropy_cuda(Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing) "
-                  "-> (Tensor, Tensor)",
+                  "cross_entropy_cuda(Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing, "
+                  "ScalarType? dtype) -> (Tensor, Tensor)",
                   "cross_entropy_bwd_cuda(Tensor grad, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
                   "str reduction, float label_smoothing) -> Tensor");
 

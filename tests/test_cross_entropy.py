@@ -165,3 +165,36 @@ def test_public_op_trains_and_checks_its_arguments():
         tiered_ops.cross_entropy(x, t, reduction="avg")
     with pytest.raises(TypeError, match="target"):
         tiered_ops.cross_entropy(x, t.float())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_float32_loss_from_half_logits_is_the_upcast_loss(impl, reduction):
+    """dtype=torch.float32 gives the loss of the logits cast to float32 (the loss transformers computes), without the
+    cast: a float32 loss, and the gradient in the logits' own dtype, both as the upcast path gives them."""
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("cross_entropy").impls[impl].fn
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (2 * torch.randn(6, 300, device=dev)).to(dtype).requires_grad_()
+        t = torch.randint(0, 300, (6,), device=dev)
+        t[2] = -100
+        got = fn(x, t, -100, reduction, dtype=torch.float32)
+        assert got.dtype == torch.float32, (dtype, got.dtype)
+        x64 = x.detach().double().requires_grad_()
+        want = torch.nn.functional.cross_entropy(x64, t, reduction=reduction)
+        # float32 accuracy: no bf16/fp16 rounding of the loss (which would be up to 2^-9 / 2^-12 relative)
+        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+        g = torch.rand_like(got)
+        (dx,) = torch.autograd.grad(got, x, g)
+        (dx64,) = torch.autograd.grad(want, x64, g.double())
+        assert dx.dtype == dtype
+        torch.testing.assert_close(dx.double(), dx64.to(dtype).double(), rtol=0.02, atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_loss_dtype_other_than_float32_or_the_logits_is_refused(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op("cross_entropy").impls[impl].fn
+    x, t = torch.randn(3, 10, device=dev, dtype=torch.bfloat16), torch.randint(0, 10, (3,), device=dev)
+    with pytest.raises((ValueError, RuntimeError), match="dtype"):
+        fn(x, t, dtype=torch.float16)

@@ -15,9 +15,9 @@ layer runs its class's forward. Every call site of the fused op is in ``add_rms_
 Loss. Models whose ``loss_function`` is transformers' ``ForCausalLMLoss`` get ``causal_lm_loss`` on the instance:
 the same shift (labels padded with ignore_index, shifted by one, or ``shift_labels`` as given), ``ignore_index`` and
 ``num_items_in_batch`` (a sum over it, else the mean over the targets not ignored; NaN when all are ignored), through
-``tiered_ops.cross_entropy`` on the logits upcast to float32 as transformers does (the op returns its input's dtype:
-on bf16 logits the loss itself would be rounded to bf16). The win over the stock loss is the op's: no float32
-log-probabilities [N, V] are written or read back.
+``tiered_ops.cross_entropy(..., dtype=torch.float32)``: the float32 loss transformers gets by upcasting the logits,
+without the upcast. The win over the stock loss: no float32 copy of the logits, no float32 log-probabilities [N, V]
+written or read back, and in training no float32 gradient of the logits cast down after.
 """
 
 from __future__ import annotations
@@ -139,14 +139,13 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
     if logits.dtype not in _DTYPES:
         return _hf_causal_lm_loss()(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels,
                                     **kwargs)
-    # transformers' upcast: the op returns the logits' dtype, and a bf16 loss (or bf16 per-row losses) would round
-    # the loss itself by up to 2^-9
-    logits = logits.float()
+    # transformers upcasts the logits to float32 first; dtype=float32 gives that loss (a bf16 loss would round it by up
+    # to 2^-9) without writing the float32 copy of [N, V] logits, nor, in training, its float32 gradient
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     target = shift_labels.reshape(-1).to(logits.device)
     loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index,
-                         "mean" if num_items_in_batch is None else "sum")
+                         "mean" if num_items_in_batch is None else "sum", dtype=torch.float32)
     if num_items_in_batch is None:
         return loss
     if torch.is_tensor(num_items_in_batch):

@@ -86,7 +86,8 @@ def _liger_layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], we
 
 
 def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                         reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+                         reduction: str = "mean", label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None
+                         ) -> torch.Tensor:
     from liger_kernel.transformers.functional import liger_cross_entropy
 
     if logits.requires_grad:  # Liger writes the gradient over its input: the caller's logits get a copy's
@@ -95,7 +96,7 @@ def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_inde
                                reduction=reduction)
     if reduction == "mean":  # torch's mean is NaN when every target is ignored, Liger's 0 (its gradient 0 in both)
         loss = torch.where((target != ignore_index).any(), loss, torch.nan)
-    return loss.to(logits.dtype)
+    return loss.to(dtype or logits.dtype)
 
 
 def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],

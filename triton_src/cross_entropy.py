@@ -153,8 +153,12 @@ def _plan(logits: torch.Tensor, kernel: object, **consts: object) -> Plan:
     return Plan(Step(kernel, (rows,), num_warps_for(block), BLOCK_V=block, **consts), (n, stride), rows, n)
 
 
-def plan_fwd(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smoothing: float) -> Plan:
+def plan_fwd(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smoothing: float,
+             dtype: torch.dtype | None = None) -> Plan:
     _check("cross_entropy_triton", logits, target, reduction, label_smoothing)
+    if dtype not in (None, torch.float32, logits.dtype):
+        raise ValueError(f"cross_entropy_triton: dtype must be None, torch.float32 or the logits' dtype "
+                         f"({logits.dtype}), got {dtype}")
     return _plan(logits, _ce_fwd, SMOOTH=label_smoothing > 0)
 
 
@@ -164,6 +168,8 @@ def plan_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse
     _check(op, logits, target, reduction, label_smoothing)
     rows = logits.shape[0]
     want = (rows,) if reduction == "none" else ()
+    if grad.dtype not in (torch.float32, logits.dtype):
+        raise TypeError(f"{op}: grad must be float32 or the logits' dtype ({logits.dtype}), got {grad.dtype}")
     if tuple(grad.shape) != want:
         raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
     if lse.dtype != torch.float32 or tuple(lse.shape) != (rows,):
@@ -172,7 +178,7 @@ def plan_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse
 
 
 def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+         label_smoothing: float, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     _check_targets(target, plan.n, ignore_index)
     loss = logits.new_empty((plan.rows,), dtype=torch.float32)
     lse = logits.new_empty((plan.rows,), dtype=torch.float32)
@@ -182,7 +188,7 @@ def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, i
         loss = loss.sum()
     elif reduction == "mean":
         loss = loss.sum() / (target != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
-    return loss.to(logits.dtype), lse
+    return loss.to(dtype or logits.dtype), lse
 
 
 def _bwd(plan: Plan, direct: bool, grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -200,10 +206,11 @@ def _bwd(plan: Plan, direct: bool, grad: torch.Tensor, logits: torch.Tensor, tar
 
 
 def cross_entropy_launch(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-                         label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss in the logits' dtype, lse float32 [N]); the launcher as a plain function (the op below registers it)."""
-    plan = plan_fwd(logits, target, reduction, label_smoothing)
-    return _fwd(plan, False, logits, target, ignore_index, reduction, label_smoothing)
+                         label_smoothing: float, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss in ``dtype``, else the logits' dtype; lse float32 [N]); the launcher as a plain function (the op below
+    registers it)."""
+    plan = plan_fwd(logits, target, reduction, label_smoothing, dtype)
+    return _fwd(plan, False, logits, target, ignore_index, reduction, label_smoothing, dtype)
 
 
 def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
@@ -221,22 +228,22 @@ _bwd_plans: dict[tuple, Plan] = {}
 
 
 def cross_entropy_fast(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-                       label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       label_smoothing: float, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """cross_entropy_launch for eager callers: the plan kept per key, the kernel launched directly."""
     key = (logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape, target.dtype,
            target.get_device(), ignore_index, reduction, label_smoothing > 0, label_smoothing <= 1.0,
-           label_smoothing >= 0.0)
+           label_smoothing >= 0.0, dtype)
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(logits, target, reduction, label_smoothing)
-    return _fwd(plan, True, logits, target, ignore_index, reduction, label_smoothing)
+        plan = _fwd_plans[key] = plan_fwd(logits, target, reduction, label_smoothing, dtype)
+    return _fwd(plan, True, logits, target, ignore_index, reduction, label_smoothing, dtype)
 
 
 def cross_entropy_bwd_fast(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
                            ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
     """cross_entropy_bwd_launch for eager callers."""
-    key = (grad.shape, logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape, target.dtype,
-           target.get_device(), lse.shape, lse.dtype, ignore_index, reduction, label_smoothing > 0,
+    key = (grad.shape, grad.dtype, logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape,
+           target.dtype, target.get_device(), lse.shape, lse.dtype, ignore_index, reduction, label_smoothing > 0,
            label_smoothing <= 1.0, label_smoothing >= 0.0)
     plan = _bwd_plans.get(key)
     if plan is None:

@@ -5,7 +5,10 @@ loss_i = lse_i - (1 - s) * x[i, t_i] - s / V * sum_j x[i, j]   (lse_i = log sum_
 for a row whose target t_i is not ignore_index, 0 for an ignored row. reduction "none": the [N] losses; "sum": their
 sum; "mean": the sum over the number of non-ignored targets (NaN when every target is ignored, as in torch).
 Output: 0-dim (mean, sum) or [N] (none), in the logits' dtype, as torch returns it (so a float16 sum past 65504 is
-inf at every tier, as in torch). Only logits are differentiable:
+inf at every tier, as in torch); with ``dtype=torch.float32`` (keyword only, as torch.softmax's ``dtype``: the result
+as if the logits were cast to float32 first) a float32 loss from bfloat16/float16 logits without that cast: the
+kernels compute in float32 anyway, so only the last rounding is left out, and the logits' gradient comes back in
+their dtype (what the cast's backward would give). Only logits are differentiable:
 dlogits[i, j] = (softmax(x_i)_j - s / V - (1 - s) [j == t_i]) * g_i, with g_i the output gradient (divided by the
 count of non-ignored targets for "mean"); 0 for an ignored row (also when every target is ignored).
 
@@ -55,16 +58,19 @@ def _check_args(reduction: str, label_smoothing: float) -> None:
 
 
 def validate(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-             label_smoothing: float = 0.0) -> None:
+             label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> None:
     """The contract of a call (every tier): shapes, dtypes, devices and options (errors name the argument)."""
     check(logits, target, reduction, label_smoothing)
+    if dtype is not None and dtype not in (torch.float32, logits.dtype):
+        raise ValueError(f"cross_entropy: dtype must be None, torch.float32 or the logits' dtype ({logits.dtype}), "
+                         f"got {dtype!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"cross_entropy: ignore_index must be an int, got {ignore_index!r} "
                         f"({type(ignore_index).__name__})")
 
 
 def check_values(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> None:
     """Targets in [0, V) or ignore_index, read where that costs no device sync (CPU, outside a compiled trace)."""
     if target.device.type == "cpu" and not torch.compiler.is_compiling():
         check_targets(target, logits.shape[1], ignore_index)
@@ -98,16 +104,18 @@ def check_targets(target: torch.Tensor, n_classes: int, ignore_index: int) -> No
 
 
 def reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-              label_smoothing: float = 0.0) -> torch.Tensor:
-    """Eager tier and reference: F.cross_entropy on float32 logits (float64 stays float64), in the logits' dtype.
+              label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Eager tier and reference: F.cross_entropy on float32 logits (float64 stays float64), in ``dtype`` (None: the
+    logits' dtype; float64 logits, the gate's, stay float64).
     (Targets on the CPU are checked before it runs: ``check_values``.)"""
     if target.device.type != "cpu" or torch.compiler.is_compiling():
         # no sync: a device-side assert on CUDA (torch's own kernel asserts there too)
         bad = ((target < 0) | (target >= logits.shape[1])) & (target != ignore_index)
         torch._assert_async(~bad.any(), "cross_entropy: a target is outside [0, V) and is not ignore_index")
     x = logits.float() if logits.dtype in LOW_PRECISION else logits
+    out = logits.dtype if dtype is None or logits.dtype == torch.float64 else dtype
     return F.cross_entropy(x, target, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing).to(logits.dtype)
+                           label_smoothing=label_smoothing).to(out)
 
 
 def _problem(shape: tuple[int, ...], reduction: str = "mean", label_smoothing: float = 0.0, ignored: float = 0.0
@@ -121,7 +129,7 @@ def _problem(shape: tuple[int, ...], reduction: str = "mean", label_smoothing: f
 
 
 def _problem_of(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-                label_smoothing: float = 0.0) -> Problem:
+                label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> Problem:
     return _problem(tuple(logits.shape), reduction, label_smoothing)
 
 
@@ -156,15 +164,16 @@ def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
 
 
 def _kernel_args(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0) -> tuple:
-    """The op's signature onto the kernel ops' schema (logits, target, int ignore_index, str reduction, float)."""
-    return logits, target, operator.index(ignore_index), reduction, float(label_smoothing)
+                 label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> tuple:
+    """The op's signature onto the kernel ops' schema (logits, target, int ignore_index, str reduction, float,
+    ScalarType? dtype)."""
+    return logits, target, operator.index(ignore_index), reduction, float(label_smoothing), dtype
 
 
-def _fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def _fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float,
+          dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     n = logits.shape[0]
-    loss = logits.new_empty((n,) if reduction == "none" else ())
+    loss = logits.new_empty((n,) if reduction == "none" else (), dtype=dtype or logits.dtype)
     return loss, logits.new_empty((n,), dtype=torch.float32)
 
 
@@ -174,7 +183,7 @@ def _bwd_fake(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, ls
 
 
 def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
-    logits, target, ctx.ignore_index, ctx.reduction, ctx.label_smoothing = inputs
+    logits, target, ctx.ignore_index, ctx.reduction, ctx.label_smoothing, _ = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(logits, target, output[1])
 
@@ -183,7 +192,7 @@ def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
     def backward(ctx: Any, grad: torch.Tensor, _glse: Any) -> tuple:
         logits, target, lse = ctx.saved_tensors
         dx = bwd(grad, logits, target, lse, ctx.ignore_index, ctx.reduction, ctx.label_smoothing)
-        return dx, None, None, None, None
+        return dx, None, None, None, None, None
 
     return backward
 
