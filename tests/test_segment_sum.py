@@ -1,18 +1,16 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, assert_trains_like_truth, device_for, gpu, truth64
 
 import tiered_ops
 from tiered_ops.ops.segment_sum import _problem as P
 from tiered_ops.ops.segment_sum import offsets_for
 
 EAGERS = ["eager_segment_reduce"]  # the second eager implementation, beside the reference
-PROBLEMS = [
+PROBLEMS = [  # the declaration's edge problems, and more
+    *tiered_ops.get_op("segment_sum").edge_problems(),
     P((64, 64), segments=4),  # a few short segments: the segment role only
-    P((301, 33), segments=20),  # D not a multiple of any vector width, odd E
-    P((1000, 16), segments=1),  # one giant segment: row ranges of 256 rows, then the combine
     P((300, 8), segments=1000),  # more segments than rows: most empty, several per program
-    P((777, 1), segments=37, lengths="powerlaw"),  # D = 1, long segments beside empty ones
     P((5000, 64), segments=100, lengths="powerlaw"),  # long segments sharing ranges, both partial slots used
     P((513, 256), segments=2),  # the widest column block (256)
     P((20, 300), segments=3),  # D above 256: two column blocks
@@ -58,14 +56,7 @@ def test_boundaries_on_chunk_edges(impl):
     fn = tiered_ops.get_op("segment_sum").impls[impl].fn
     values = torch.randn(1300, 8, device=dev, requires_grad=True)
     offsets = torch.tensor([0, 256, 256, 1024, 1300], device=dev)
-    out = fn(values, offsets)
-    v64 = values.detach().double().requires_grad_(True)
-    want = truth64("segment_sum", v64, offsets)
-    assert_like_truth(out, want, 1e-6)
-    dy = torch.randn_like(out)
-    (got,) = torch.autograd.grad(out, values, dy)
-    (ref,) = torch.autograd.grad(want, v64, dy.double())
-    assert_like_truth(got, ref, 1e-6, "grad of values")
+    assert_trains_like_truth("segment_sum", fn(values, offsets), (values, offsets), 1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS + EAGERS)
@@ -139,10 +130,4 @@ def test_public_op_trains(private_store):
         out = tiered_ops.segment_sum(values, offsets)
     finally:
         tiered_ops.set_tuning(None)
-    v64 = values.detach().double().requires_grad_(True)
-    want = truth64("segment_sum", v64, offsets)
-    assert_like_truth(out, want, 1e-5)
-    dy = torch.randn_like(out)
-    (got,) = torch.autograd.grad(out, values, dy)
-    (ref,) = torch.autograd.grad(want, v64, dy.double())
-    assert_like_truth(got, ref, 1e-6, "grad of values")
+    assert_trains_like_truth("segment_sum", out, (values, offsets), 1e-5, 1e-6)
