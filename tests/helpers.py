@@ -102,6 +102,21 @@ def assert_like_truth(out: torch.Tensor, truth: torch.Tensor, rtol: float, what:
     raise AssertionError(f"{what}: rel error {err:.2e} > {rtol:.1e}; {shown} ({versions(out.device)})")
 
 
+def assert_trains_like_truth(op: str, out: torch.Tensor, args: Sequence[Any], rtol: float, grad_rtol: float) -> None:
+    """``out``, the op's output at ``args`` (whose floating tensors require grad), and the gradients of those tensors
+    for a random output gradient, against float64 autograd of ``truth64``."""
+    leaves = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    args64 = float64_args(args, leaves)
+    want = truth64(op, *args64)
+    assert_like_truth(out, want, rtol)
+    dy = torch.randn_like(out)
+    got = torch.autograd.grad(out, [args[i] for i in leaves], dy)
+    ref = torch.autograd.grad(want, [args64[i] for i in leaves], dy.double())
+    names = arg_names(get_op(op))
+    for i, g, r in zip(leaves, got, ref):
+        assert_like_truth(g, r, grad_rtol, f"grad of {names[i]}")
+
+
 # ---- one case of a tier at one problem ---------------------------------------------------------------------------
 
 def torch_grad_exemptions(op: str, problem: Problem, dtype: torch.dtype) -> dict[str, str]:

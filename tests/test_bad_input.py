@@ -11,17 +11,10 @@ import tiered_ops
 from tiered_ops import decide, dispatch
 from tiered_ops.catalog import get_op
 from tiered_ops.measure import arg_names
-from tiered_ops.registry import as_outputs
+from tiered_ops.registry import Tier, as_outputs
 
 OPS = [s.name for s in builtin_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]
-PROBLEMS = {  # a few rows of an odd length, the op's defaults otherwise (gelu: both approximations)
-    "softmax": [dict()], "rms_norm": [dict()], "layer_norm": [dict()], "muladd": [dict()],
-    "gelu": [dict(approximate="none"), dict(approximate="tanh")],
-    "cross_entropy": [dict(), dict(reduction="none"), dict(reduction="none", label_smoothing=0.1)],
-    "fused_add_rms_norm": [dict()],
-    "segment_sum": [dict()],
-}
 
 
 MASKS = (torch.isnan, torch.isposinf, torch.isneginf)
@@ -47,15 +40,11 @@ def _each_tensor_replaced(spec, inp, how):
             yield names[i], args
 
 
-def test_every_op_is_covered():
-    assert set(OPS) == set(PROBLEMS)
-
-
 @pytest.mark.parametrize("impl", KERNEL_TIERS)  # eager against the math: tests/test_<op>.py
 @pytest.mark.parametrize("op", OPS)
 def test_nan_and_inf_propagate_like_eager(op, impl):
     dev = _dev(impl)
-    for params in PROBLEMS[op]:
+    for params in get_op(op).variants:  # a few rows of an odd length at each of the op's parameter variants
         spec, inp = _inputs(op, dev, **params)
         x = inp.args[0].clone()
         x[0, 3], x[1, 5], x[2, 7], x[3, 0] = float("nan"), float("inf"), -float("inf"), 1e30
@@ -147,43 +136,40 @@ def test_select_backend_callable_validates(monkeypatch, tier):
         sel(torch.ones(4, 8, dtype=torch.int64))
 
 
-BAD_OFFSETS = [([0, 5, 3, 8], r"sorted.*offsets\[1\] = 5 > offsets\[2\] = 3"),
-               ([0, 2, 5, 5], r"offsets\[-1\] must be values.shape\[0\] = 8, got 5"),
-               ([1, 2, 5, 8], r"offsets\[0\] must be 0")]
+def _bad_cases() -> list:
+    """(op, case, tier) for every bad input each op declares (``OpSpec.bad_inputs``) at each of its implementations
+    (the CUDA tier where there is a GPU; a case refused on the host only at the tiers that run there)."""
+    cases = []
+    for spec in builtin_ops():
+        for case in spec.bad_inputs:
+            for impl in spec.impls.values():
+                if impl.tier == Tier.PEER or not set(impl.devices) & set(case.devices):
+                    continue
+                marks = gpu if impl.devices == ("cuda",) else ()
+                cases.append(pytest.param(spec.name, case, impl.name, marks=marks,
+                                          id=f"{spec.name}-{case.what}-{impl.name}"))
+    return cases
 
 
-@pytest.mark.parametrize("tier", [*CPU_TIERS, "eager_segment_reduce"])
-def test_segment_sum_offsets_are_checked_on_every_path(monkeypatch, tier):
-    """Malformed CPU offsets are a ValueError at each tier, through select_backend's callable and through
-    tiered_ops.segment_sum's hot path (a valid call of the same shapes first: the key does not hold the values)."""
-    v = torch.randn(8, 4)
-    spec = get_op("segment_sum")
+@pytest.mark.parametrize("op,case,tier", _bad_cases())
+def test_declared_bad_input_is_a_clear_error_on_every_path(monkeypatch, op, case, tier):
+    """Each declared bad input is refused with its error, naming the argument: by the implementation, by
+    ``tiered_ops.<op>`` with that tier decided and, after a good call of the same shapes where the case has one (the
+    per-call path's key holds no values), by that path again and by ``select_backend``'s callable."""
+    spec = get_op(op)
+    dev = torch.device("cpu") if case.devices == ("cpu",) else device_for(tier)
+    args, kwargs = case.call(dev)
     force(monkeypatch, tier)
-    sel = tiered_ops.select_backend("segment_sum", (8, 4), segments=3)
-    tiered_ops.segment_sum(v, torch.tensor([0, 2, 5, 8]))
-    for bad, match in BAD_OFFSETS:
-        for call in (spec.impls[tier].fn, sel, tiered_ops.segment_sum):
-            with pytest.raises(ValueError, match=match):
-                call(v, torch.tensor(bad))
-
-
-@pytest.mark.parametrize("tier", CPU_TIERS)
-def test_cross_entropy_targets_are_checked_on_the_hot_path(monkeypatch, tier):
-    force(monkeypatch, tier)
-    x = torch.randn(3, 5)
-    tiered_ops.cross_entropy(x, torch.tensor([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"target\[1\] = 7 is outside \[0, 5\)"):
-        tiered_ops.cross_entropy(x, torch.tensor([0, 7, 2]))
-
-
-@pytest.mark.parametrize("tier", CPU_TIERS)
-def test_a_weight_of_the_wrong_shape_is_caught_on_the_hot_path(monkeypatch, tier):
-    """The key holds an optional tensor's shape and dtype: a weight of another shape is validated again."""
-    force(monkeypatch, tier)
-    x = torch.randn(3, 8)
-    tiered_ops.rms_norm(x, (8,), torch.randn(8))
-    with pytest.raises(ValueError, match=r"rms_norm: weight must have shape normalized_shape \[8\], got \[4\]"):
-        tiered_ops.rms_norm(x, (8,), torch.randn(4))
+    calls = [spec.impls[tier].fn, getattr(tiered_ops, op)]
+    if case.good is not None:
+        good_args, good_kwargs = case.good(dev)
+        getattr(tiered_ops, op)(*good_args, **good_kwargs)
+        p = spec.problem_of(*good_args, **good_kwargs)
+        dtype = next(a.dtype for a in good_args if isinstance(a, torch.Tensor))
+        calls.append(tiered_ops.select_backend(op, p.shape, dtype, dev, **p.kw))
+    for fn in calls:
+        with pytest.raises(case.error, match=case.match):
+            fn(*args, **kwargs)
 
 
 @pytest.mark.parametrize("tier", CPU_TIERS + ["eager_segment_reduce"])
@@ -266,14 +252,6 @@ def test_mixed_dtypes_give_torchs_answer_at_every_tier(monkeypatch, op, x_dtype,
             for a, b in ((x, xr), (p, pr)):
                 assert a.grad.dtype == b.grad.dtype == a.dtype
                 assert (a.grad.cpu().double() - b.grad.double()).norm() <= bound * b.grad.double().norm() + 1e-6
-
-
-@pytest.mark.parametrize("tier", CPU_TIERS)
-def test_muladd_refuses_mixed_dtypes_at_every_tier(monkeypatch, tier):
-    force(monkeypatch, tier)
-    a = torch.randn(4, 8)
-    with pytest.raises(TypeError, match=r"muladd: a, b and c must share one dtype"):
-        tiered_ops.muladd(a, a.bfloat16(), a)
 
 
 @pytest.mark.parametrize("tier", ALL_TIERS)

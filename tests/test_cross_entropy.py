@@ -115,16 +115,6 @@ def test_special_values_match_the_math(impl):
     assert_like_truth(fn(x, t, -100, "none"), want, 1e-5, f"cross_entropy/{impl} special values")
 
 
-@pytest.mark.parametrize("impl", ["eager", "triton"])
-def test_a_target_out_of_range_names_target_on_the_cpu(impl):
-    fn = tiered_ops.get_op("cross_entropy").impls[impl].fn
-    x = torch.randn(4, 10)
-    for bad in (10, -1, -7):
-        t = torch.tensor([1, bad, -100, 3])
-        with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is outside \[0, 10\)"):
-            fn(x, t)
-
-
 @gpu
 @pytest.mark.parametrize("impl", ["triton", "cuda"])
 def test_a_target_out_of_range_makes_its_row_nan_on_the_gpu(impl):
@@ -139,19 +129,7 @@ def test_a_target_out_of_range_makes_its_row_nan_on_the_gpu(impl):
     assert fn(x, t).isnan()
 
 
-@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
-def test_bad_arguments_name_the_argument(impl):
-    dev = device_for(impl)
-    fn = tiered_ops.get_op("cross_entropy").impls[impl].fn
-    x, t = torch.randn(4, 10, device=dev), torch.randint(0, 10, (4,), device=dev)
-    cases = [((x, t[:3]), "target"), ((x, t.int()), "target"), ((x.reshape(2, 2, 10), t), "logits"),
-             ((x, t, -100, "avg"), "reduction"), ((x, t, -100, "mean", 1.5), "label_smoothing")]
-    for args, name in cases:
-        with pytest.raises((TypeError, ValueError, RuntimeError), match=name):
-            fn(*args)
-
-
-def test_public_op_trains_and_checks_its_arguments():
+def test_public_op_trains():
     x = torch.randn(6, 20, requires_grad=True)
     t = torch.tensor([1, 2, -100, 4, 5, 19])
     loss = tiered_ops.cross_entropy(x, t, label_smoothing=0.1)
@@ -161,10 +139,6 @@ def test_public_op_trains_and_checks_its_arguments():
     want.backward()
     assert_like_truth(loss, want, 1e-5)
     assert_like_truth(x.grad, x64.grad, 1e-5, "gradient")
-    with pytest.raises(ValueError, match="reduction"):
-        tiered_ops.cross_entropy(x, t, reduction="avg")
-    with pytest.raises(TypeError, match="target"):
-        tiered_ops.cross_entropy(x, t.float())
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -190,11 +164,3 @@ def test_float32_loss_from_half_logits_is_the_upcast_loss(impl, reduction):
         assert dx.dtype == dtype
         torch.testing.assert_close(dx.double(), dx64.to(dtype).double(), rtol=0.02, atol=1e-3)
 
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_a_loss_dtype_other_than_float32_or_the_logits_is_refused(impl):
-    dev = device_for(impl)
-    fn = tiered_ops.get_op("cross_entropy").impls[impl].fn
-    x, t = torch.randn(3, 10, device=dev, dtype=torch.bfloat16), torch.randint(0, 10, (3,), device=dev)
-    with pytest.raises((ValueError, RuntimeError), match="dtype"):
-        fn(x, t, dtype=torch.float16)

@@ -143,6 +143,22 @@ class Inputs:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BadInput:
+    """A call an op must refuse with a clear error: ``call(device)`` builds its (args, kwargs); ``error`` is the
+    exception type (or types) and ``match`` a regex its message must contain (the argument it names, what came).
+    ``good(device)``: a valid call of the same shapes and dtypes, made first through ``tiered_ops.<op>`` so that its
+    per-call path holds the key (a check of values, or of an optional tensor, must not be skipped there).
+    ``devices``: where the call is refused (a check of values reads the data on the host: CPU only)."""
+
+    what: str
+    call: Callable[[torch.device], tuple[tuple, dict[str, Any]]]
+    error: type[Exception] | tuple[type[Exception], ...]
+    match: str
+    good: Callable[[torch.device], tuple[tuple, dict[str, Any]]] | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+
 @dataclass
 class OpSpec:
     """Everything op-specific the harness needs. See ``tiered_ops/ops/softmax.py`` for an example."""
@@ -189,6 +205,11 @@ class OpSpec:
     # ``takes_mixed``: whether a call's mix of floating dtypes is one every tier takes as it is (a Hugging Face norm
     # form's float32 weight over a bfloat16 x), not a promotion.
     takes_mixed: Callable[..., bool] | None = None
+    # The generic tests' cases: ``bad_inputs``, calls every tier (and ``tiered_ops.<op>``) must refuse, each naming
+    # its argument; ``variants``, the parameter sets the generic tests (NaN/Inf propagation, dtype errors) run the op
+    # at (the defaults; more where a parameter changes the kernels' code path).
+    bad_inputs: tuple[BadInput, ...] = ()
+    variants: tuple[dict[str, Any], ...] = ({},)
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def mode_bytes(self, problem: Problem, dtype: torch.dtype, mode: str) -> int:

@@ -1,4 +1,11 @@
-"""The op declarations, one file per op. Importing this package declares each op (``registry.register_op``);
-``tiered_ops.catalog`` builds their tiers."""
+"""The op declarations, one file per op. Importing this package imports every module here whose name does not start
+with ``_`` (in name order), and each declares its op (``registry.register_op``); ``tiered_ops.catalog`` builds their
+tiers. Adding an op adds its file here: nothing lists the ops."""
 
-from . import cross_entropy, fused_add_rms_norm, gelu, layer_norm, muladd, rms_norm, segment_sum, softmax  # noqa: F401,E501
+import importlib
+import pkgutil
+
+DECLARATIONS: tuple[str, ...] = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                                             if not m.name.startswith("_")))
+for _name in DECLARATIONS:
+    importlib.import_module(f"{__name__}.{_name}")

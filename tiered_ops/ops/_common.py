@@ -1,10 +1,11 @@
 """Helpers the op declarations share: random inputs that are never zeros, the rows x row-length split of an op
-that reduces over its trailing dims, and the checks the ops' contracts (``validate``) are written with."""
+that reduces over its trailing dims, the checks the ops' contracts (``validate``) are written with, and the calls their
+``bad_inputs`` are built from."""
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -79,3 +80,20 @@ def norm_split(p: Problem) -> tuple[int, int]:
     """(rows, row length) of a problem normalized over its trailing ``normalized_shape`` dims."""
     n = math.prod(p.kw["normalized_shape"])
     return math.prod(p.shape[: len(p.shape) - len(p.kw["normalized_shape"])]), n
+
+
+def values(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Deterministic non-constant values of ``shape`` (no random generator: importing a declaration draws nothing)."""
+    n = math.prod(shape)
+    return torch.linspace(-2.0, 2.0, max(n, 1))[:n].reshape(shape).to(dtype)
+
+
+def call(*args: Any, **kwargs: Any) -> Callable[[torch.device], tuple[tuple, dict[str, Any]]]:
+    """A ``BadInput``'s call (or its good one): these arguments, each tensor moved to the device asked for."""
+    def build(device: torch.device) -> tuple[tuple, dict[str, Any]]:
+        def to(a: Any) -> Any:
+            return a.to(device) if isinstance(a, torch.Tensor) else a
+
+        return tuple(to(a) for a in args), {k: to(v) for k, v in kwargs.items()}
+
+    return build

@@ -43,8 +43,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import gen
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import call, gen, values
 
 REDUCTIONS = ("mean", "sum", "none")
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -197,6 +197,40 @@ def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
     return backward
 
 
+def _target(*classes: int) -> torch.Tensor:
+    return torch.tensor(classes, dtype=torch.int64)
+
+
+def _out_of_range(rows: int, n: int, target: tuple[int, ...], good: tuple[int, ...], i: int) -> BadInput:
+    """A target outside [0, V): refused where targets are read (on the host), after a good call of the same shapes."""
+    return BadInput(f"target {target[i]} of {n} classes", call(values(rows, n), _target(*target)), ValueError,
+                    rf"target\[{i}\] = {target[i]} is outside \[0, {n}\)", good=call(values(rows, n), _target(*good)),
+                    devices=("cpu",))
+
+
+BAD_INPUTS = (
+    *(_out_of_range(4, 10, (1, bad, -100, 3), (1, 2, -100, 3), 1) for bad in (10, -1, -7)),
+    _out_of_range(3, 5, (0, 7, 2), (0, 1, 2), 1),
+    BadInput("target of 3 rows", call(values(4, 10), _target(1, 2, 3)), ValueError,
+             r"cross_entropy: target must have shape \[N\] = \[4\]"),
+    BadInput("target int32", call(values(4, 10), _target(1, 2, 3, 4).int()), TypeError,
+             r"cross_entropy: target must have dtype int64"),
+    BadInput("target float", call(values(4, 10), _target(1, 2, 3, 4).float()), TypeError,
+             r"cross_entropy: target must have dtype int64"),
+    BadInput("logits 3-D", call(values(2, 2, 10), _target(1, 2, 3, 4)), ValueError,
+             r"cross_entropy: logits must have shape \[N, V\]"),
+    BadInput("unknown reduction", call(values(4, 10), _target(1, 2, 3, 4), -100, "avg"), ValueError,
+             r"cross_entropy: reduction must be"),
+    BadInput("unknown reduction by keyword", call(values(4, 10), _target(1, 2, 3, 4), reduction="avg"), ValueError,
+             r"cross_entropy: reduction must be"),
+    BadInput("label_smoothing above 1", call(values(4, 10), _target(1, 2, 3, 4), -100, "mean", 1.5), ValueError,
+             r"cross_entropy: label_smoothing must be in \[0, 1\]"),
+    BadInput("a loss dtype neither float32 nor the logits'",
+             call(values(4, 10, dtype=torch.bfloat16), _target(1, 2, 3, 4), dtype=torch.float16), ValueError,
+             r"cross_entropy: dtype must be None, torch.float32 or the logits' dtype",
+             good=call(values(4, 10, dtype=torch.bfloat16), _target(1, 2, 3, 4), dtype=torch.float32)),
+)
+
 SPEC = register_op(OpSpec(
     name="cross_entropy", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes, bwd_bytes=_bwd_bytes, grad_args=(0,), autograd=(_setup, _backward_for),
@@ -217,5 +251,6 @@ SPEC = register_op(OpSpec(
         _problem((4096, 128256), reduction="none", label_smoothing=0.1, ignored=0.25),
     ] if dev == "cuda" else [_problem((64, 4096)), _problem((256, 32000), ignored=0.25)],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
-    validate=validate, check_values=check_values,
+    validate=validate, check_values=check_values, bad_inputs=BAD_INPUTS,
+    variants=({}, {"reduction": "none"}, {"reduction": "none", "label_smoothing": 0.1}),
 ))

@@ -25,8 +25,20 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, register_op
-from ._common import check_eps, check_norm, floating, gen, norm_param, norm_shape, norm_split, randn, same_device
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, register_op
+from ._common import (
+    call,
+    check_eps,
+    check_norm,
+    floating,
+    gen,
+    norm_param,
+    norm_shape,
+    norm_split,
+    randn,
+    same_device,
+    values,
+)
 from .rms_norm import (
     _bucket,  # the same bucket: (rows rounded up, normalized size, weight?)
     _eps,
@@ -165,6 +177,23 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (  # a residual that x + residual would broadcast or promote silently
+    BadInput("residual that broadcasts", call(values(4, 8), values(1, 8), (8,), values(8)), ValueError,
+             r"fused_add_rms_norm: residual must have the shape of x \[4, 8\], got \[1, 8\]"),
+    BadInput("residual of a row", call(values(3, 4), values(4), (4,)), ValueError,
+             r"residual must have the shape of x"),
+    BadInput("residual of float16", call(values(4, 8), values(4, 8, dtype=torch.float16), (8,), values(8)), TypeError,
+             r"fused_add_rms_norm: residual must have the dtype of x \(torch.float32\), got torch.float16"),
+    BadInput("residual of float64", call(values(3, 4), values(3, 4, dtype=torch.float64), (4,)), TypeError,
+             r"residual must have the dtype of x"),
+    BadInput("weight of another shape", call(values(4, 8), values(4, 8), (8,), values(7)), ValueError,
+             r"fused_add_rms_norm: weight must have shape"),
+    BadInput("normalized_shape not x's", call(values(4, 8), values(4, 8), (7,), None), ValueError,
+             r"fused_add_rms_norm: normalized_shape"),
+    BadInput("normalized_shape too long", call(values(3, 4), values(3, 4), (5,)), ValueError,
+             r"fused_add_rms_norm: normalized_shape"),
+)
+
 SPEC = register_op(OpSpec(
     name="fused_add_rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes, outputs=("y", "new_residual"),
@@ -186,5 +215,5 @@ SPEC = register_op(OpSpec(
         [(1, 4096), (8, 4096), (64, 4096), (4096, 4096), (32768, 4096), (32768, 8192)] if dev == "cuda"
         else [(8, 1024), (256, 1024)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
-    validate=validate, takes_mixed=takes_mixed,
+    validate=validate, takes_mixed=takes_mixed, bad_inputs=BAD_INPUTS,
 ))

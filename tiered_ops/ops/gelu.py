@@ -18,8 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import floating, gen, randn, same_device
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import call, floating, gen, randn, same_device, values
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -102,6 +102,13 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (
+    BadInput("bias of another length", call(values(4, 8), values(4), "none"), ValueError,
+             r"gelu: bias must have shape"),
+    BadInput("unknown approximation", call(values(4, 8), None, "sigmoid"), ValueError,
+             r"gelu: approximate must be 'none' or 'tanh'"),
+)
+
 SPEC = register_op(OpSpec(
     name="gelu", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=lambda p, dt: (2 * _numel(p) + _bias_elems(p)) * dt.itemsize,
@@ -121,5 +128,6 @@ SPEC = register_op(OpSpec(
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
     result_dtype=lambda x, bias=None, approximate="none": (
         x.dtype if bias is None else torch.promote_types(x.dtype, bias.dtype)),
+    bad_inputs=BAD_INPUTS, variants=({"approximate": "none"}, {"approximate": "tanh"}),
 ))
 

@@ -19,8 +19,19 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import LOW_PRECISION, check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import (
+    LOW_PRECISION,
+    call,
+    check_eps,
+    check_norm,
+    gen,
+    norm_param,
+    norm_shape,
+    norm_split,
+    randn,
+    values,
+)
 
 
 def reference(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
@@ -128,6 +139,16 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (
+    BadInput("weight of a lower precision", call(values(4, 8), (8,), values(8, dtype=torch.float16), None), TypeError,
+             r"layer_norm: weight must have x's dtype"),
+    BadInput("bias of another shape", call(values(4, 8), (8,), None, values(7)), ValueError,
+             r"layer_norm: bias must have shape"),
+    BadInput("normalized_shape not x's", call(values(4, 8), (7,), None, None), ValueError,
+             r"layer_norm: normalized_shape"),
+    BadInput("normalized_shape too long", call(values(3, 4), (5,)), ValueError, r"layer_norm: normalized_shape"),
+)
+
 SPEC = register_op(OpSpec(
     name="layer_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes,
@@ -148,6 +169,6 @@ SPEC = register_op(OpSpec(
         else [(256, 1024), (8, 65536)])] + ([_problem((16, 64, 256, 256), normalized_shape=(64, 256, 256))]
                                               if dev == "cuda" else []),
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
-    validate=validate,
+    validate=validate, bad_inputs=BAD_INPUTS,
 ))
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ._common import floating, gen, randn, same_device
+from ..registry import BadInput, Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
+from ._common import call, floating, gen, randn, same_device, values
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -146,6 +146,18 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (
+    BadInput("shapes that do not broadcast", call(values(4, 5), values(4, 5), values(5, 4)), ValueError,
+             r"muladd: a, b and c must broadcast to one shape"),
+    # after a call of broadcast operands: a call with another b shape is not served from the first one's fast path
+    BadInput("b does not broadcast", call(values(6, 5), values(4), values(6, 1)), ValueError, r"must broadcast",
+             good=call(values(6, 5), values(5), values(6, 1))),
+    BadInput("b of bfloat16", call(values(4, 8), values(4, 8, dtype=torch.bfloat16), values(4, 8)), TypeError,
+             r"muladd: a, b and c must share one dtype"),
+    BadInput("b of float64", call(values(6, 5), values(5, dtype=torch.float64), values(6, 1)), TypeError,
+             r"share one dtype", good=call(values(6, 5), values(5), values(6, 1))),
+)
+
 SPEC = register_op(OpSpec(
     name="muladd", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=lambda p: (pow2_ceil(_numel(p.shape)), "operands" in p.kw), bytes_moved=_bytes,
@@ -165,6 +177,7 @@ SPEC = register_op(OpSpec(
     + [_problem((16384, 4096) if dev == "cuda" else (256, 1024), "16384x4096,4096,4096" if dev == "cuda"
                 else "256x1024,1024,1024")],  # a scale and a shift per column
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_operands, validate=validate,
+    bad_inputs=BAD_INPUTS,
 ))
 SPEC.add(Impl("eager_addcmul", Tier.EAGER, addcmul, (SPEC.source,), own_functions=((SPEC.source, "addcmul"),)))
 

@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import call, check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn, values
 
 
 def check_form(x: torch.Tensor, weight: torch.Tensor | None, weight_offset: float, cast_before_weight: bool,
@@ -186,6 +186,18 @@ def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (
+    BadInput("weight not floating", call(values(4, 8), (8,), values(8, dtype=torch.int32)), TypeError,
+             r"rms_norm: weight must be a floating tensor"),
+    # the per-call path's key holds an optional tensor's shape: a weight of another shape is validated again
+    BadInput("weight of another shape", call(values(3, 8), (8,), values(4)), ValueError,
+             r"rms_norm: weight must have shape normalized_shape \[8\], got \[4\]",
+             good=call(values(3, 8), (8,), values(8))),
+    BadInput("weight of 7", call(values(4, 8), (8,), values(7)), ValueError, r"rms_norm: weight must have shape"),
+    BadInput("normalized_shape not x's", call(values(4, 8), (7,), None), ValueError, r"rms_norm: normalized_shape"),
+    BadInput("normalized_shape too long", call(values(3, 4), (5,)), ValueError, r"rms_norm: normalized_shape"),
+)
+
 SPEC = register_op(OpSpec(
     name="rms_norm", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes,
@@ -209,6 +221,6 @@ SPEC = register_op(OpSpec(
         [(16384, 4096), (4096, 32768), (65536, 256), (32, 4096), (1, 4096), (12, 250000)] if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
-    takes_mixed=takes_mixed,
+    takes_mixed=takes_mixed, bad_inputs=BAD_INPUTS,
 ))
 

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
-from ._common import floating, gen, randn, tensor
+from ..registry import BadInput, Impl, Inputs, OpSpec, Problem, Tier, make_problem, pow2_ceil, register_op
+from ._common import call, floating, gen, randn, tensor, values
 
 LENGTHS = ("uniform", "powerlaw")
 MEAN_LENGTH = 16  # default rows per segment
@@ -187,6 +187,35 @@ def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
     return backward
 
 
+def _offsets(*bounds: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(bounds, dtype=dtype)
+
+
+def _data_error(what: str, rows: int, bad: tuple[int, ...], good: tuple[int, ...], match: str) -> BadInput:
+    """Malformed offsets' values: refused where they are read (on the host), after a good call of the same shapes."""
+    return BadInput(what, call(values(rows, 4), _offsets(*bad)), ValueError, match,
+                    good=call(values(rows, 4), _offsets(*good)), devices=("cpu",))
+
+
+BAD_INPUTS = (
+    _data_error("unsorted", 10, (0, 6, 3, 10), (0, 2, 5, 10),
+                r"offsets must be sorted .*offsets\[1\] = 6 > offsets\[2\] = 3"),
+    _data_error("first not 0", 10, (2, 5, 10), (0, 5, 10), r"offsets\[0\] must be 0, got 2"),
+    _data_error("last not E", 10, (0, 5, 9), (0, 5, 10), r"offsets\[-1\] must be values.shape\[0\] = 10, got 9"),
+    _data_error("unsorted inside", 8, (0, 5, 3, 8), (0, 2, 5, 8), r"sorted.*offsets\[1\] = 5 > offsets\[2\] = 3"),
+    _data_error("last short", 8, (0, 2, 5, 5), (0, 2, 5, 8), r"offsets\[-1\] must be values.shape\[0\] = 8, got 5"),
+    _data_error("first 1", 8, (1, 2, 5, 8), (0, 2, 5, 8), r"offsets\[0\] must be 0"),
+    BadInput("offsets int32", call(values(10, 4), _offsets(0, 5, 10, dtype=torch.int32)), TypeError,
+             r"offsets must be an int64"),
+    BadInput("offsets float", call(values(10, 4), torch.tensor([0.0, 5.0, 10.0])), TypeError,
+             r"offsets must be an int64"),
+    BadInput("offsets 2-D", call(values(10, 4), torch.tensor([[0, 5, 10]])), ValueError, r"offsets must be 1-D"),
+    BadInput("offsets empty", call(values(0, 4), _offsets()), ValueError, r"offsets must be 1-D with S \+ 1 >= 1"),
+    BadInput("values 1-D", call(values(10), _offsets(0, 5, 10)), ValueError, r"values must be 2-D"),
+    BadInput("values int", call(values(10, 4, dtype=torch.int32), _offsets(0, 5, 10)), TypeError,
+             r"values must be .*float"),
+)
+
 SPEC = register_op(OpSpec(
     name="segment_sum", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=_bytes, bwd_bytes=_bytes, grad_args=(0,),
@@ -204,7 +233,7 @@ SPEC = register_op(OpSpec(
         + [_problem((1 << 14, 64), segments=1 << 10)] if dev == "cuda"
         else [_problem((4096, 64), segments=256, lengths=dist) for dist in LENGTHS]),
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
-    check_values=check_values,
+    check_values=check_values, bad_inputs=BAD_INPUTS,
 ))
 SPEC.add(Impl("eager_segment_reduce", Tier.EAGER, segment_reduce, (SPEC.source,),
               own_functions=((SPEC.source, "segment_reduce"),)))

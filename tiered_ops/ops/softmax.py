@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
-from ._common import floating, gen, randn
+from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
+from ._common import call, floating, gen, randn, values
 
 
 def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -93,6 +93,11 @@ def _backward_for(bwd: Callable[..., torch.Tensor]) -> Callable[..., tuple]:
     return backward
 
 
+BAD_INPUTS = (
+    BadInput("dim out of range", call(values(3, 4), dim=2), IndexError, r"softmax: dim out of range"),
+    BadInput("dim not an int", call(values(3, 4), dim=1.0), TypeError, r"softmax: dim must be an int"),
+)
+
 SPEC = register_op(OpSpec(
     name="softmax", reference=reference, make_inputs=_inputs, problem=_problem, problem_of=_problem_of,
     bucket=_bucket, bytes_moved=lambda p, dt: 2 * _numel(p) * dt.itemsize,
@@ -114,5 +119,6 @@ SPEC = register_op(OpSpec(
         if dev == "cuda"
         else [(256, 1024), (8, 65536)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
+    bad_inputs=BAD_INPUTS,
 ))
 

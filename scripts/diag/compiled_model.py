@@ -1,0 +1,126 @@
+"""Why a patched model under torch.compile(fullgraph=True) is slower than stock: for each (model, workload) asked, the
+stock model, the patched one as tuned for the compiled context, and the patched one with every compiled-context
+decision forced to the compile tier (the op's eager code traced into the caller's graph), each compiled once; then
+dynamo's counters (graphs, breaks, recompiles), the kernels launched per call (torch.profiler, by name), the host
+time per call, and interleaved timing (median, p20-p80).
+
+    python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import tiered_ops  # noqa: E402
+from benchmarks.models import models, spread, step_fn, timed  # noqa: E402
+from tiered_ops import decide  # noqa: E402
+from tiered_ops.decide import Selection  # noqa: E402
+
+
+def force_compile_tier() -> int:
+    """Every compiled-context decision made so far now names the compile tier; the per-call caches are cleared."""
+    n = 0
+    for key, sel in list(decide._decisions.items()):
+        if key[-1] == "compiled" and sel.impl.tier.label != "compile":
+            impl = decide.get_op(sel.record["op"]).impls["compile"]
+            decide._decisions[key] = Selection(impl.fn, impl, dict(sel.record, chosen="compile"))
+            n += 1
+    decide._calls.clear()
+    return n
+
+
+def kernels(fn: Callable[[], Any], calls: int = 3) -> tuple[collections.Counter, float]:
+    """Kernel names launched per call, and the host time of a call (ms) under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    names: collections.Counter = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            names[e.name[:90]] += 1
+    return collections.Counter({k: v // calls for k, v in names.items()}), 0.0
+
+
+def host_ms(fn: Callable[[], Any], reps: int = 20) -> float:
+    """Host time of one call (the caller's Python and launches), the median over ``reps``, not waiting on the GPU."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="llama-8b-dims-2l:decode,gpt2-small:prefill")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    torch._dynamo.config.recompile_limit = 64
+    from torch._dynamo.utils import counters
+
+    for case in args.cases.split(","):
+        name, workload = case.split(":")
+        cls, cfg, _ = models(False, args.seq)[name]
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            base = cls(cfg).to(torch.bfloat16).eval()
+        if getattr(base, "loss_type", None) is None:
+            base.loss_type = "ForCausalLM"
+        ids = torch.randint(0, cfg.vocab_size, (1, 1 if workload == "decode" else args.seq), device="cuda")
+        tiered = copy.deepcopy(base)
+        print(f"== {name} {workload}: {tiered_ops.patch(tiered)}", flush=True)
+        rep = tiered_ops.tune(tiered, dict(input_ids=ids, use_cache=False), context="compiled")
+        for c in rep.calls:
+            print(f"  decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} ({c.tier}) - {c.reason[:300]}")
+        fns: dict[str, Callable[[], Any]] = {}
+        for vname, model in (("stock", base), ("tiered", tiered), ("tiered-compile-tier", None)):
+            if vname == "tiered-compile-tier":
+                print(f"  forced {force_compile_tier()} compiled decisions to the compile tier")
+                model = copy.deepcopy(tiered)
+            torch._dynamo.reset() if vname == "stock" else None
+            counters.clear()
+            t0 = time.perf_counter()
+            fn = step_fn(torch.compile(model, fullgraph=True), workload, ids)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            stats = {k: dict(v) for k, v in counters.items() if k in ("stats", "graph_break", "recompiles")}
+            print(f"  {vname}: compiled+warm {time.perf_counter() - t0:.1f} s; dynamo {stats}", flush=True)
+            fns[vname] = fn
+        samples: dict[str, list[float]] = {v: [] for v in fns}
+        order = list(fns)
+        for r in range(args.rounds):
+            for v in order[r % len(order):] + order[:r % len(order)]:
+                samples[v] += timed(fns[v], args.reps, True)
+        for v, fn in fns.items():
+            p50, p20, p80 = spread(samples[v])
+            k, _ = kernels(fn)
+            print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
+                  f"{sum(k.values())} kernels/call")
+            for kname, n in k.most_common(14):
+                print(f"      {n:4d}  {kname}")
+        del fns, tiered, base
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
