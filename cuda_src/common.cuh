@@ -108,6 +108,70 @@ __device__ __forceinline__ float group_max(float v, int tpr, float* smem) {
   return v;
 }
 
+// One row of a register-resident kernel as one of its `tpr` threads sees it: row r (live: r < rows; a dead row's
+// threads still take part in the reductions), the thread's lane in the row, and the row's length n.
+struct RegRow {
+  int64_t r;
+  bool live;
+  int lane, tpr, n;
+
+  // f(p, i) for each of the thread's P packs of V elements that lies in the row (i: the pack's first element).
+  template <int P, int V, typename F>
+  __device__ __forceinline__ void each(F&& f) const {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = (p * tpr + lane) * V;
+      if (live && i < n) f(p, i);
+    }
+  }
+
+  // Reads the thread's packs of the row at xr into q (raw), calling f(v) on each element v as a float.
+  template <int P, int V, typename T, typename F>
+  __device__ __forceinline__ void load(const T* __restrict__ xr, Pack<T> (&q)[P], F&& f) const {
+    each<P, V>([&](int p, int i) {
+      q[p] = *reinterpret_cast<const Pack<T>*>(xr + i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) f(to_f(q[p].v[j]));
+    });
+  }
+};
+
+// f(row) for the rows of this block, `tpr` threads a row, the grid striding over the rows. Every thread of the block
+// runs the same iterations (the reductions need all of them); rows past the end are not live.
+template <typename F>
+__device__ __forceinline__ void for_reg_rows(int64_t rows, int n, int tpr, F&& f) {
+  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
+  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
+    const int64_t r = base + threadIdx.x / tpr;
+    f(RegRow{r, r < rows, lane, tpr, n});
+  }
+}
+
+// The raw pack of T at p (16-byte aligned).
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p) { return *reinterpret_cast<const Pack<T>*>(p); }
+
+// ---- block-per-row kernels (the v1 kernels) ----
+// f(r) for the rows of this block: one block per row, the grid striding over the rows.
+template <typename F>
+__device__ __forceinline__ void for_block_rows(int64_t rows, F&& f) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) f(r);
+}
+
+// f(i) for this thread's packs of V elements in a row of n: the block strides over the row, V elements a thread.
+template <int V, typename F>
+__device__ __forceinline__ void for_row(int64_t n, F&& f) {
+  for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) f(i);
+}
+
+// rms_norm's output value before its rounding to the output type, v = x * r in fp32 and wv = w in fp32 (rms_norm and
+// fused_add_rms_norm): cast rounds v to T first (Llama), w_offset adds to the weight (Gemma).
+template <typename T>
+__device__ __forceinline__ float rms_weighted(float v, bool has_w, float wv, float w_offset, bool cast) {
+  if (cast) v = to_f(from_f<T>(v));
+  return has_w ? v * (w_offset != 0.f ? wv + w_offset : wv) : v;
+}
+
 struct RowsConfig {
   int packs = 0;    // P: packs per thread (0: the row does not fit, use v1)
   int tpr = 0;      // threads per row
@@ -146,6 +210,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // Rows per launch grid: enough blocks to fill the GPU, each block strides over rows.
 inline unsigned grid_rows(int64_t rows) { return (unsigned)(rows < 65535 * 32 ? rows : 65535 * 32); }
+
+// Launches the block-per-row kernel `vec_k` (16-byte packs) when vec, else `one_k` (one element at a time), over
+// `rows` rows with threads enough for `n` elements a row; the launch's error.
+template <typename... K, typename... A>
+inline cudaError_t launch_block_rows(bool vec, int V, void (*vec_k)(K...), void (*one_k)(K...), int64_t rows,
+                                     int64_t n, cudaStream_t stream, A... args) {
+  (vec ? vec_k : one_k)<<<grid_rows(rows), row_threads(n, vec ? V : 1), 0, stream>>>(args...);
+  return cudaGetLastError();
+}
 
 // Weight/bias gradients of both normalizations, as partial sums over groups of rows (blockIdx.y): for column
 // j, dw[g, j] = sum over the group's rows of dy * xhat and db[g, j] = sum of dy, xhat = (x - mean) * rstd

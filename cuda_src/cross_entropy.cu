@@ -90,17 +90,17 @@ __global__ void __launch_bounds__(1024) ce_bwd_v1_kernel(const T* __restrict__ x
       // torch's gradient of an ignored row is 0 * softmax: 0, or NaN across the row where its lse is not finite
       // (a NaN, a +inf, or every entry -inf): the row's max, a NaN counted as +inf, says which.
       float m = -INFINITY;
-      for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += step) {
+      for_row<V>(n, [&](int64_t i) {
         float a[V];
         load_f<T, V>(xr, i, a);
 #pragma unroll
         for (int j = 0; j < V; ++j) m = fmaxf(m, a[j] != a[j] ? INFINITY : a[j]);
-      }
+      });
       const float zero = block_max(m, smem) * 0.f;  // NaN for +-inf
       float z[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) z[j] = zero;
-      for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += step) store_f<T, V>(dr, i, z);
+      for_row<V>(n, [&](int64_t i) { store_f<T, V>(dr, i, z); });
       continue;
     }
     const float scale = g[r * g_stride], l = lse[r], off = smoothing / (float)n, hit = 1.f - smoothing;
@@ -129,14 +129,9 @@ static cudaError_t launch_ce_fwd(const T* x, const int64_t* target, float* loss,
                                  int64_t stride, int64_t ignore_index, float smoothing, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = packed<T>(x, n, stride);
-  const int threads = row_threads((n + 1) / 2, vec ? V : 1);  // two packs per thread per iteration
-  if (vec)
-    ce_fwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, target, loss, lse, rows, n, stride,
-                                                                      ignore_index, smoothing);
-  else
-    ce_fwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, target, loss, lse, rows, n, stride,
-                                                                      ignore_index, smoothing);
-  return cudaGetLastError();
+  // threads for half the row: two packs per thread per iteration
+  return launch_block_rows(vec, V, ce_fwd_v1_kernel<T, V>, ce_fwd_v1_kernel<T, 1>, rows, (n + 1) / 2, stream, x, target,
+                           loss, lse, rows, n, stride, ignore_index, smoothing);
 }
 
 template <typename T>
@@ -145,14 +140,8 @@ static cudaError_t launch_ce_bwd(const T* x, const int64_t* target, const float*
                                  cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = packed<T>(x, n, stride) && aligned16(dx);
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    ce_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, target, lse, g, g_stride, dx, rows, n, stride,
-                                                                      ignore_index, smoothing);
-  else
-    ce_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, target, lse, g, g_stride, dx, rows, n, stride,
-                                                                      ignore_index, smoothing);
-  return cudaGetLastError();
+  return launch_block_rows(vec, V, ce_bwd_v1_kernel<T, V>, ce_bwd_v1_kernel<T, 1>, rows, n, stream, x, target, lse, g,
+                           g_stride, dx, rows, n, stride, ignore_index, smoothing);
 }
 
 cudaError_t cross_entropy_fwd(const void* x, const int64_t* target, float* loss, float* lse, int64_t rows, int64_t n,

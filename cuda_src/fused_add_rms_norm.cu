@@ -19,13 +19,6 @@
 
 namespace tiered_ops {
 
-// v = s * r in fp32, wv = w in fp32: the output value before its rounding to Y.
-template <typename T>
-__device__ __forceinline__ float fused_rms_weighted(float v, bool has_w, float wv, float w_offset, bool cast) {
-  if (cast) v = to_f(from_f<T>(v));
-  return has_w ? v * (w_offset != 0.f ? wv + w_offset : wv) : v;
-}
-
 template <typename T, int V, typename W = T, typename Y = T>
 __global__ void fused_add_rms_norm_v1_kernel(const T* __restrict__ x, const T* __restrict__ res,
                                              const W* __restrict__ w, Y* __restrict__ y, T* s,
@@ -33,10 +26,10 @@ __global__ void fused_add_rms_norm_v1_kernel(const T* __restrict__ x, const T* _
                                              float w_offset, bool cast) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, Y>::value), "packs need one element type");
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     float ss = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V], b[V];
       load_f<T, V>(x, base + i, a);
       load_f<T, V>(res, base + i, b);
@@ -46,14 +39,14 @@ __global__ void fused_add_rms_norm_v1_kernel(const T* __restrict__ x, const T* _
         ss += a[j] * a[j];
       }
       store_f<T, V>(s, base + i, a);
-    }
+    });
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       // This thread's own stores of the first pass, through a plain (coherent) load: s is written by this kernel, so
       // it is neither const nor __restrict__ here and never goes through the read-only cache.
       float a[V], ww[V];
       if constexpr (V > 1) {
-        const Pack<T> q = *reinterpret_cast<const Pack<T>*>(s + base + i);
+        const Pack<T> q = load_pack<T>(s + base + i);
 #pragma unroll
         for (int j = 0; j < V; ++j) a[j] = to_f(q.v[j]);
       } else {
@@ -61,11 +54,11 @@ __global__ void fused_add_rms_norm_v1_kernel(const T* __restrict__ x, const T* _
       }
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = fused_rms_weighted<T>(a[j] * rstd, w, w ? ww[j] : 0.f, w_offset, cast);
+      for (int j = 0; j < V; ++j) a[j] = rms_weighted<T>(a[j] * rstd, w, w ? ww[j] : 0.f, w_offset, cast);
       store_f<Y, V>(y, base + i, a);
-    }
+    });
     if (threadIdx.x == 0) rstd_out[r] = rstd;
-  }
+  });
 }
 
 template <typename T, int P>
@@ -75,42 +68,30 @@ __global__ void __launch_bounds__(1024, 1) fused_add_rms_norm_v2_kernel(
     bool cast) {
   constexpr int V = Pack<T>::N;
   __shared__ float smem[32];
-  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
-  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
-    const int64_t r = base + threadIdx.x / tpr;
-    const bool live = r < rows;
+  for_reg_rows(rows, n, tpr, [&](const RegRow& row) {
+    const int64_t r = row.r;
     Pack<T> q[P];  // the row of s, raw: 4 registers a pack
     float ss = 0.f;
+    row.each<P, V>([&](int p, int i) {
+      const Pack<T> a = load_pack(x + r * n + i), b = load_pack(res + r * n + i);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        const Pack<T> a = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
-        const Pack<T> b = *reinterpret_cast<const Pack<T>*>(res + r * n + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          q[p].v[j] = from_f<T>(to_f(a.v[j]) + to_f(b.v[j]));
-          const float v = to_f(q[p].v[j]);
-          ss += v * v;
-        }
-        *reinterpret_cast<Pack<T>*>(s + r * n + i) = q[p];
+      for (int j = 0; j < V; ++j) {
+        q[p].v[j] = from_f<T>(to_f(a.v[j]) + to_f(b.v[j]));
+        const float v = to_f(q[p].v[j]);
+        ss += v * v;
       }
-    }
+      *reinterpret_cast<Pack<T>*>(s + r * n + i) = q[p];
+    });
     const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
+    row.each<P, V>([&](int p, int i) {
+      float pw[V], o[V];
+      if (w) load_f<T, V>(w, i, pw);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        float pw[V], o[V];
-        if (w) load_f<T, V>(w, i, pw);
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          o[j] = fused_rms_weighted<T>(to_f(q[p].v[j]) * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
-        store_f<T, V>(y, r * n + i, o);
-      }
-    }
-    if (live && lane == 0) rstd_out[r] = rstd;
-  }
+      for (int j = 0; j < V; ++j) o[j] = rms_weighted<T>(to_f(q[p].v[j]) * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
+      store_f<T, V>(y, r * n + i, o);
+    });
+    if (row.live && row.lane == 0) rstd_out[r] = rstd;
+  });
 }
 
 template <typename T>
@@ -125,15 +106,9 @@ static cudaError_t launch_fused_add_rms_norm(const T* x, const T* res, const T* 
                                              x, res, w, y, s, rstd, rows, (int)n, eps, c.tpr, w_offset, cast));
     return cudaGetLastError();
   }
-  const bool vec = n % V == 0 && aligned;
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    fused_add_rms_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, res, w, y, s, rstd, rows, n, eps,
-                                                                                 w_offset, cast);
-  else
-    fused_add_rms_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, res, w, y, s, rstd, rows, n, eps,
-                                                                                 w_offset, cast);
-  return cudaGetLastError();
+  return launch_block_rows(n % V == 0 && aligned, V, fused_add_rms_norm_v1_kernel<T, V>,
+                           fused_add_rms_norm_v1_kernel<T, 1>, rows, n, stream, x, res, w, y, s, rstd, rows, n, eps,
+                           w_offset, cast);
 }
 
 // A float32 weight over bf16/fp16 x: v1's scalar path, y of type Y (T, or float under cast).
@@ -141,9 +116,8 @@ template <typename T, typename Y>
 static cudaError_t launch_fused_add_rms_norm_w32(const T* x, const T* res, const float* w, Y* y, T* s, float* rstd,
                                                  int64_t rows, int64_t n, float eps, float w_offset, bool cast,
                                                  cudaStream_t stream) {
-  fused_add_rms_norm_v1_kernel<T, 1, float, Y><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(
-      x, res, w, y, s, rstd, rows, n, eps, w_offset, cast);
-  return cudaGetLastError();
+  auto k = fused_add_rms_norm_v1_kernel<T, 1, float, Y>;
+  return launch_block_rows(false, 1, k, k, rows, n, stream, x, res, w, y, s, rstd, rows, n, eps, w_offset, cast);
 }
 
 template <typename T, int V, typename W = T, typename DY = T>
@@ -153,61 +127,50 @@ __global__ void fused_add_rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, cons
                                                  int64_t n, float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float rstd = rstd_in[r];
+    // s and g = dy * (w + w_offset) at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
+      float ww[V];
+      load_f<T, V>(s, base + i, a);
+      load_f<DY, V>(dy, base + i, g);
+      if (w) load_f<W, V>(w, i, ww);
+#pragma unroll
+      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * (ww[j] + w_offset) : g[j];
+    };
     float gs = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], ww[V];
-      load_f<T, V>(s, base + i, a);
-      load_f<DY, V>(dy, base + i, g);
-      if (w) load_f<W, V>(w, i, ww);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V];
+      load(i, a, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) gs += (w ? g[j] * (ww[j] + w_offset) : g[j]) * a[j];
-    }
+      for (int j = 0; j < V; ++j) gs += g[j] * a[j];
+    });
     const float c = block_sum(gs, smem) * rstd * rstd / (float)n;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], ww[V], d[V];
-      load_f<T, V>(s, base + i, a);
-      load_f<DY, V>(dy, base + i, g);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V], d[V];
+      load(i, a, g);
       load_f<T, V>(ds, base + i, d);
-      if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = d[j] + rstd * ((w ? g[j] * (ww[j] + w_offset) : g[j]) - a[j] * c);
+      for (int j = 0; j < V; ++j) a[j] = d[j] + rstd * (g[j] - a[j] * c);
       store_f<T, V>(dx, base + i, a);
-    }
-  }
+    });
+  });
 }
 
-template <typename T>
-static cudaError_t launch_fused_add_rms_norm_bwd(const T* dy, const T* ds, const T* s, const T* w, const float* rstd,
+// The dx kernel, then (with a weight) dw's partial sums by the column kernel; dy of type DY (T, or float under cast).
+template <typename T, typename W, typename DY>
+static cudaError_t launch_fused_add_rms_norm_bwd(const DY* dy, const T* ds, const T* s, const W* w, const float* rstd,
                                                  T* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per,
                                                  float w_offset, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
-  const bool vec = n % V == 0 && aligned16(dy) && aligned16(ds) && aligned16(s) && aligned16(dx) &&
+  constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
+  const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(ds) && aligned16(s) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    fused_add_rms_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, ds, s, w, rstd, dx, rows, n,
-                                                                                     w_offset);
-  else
-    fused_add_rms_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, ds, s, w, rstd, dx, rows, n,
-                                                                                     w_offset);
-  cudaError_t err = cudaGetLastError();
+  auto one = fused_add_rms_norm_bwd_v1_kernel<T, 1, W, DY>;
+  auto packed = fused_add_rms_norm_bwd_v1_kernel<T, one_type ? V : 1, W, DY>;
+  cudaError_t err = launch_block_rows(vec, V, packed, one, rows, n, stream, dy, ds, s, w, rstd, dx, rows, n, w_offset);
   if (err != cudaSuccess || w == nullptr) return err;
-  return launch_norm_param_grads<T>(dy, s, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
-}
-
-// A float32 weight over bf16/fp16 s (dy of type DY: T, or float under cast): the scalar path, then the column kernel.
-template <typename T, typename DY>
-static cudaError_t launch_fused_add_rms_norm_bwd_w32(const DY* dy, const T* ds, const T* s, const float* w,
-                                                     const float* rstd, T* dx, float* dw_partial, int64_t rows,
-                                                     int64_t n, int64_t rows_per, float w_offset,
-                                                     cudaStream_t stream) {
-  fused_add_rms_norm_bwd_v1_kernel<T, 1, float, DY><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(
-      dy, ds, s, w, rstd, dx, rows, n, w_offset);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
   return launch_norm_param_grads<DY, T>(dy, s, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
 }
 
@@ -241,12 +204,12 @@ cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s
   if (w_fp32 && w != nullptr && dtype != DType::F32) {
     TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
       if (dy_fp32)
-        return launch_fused_add_rms_norm_bwd_w32(static_cast<const float*>(dy), static_cast<const T*>(ds),
-                                                 static_cast<const T*>(s), static_cast<const float*>(w), rstd,
-                                                 static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
-      return launch_fused_add_rms_norm_bwd_w32(static_cast<const T*>(dy), static_cast<const T*>(ds),
-                                               static_cast<const T*>(s), static_cast<const float*>(w), rstd,
-                                               static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
+        return launch_fused_add_rms_norm_bwd(static_cast<const float*>(dy), static_cast<const T*>(ds),
+                                             static_cast<const T*>(s), static_cast<const float*>(w), rstd,
+                                             static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
+      return launch_fused_add_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(ds),
+                                           static_cast<const T*>(s), static_cast<const float*>(w), rstd,
+                                           static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
     });
     return cudaErrorInvalidValue;
   }

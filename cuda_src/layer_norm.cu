@@ -21,25 +21,25 @@ __global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restric
                                      T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                                      int64_t rows, int64_t n, float eps) {
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     float s = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V];
       load_f<T, V>(x, base + i, a);
 #pragma unroll
       for (int j = 0; j < V; ++j) s += a[j];
-    }
+    });
     const float mean = block_sum(s, smem) / (float)n;
     float ss = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V];
       load_f<T, V>(x, base + i, a);
 #pragma unroll
       for (int j = 0; j < V; ++j) ss += (a[j] - mean) * (a[j] - mean);
-    }
+    });
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V], pw[V], pb[V];
       load_f<T, V>(x, base + i, a);
       if (w) load_f<T, V>(w, i, pw);
@@ -51,9 +51,9 @@ __global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restric
         if (b) a[j] += pb[j];
       }
       store_f<T, V>(y, base + i, a);
-    }
+    });
     if (threadIdx.x == 0) mean_out[r] = mean, rstd_out[r] = rstd;
-  }
+  });
 }
 
 template <typename T, int V>
@@ -61,36 +61,34 @@ __global__ void layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __re
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          T* __restrict__ dx, int64_t rows, int64_t n) {
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float mu = mean[r], rs = rstd[r];
+    // x and g = dy * w at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
+      float pw[V];
+      load_f<T, V>(x, base + i, a);
+      load_f<T, V>(dy, base + i, g);
+      if (w) load_f<T, V>(w, i, pw);
+#pragma unroll
+      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * pw[j] : g[j];
+    };
     float s1 = 0.f, s2 = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], pw[V];
-      load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, g);
-      if (w) load_f<T, V>(w, i, pw);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V];
+      load(i, a, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float gw = w ? g[j] * pw[j] : g[j];
-        s1 += gw * (a[j] - mu) * rs;
-        s2 += gw;
-      }
-    }
+      for (int j = 0; j < V; ++j) s1 += g[j] * (a[j] - mu) * rs, s2 += g[j];
+    });
     const float c1 = block_sum(s1, smem) / (float)n, c2 = block_sum(s2, smem) / (float)n;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], pw[V];
-      load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, g);
-      if (w) load_f<T, V>(w, i, pw);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V];
+      load(i, a, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float gw = w ? g[j] * pw[j] : g[j];
-        a[j] = rs * (gw - (a[j] - mu) * rs * c1 - c2);
-      }
+      for (int j = 0; j < V; ++j) a[j] = rs * (g[j] - (a[j] - mu) * rs * c1 - c2);
       store_f<T, V>(dx, base + i, a);
-    }
-  }
+    });
+  });
 }
 
 template <typename T>
@@ -104,50 +102,32 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
     float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int n, float eps, int tpr) {
   constexpr int V = Pack<T>::N;
   __shared__ float smem[32];
-  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
-  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
-    const int64_t r = base + threadIdx.x / tpr;
-    const bool live = r < rows;
+  for_reg_rows(rows, n, tpr, [&](const RegRow& row) {
+    const int64_t r = row.r;
     Pack<T> q[P];  // raw: 4 registers a pack
     float s = 0.f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) s += to_f(q[p].v[j]);
-      }
-    }
+    row.load<P, V>(x + r * n, q, [&](float v) { s += v; });
     const float mean = group_sum(s, tpr, smem) / (float)n;
     float ss = 0.f;
+    row.each<P, V>([&](int p, int) {
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) ss += (to_f(q[p].v[j]) - mean) * (to_f(q[p].v[j]) - mean);
-      }
-    }
+      for (int j = 0; j < V; ++j) ss += (to_f(q[p].v[j]) - mean) * (to_f(q[p].v[j]) - mean);
+    });
     const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
+    row.each<P, V>([&](int p, int i) {
+      float pw[V], pb[V], a[V];
+      if (w) load_f<T, V>(w, i, pw);
+      if (b) load_f<T, V>(b, i, pb);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        float pw[V], pb[V], a[V];
-        if (w) load_f<T, V>(w, i, pw);
-        if (b) load_f<T, V>(b, i, pb);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          a[j] = (to_f(q[p].v[j]) - mean) * rstd;
-          if (w) a[j] *= pw[j];
-          if (b) a[j] += pb[j];
-        }
-        store_f<T, V>(y, r * n + i, a);
+      for (int j = 0; j < V; ++j) {
+        a[j] = (to_f(q[p].v[j]) - mean) * rstd;
+        if (w) a[j] *= pw[j];
+        if (b) a[j] += pb[j];
       }
-    }
-    if (live && lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
-  }
+      store_f<T, V>(y, r * n + i, a);
+    });
+    if (row.live && row.lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+  });
 }
 
 template <typename T>
@@ -161,12 +141,8 @@ static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, f
                                              x, w, b, y, mean, rstd, rows, (int)n, eps, c.tpr));
     return cudaGetLastError();
   }
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    layer_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, n, eps);
-  else
-    layer_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, b, y, mean, rstd, rows, n, eps);
-  return cudaGetLastError();
+  return launch_block_rows(vec, V, layer_norm_v1_kernel<T, V>, layer_norm_v1_kernel<T, 1>, rows, n, stream, x, w, b,
+                           y, mean, rstd, rows, n, eps);
 }
 
 template <typename T>
@@ -175,12 +151,8 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
                                          int64_t rows_per, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, dy, x, dx, w);
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    layer_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, n);
-  else
-    layer_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, n);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_block_rows(vec, V, layer_norm_bwd_v1_kernel<T, V>, layer_norm_bwd_v1_kernel<T, 1>, rows, n,
+                                      stream, dy, x, w, mean, rstd, dx, rows, n);
   if (err != cudaSuccess || (dw_partial == nullptr && db_partial == nullptr)) return err;
   return launch_norm_param_grads<T>(dy, x, mean, rstd, dw_partial, db_partial, rows, n, rows_per, stream);
 }

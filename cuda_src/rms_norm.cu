@@ -19,47 +19,31 @@
 
 namespace tiered_ops {
 
-// v = x * r in fp32, wv = w in fp32: the output value before its rounding to Y.
-template <typename T>
-__device__ __forceinline__ float rms_weighted(float v, bool has_w, float wv, float w_offset, bool cast) {
-  if (cast) v = to_f(from_f<T>(v));
-  return has_w ? v * (w_offset != 0.f ? wv + w_offset : wv) : v;
-}
-
 template <typename T, int V, typename W = T, typename Y = T>
 __global__ void rms_norm_v1_kernel(const T* __restrict__ x, const W* __restrict__ w, Y* __restrict__ y,
                                    int64_t rows, int64_t n, float eps, float w_offset, bool cast) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, Y>::value), "packs need one element type");
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const T* xr = x + r * n;
     Y* yr = y + r * n;
     float ss = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      if constexpr (V > 1) {
-        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V];
+      load_f<T, V>(xr, i, a);
 #pragma unroll
-        for (int j = 0; j < V; ++j) ss += to_f(p.v[j]) * to_f(p.v[j]);
-      } else {
-        const float v = to_f(xr[i]);
-        ss += v * v;
-      }
-    }
+      for (int j = 0; j < V; ++j) ss += a[j] * a[j];
+    });
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      if constexpr (V > 1) {
-        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i), q;
-        Pack<T> pw;
-        if (w) pw = *reinterpret_cast<const Pack<T>*>(w + i);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], pw[V];
+      load_f<T, V>(xr, i, a);
+      if (w) load_f<W, V>(w, i, pw);
 #pragma unroll
-        for (int j = 0; j < V; ++j)
-          q.v[j] = from_f<T>(rms_weighted<T>(to_f(p.v[j]) * rstd, w, w ? to_f(pw.v[j]) : 0.f, w_offset, cast));
-        *reinterpret_cast<Pack<T>*>(yr + i) = q;
-      } else {
-        yr[i] = from_f<Y>(rms_weighted<T>(to_f(xr[i]) * rstd, w, w ? to_f(w[i]) : 0.f, w_offset, cast));
-      }
-    }
-  }
+      for (int j = 0; j < V; ++j) a[j] = rms_weighted<T>(a[j] * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
+      store_f<Y, V>(yr, i, a);
+    });
+  });
 }
 
 template <typename T, int P>
@@ -68,62 +52,43 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
                                                               int tpr, float w_offset, bool cast) {
   constexpr int V = Pack<T>::N;
   __shared__ float smem[32];
-  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
-  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
-    const int64_t r = base + threadIdx.x / tpr;
-    const bool live = r < rows;
+  for_reg_rows(rows, n, tpr, [&](const RegRow& row) {
+    const int64_t r = row.r;
     Pack<T> q[P];  // raw: 4 registers a pack
     float ss = 0.f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) ss += to_f(q[p].v[j]) * to_f(q[p].v[j]);
-      }
-    }
+    row.load<P, V>(x + r * n, q, [&](float v) { ss += v * v; });
     const float rstd = rsqrtf(group_sum(ss, tpr, smem) / (float)n + eps);
+    row.each<P, V>([&](int p, int i) {
+      float pw[V], a[V];
+      if (w) load_f<T, V>(w, i, pw);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        float pw[V], a[V];
-        if (w) load_f<T, V>(w, i, pw);
-#pragma unroll
-        for (int j = 0; j < V; ++j) a[j] = rms_weighted<T>(to_f(q[p].v[j]) * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
-        store_f<T, V>(y, r * n + i, a);
-      }
-    }
-  }
+      for (int j = 0; j < V; ++j) a[j] = rms_weighted<T>(to_f(q[p].v[j]) * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
+      store_f<T, V>(y, r * n + i, a);
+    });
+  });
 }
 
 template <typename T>
 static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps, float w_offset,
                                    bool cast, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
-  const RowsConfig c = rows_config(rows, n, V, aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w)));
+  const bool aligned = aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
+  const RowsConfig c = rows_config(rows, n, V, aligned);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
                                              x, w, y, rows, (int)n, eps, c.tpr, w_offset, cast));
     return cudaGetLastError();
   }
-  const bool vec = n % V == 0 && aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    rms_norm_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps, w_offset, cast);
-  else
-    rms_norm_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, w, y, rows, n, eps, w_offset, cast);
-  return cudaGetLastError();
+  return launch_block_rows(n % V == 0 && aligned, V, rms_norm_v1_kernel<T, V>, rms_norm_v1_kernel<T, 1>, rows, n,
+                           stream, x, w, y, rows, n, eps, w_offset, cast);
 }
 
 // A float32 weight over bf16/fp16 x: v1's scalar path, y of type Y (T, or float under cast).
 template <typename T, typename Y>
 static cudaError_t launch_rms_norm_w32(const T* x, const float* w, Y* y, int64_t rows, int64_t n, float eps,
                                        float w_offset, bool cast, cudaStream_t stream) {
-  rms_norm_v1_kernel<T, 1, float, Y><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(x, w, y, rows, n, eps,
-                                                                                         w_offset, cast);
-  return cudaGetLastError();
+  auto k = rms_norm_v1_kernel<T, 1, float, Y>;
+  return launch_block_rows(false, 1, k, k, rows, n, stream, x, w, y, rows, n, eps, w_offset, cast);
 }
 
 template <typename T, int V, typename W = T, typename DY = T>
@@ -132,60 +97,50 @@ __global__ void rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __res
                                        float eps, float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
-    float ss = 0.f, gx = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], ww[V];
+    // x and g = dy * (w + w_offset) at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
+      float ww[V];
       load_f<T, V>(x, base + i, a);
       load_f<DY, V>(dy, base + i, g);
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += (w ? g[j] * (ww[j] + w_offset) : g[j]) * a[j];
-    }
+      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * (ww[j] + w_offset) : g[j];
+    };
+    float ss = 0.f, gx = 0.f;
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V];
+      load(i, a, g);
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += g[j] * a[j];
+    });
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
     const float c = block_sum(gx, smem) * rstd * rstd / (float)n;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      float a[V], g[V], ww[V];
-      load_f<T, V>(x, base + i, a);
-      load_f<DY, V>(dy, base + i, g);
-      if (w) load_f<W, V>(w, i, ww);
+    for_row<V>(n, [&](int64_t i) {
+      float a[V], g[V];
+      load(i, a, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = rstd * ((w ? g[j] * (ww[j] + w_offset) : g[j]) - a[j] * c);
+      for (int j = 0; j < V; ++j) a[j] = rstd * (g[j] - a[j] * c);
       store_f<T, V>(dx, base + i, a);
-    }
+    });
     if (rstd_out && threadIdx.x == 0) rstd_out[r] = rstd;
-  }
+  });
 }
 
-template <typename T>
-static cudaError_t launch_rms_norm_bwd(const T* dy, const T* x, const T* w, T* dx, float* rstd, float* dw_partial,
+// The dx kernel, then (with a weight) dw's partial sums by the column kernel; dy of type DY (T, or float under cast).
+template <typename T, typename W, typename DY>
+static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* dx, float* rstd, float* dw_partial,
                                        int64_t rows, int64_t n, float eps, int64_t rows_per, float w_offset,
                                        cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
-  const bool vec = n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) && (w == nullptr || aligned16(w));
-  const int threads = row_threads(n, vec ? V : 1);
-  float* rstd_out = w ? rstd : nullptr;
-  if (vec)
-    rms_norm_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps,
-                                                                           w_offset);
-  else
-    rms_norm_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, x, w, dx, rstd_out, rows, n, eps,
-                                                                           w_offset);
-  cudaError_t err = cudaGetLastError();
+  constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
+  const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) &&
+                   (w == nullptr || aligned16(w));
+  auto one = rms_norm_bwd_v1_kernel<T, 1, W, DY>;
+  auto packed = rms_norm_bwd_v1_kernel<T, one_type ? V : 1, W, DY>;
+  cudaError_t err = launch_block_rows(vec, V, packed, one, rows, n, stream, dy, x, w, dx, w ? rstd : nullptr, rows, n, eps, w_offset);
   if (err != cudaSuccess || w == nullptr) return err;
-  return launch_norm_param_grads<T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
-}
-
-// A float32 weight over bf16/fp16 x (dy of type DY: T, or float under cast): the scalar path, then the column kernel.
-template <typename T, typename DY>
-static cudaError_t launch_rms_norm_bwd_w32(const DY* dy, const T* x, const float* w, T* dx, float* rstd,
-                                           float* dw_partial, int64_t rows, int64_t n, float eps, int64_t rows_per,
-                                           float w_offset, cudaStream_t stream) {
-  rms_norm_bwd_v1_kernel<T, 1, float, DY><<<grid_rows(rows), row_threads(n, 1), 0, stream>>>(dy, x, w, dx, rstd, rows,
-                                                                                               n, eps, w_offset);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
   return launch_norm_param_grads<DY, T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
 }
 
@@ -196,11 +151,10 @@ cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx,
   if (w_fp32 && w != nullptr && dtype != DType::F32) {
     TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
       if (dy_fp32)
-        return launch_rms_norm_bwd_w32(static_cast<const float*>(dy), static_cast<const T*>(x),
-                                       static_cast<const float*>(w), static_cast<T*>(dx), rstd, dw_partial, rows, n,
-                                       eps, rows_per, w_offset, stream);
-      return launch_rms_norm_bwd_w32(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
-                                     static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
+        return launch_rms_norm_bwd(static_cast<const float*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
+                                   static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
+      return launch_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
+                                 static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
     });
     return cudaErrorInvalidValue;
   }

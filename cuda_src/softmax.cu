@@ -17,91 +17,61 @@ namespace tiered_ops {
 template <typename T, int V>
 __global__ void softmax_v1_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n) {
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
     float m = -INFINITY, s = 0.f;  // this thread's running max and sum of exp(x - m)
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float v[V];
-      if constexpr (V > 1) {
-        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = to_f(p.v[j]);
-      } else {
-        v[0] = to_f(xr[i]);
-      }
+      load_f<T, V>(xr, i, v);
       float mx = v[0];
       bool nan = v[0] != v[0];
 #pragma unroll
       for (int j = 1; j < V; ++j) mx = fmaxf(mx, v[j]), nan |= v[j] != v[j];
       if (nan) s = NAN;  // fmaxf drops NaN; a NaN sum makes the whole row NaN, as in torch
       const float m_new = fmaxf(m, mx);
-      if (m_new == -INFINITY) continue;  // everything so far is -inf: nothing to add
+      if (m_new == -INFINITY) return;  // everything so far is -inf: nothing to add
       s *= __expf(m - m_new);
 #pragma unroll
       for (int j = 0; j < V; ++j) s += __expf(v[j] - m_new);
       m = m_new;
-    }
+    });
     const float m_row = block_max(m, smem);
     const float s_row = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - m_row)), smem);
     const float inv = 1.f / s_row;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
-      if constexpr (V > 1) {
-        Pack<T> p = *reinterpret_cast<const Pack<T>*>(xr + i), q;
+    for_row<V>(n, [&](int64_t i) {
+      float v[V];
+      load_f<T, V>(xr, i, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) q.v[j] = from_f<T>(__expf(to_f(p.v[j]) - m_row) * inv);
-        *reinterpret_cast<Pack<T>*>(yr + i) = q;
-      } else {
-        yr[i] = from_f<T>(__expf(to_f(xr[i]) - m_row) * inv);
-      }
-    }
-  }
+      for (int j = 0; j < V; ++j) v[j] = __expf(v[j] - m_row) * inv;
+      store_f<T, V>(yr, i, v);
+    });
+  });
 }
 
 template <typename T, int P>
 __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int n, int tpr) {
   constexpr int V = Pack<T>::N;
   __shared__ float smem[32];
-  const int lane = threadIdx.x & (tpr - 1), rpb = blockDim.x / tpr;
-  // Every thread of the block runs the same iterations (the reductions need all of them); rows past the end
-  // are masked.
-  for (int64_t base = (int64_t)blockIdx.x * rpb; base < rows; base += (int64_t)gridDim.x * rpb) {
-    const int64_t r = base + threadIdx.x / tpr;
-    const bool live = r < rows;
+  for_reg_rows(rows, n, tpr, [&](const RegRow& row) {
+    const int64_t r = row.r;
     Pack<T> q[P];  // raw: 4 registers a pack
     float m = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-        q[p] = *reinterpret_cast<const Pack<T>*>(x + r * n + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) m = fmaxf(m, to_f(q[p].v[j]));
-      }
-    }
+    row.load<P, V>(x + r * n, q, [&](float v) { m = fmaxf(m, v); });
     m = group_max(m, tpr, smem);
     float s = 0.f;  // a NaN anywhere makes s NaN, so the whole row is NaN, as in torch
+    row.each<P, V>([&](int p, int) {
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) s += __expf(to_f(q[p].v[j]) - m);
-      }
-    }
+      for (int j = 0; j < V; ++j) s += __expf(to_f(q[p].v[j]) - m);
+    });
     const float inv = 1.f / group_sum(s, tpr, smem);
+    row.each<P, V>([&](int p, int i) {
+      float a[V];
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int i = (p * tpr + lane) * V;
-      if (live && i < n) {
-#pragma unroll
-        float a[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) a[j] = __expf(to_f(q[p].v[j]) - m) * inv;
-        store_f<T, V>(y, r * n + i, a);
-      }
-    }
-  }
+      for (int j = 0; j < V; ++j) a[j] = __expf(to_f(q[p].v[j]) - m) * inv;
+      store_f<T, V>(y, r * n + i, a);
+    });
+  });
 }
 
 template <typename T>
@@ -114,12 +84,7 @@ static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cud
     return cudaGetLastError();
   }
   const bool vec = n % V == 0 && aligned16(x) && aligned16(y);
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    softmax_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(x, y, rows, n);
-  else
-    softmax_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(x, y, rows, n);
-  return cudaGetLastError();
+  return launch_block_rows(vec, V, softmax_v1_kernel<T, V>, softmax_v1_kernel<T, 1>, rows, n, stream, x, y, rows, n);
 }
 
 cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, cudaStream_t stream) {
@@ -133,38 +98,34 @@ template <typename T, int V>
 __global__ void softmax_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
                                       int64_t rows, int64_t n) {
   __shared__ float smem[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     float s = 0.f;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V], b[V];
       load_f<T, V>(y, base + i, a);
       load_f<T, V>(dy, base + i, b);
 #pragma unroll
       for (int j = 0; j < V; ++j) s += a[j] * b[j];
-    }
+    });
     s = block_sum(s, smem);
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += (int64_t)blockDim.x * V) {
+    for_row<V>(n, [&](int64_t i) {
       float a[V], b[V];
       load_f<T, V>(y, base + i, a);
       load_f<T, V>(dy, base + i, b);
 #pragma unroll
       for (int j = 0; j < V; ++j) a[j] = a[j] * (b[j] - s);
       store_f<T, V>(dx, base + i, a);
-    }
-  }
+    });
+  });
 }
 
 template <typename T>
 static cudaError_t launch_softmax_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t n, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = n % V == 0 && aligned16(dy) && aligned16(y) && aligned16(dx);
-  const int threads = row_threads(n, vec ? V : 1);
-  if (vec)
-    softmax_bwd_v1_kernel<T, V><<<grid_rows(rows), threads, 0, stream>>>(dy, y, dx, rows, n);
-  else
-    softmax_bwd_v1_kernel<T, 1><<<grid_rows(rows), threads, 0, stream>>>(dy, y, dx, rows, n);
-  return cudaGetLastError();
+  return launch_block_rows(vec, V, softmax_bwd_v1_kernel<T, V>, softmax_bwd_v1_kernel<T, 1>, rows, n, stream, dy, y,
+                           dx, rows, n);
 }
 
 cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, int64_t n, DType dtype,

@@ -20,10 +20,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import check_float, num_warps_for
-from .launch import Step
+from .launch import Plans, Step, register_ops
 
 MAX_BLOCK = 4096  # elements of a row one iteration of a program loads
 REDUCTIONS = ("mean", "sum", "none")
@@ -220,11 +219,10 @@ def cross_entropy_bwd_launch(grad: torch.Tensor, logits: torch.Tensor, target: t
     return _bwd(plan, False, grad, logits, target, lse, ignore_index, reduction, label_smoothing)
 
 
-cross_entropy_triton = triton_op("tiered_ops::cross_entropy_triton", cross_entropy_launch, mutates_args={})
-cross_entropy_bwd_triton = triton_op("tiered_ops::cross_entropy_bwd_triton", cross_entropy_bwd_launch, mutates_args={})
+cross_entropy_triton, cross_entropy_bwd_triton = register_ops(
+    "cross_entropy", cross_entropy_launch, cross_entropy_bwd_launch)
 
-_fwd_plans: dict[tuple, Plan] = {}
-_bwd_plans: dict[tuple, Plan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 
 
 def cross_entropy_fast(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
@@ -233,9 +231,7 @@ def cross_entropy_fast(logits: torch.Tensor, target: torch.Tensor, ignore_index:
     key = (logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape, target.dtype,
            target.get_device(), ignore_index, reduction, label_smoothing > 0, label_smoothing <= 1.0,
            label_smoothing >= 0.0, dtype)
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(logits, target, reduction, label_smoothing, dtype)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, logits, target, reduction, label_smoothing, dtype)
     return _fwd(plan, True, logits, target, ignore_index, reduction, label_smoothing, dtype)
 
 
@@ -245,7 +241,5 @@ def cross_entropy_bwd_fast(grad: torch.Tensor, logits: torch.Tensor, target: tor
     key = (grad.shape, grad.dtype, logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.shape,
            target.dtype, target.get_device(), lse.shape, lse.dtype, ignore_index, reduction, label_smoothing > 0,
            label_smoothing <= 1.0, label_smoothing >= 0.0)
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(grad, logits, target, lse, reduction, label_smoothing)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, grad, logits, target, lse, reduction, label_smoothing)
     return _bwd(plan, True, grad, logits, target, lse, ignore_index, reduction, label_smoothing)

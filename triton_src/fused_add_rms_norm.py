@@ -22,7 +22,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import (
     MAX_FUSED_FWD,
@@ -35,7 +34,7 @@ from .common import (
     row_settings,
     target_programs,
 )
-from .launch import Step, param_key
+from .launch import Plans, Step, param_key, register_ops
 from .rms_norm import _apply_weight, _rstd, check_dy, check_form, out_dtype
 
 # Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
@@ -283,13 +282,10 @@ def fused_add_rms_norm_bwd_launch(dy: torch.Tensor, dres: torch.Tensor, new_resi
     return _bwd(plan, False, dy, dres, new_residual, weight, rstd, weight_offset)
 
 
-fused_add_rms_norm_triton = triton_op("tiered_ops::fused_add_rms_norm_triton", fused_add_rms_norm_launch,
-                                      mutates_args={})
-fused_add_rms_norm_bwd_triton = triton_op("tiered_ops::fused_add_rms_norm_bwd_triton", fused_add_rms_norm_bwd_launch,
-                                          mutates_args={})
+fused_add_rms_norm_triton, fused_add_rms_norm_bwd_triton = register_ops(
+    "fused_add_rms_norm", fused_add_rms_norm_launch, fused_add_rms_norm_bwd_launch)
 
-_fwd_plans: dict[tuple, FwdPlan] = {}
-_bwd_plans: dict[tuple, BwdPlan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 
 
 def fused_add_rms_norm_fast(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],
@@ -298,9 +294,8 @@ def fused_add_rms_norm_fast(x: torch.Tensor, residual: torch.Tensor, normalized_
     """fused_add_rms_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = (x.shape, x.dtype, x.get_device(), residual.shape, residual.dtype, residual.get_device(),
            tuple(normalized_shape), param_key(weight), bool(weight_offset), bool(cast_before_weight))
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, residual, normalized_shape, weight, weight_offset, cast_before_weight)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, x, residual, normalized_shape, weight, weight_offset,
+                                                 cast_before_weight)
     return _fwd(plan, True, x, residual, weight, eps, weight_offset)
 
 
@@ -312,8 +307,6 @@ def fused_add_rms_norm_bwd_fast(dy: torch.Tensor, dres: torch.Tensor, new_residu
     key = (new_residual.shape, new_residual.dtype, new_residual.get_device(), dy.shape, dy.dtype, dy.get_device(),
            dres.shape, dres.dtype, dres.get_device(), tuple(normalized_shape), param_key(weight), rstd.shape,
            rstd.dtype, rstd.get_device(), bool(weight_offset), bool(cast_before_weight))
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dy, dres, new_residual, normalized_shape, weight, rstd, weight_offset,
-                                          cast_before_weight)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, dy, dres, new_residual, normalized_shape, weight, rstd,
+                                                 weight_offset, cast_before_weight)
     return _bwd(plan, True, dy, dres, new_residual, weight, rstd, weight_offset)

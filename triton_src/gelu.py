@@ -14,10 +14,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import check_float, check_same
-from .launch import Step, param_key
+from .launch import Plans, Step, param_key, register_ops
 
 BLOCK = 4096
 APPROXIMATIONS = ("none", "tanh")
@@ -131,18 +130,15 @@ def gelu_bwd_launch(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None
     return _bwd(plan("gelu_bwd_triton", x, bias, approximate, dy), False, dy, x, bias)
 
 
-gelu_triton = triton_op("tiered_ops::gelu_triton", gelu_launch, mutates_args={})
-gelu_bwd_triton = triton_op("tiered_ops::gelu_bwd_triton", gelu_bwd_launch, mutates_args={})
+gelu_triton, gelu_bwd_triton = register_ops("gelu", gelu_launch, gelu_bwd_launch)
 
-_plans: dict[tuple, Plan] = {}
+_plans = Plans(plan)
 
 
 def gelu_fast(x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
     """gelu_launch for eager callers: the plan kept per key, the kernel launched directly."""
     key = (x.shape, x.dtype, x.get_device(), param_key(bias), approximate)
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = plan("gelu_triton", x, bias, approximate, None)
+    p = _plans.get(key) or _plans.new(key, "gelu_triton", x, bias, approximate, None)
     return _fwd(p, True, x, bias)
 
 
@@ -150,7 +146,5 @@ def gelu_bwd_fast(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, 
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """gelu_bwd_launch for eager callers."""
     key = (x.shape, x.dtype, x.get_device(), param_key(bias), approximate, dy.shape, dy.dtype, dy.get_device())
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = plan("gelu_bwd_triton", x, bias, approximate, dy)
+    p = _plans.get(key) or _plans.new(key, "gelu_bwd_triton", x, bias, approximate, dy)
     return _bwd(p, True, dy, x, bias)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 import triton
-from torch.library import wrap_triton
+from torch.library import triton_op, wrap_triton
 
 log = logging.getLogger(__name__)
 _I32 = 1 << 31
@@ -307,3 +307,22 @@ class Step:
     def __repr__(self) -> str:
         name = getattr(getattr(self.kernel, "fn", None), "__name__", self.kernel)
         return f"Step({name}, grid={self.grid}, num_warps={self.num_warps}, {self.consts})"
+
+
+def register_ops(name: str, launch: Callable[..., Any], bwd_launch: Callable[..., Any]) -> tuple[Any, Any]:
+    """An op's two launchers registered as ``tiered_ops::<name>_triton`` and ``tiered_ops::<name>_bwd_triton``."""
+    return (triton_op(f"tiered_ops::{name}_triton", launch, mutates_args={}),
+            triton_op(f"tiered_ops::{name}_bwd_triton", bwd_launch, mutates_args={}))
+
+
+class Plans(dict):
+    """An op's launch plans kept per key for its eager fast path: ``plans.get(key) or plans.new(key, *args)``, the
+    plan made by ``make(*args)`` once per key (a plan is a non-empty tuple, so never falsy)."""
+
+    def __init__(self, make: Callable[..., Any]) -> None:
+        super().__init__()
+        self.make = make
+
+    def new(self, key: tuple, *args: Any) -> Any:
+        plan = self[key] = self.make(*args)
+        return plan

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import (
     MAX_FUSED_FWD,
@@ -35,7 +34,7 @@ from .common import (
     row_settings,
     target_programs,
 )
-from .launch import Step, param_key
+from .launch import Plans, Step, param_key, register_ops
 
 MAX_FUSED = 16384
 SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
@@ -333,11 +332,9 @@ def layer_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: l
     return _bwd(plan, False, dy, x, normalized_shape, weight, mean, rstd, has_bias)
 
 
-layer_norm_triton = triton_op("tiered_ops::layer_norm_triton", layer_norm_launch, mutates_args={})
-layer_norm_bwd_triton = triton_op("tiered_ops::layer_norm_bwd_triton", layer_norm_bwd_launch, mutates_args={})
+layer_norm_triton, layer_norm_bwd_triton = register_ops("layer_norm", layer_norm_launch, layer_norm_bwd_launch)
 
-_fwd_plans: dict[tuple, Plan] = {}
-_bwd_plans: dict[tuple, Plan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 _scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -350,9 +347,7 @@ def layer_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.
                     bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = _fwd_key(x, normalized_shape, weight, bias)
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight, bias)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, x, normalized_shape, weight, bias)
     return _fwd(plan, True, x, weight, bias, eps)
 
 
@@ -361,9 +356,7 @@ def layer_norm_infer_fast(x: torch.Tensor, normalized_shape: list[int], weight: 
     """y of layer_norm_fast alone, for a caller that needs no gradient: a one-kernel plan's per-row statistics go to
     scratch buffers kept with it (written by every call, on any stream, read by none) instead of two new tensors."""
     key = _fwd_key(x, normalized_shape, weight, bias)
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight, bias)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, x, normalized_shape, weight, bias)
     if plan.kind != ONE:
         return _fwd(plan, True, x, weight, bias, eps)[0]
     stats = _scratch.get(key)
@@ -379,7 +372,5 @@ def layer_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
     """layer_norm_bwd_launch for eager callers."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), has_bias, dy.shape,
            dy.dtype, dy.get_device(), mean.dtype, rstd.dtype)
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dy, x, normalized_shape, weight, has_bias)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, dy, x, normalized_shape, weight, has_bias)
     return _bwd(plan, True, dy, x, normalized_shape, weight, mean, rstd, has_bias)

@@ -13,10 +13,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import check_float
-from .launch import Step
+from .launch import Plans, Step, register_ops
 
 BLOCK = 4096
 
@@ -94,25 +93,20 @@ def muladd_bwd_launch(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tupl
     return _bwd(plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b), False, g, a, b)
 
 
-muladd_triton = triton_op("tiered_ops::muladd_triton", muladd_launch, mutates_args={})
-muladd_bwd_triton = triton_op("tiered_ops::muladd_bwd_triton", muladd_bwd_launch, mutates_args={})
+muladd_triton, muladd_bwd_triton = register_ops("muladd", muladd_launch, muladd_bwd_launch)
 
-_plans: dict[tuple, Plan] = {}
+_plans = Plans(plan)
 
 
 def muladd_fast(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """muladd_launch for eager callers: the plan kept per key, the kernel launched directly."""
     key = (0, a.shape, b.shape, c.shape, a.dtype, b.dtype, c.dtype, a.get_device(), b.get_device(), c.get_device())
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = plan("muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
+    p = _plans.get(key) or _plans.new(key, "muladd_triton", ("a", "b", "c"), _muladd, a, b, c)
     return _fwd(p, True, a, b, c)
 
 
 def muladd_bwd_fast(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """muladd_bwd_launch for eager callers."""
     key = (1, g.shape, a.shape, b.shape, g.dtype, a.dtype, b.dtype, g.get_device(), a.get_device(), b.get_device())
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = plan("muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
+    p = _plans.get(key) or _plans.new(key, "muladd_bwd_triton", ("grad", "a", "b"), _muladd_bwd, g, a, b)
     return _bwd(p, True, g, a, b)

@@ -22,7 +22,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import (
     MAX_FUSED_FWD,
@@ -33,7 +32,7 @@ from .common import (
     plan_param_grads,
     row_settings,
 )
-from .launch import Step, param_key
+from .launch import Plans, Step, param_key, register_ops
 
 MAX_FUSED = 16384
 
@@ -277,11 +276,9 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, normalized_shape: lis
     return _bwd(plan, False, dy, x, weight, eps, weight_offset)
 
 
-rms_norm_triton = triton_op("tiered_ops::rms_norm_triton", rms_norm_launch, mutates_args={})
-rms_norm_bwd_triton = triton_op("tiered_ops::rms_norm_bwd_triton", rms_norm_bwd_launch, mutates_args={})
+rms_norm_triton, rms_norm_bwd_triton = register_ops("rms_norm", rms_norm_launch, rms_norm_bwd_launch)
 
-_fwd_plans: dict[tuple, FwdPlan] = {}
-_bwd_plans: dict[tuple, BwdPlan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 
 
 def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
@@ -289,9 +286,7 @@ def rms_norm_fast(x: torch.Tensor, normalized_shape: list[int], weight: torch.Te
     """rms_norm_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), bool(weight_offset),
            bool(cast_before_weight))
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, normalized_shape, weight, weight_offset, cast_before_weight)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, x, normalized_shape, weight, weight_offset, cast_before_weight)
     return _fwd(plan, True, x, weight, eps, weight_offset)
 
 
@@ -301,7 +296,6 @@ def rms_norm_bwd_fast(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[
     """rms_norm_bwd_launch for eager callers."""
     key = (x.shape, x.dtype, x.get_device(), tuple(normalized_shape), param_key(weight), dy.shape, dy.dtype,
            dy.get_device(), bool(weight_offset), bool(cast_before_weight))
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dy, x, normalized_shape, weight, weight_offset, cast_before_weight)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, dy, x, normalized_shape, weight, weight_offset,
+                                                 cast_before_weight)
     return _bwd(plan, True, dy, x, weight, eps, weight_offset)

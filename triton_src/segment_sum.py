@@ -29,10 +29,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import check_float
-from .launch import Step
+from .launch import Plans, Step, register_ops
 
 MIN_CHUNK, MAX_CHUNK, RANGES = 256, 4096, 1024
 TILE = 4096  # fp32 elements of a program's accumulator tile (32 per thread at 4 warps)
@@ -291,26 +290,20 @@ def segment_sum_bwd_launch(dout: torch.Tensor, offsets: torch.Tensor, rows: int)
     return _bwd(plan_bwd(dout, offsets, rows), False, dout, offsets, rows)
 
 
-segment_sum_triton = triton_op("tiered_ops::segment_sum_triton", segment_sum_launch, mutates_args={})
-segment_sum_bwd_triton = triton_op("tiered_ops::segment_sum_bwd_triton", segment_sum_bwd_launch, mutates_args={})
+segment_sum_triton, segment_sum_bwd_triton = register_ops("segment_sum", segment_sum_launch, segment_sum_bwd_launch)
 
-_fwd_plans: dict[tuple, Plan] = {}
-_bwd_plans: dict[tuple, Plan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 
 
 def segment_sum_fast(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """segment_sum_launch for eager callers: the plan kept per key, the kernels launched directly."""
     key = (values.shape, values.dtype, values.get_device(), offsets.shape, offsets.dtype, offsets.get_device())
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(values, offsets)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, values, offsets)
     return _fwd(plan, True, values, offsets)
 
 
 def segment_sum_bwd_fast(dout: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
     """segment_sum_bwd_launch for eager callers."""
     key = (dout.shape, dout.dtype, dout.get_device(), offsets.shape, offsets.dtype, offsets.get_device(), rows)
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dout, offsets, rows)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, dout, offsets, rows)
     return _bwd(plan, True, dout, offsets, rows)

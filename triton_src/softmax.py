@@ -17,10 +17,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
-from .launch import Step
+from .launch import Plans, Step, register_ops
 
 MAX_FUSED = 16384  # longest row the backward keeps in registers
 
@@ -178,26 +177,20 @@ def softmax_bwd_launch(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Ten
     return _bwd(plan_bwd(dy, y, dim), False, dy, y, dim)
 
 
-softmax_triton = triton_op("tiered_ops::softmax_triton", softmax_launch, mutates_args={})
-softmax_bwd_triton = triton_op("tiered_ops::softmax_bwd_triton", softmax_bwd_launch, mutates_args={})
+softmax_triton, softmax_bwd_triton = register_ops("softmax", softmax_launch, softmax_bwd_launch)
 
-_fwd_plans: dict[tuple, Plan] = {}
-_bwd_plans: dict[tuple, Plan] = {}
+_fwd_plans, _bwd_plans = Plans(plan_fwd), Plans(plan_bwd)
 
 
 def softmax_fast(x: torch.Tensor, dim: int) -> torch.Tensor:
     """softmax_launch for eager callers: the plan kept per key, the kernel launched directly."""
     key = (x.shape, x.dtype, x.get_device(), dim)
-    plan = _fwd_plans.get(key)
-    if plan is None:
-        plan = _fwd_plans[key] = plan_fwd(x, dim)
+    plan = _fwd_plans.get(key) or _fwd_plans.new(key, x, dim)
     return _fwd(plan, True, x, dim)
 
 
 def softmax_bwd_fast(dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     """softmax_bwd_launch for eager callers."""
     key = (y.shape, y.dtype, y.get_device(), dim, dy.shape, dy.dtype, dy.get_device())
-    plan = _bwd_plans.get(key)
-    if plan is None:
-        plan = _bwd_plans[key] = plan_bwd(dy, y, dim)
+    plan = _bwd_plans.get(key) or _bwd_plans.new(key, dy, y, dim)
     return _bwd(plan, True, dy, y, dim)
