@@ -40,8 +40,11 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
 
     ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
     (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
+    names, optional = _tensor_args(spec)
+    given = dict(zip(_POSITIONAL[spec.name], args)) | kwargs
+    if any(not isinstance(given[k], torch.Tensor) and not (given[k] is None and k in optional) for k in names):
+        # the hot path reads no attribute that only a tensor has (an array with a shape and a dtype passes it)
+        raise not_tensors(spec.name, optional, **{k: given[k] for k in names})
     if spec.validate is not None:  # the op's contract, once per call signature (the key holds what it reads)
         spec.validate(*args, **kwargs)
     if spec.check_values is not None:
@@ -100,6 +103,20 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     return sel.fn(*args, **kwargs)
 
 
+_TENSOR_ARGS: dict[str, tuple[list[str], tuple[str, ...]]] = {}
+_POSITIONAL: dict[str, list[str]] = {}
+
+
+def _tensor_args(spec: OpSpec) -> tuple[list[str], tuple[str, ...]]:
+    """The names of ``spec``'s tensor arguments and of those among them that may be None."""
+    if spec.name not in _TENSOR_ARGS:
+        params = list(inspect.signature(spec.reference).parameters.values())
+        _TENSOR_ARGS[spec.name] = ([p.name for p in params if _is_tensor(p)],
+                                   tuple(p.name for p in params if _is_tensor(p) and "None" in str(p.annotation)))
+        _POSITIONAL[spec.name] = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    return _TENSOR_ARGS[spec.name]
+
+
 def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:
     """What the hot path of ``tiered_ops.<op>`` calls for one call signature, validated on the slow path: the tier
     alone (``impl.unchecked``), and only what the key cannot hold on every call: the data checks where they cost no
@@ -126,25 +143,33 @@ def _is_tensor(p: inspect.Parameter) -> bool:
     return "Tensor" in str(p.annotation)
 
 
-def _key_part(p: inspect.Parameter, decisive: set[str]) -> str | None:
-    """The fast-path key's expression for one argument, or None where it cannot change the decision nor the
-    validation of the call (the slow path validates each key once): a tensor's shape and dtype (an optional one's
-    None when absent), a sequence as a tuple, and of the other arguments only those the op's problem takes
-    (``decisive``: eps is not one)."""
+def _key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
+    """The fast-path key's expressions for one argument (flat: no tuple is built per argument), none where it cannot
+    change the decision nor the validation of the call (the slow path validates each key once): a tensor's shape
+    and dtype (each None for an optional one left out), a sequence as a tuple, and of the other arguments only
+    those the op's problem takes (``decisive``: eps is not one)."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
-        return f"{n} is None or ({n}.shape, {n}.dtype)" if "None" in ann else f"{n}.shape, {n}.dtype"
+        if "None" in ann:
+            return [f"{n} is not None and {n}.shape", f"{n} is not None and {n}.dtype"]
+        return [f"{n}.shape", f"{n}.dtype"]
     if n not in decisive:
-        return None
+        return []
     if "Sequence" in ann or "list" in ann:
-        return f"{n} if {n}.__class__ is int or {n} is None else tuple({n})"
-    return n
+        return [f"{n} if {n}.__class__ is tuple or {n}.__class__ is int or {n} is None else tuple({n})"]
+    return [n]
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
 # Whether the current CUDA stream is capturing a graph: the C function itself where torch has CUDA (the hot path
 # asks only for a CUDA tensor, whose device is initialized), torch's wrapper otherwise.
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+# Whether dynamo traces the call, as cheaply as it can be asked: ``torch.compiler.is_compiling()`` is
+# ``torch.jit.is_scripting()`` (False outside TorchScript) and then the module's flag; dynamo folds
+# ``is_dynamo_compiling()`` to True while it traces, and outside a trace the flag alone says what is_compiling says.
+_DYNAMO = getattr(torch.compiler, "is_dynamo_compiling", None)
+_COMPILING = ("_dynamo() or _tc._is_compiling_flag" if _DYNAMO is not None and
+              isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else "_compiling()")
 
 
 def public(name: str) -> Callable[..., Any]:
@@ -166,7 +191,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     tensors = [p.name for p in params if _is_tensor(p)]
     ns: dict[str, Any] = dict(_calls=_calls, _dispatch=dispatch, _not_tensors=not_tensors, _SPEC=spec,
                               _grad=torch.is_grad_enabled, _compiling=torch.compiler.is_compiling,
-                              _capturing=_CAPTURING)
+                              _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
     sig = []
     for i, p in enumerate(params):
         if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in sig:
@@ -179,23 +204,25 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     req = " or ".join(f"{g}.requires_grad" if g not in optional else f"({g} is not None and {g}.requires_grad)"
                       for g in grads)
     decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
-    parts = [f"{first}.shape, {first}.dtype, _dev"] + [k for p in params[1:] if (k := _key_part(p, decisive))]
+    parts = [f"{first}.shape", f"{first}.dtype", "_dev"] + [k for p in params[1:] for k in _key_parts(p, decisive)]
     # keyword-only arguments (the reference's after ``*``) go on by name, to the slow path as its kwargs
     positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
     call = ", ".join(positional + [f"{k}={k}" for k in keywords])
     slow = f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}"
+    # The key: (op, every tensor's shape and dtype, the first one's device index, the decisive arguments, train,
+    # context), flat. ``train`` reads requires_grad only with grad mode on; the context is 1 while dynamo traces,
+    # 2 inside a CUDA-graph capture (asked only for a CUDA tensor), else 0.
     src = f'''def {spec.name}({", ".join(sig)}):
     try:
-        train = ({req}) and _grad()
         _dev = {first}.get_device()
-        key = ({spec.name!r}, {", ".join(parts)}, train,
-               1 if _compiling() else 2 if _dev >= 0 and _capturing() else 0)
+        key = ({spec.name!r}, {", ".join(parts)}, _grad() and ({req}),
+               1 if {_COMPILING} else 2 if _dev >= 0 and _capturing() else 0)
     except AttributeError:
         raise _not_tensors({spec.name!r}, {optional!r}, {", ".join(f"{t}={t}" for t in tensors)}) from None
     sel = _calls.get(key)
     if sel is None:
-        return _dispatch(_SPEC, key, {first}, {slow}, train)
+        return _dispatch(_SPEC, key, {first}, {slow}, key[-2])
     return sel.fn({call})
 '''
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
