@@ -6,8 +6,9 @@ bf16; a CPU: 4 x 64 fp32). Target on the GPU host: <= 1.0 us. Decisions come fro
 The three callers are timed in interleaved rounds (public, direct, selection; the next round in another order), each
 a batch of back-to-back calls (synchronized at the end on a GPU), with the garbage collector off. An overhead is the
 median over rounds of (caller - direct) of the same round, so a drift of the machine between rounds cancels; its
-p20-p80 over rounds says how steady it was. ``select_backend_lookup_us``: one ``select_backend(...)`` call itself
-(its cached lookup, nothing run).
+p20-p80 over rounds says how steady it was; ``*_min_us``: the fastest round of the caller minus the fastest of the
+direct call (on a loaded machine the least disturbed estimate). ``select_backend_lookup_us``: one
+``select_backend(...)`` call itself (its cached lookup, nothing run). On a CPU torch runs on one thread here.
 
     python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200]
 """
@@ -110,7 +111,9 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 public_overhead_p20_us=round(pub[1], 3), public_overhead_p80_us=round(pub[2], 3),
                 select_backend_overhead_p20_us=round(sb[1], 3), select_backend_overhead_p80_us=round(sb[2], 3),
                 select_us=round(statistics.median(t["select"]), 3), select_chosen=sel.name,
-                select_backend_lookup_us=round(statistics.median(t_lookup), 3), rounds=rounds, calls=calls)
+                select_backend_lookup_us=round(statistics.median(t_lookup), 3), rounds=rounds, calls=calls,
+                public_overhead_min_us=round(min(t["public"]) - min(t["direct"]), 3),
+                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,19 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=60, help="interleaved rounds per op")
     args = p.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # steadier times of a small op on a shared host; the dispatch is one thread
     rows = []
     for op, (a, params) in cases(dev).items():
         if (args.ops and op not in args.ops.split(",")) or op not in tiered_ops.OPS:
             continue
         rows.append(measure_op(op, a, params, dev, args.calls, args.rounds))
     print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
-          f"{'select-direct (p20-p80)':>24} {'lookup us':>10}")
+          f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16}")
     for r in rows:
         pub = f"{r['public_overhead_us']:.2f} ({r['public_overhead_p20_us']:.2f}-{r['public_overhead_p80_us']:.2f})"
         sb = (f"{r['select_backend_overhead_us']:.2f} ({r['select_backend_overhead_p20_us']:.2f}-"
               f"{r['select_backend_overhead_p80_us']:.2f})")
         print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>8} {r['direct_us']:10.2f} {pub:>22} {sb:>24} "
-              f"{r['select_backend_lookup_us']:10.2f}")
+              f"{r['select_backend_lookup_us']:10.2f} {r['public_overhead_min_us']:8.2f}"
+              f"{r['select_backend_overhead_min_us']:8.2f}")
     print("target on the GPU host: op-direct and select-direct <= 1.0 us")
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
