@@ -10,7 +10,10 @@ p20-p80 over rounds says how steady it was; ``*_min_us``: the fastest round of t
 direct call (on a loaded machine the least disturbed estimate). ``select_backend_lookup_us``: one
 ``select_backend(...)`` call itself (its cached lookup, nothing run). On a CPU torch runs on one thread here.
 
-    python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200]
+``--stub``: the chosen implementation replaced by a function of the op's signature that returns its first argument,
+so the dispatch's own cost is timed without the implementation's variance (a loaded CPU host).
+
+    python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200] [--stub]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import inspect
 import os
 import statistics
 import sys
@@ -87,12 +91,33 @@ def cases(dev: torch.device) -> dict[str, tuple[tuple, dict]]:
     }
 
 
-def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, rounds: int) -> dict[str, Any]:
+def stub_of(spec: tiered_ops.OpSpec) -> Callable[..., Any]:
+    """A function with ``spec``'s signature that returns its first argument and does nothing else."""
+    sig = inspect.signature(spec.reference)
+    ns: dict[str, Any] = {}
+    exec(f"def stub{sig.replace(return_annotation=inspect.Signature.empty)}:\n    return {next(iter(sig.parameters))}",
+         ns)  # noqa: S102
+    return ns["stub"]
+
+
+def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, rounds: int,
+               stub: bool = False) -> dict[str, Any]:
     cuda = dev.type == "cuda"
     public = getattr(tiered_ops, op)
     x = a[0]
     with torch.no_grad():
         public(*a)  # the slow path once: the call is cached
+        if stub:
+            spec = tiered_ops.get_op(op)
+            impl = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params).impl
+            kept = impl.unchecked
+            impl.unchecked = stub_of(spec)
+            try:
+                tiered_ops.clear_cache()
+                return measure_op(op, a, params, dev, calls, rounds)
+            finally:
+                impl.unchecked = kept
+                tiered_ops.clear_cache()
         sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)
         # what the public function calls for this signature (inference, eager context): the chosen implementation
         key = next((k for k in tiered_ops.decide._calls if k[0] == op and k[-1] == 0 and not k[-2]), None)
@@ -122,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", help="comma-separated ops (default: all measured here)")
     p.add_argument("--calls", type=int, default=200, help="calls per batch")
     p.add_argument("--rounds", type=int, default=60, help="interleaved rounds per op")
+    p.add_argument("--stub", action="store_true", help="time the dispatch alone: the implementation a stub")
     args = p.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu":
@@ -130,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for op, (a, params) in cases(dev).items():
         if (args.ops and op not in args.ops.split(",")) or op not in tiered_ops.OPS:
             continue
-        rows.append(measure_op(op, a, params, dev, args.calls, args.rounds))
+        rows.append(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub))
     print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
           f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16}")
     for r in rows:
