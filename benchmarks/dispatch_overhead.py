@@ -1,15 +1,27 @@
 """Per-call dispatch overhead: ``tiered_ops.<op>`` minus the chosen implementation called directly, and the same for
-a cached ``select_backend`` callable, per op at its launch-bound shape (a GPU: one row of 4096 in bf16; a CPU: 4 x 64
-fp32), median of many back-to-back calls. Target on the GPU host: <= 1.0 us. Decisions come from the store in use
+the callable ``select_backend`` returns (obtained once), per op at its launch-bound shape (a GPU: one row of 4096 in
+bf16; a CPU: 4 x 64 fp32). Target on the GPU host: <= 1.0 us. Decisions come from the store in use
 (TIERED_OPS_TUNE=0: nothing is measured; eager where nothing is stored), so the direct call is whatever is chosen.
 
-    python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax]
+The three callers are timed in interleaved rounds (public, direct, selection; the next round in another order), each
+a batch of back-to-back calls (synchronized at the end on a GPU), with the garbage collector off. An overhead is the
+median over rounds of (caller - direct) of the same round, so a drift of the machine between rounds cancels; its
+p20-p80 over rounds says how steady it was; ``*_min_us``: the fastest round of the caller minus the fastest of the
+direct call (on a loaded machine the least disturbed estimate). ``select_backend_lookup_us``: one
+``select_backend(...)`` call itself (its cached lookup, nothing run). On a CPU torch runs on one thread here.
+
+``--stub``: the chosen implementation replaced by a function of the op's signature that returns its first argument,
+so the dispatch's own cost is timed without the implementation's variance (a loaded CPU host).
+
+    python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200] [--stub]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
+import inspect
 import os
 import statistics
 import sys
@@ -23,22 +35,43 @@ os.environ.setdefault("TIERED_OPS_TUNE", "0")  # the overhead is timed here, not
 import tiered_ops  # noqa: E402
 
 
-def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, cuda: bool) -> float:
-    """Median over ``repeats`` of the host time per call of ``calls`` back-to-back calls (synchronized at the end of
-    each batch on a GPU, so a launch-bound call is timed at the rate the host issues it)."""
-    for _ in range(50):
+def batch_us(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
+    """Host time per call of ``calls`` back-to-back calls (synchronized before and after on a GPU, so a
+    launch-bound call is timed at the rate the host issues it)."""
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
         fn()
-    out = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) / calls * 1e6)
-    return statistics.median(out)
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, cuda: bool) -> dict[str, list[float]]:
+    """Per-call times of each of ``fns`` in ``rounds`` rounds, the order rotated each round (ABC, BCA, CAB, ...)."""
+    names = list(fns)
+    for f in fns.values():
+        for _ in range(50):
+            f()
+    out: dict[str, list[float]] = {n: [] for n in names}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                out[n].append(batch_us(fns[n], calls, cuda))
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
+def spread(xs: list[float]) -> tuple[float, float, float]:
+    """(median, p20, p80) of ``xs``."""
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
+    return statistics.median(xs), q[1], q[7]
 
 
 def cases(dev: torch.device) -> dict[str, tuple[tuple, dict]]:
@@ -58,43 +91,82 @@ def cases(dev: torch.device) -> dict[str, tuple[tuple, dict]]:
     }
 
 
+def stub_of(spec: tiered_ops.OpSpec) -> Callable[..., Any]:
+    """A function with ``spec``'s signature that returns its first argument and does nothing else."""
+    sig = inspect.signature(spec.reference)
+    ns: dict[str, Any] = {}
+    exec(f"def stub{sig.replace(return_annotation=inspect.Signature.empty)}:\n    return {next(iter(sig.parameters))}",
+         ns)  # noqa: S102
+    return ns["stub"]
+
+
+def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, rounds: int,
+               stub: bool = False) -> dict[str, Any]:
+    cuda = dev.type == "cuda"
+    public = getattr(tiered_ops, op)
+    x = a[0]
+    with torch.no_grad():
+        public(*a)  # the slow path once: the call is cached
+        if stub:
+            spec = tiered_ops.get_op(op)
+            impl = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params).impl
+            kept = impl.unchecked
+            impl.unchecked = stub_of(spec)
+            try:
+                tiered_ops.clear_cache()
+                return measure_op(op, a, params, dev, calls, rounds)
+            finally:
+                impl.unchecked = kept
+                tiered_ops.clear_cache()
+        sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)
+        # what the public function calls for this signature (inference, eager context): the chosen implementation
+        key = next((k for k in tiered_ops.decide._calls if k[0] == op and k[-1] == 0 and not k[-2]), None)
+        chosen = tiered_ops.decide._calls.get(key) if key is not None else None
+        direct = (chosen or sel).fn
+        lookup = lambda: tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)  # noqa: E731
+        t = interleaved({"public": lambda: public(*a), "direct": lambda: direct(*a), "select": lambda: sel(*a)},
+                        calls, rounds, cuda)
+        t_lookup = interleaved({"lookup": lookup}, calls, max(5, rounds // 4), False)["lookup"]
+    pub = spread([p - d for p, d in zip(t["public"], t["direct"])])
+    sb = spread([s - d for s, d in zip(t["select"], t["direct"])])
+    return dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."), device=dev.type,
+                chosen=(chosen or sel).name, direct_us=round(statistics.median(t["direct"]), 3),
+                public_us=round(statistics.median(t["public"]), 3), public_overhead_us=round(pub[0], 3),
+                select_backend_overhead_us=round(sb[0], 3),
+                public_overhead_p20_us=round(pub[1], 3), public_overhead_p80_us=round(pub[2], 3),
+                select_backend_overhead_p20_us=round(sb[1], 3), select_backend_overhead_p80_us=round(sb[2], 3),
+                select_us=round(statistics.median(t["select"]), 3), select_chosen=sel.name,
+                select_backend_lookup_us=round(statistics.median(t_lookup), 3), rounds=rounds, calls=calls,
+                public_overhead_min_us=round(min(t["public"]) - min(t["direct"]), 3),
+                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--csv", help="write the table here too")
     p.add_argument("--ops", help="comma-separated ops (default: all measured here)")
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--calls", type=int, default=200, help="calls per batch")
+    p.add_argument("--rounds", type=int, default=60, help="interleaved rounds per op")
+    p.add_argument("--stub", action="store_true", help="time the dispatch alone: the implementation a stub")
     args = p.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = dev.type == "cuda"
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # steadier times of a small op on a shared host; the dispatch is one thread
     rows = []
     for op, (a, params) in cases(dev).items():
-        if args.ops and op not in args.ops.split(","):
+        if (args.ops and op not in args.ops.split(",")) or op not in tiered_ops.OPS:
             continue
-        if op not in tiered_ops.OPS:
-            continue
-        public = getattr(tiered_ops, op)
-        x = a[0]
-        with torch.no_grad():
-            public(*a)  # the slow path once: the call is cached
-            sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)
-            chosen = tiered_ops.decide._calls.get(next((k for k in tiered_ops.decide._calls if k[0] == op
-                                                        and k[-1] == 0), None))
-            direct = (chosen or sel).fn
-            t_pub = per_call_us(lambda: public(*a), args.calls, args.repeats, cuda)
-            t_dir = per_call_us(lambda: direct(*a), args.calls, args.repeats, cuda)
-            t_sel = per_call_us(lambda: tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)(*a),
-                                args.calls, args.repeats, cuda)
-        rows.append(dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."),
-                         device=dev.type, chosen=(chosen or sel).name, direct_us=round(t_dir, 3),
-                         public_us=round(t_pub, 3), public_overhead_us=round(t_pub - t_dir, 3),
-                         select_backend_overhead_us=round(t_sel - t_dir, 3)))
-    head = f"{'op':<20} {'shape':>8} {'chosen':>10} {'direct us':>10} {'op-direct':>10} {'select-direct':>14}"
-    print(head)
+        rows.append(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub))
+    print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
+          f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16}")
     for r in rows:
-        print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>10} {r['direct_us']:10.2f} {r['public_overhead_us']:10.2f} "
-              f"{r['select_backend_overhead_us']:14.2f}")
-    print("target on the GPU host: op-direct <= 1.0 us")
+        pub = f"{r['public_overhead_us']:.2f} ({r['public_overhead_p20_us']:.2f}-{r['public_overhead_p80_us']:.2f})"
+        sb = (f"{r['select_backend_overhead_us']:.2f} ({r['select_backend_overhead_p20_us']:.2f}-"
+              f"{r['select_backend_overhead_p80_us']:.2f})")
+        print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>8} {r['direct_us']:10.2f} {pub:>22} {sb:>24} "
+              f"{r['select_backend_lookup_us']:10.2f} {r['public_overhead_min_us']:8.2f}"
+              f"{r['select_backend_overhead_min_us']:8.2f}")
+    print("target on the GPU host: op-direct and select-direct <= 1.0 us")
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -133,11 +133,22 @@ def clear_cache() -> None:
 
 @dataclass
 class Selection:
-    """A callable bound to the chosen implementation, with the record of why it was chosen."""
+    """A callable bound to the chosen implementation, with the record of why it was chosen.
+
+    Calling it validates each distinct call signature (shapes, dtypes, device, options) once and then runs the
+    implementation unchecked: ``_call``, made by ``bind`` (``dispatch.bind_selection``, from the op's declaration;
+    ``fn`` where none is set)."""
 
     fn: Callable[..., torch.Tensor]
     impl: Impl
     record: dict[str, Any] = field(default_factory=dict)
+    bind: ClassVar[Callable[[Selection], Callable[..., Any]] | None] = None
+
+    def __post_init__(self) -> None:
+        self._call = self.fn if Selection.bind is None else Selection.bind(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._call(*args, **kwargs)
 
     @property
     def tier(self) -> Tier:
@@ -146,9 +157,6 @@ class Selection:
     @property
     def name(self) -> str:
         return self.impl.name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"Selection({self.record.get('op')}: {self.name} [{self.tier.label}], {self.record.get('reason')})"

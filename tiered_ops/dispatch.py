@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -19,7 +20,7 @@ from . import decide as _decide
 from .catalog import get_op
 from .decide import Selection, _as_dtype, _calls, get_store, select_problem
 from .record import active, note
-from .registry import CONTEXTS, DTYPE_NAMES, Impl, OpSpec, needs_promotion, run_promoted
+from .registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, needs_promotion, run_promoted
 from .store import STORE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
 
     ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
     (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{spec.name}: first argument must be a torch.Tensor, got {type(x).__name__}")
+    _check_tensors(spec, args, kwargs)
     if spec.validate is not None:  # the op's contract, once per call signature (the key holds what it reads)
         spec.validate(*args, **kwargs)
     if spec.check_values is not None:
@@ -100,6 +100,29 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     return sel.fn(*args, **kwargs)
 
 
+_TENSOR_ARGS: dict[str, tuple[list[str], tuple[str, ...]]] = {}
+_POSITIONAL: dict[str, list[str]] = {}
+
+
+def _tensor_args(spec: OpSpec) -> tuple[list[str], tuple[str, ...]]:
+    """The names of ``spec``'s tensor arguments and of those among them that may be None."""
+    if spec.name not in _TENSOR_ARGS:
+        params = list(inspect.signature(spec.reference).parameters.values())
+        _TENSOR_ARGS[spec.name] = ([p.name for p in params if _is_tensor(p)],
+                                   tuple(p.name for p in params if _is_tensor(p) and "None" in str(p.annotation)))
+        _POSITIONAL[spec.name] = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    return _TENSOR_ARGS[spec.name]
+
+
+def _check_tensors(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
+    """A TypeError naming a tensor argument of the call that is not a tensor (nor None where it may be): the hot path
+    reads no attribute that only a tensor has (an array with a shape and a dtype passes it)."""
+    names, optional = _tensor_args(spec)
+    given = dict(zip(_POSITIONAL[spec.name], args)) | kwargs
+    if any(not isinstance(given[k], torch.Tensor) and not (given[k] is None and k in optional) for k in names):
+        raise not_tensors(spec.name, optional, **{k: given[k] for k in names})
+
+
 def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:
     """What the hot path of ``tiered_ops.<op>`` calls for one call signature, validated on the slow path: the tier
     alone (``impl.unchecked``), and only what the key cannot hold on every call: the data checks where they cost no
@@ -126,25 +149,75 @@ def _is_tensor(p: inspect.Parameter) -> bool:
     return "Tensor" in str(p.annotation)
 
 
-def _key_part(p: inspect.Parameter, decisive: set[str]) -> str | None:
-    """The fast-path key's expression for one argument, or None where it cannot change the decision nor the
-    validation of the call (the slow path validates each key once): a tensor's shape and dtype (an optional one's
-    None when absent), a sequence as a tuple, and of the other arguments only those the op's problem takes
-    (``decisive``: eps is not one)."""
+def _key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
+    """The fast-path key's expressions for one argument (flat: no tuple is built per argument), all the slow path's
+    validation and decision read of it (the slow path validates each key once): a tensor's shape and dtype (each
+    False for an optional one left out), the value of an argument the op's problem takes (``decisive``; a sequence
+    as a tuple), and the type's name alone of the others (eps, ignore_index: validation checks their type)."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
-        return f"{n} is None or ({n}.shape, {n}.dtype)" if "None" in ann else f"{n}.shape, {n}.dtype"
+        if "None" in ann:
+            return [f"{n} is not None and {n}.shape", f"{n} is not None and {n}.dtype"]
+        return [f"{n}.shape", f"{n}.dtype"]
     if n not in decisive:
-        return None
+        return [f"{n}.__class__.__name__"]  # a name: dynamo's lookup of a key does not match a class in it
     if "Sequence" in ann or "list" in ann:
-        return f"{n} if {n}.__class__ is int or {n} is None else tuple({n})"
-    return n
+        return [f"{n} if {n}.__class__ is tuple or {n}.__class__ is int or {n} is None else tuple({n})"]
+    return [n]
+
+
+@dataclass
+class _Signature:
+    """The pieces of generated code an op's declaration gives: its parameter list, the key of a call's signature,
+    the call passed on, the slow path's (args, kwargs), the tensor arguments' type check."""
+
+    ns: dict[str, Any]
+    params: str
+    key: str
+    call: str
+    slow: str
+    not_tensors: str
+    first: str
+
+
+def _signature(spec: OpSpec) -> _Signature:
+    params = list(inspect.signature(spec.reference).parameters.values())
+    names = [p.name for p in params]
+    first = names[0]
+    if not _is_tensor(params[0]):
+        raise TypeError(f"{spec.name}: the first argument of its reference must be a tensor")
+    optional = tuple(p.name for p in params if _is_tensor(p) and "None" in str(p.annotation))
+    tensors = [p.name for p in params if _is_tensor(p)]
+    ns: dict[str, Any] = dict(_not_tensors=not_tensors, _SPEC=spec)
+    sig = []
+    for i, p in enumerate(params):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in sig:
+            sig.append("*")
+        if p.default is inspect.Parameter.empty:
+            sig.append(p.name)
+        else:
+            ns[f"_D{i}"] = p.default
+            sig.append(f"{p.name}=_D{i}")
+    decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
+    parts = [f"{first}.shape", f"{first}.dtype", "_dev"] + [k for p in params[1:] for k in _key_parts(p, decisive)]
+    # keyword-only arguments (the reference's after ``*``) go on by name, to the slow path as its kwargs
+    positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return _Signature(ns, ", ".join(sig), ", ".join(parts), ", ".join(positional + [f"{k}={k}" for k in keywords]),
+                      f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}",
+                      f"_not_tensors({spec.name!r}, {optional!r}, {', '.join(f'{t}={t}' for t in tensors)})", first)
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
 # Whether the current CUDA stream is capturing a graph: the C function itself where torch has CUDA (the hot path
 # asks only for a CUDA tensor, whose device is initialized), torch's wrapper otherwise.
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+# Whether dynamo traces the call, as cheaply as it can be asked: ``torch.compiler.is_compiling()`` is
+# ``torch.jit.is_scripting()`` (False outside TorchScript) and then the module's flag; dynamo folds
+# ``is_dynamo_compiling()`` to True while it traces, and outside a trace the flag alone says what is_compiling says.
+_DYNAMO = getattr(torch.compiler, "is_dynamo_compiling", None)
+_COMPILING = ("_dynamo() or _tc._is_compiling_flag" if _DYNAMO is not None and
+              isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else "_compiling()")
 
 
 def public(name: str) -> Callable[..., Any]:
@@ -156,47 +229,27 @@ def public(name: str) -> Callable[..., Any]:
 
 def make_public(spec: OpSpec) -> Callable[..., Any]:
     """``tiered_ops.<op>``: the op's eager signature over the selected implementation, with a generated fast path."""
-    params = list(inspect.signature(spec.reference).parameters.values())
-    names = [p.name for p in params]
-    first = names[0]
-    if not _is_tensor(params[0]):
-        raise TypeError(f"{spec.name}: the first argument of its reference must be a tensor")
-    grads = [names[i] for i in spec.grad_args]
-    optional = tuple(p.name for p in params if _is_tensor(p) and "None" in str(p.annotation))
-    tensors = [p.name for p in params if _is_tensor(p)]
-    ns: dict[str, Any] = dict(_calls=_calls, _dispatch=dispatch, _not_tensors=not_tensors, _SPEC=spec,
-                              _grad=torch.is_grad_enabled, _compiling=torch.compiler.is_compiling,
-                              _capturing=_CAPTURING)
-    sig = []
-    for i, p in enumerate(params):
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in sig:
-            sig.append("*")
-        if p.default is inspect.Parameter.empty:
-            sig.append(p.name)
-        else:
-            ns[f"_D{i}"] = p.default
-            sig.append(f"{p.name}=_D{i}")
-    req = " or ".join(f"{g}.requires_grad" if g not in optional else f"({g} is not None and {g}.requires_grad)"
-                      for g in grads)
-    decisive = set(list(inspect.signature(spec.problem).parameters)[1:])
-    parts = [f"{first}.shape, {first}.dtype, _dev"] + [k for p in params[1:] if (k := _key_part(p, decisive))]
-    # keyword-only arguments (the reference's after ``*``) go on by name, to the slow path as its kwargs
-    positional = [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-    keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    call = ", ".join(positional + [f"{k}={k}" for k in keywords])
-    slow = f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}"
-    src = f'''def {spec.name}({", ".join(sig)}):
+    g = _signature(spec)
+    names = list(inspect.signature(spec.reference).parameters)
+    optional = _tensor_args(spec)[1]
+    req = " or ".join(f"{n}.requires_grad" if n not in optional else f"({n} is not None and {n}.requires_grad)"
+                      for n in (names[i] for i in spec.grad_args))
+    ns = dict(g.ns, _calls=_calls, _dispatch=dispatch, _grad=torch.is_grad_enabled,
+              _compiling=torch.compiler.is_compiling, _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
+    # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
+    # ``_key_parts`` reads them, train, context), flat. ``train`` reads requires_grad only with grad mode on; the
+    # context is 1 while dynamo traces, 2 inside a CUDA-graph capture (asked only for a CUDA tensor), else 0.
+    src = f'''def {spec.name}({g.params}):
     try:
-        train = ({req}) and _grad()
-        _dev = {first}.get_device()
-        key = ({spec.name!r}, {", ".join(parts)}, train,
-               1 if _compiling() else 2 if _dev >= 0 and _capturing() else 0)
+        _dev = {g.first}.get_device()
+        key = ({spec.name!r}, {g.key}, _grad() and ({req}),
+               1 if {_COMPILING} else 2 if _dev >= 0 and _capturing() else 0)
     except AttributeError:
-        raise _not_tensors({spec.name!r}, {optional!r}, {", ".join(f"{t}={t}" for t in tensors)}) from None
+        raise {g.not_tensors} from None
     sel = _calls.get(key)
     if sel is None:
-        return _dispatch(_SPEC, key, {first}, {slow}, train)
-    return sel.fn({call})
+        return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2])
+    return sel.fn({g.call})
 '''
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
     fn = ns[spec.name]
@@ -206,3 +259,58 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                   + (inspect.getdoc(inspect.getmodule(spec.reference)) or ""))
     fn.__source__ = src
     return fn
+
+
+_BINDERS: dict[tuple[str, int], tuple[OpSpec, Callable[..., Callable[..., Any]]]] = {}
+
+
+def bind_selection(sel: Selection) -> Callable[..., Any]:
+    """What calling ``sel`` (a ``select_backend`` result) runs: the op's signature over its implementation, which
+    validates each distinct call signature once (the key of ``tiered_ops.<op>`` without train and context) and then
+    calls the implementation unchecked (``hot_fn``), as ``tiered_ops.<op>`` does; ``sel.fn`` where the selection
+    is of no catalogued op."""
+    op = sel.record.get("op")
+    spec = get_op(op) if isinstance(op, str) and op in OPS else None
+    if spec is None or spec.impls.get(sel.impl.name) is not sel.impl:
+        return sel.fn
+    if (op, id(spec)) not in _BINDERS:
+        g = _signature(spec)
+        src = f'''def _bind(_impl, _checked, _seen):
+    def {spec.name}({g.params}):
+        if _dynamo():  # traced: the selection's own fn (checked), as before it was bound
+            return _checked({g.call})
+        try:
+            _dev = {g.first}.get_device()
+            key = ({g.key})
+        except AttributeError:
+            raise {g.not_tensors} from None
+        fn = _seen.get(key)
+        if fn is None:
+            fn = _admit(_SPEC, _impl, _seen, key, {g.first}, {g.slow})
+        return fn({g.call})
+    return {spec.name}
+'''
+        ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling)
+        exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
+        ns["_bind"].__source__ = src
+        _BINDERS[op, id(spec)] = (spec, ns["_bind"])  # the spec kept: its id stays its own
+    fn = _BINDERS[op, id(spec)][1](sel.impl, sel.fn, {})
+    fn.__qualname__ = f"Selection.{spec.name}"
+    return fn
+
+
+def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key: tuple, x: torch.Tensor,
+           args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """A selection's first call of a signature: the op's contract checked (an error names the argument), then what
+    this signature runs (``hot_fn``) kept for the next calls of it."""
+    _check_tensors(spec, args, kwargs)
+    if spec.validate is not None:
+        spec.validate(*args, **kwargs)
+    fn = hot_fn(spec, impl, x.device, needs_promotion(spec, args, kwargs))
+    if len(seen) > 4096:
+        seen.clear()
+    seen[key] = fn
+    return fn
+
+
+Selection.bind = bind_selection
