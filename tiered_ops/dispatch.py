@@ -153,12 +153,15 @@ def _key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
     """The fast-path key's expressions for one argument (flat: no tuple is built per argument), all the slow path's
     validation and decision read of it (the slow path validates each key once): a tensor's shape and dtype (each
     False for an optional one left out), the value of an argument the op's problem takes (``decisive``; a sequence
-    as a tuple), and the type's name alone of the others (eps, ignore_index: validation checks their type)."""
+    as a tuple), a dtype argument's value (validation checks which), and the type's name alone of the others (eps,
+    ignore_index: validation checks their type)."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
         if "None" in ann:
             return [f"{n} is not None and {n}.shape", f"{n} is not None and {n}.dtype"]
         return [f"{n}.shape", f"{n}.dtype"]
+    if "torch.dtype" in ann:
+        return [n]
     if n not in decisive:
         return [f"{n}.__class__.__name__"]  # a name: dynamo's lookup of a key does not match a class in it
     if "Sequence" in ann or "list" in ann:
