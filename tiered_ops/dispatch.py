@@ -153,8 +153,8 @@ def _key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
     """The fast-path key's expressions for one argument (flat: no tuple is built per argument), all the slow path's
     validation and decision read of it (the slow path validates each key once): a tensor's shape and dtype (each
     False for an optional one left out), the value of an argument the op's problem takes (``decisive``; a sequence
-    as a tuple), a dtype argument's value (validation checks which), and the type's name alone of the others (eps,
-    ignore_index: validation checks their type)."""
+    as a tuple), a dtype argument's value (validation checks which), and of the others (eps, ignore_index:
+    validation checks their type) which kind of value each is."""
     n, ann = p.name, str(p.annotation)
     if _is_tensor(p):
         if "None" in ann:
@@ -163,7 +163,10 @@ def _key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
     if "torch.dtype" in ann:
         return [n]
     if n not in decisive:
-        return [f"{n}.__class__.__name__"]  # a name: dynamo's lookup of a key does not match a class in it
+        # which kind of value it is (None, a bool, a number, else another type that validation refuses, so that a
+        # key with all three False is never cached): bools, not its class or the class's name, which dynamo's
+        # lookup of a key cannot hash or match in every torch version
+        return [f"{n} is None", f"isinstance({n}, bool)", f"isinstance({n}, (int, float))"]
     if "Sequence" in ann or "list" in ann:
         return [f"{n} if {n}.__class__ is tuple or {n}.__class__ is int or {n} is None else tuple({n})"]
     return [n]
