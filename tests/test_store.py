@@ -91,7 +91,8 @@ def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
     its rows intact, and rows come back in the declared column order whatever order the table has."""
     from tiered_ops.store import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION
 
-    old = [(n, t) for n, t in COLUMNS if n not in ("host_p20_us", "host_p80_us", "env")]
+    later = ("host_p20_us", "host_p80_us", "env", "method", "origin", "context", "peak_bytes")  # schemas 3 to 6
+    old = [(n, t) for n, t in COLUMNS if n not in later]
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     con.execute(f"CREATE TABLE measurements (id INTEGER PRIMARY KEY, {', '.join(f'{n} {t}' for n, t in old)})")
@@ -111,6 +112,7 @@ def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
     assert store.rows()[-1]["host_p80_us"] == 9.0
     assert store.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     assert row["env"] is None  # schema 4: a failure's build environment, and the claims of concurrent sweeps
+    assert row["context"] == "eager"  # schema 7: a row from before contexts is an eager caller's
     assert store.count("claims") == 0
 
 
@@ -493,3 +495,32 @@ def test_a_sweep_measures_again_a_failure_recorded_in_another_environment(needs_
     sweep([SOFTMAX], {"softmax": [problem]}, [torch.float32], cpu, store, progress=False, log=lambda s: None,
           modes=["fwd_nograd"], cost_metadata=False, impls=["needs_cxx", "wrong"])
     assert [(r["impl"], r["ok"]) for r in store.rows()[2:]] == [("needs_cxx", 1)]
+
+
+@pytest.mark.parametrize("how", ["read_only", "chmod"])
+def test_an_old_store_that_cannot_be_written_is_read_migrated_in_memory(how, tmp_path, request):
+    """A schema-6 store whose rows have no context, opened read-only (on request, or a read-only file): its copy in
+    memory is migrated, its rows read as the eager caller's, the file stays as it was (still schema 6)."""
+    from test_store_context import schema_6
+
+    place = request.getfixturevalue("unprivileged") if how == "chmod" else Unprivileged(tmp_path, None)
+
+    def body():
+        path = place.dir / "old.sqlite"
+        schema_6(str(path), [None, "compiled"])
+        data = path.read_bytes()
+        if how == "chmod":
+            path.chmod(0o444)
+        store = Store(path, read_only=how == "read_only")
+        assert store.kept_in_memory is not None and store.kept_in_memory.startswith(f"{path} cannot be written")
+        assert [(r["impl"], r["context"]) for r in store.rows(context="*")] == [("i0", "eager"), ("i1", "compiled")]
+        assert [r["impl"] for r in store.latest("x", "[1]", "fp32", "d", "fwd")] == ["i0"]
+        store.add([dict(ROW, problem="2")])  # kept in memory, its context the eager caller's
+        assert store.rows(problem="2")[0]["context"] == "eager"
+        store.close()
+        assert path.read_bytes() == data
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "6"
+        con.close()
+
+    place.run(body)

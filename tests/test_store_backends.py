@@ -80,10 +80,11 @@ def test_a_schema_4_store_is_migrated_its_buckets_typed_and_its_rows_stale(store
     softmax = get_op("softmax")
     eager = softmax.impls["eager"]
     store = Store(store_target)
-    for column in ("method", "origin"):
+    later = ("method", "origin", "context", "peak_bytes")  # the columns of schemas 5 and 6
+    for column in later:
         store._write(lambda c=column: store._exec(f"ALTER TABLE measurements DROP COLUMN {c}"))
     store._write(lambda: store._exec("UPDATE meta SET value='4' WHERE key='schema_version'"))
-    old = [c for c in COLUMN_NAMES if c not in ("method", "origin")]
+    old = [c for c in COLUMN_NAMES if c not in later]
     row = dict(ROW, op="softmax", impl="eager", source_hash=eager.source_hash)
     for bucket in ("64|300|True", "8|0|False|tanh"):
         store._write(lambda b=bucket: store._exec(
@@ -94,7 +95,7 @@ def test_a_schema_4_store_is_migrated_its_buckets_typed_and_its_rows_stale(store
     assert migrated._version() == SCHEMA_VERSION
     rows = migrated.rows()
     assert [r["bucket"] for r in rows] == ['[64,300,true]', '[8,0,false,"tanh"]']
-    assert [(r["method"], r["origin"]) for r in rows] == [(None, None)] * 2
+    assert [(r["method"], r["origin"], r["context"]) for r in rows] == [(None, None, "eager")] * 2
     assert softmax.fresh_impl(rows[0]) is None  # same source, unknown method: stale
     migrated.add([dict(row, bucket=rows[0]["bucket"])])
     assert softmax.fresh_impl(migrated.rows()[-1]) is eager

@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="fp32", choices=list(DTYPES), help="default fp32")
     s.add_argument("--mode", default="fwd_nograd", choices=list(MODES),
                    help="what the decision is for: inference (fwd_nograd, default) or training (fwd+bwd), ...")
-    s.add_argument("--context", default="eager", choices=list(CONTEXTS),
+    s.add_argument("--context", default="eager", choices=[c.value for c in CONTEXTS],
                    help="who launches the op: a Python caller (eager, default), a torch.compile graph (compiled) or "
                    "a CUDA-graph replay (graphed)")
     _add_op_options(s)
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("export", "write every stored measurement to CSV")
     s.add_argument("--csv", required=True, help="the CSV file to write")
-    s.add_argument("--context", default="eager", choices=[*CONTEXTS, "*"],
+    s.add_argument("--context", default="eager", choices=[*(c.value for c in CONTEXTS), "*"],
                    help="the rows measured as this caller runs the op (default eager; '*': every row)")
     s.add_argument("--meta", help="also write every implementation's cost metadata as JSON lines")
 

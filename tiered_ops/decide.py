@@ -1,7 +1,7 @@
 """select_backend and the per-call dispatch of ``tiered_ops.<op>``.
 
 A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode, context). The context is who launches
-the op (``registry.CONTEXTS``: a Python caller, a torch.compile graph, a CUDA-graph replay; ``in_context`` says what
+the op (``registry.Context``: a Python caller, a torch.compile graph, a CUDA-graph replay; ``in_context`` says what
 each pays). The mode is what the call is
 for: ``fwd_nograd`` (inference, the default of select_backend) or ``fwd+bwd`` (training), or ``fwd`` / ``bwd``
 alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is enabled and an input requires grad,
@@ -493,8 +493,8 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     ``normalized_shape`` and ``weight`` for rms_norm). ``policy`` is ``fastest`` (default), ``cost-aware`` or
     ``cold-start`` (with ``calls``, the expected number of calls) or ``memory`` (with ``budget``, bytes the call may
     allocate above its inputs). ``mode`` is ``fwd_nograd`` (inference), ``fwd+bwd`` (training), ``fwd`` or ``bwd``;
-    ``context`` is who launches the op: ``eager`` (a Python caller), ``compiled`` (traced into torch.compile) or
-    ``graphed`` (CUDA-graph replay). Returns a callable with ``.tier``, ``.name`` and
+    ``context`` is who launches the op (a ``Context`` or its text): ``eager`` (a Python caller), ``compiled`` (traced
+    into torch.compile) or ``graphed`` (CUDA-graph replay). Returns a callable with ``.tier``, ``.name`` and
     ``.record`` (every candidate's figures and why the winner won).
     """
     dev = torch.device(device) if device is not None else default_device()

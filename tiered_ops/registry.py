@@ -69,15 +69,33 @@ MODES: tuple[str, ...] = ("fwd_nograd", "fwd", "bwd", "fwd+bwd")
 GRAD_MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
 
 
-# Call contexts: who launches the op. eager: a Python caller (the launch path counts); compiled: the op traced into
-# a caller's torch.compile graph (Inductor launches it); graphed: inside CUDA-graph capture (replay launches nothing).
-CONTEXTS: tuple[str, ...] = ("eager", "compiled", "graphed")
+class Context(str, enum.Enum):
+    """Who launches the op. ``EAGER``: a Python caller (the launch path counts); ``COMPILED``: the op traced into a
+    caller's torch.compile graph (Inductor launches it); ``GRAPHED``: inside CUDA-graph capture (replay launches
+    nothing). A member is its text ("eager", ...): equal to it, hashed like it, stored and printed as it; its position
+    in ``CONTEXTS`` is the small int the generated fast path of ``tiered_ops.<op>`` keys a call by."""
+
+    EAGER = "eager"
+    COMPILED = "compiled"
+    GRAPHED = "graphed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
-def check_context(context: str) -> str:
-    if context not in CONTEXTS:
-        raise ValueError(f"context: expected one of {', '.join(CONTEXTS)}, got {context!r}")
-    return context
+CONTEXTS: tuple[Context, ...] = tuple(Context)  # in the order of the fast path's index: 0 eager, 1 compiled, 2 graphed
+
+
+def check_context(context: Context | str, what: str = "context") -> Context:
+    """``context`` (a ``Context`` or its text) as a ``Context``; a ValueError naming ``what`` and the allowed values
+    for anything else."""
+    try:
+        return Context(context)
+    except ValueError:
+        raise ValueError(f"{what}: expected one of {', '.join(CONTEXTS)}, got {context!r}") from None
 
 
 def check_mode(mode: str) -> str:

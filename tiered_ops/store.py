@@ -18,6 +18,7 @@ paths where no store can be, foreign or damaged files and stores that cannot be 
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -31,11 +32,12 @@ from typing import Any, Callable, Iterable
 from . import envs, store_pg, store_sqlite
 from .buckets import decode, encode, from_legacy
 from .method import METHOD_VERSION
+from .registry import Context, check_context
 from .store_sqlite import StoreError, StoreWarning  # noqa: F401  (the store's errors, imported from here)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _buckets_as_json(store: Store) -> None:
@@ -48,6 +50,27 @@ def _buckets_as_json(store: Store) -> None:
         except ValueError:
             pass
         store._exec("UPDATE measurements SET bucket=? WHERE bucket=?", (encode(from_legacy(old)), old))
+
+
+def _context_not_null(store: Store) -> None:
+    """Schema 7: every row names its context (older rows without one were an eager caller's), and none can lack one.
+    PostgreSQL sets the constraint on the column; SQLite cannot, so its table is rebuilt with the declared columns
+    (ids kept, the lookup index made again). A table made with the constraint already is left alone."""
+    store._exec("UPDATE measurements SET context=? WHERE context IS NULL", (Context.EAGER.value,))
+    if store.backend == "postgresql":
+        store._exec("ALTER TABLE measurements ALTER COLUMN context SET NOT NULL")
+        return
+    info = {r["name"]: r["notnull"] for r in store._exec("PRAGMA table_info(measurements)").fetchall()}
+    if info.get("context"):
+        return
+    names = [n for n, _ in COLUMNS if n in info]
+    cols = ", ".join(names)
+    store._exec(f"CREATE TABLE measurements_new ({store.dialect.id_column}, "
+                f"{', '.join(f'{n} {t}' for n, t in COLUMNS if n in info)})")
+    store._exec(f"INSERT INTO measurements_new (id, {cols}) SELECT id, {cols} FROM measurements")
+    store._exec("DROP TABLE measurements")
+    store._exec("ALTER TABLE measurements_new RENAME TO measurements")
+    store._exec(LOOKUP_INDEX)
 
 
 # Explicit migrations: MIGRATIONS[v] takes a store at version v to v + 1 (SQL, or a function of the store).
@@ -68,6 +91,8 @@ MIGRATIONS: dict[int, list[str | Callable[[Store], None]]] = {
         _buckets_as_json],
     # 6: who launched the measured call (NULL: an eager caller, as every older row) and its peak memory.
     5: ["ALTER TABLE measurements ADD COLUMN context TEXT", "ALTER TABLE measurements ADD COLUMN peak_bytes REAL"],
+    # 7: the context NOT NULL, older rows' 'eager'.
+    6: [_context_not_null],
 }
 # What one claim is for: a candidate measurement (one row of ``measurements``).
 CLAIM_KEY = ("op", "impl", "problem", "dtype", "mode", "device_key", "source_hash")
@@ -83,8 +108,9 @@ COLUMNS: list[tuple[str, str]] = [
     ("host_p80_us", "REAL"), ("caller_us", "REAL"), ("gbps", "REAL"), ("copy_gbps", "REAL"), ("frac_copy", "REAL"),
     ("rel_error", "REAL"), ("ok", "INTEGER NOT NULL"), ("reason", "TEXT"), ("first_call_s", "REAL"),
     ("source_hash", "TEXT NOT NULL"), ("timestamp", "REAL NOT NULL"), ("env", "TEXT"), ("method", "INTEGER"),
-    ("origin", "TEXT"), ("context", "TEXT"), ("peak_bytes", "REAL"),
+    ("origin", "TEXT"), ("context", "TEXT NOT NULL"), ("peak_bytes", "REAL"),
 ]
+LOOKUP_INDEX = "CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)"
 COLUMN_NAMES = [c for c, _ in COLUMNS]
 TABLES = ("measurements", "impl_meta", "claims", "meta")
 
@@ -111,12 +137,22 @@ def _alive(pid: int) -> bool:
 
 
 def _value(v: Any) -> Any:
-    """A value both backends take: bools as 0/1, numpy scalars as Python numbers, NaN as NULL."""
+    """A value both backends take: bools as 0/1, numpy scalars as Python numbers, NaN as NULL, an enum member (a
+    ``Context``) as its value."""
+    if isinstance(v, enum.Enum):
+        v = v.value
     if isinstance(v, bool):
         return int(v)
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         v = v.item()
     return None if isinstance(v, float) and v != v else v
+
+
+def _with_context(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its context checked and as text: a row without one (or None, NaN: from a results file or pack
+    of a store before contexts) is an eager caller's."""
+    ctx = _value(row.get("context"))
+    return {**row, "context": check_context(Context.EAGER if ctx is None else ctx, "a row's context").value}
 
 
 class Store:
@@ -204,7 +240,7 @@ class Store:
             self._exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             cols = ", ".join(f"{n} {t}" for n, t in COLUMNS)
             self._exec(d.ddl(f"CREATE TABLE IF NOT EXISTS measurements ({d.id_column}, {cols})"))
-            self._exec("CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)")
+            self._exec(LOOKUP_INDEX)
             version = self._version() or 1
             if version > SCHEMA_VERSION:
                 raise StoreError(
@@ -229,12 +265,12 @@ class Store:
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
         """Insert measurements in one transaction (all or none). A row without ``method`` was measured by this
-        process: it gets the current ``METHOD_VERSION``."""
+        process: it gets the current ``METHOD_VERSION``; one without ``context`` (or None) an eager caller's."""
         ph = ", ".join("?" for _ in COLUMN_NAMES)
         defaults = {"method": METHOD_VERSION}
         now = time.time()
         data = [tuple(_value(r.get(c, now if c == "timestamp" else defaults.get(c))) for c in COLUMN_NAMES)
-                for r in rows]
+                for r in map(_with_context, rows)]
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
         self._write(lambda: self.dialect.executemany(self.conn, sql, data))
         if self.kept_in_memory is not None and data:
@@ -247,7 +283,7 @@ class Store:
     def merge(self, rows: Iterable[dict[str, Any]]) -> int:
         """Add the rows not already stored (equal ``ROW_KEY`` columns: measured once, wherever it was stored), in one
         transaction; returns how many were added. Rows keep their own ``method`` and ``origin``."""
-        rows = [{**r, "method": r.get("method"), "origin": r.get("origin")} for r in rows]
+        rows = [{**_with_context(r), "method": r.get("method"), "origin": r.get("origin")} for r in rows]
         where = " AND ".join(f"{k}=?" for k in ROW_KEY)
         ph = ", ".join("?" for _ in COLUMN_NAMES)
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
@@ -263,23 +299,23 @@ class Store:
 
         return self._write(write)
 
-    def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str, context: str = "eager"
-               ) -> list[dict]:
+    def latest(self, op: str, bucket: str, dtype: str, device_key: str, mode: str,
+               context: Context | str = Context.EAGER) -> list[dict]:
         """Newest row per implementation for one decision key (fresh or stale: the caller filters); ``context``: rows
-        measured as that caller runs the op (a row without one is an eager caller's)."""
+        measured as that caller runs the op."""
         cur = self._exec(
             "SELECT * FROM measurements WHERE id IN (SELECT MAX(id) FROM measurements "
-            "WHERE op=? AND bucket=? AND dtype=? AND device_key=? AND mode=? AND COALESCE(context, 'eager')=? "
-            "GROUP BY impl)",
-            (op, bucket, dtype, device_key, mode, context),
+            "WHERE op=? AND bucket=? AND dtype=? AND device_key=? AND mode=? AND context=? GROUP BY impl)",
+            (op, bucket, dtype, device_key, mode, check_context(context).value),
         )
         return [dict(r) for r in cur.fetchall()]
 
-    def buckets(self, op: str, dtype: str, device_key: str, mode: str, context: str = "eager") -> list[str]:
+    def buckets(self, op: str, dtype: str, device_key: str, mode: str, context: Context | str = Context.EAGER
+                ) -> list[str]:
         """Every bucket with a stored measurement for (op, dtype, device, mode, context)."""
         cur = self._exec("SELECT DISTINCT bucket FROM measurements WHERE op=? AND dtype=? AND device_key=? "
-                         "AND mode=? AND COALESCE(context, 'eager')=? ORDER BY bucket",
-                         (op, dtype, device_key, mode, context))
+                         "AND mode=? AND context=? ORDER BY bucket",
+                         (op, dtype, device_key, mode, check_context(context).value))
         return [r["bucket"] for r in cur.fetchall()]
 
     def rows(self, **where: Any) -> list[dict]:
@@ -288,9 +324,9 @@ class Store:
         bad = [k for k in where if k not in COLUMN_NAMES and k != "id"]
         if bad:
             raise ValueError(f"rows: no column named {', '.join(bad)}; columns: {', '.join(COLUMN_NAMES)}")
-        context = where.pop("context", "eager")
-        conds = [f"{k}=?" for k in where] + ([] if context == "*" else ["COALESCE(context, 'eager')=?"])
-        params = tuple(_value(v) for v in where.values()) + (() if context == "*" else (context,))
+        context = where.pop("context", Context.EAGER)
+        conds = [f"{k}=?" for k in where] + ([] if context == "*" else ["context=?"])
+        params = tuple(_value(v) for v in where.values()) + (() if context == "*" else (check_context(context).value,))
         cur = self._exec(f"SELECT id, {', '.join(COLUMN_NAMES)} FROM measurements WHERE {' AND '.join(conds) or '1=1'} "
                          "ORDER BY id", params)
         return [dict(r) for r in cur.fetchall()]

@@ -65,7 +65,10 @@ class SQLite:
 
     @staticmethod
     def lock_schema(conn: sqlite3.Connection) -> None:
-        """Nothing: SQLite takes its one write lock at the migration's first write."""
+        """Take the write lock now (``BEGIN IMMEDIATE``): a migration reads the schema version under it, and its
+        statements (DDL included, which Python's sqlite3 would otherwise run outside a transaction) commit as one,
+        so a second process opening the same old store waits, then finds it migrated."""
+        conn.execute("BEGIN IMMEDIATE")
 
     @staticmethod
     def tables(conn: sqlite3.Connection) -> set[str]:

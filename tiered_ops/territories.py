@@ -28,7 +28,7 @@ from typing import Any
 
 from .catalog import get_op
 from .policy import DEFAULT_MARGINS
-from .registry import CONTEXTS, DTYPES, MODES, Tier
+from .registry import CONTEXTS, DTYPES, MODES, Context, Tier, check_context
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,14 @@ class Territory:
     row_len: tuple[int, int | None]
     dtypes: tuple[str, ...]
     modes: tuple[str, ...]
-    contexts: tuple[str, ...] = ("eager",)
+    contexts: tuple[Context, ...] = (Context.EAGER,)
     why: str = ""
     margin: float | None = None  # None: the cost-aware CUDA margin (policy.margins()["cuda"])
     options: tuple[tuple[str, str], ...] = ()  # problem parameters a case must have, e.g. (("lengths", "powerlaw"),)
     claimed: str = ""  # the figures it was declared on, before the evidence has any
 
-    def contains(self, rows: int, row_len: int, dtype: str, mode: str, context: str, problem: str | None = None
-                 ) -> bool:
+    def contains(self, rows: int, row_len: int, dtype: str, mode: str, context: Context | str,
+                 problem: str | None = None) -> bool:
         """The case (rows, row length, dtype, mode, context; ``problem``: its string, for ``options``) of this
         territory's op lies inside it."""
         return (_inside(rows, self.rows) and _inside(row_len, self.row_len) and dtype in self.dtypes
@@ -135,7 +135,8 @@ def load(path: Path | str = DATA) -> tuple[tuple[Territory, ...], dict[str, str]
         try:
             t = Territory(e["name"], e["op"], e["impl"], (int(e["rows"][0]), _hi(e["rows"][1])),
                           (int(e["row_len"][0]), _hi(e["row_len"][1])), tuple(e["dtypes"]), tuple(e["modes"]),
-                          tuple(e.get("contexts", ["eager"])), e.get("why", ""), e.get("margin"),
+                          tuple(check_context(c, "contexts") for c in e.get("contexts", ["eager"])),
+                          e.get("why", ""), e.get("margin"),
                           tuple(sorted((str(a), str(b)) for a, b in e.get("options", {}).items())),
                           e.get("claimed", ""))
         except (KeyError, IndexError, TypeError, ValueError) as err:
@@ -174,7 +175,8 @@ def validate(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
         for what, values, known in (("dtype", t.dtypes, DTYPES), ("mode", t.modes, MODES),
                                     ("context", t.contexts, CONTEXTS)):
             if not values or set(values) - set(known):
-                raise ValueError(f"territory {t.name}: {what}s {values}: expected some of {', '.join(known)}")
+                raise ValueError(f"territory {t.name}: {what}s {tuple(map(str, values))}: expected some of "
+                                 f"{', '.join(known)}")
         for what, (lo, hi) in (("rows", t.rows), ("row_len", t.row_len)):
             if lo < 0 or (hi is not None and hi < lo):
                 raise ValueError(f"territory {t.name}: {what} ({lo}, {hi}) is no range (0 <= low <= high)")

@@ -29,12 +29,9 @@ import torch
 from . import decide
 from .patching import patch
 from .record import RecordedCall, Recorder
-from .registry import CONTEXTS as CALL_CONTEXTS
-from .registry import DTYPE_NAMES
+from .registry import CONTEXTS, DTYPE_NAMES, Context, check_context
 
 log = logging.getLogger(__name__)
-
-CONTEXTS: tuple[str | None, ...] = (None, *CALL_CONTEXTS)  # None: the context each call was made in
 
 
 @dataclass
@@ -52,7 +49,7 @@ class TunedCall:
 @dataclass
 class TuneReport:
     train: bool
-    context: str | None
+    context: Context | None  # None: each call in the context it was made in
     record_seconds: float
     seconds: float  # recording and measuring
     calls: list[TunedCall] = field(default_factory=list)
@@ -121,14 +118,14 @@ def _step(model: torch.nn.Module, inputs: Any, train: bool) -> None:
 
 
 def record_step(model: torch.nn.Module, example_inputs: Any, train: bool = False,
-                context: str | None = None) -> list[RecordedCall]:
+                context: Context | str | None = None) -> list[RecordedCall]:
     """The distinct tiered_ops calls of one step of ``model`` (forward, and backward when ``train``), recorded
     with tuning off: nothing is measured, and the call cache is cleared before and after."""
     previous = decide.tuning_setting()  # the process setting (None: follow TIERED_OPS_TUNE)
     decide.clear_cache()
     decide.set_tuning(False)
     try:
-        with Recorder(context) as rec:
+        with Recorder(None if context is None else check_context(context)) as rec:
             _step(model, example_inputs, train)
     finally:
         decide.set_tuning(previous)  # clears the call cache: the decisions made without tuning are dropped
@@ -146,15 +143,20 @@ def _progress(calls: Sequence[RecordedCall]) -> Iterable[tuple[int, RecordedCall
         yield i, call
 
 
-def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, context: str | None = None) -> TuneReport:
+def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, context: Context | str | None = None
+         ) -> TuneReport:
     """Record the tiered_ops calls of one step of ``model`` on ``example_inputs`` (a tuple of positional
     arguments, a dict of keyword arguments, or one tensor), measure each that has no stored measurement, and
     store the decisions. ``train``: a training step (forward and backward; the decisions for fwd+bwd), else
-    inference under no_grad. ``context``: None, "eager", "compiled" or "graphed", how the model will run."""
+    inference under no_grad. ``context``: how the model will run, a ``Context`` or its text ("eager", "compiled",
+    "graphed"); None: each call in the context it is made in."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"tune: model must be a torch.nn.Module, got {type(model).__name__}")
-    if context not in CONTEXTS:
-        raise ValueError(f"tune: context must be one of {', '.join(map(str, CONTEXTS))}, got {context!r}")
+    try:
+        context = None if context is None else check_context(context)
+    except ValueError:
+        raise ValueError(f"tune: context must be one of {', '.join(CONTEXTS)} or None (each call's own), got "
+                         f"{context!r}") from None
     start = time.perf_counter()
     calls = record_step(model, example_inputs, train, context)
     report = TuneReport(train=train, context=context, record_seconds=time.perf_counter() - start, seconds=0.0)
@@ -165,7 +167,7 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
         t0, dname = time.perf_counter(), DTYPE_NAMES[call.dtype]
         before = len(store.rows(op=call.op, dtype=dname, mode=call.mode))
         sel = decide.select_backend(call.op, call.problem.shape, call.dtype, call.device, tune=True, mode=call.mode,
-                                    context=call.context or "eager", **call.problem.kw)
+                                    context=call.context or Context.EAGER, **call.problem.kw)
         taken = len(store.rows(op=call.op, dtype=dname, mode=call.mode)) - before
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
@@ -184,7 +186,7 @@ def add_tune_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] 
                    help="a function returning (model, example_inputs); example_inputs is a tuple of positional "
                         "arguments, a dict of keyword arguments or one tensor")
     s.add_argument("--train", action="store_true", help="a training step (forward and backward), not inference")
-    s.add_argument("--context", choices=[c for c in CONTEXTS if c], help="how the model will run (recorded)")
+    s.add_argument("--context", choices=[c.value for c in CONTEXTS], help="how the model will run (recorded)")
     s.add_argument("--ops", help="comma-separated ops to patch (default: all that patch knows)")
     s.add_argument("--no-patch", action="store_true", help="do not patch the model: it calls tiered_ops itself")
     return s
