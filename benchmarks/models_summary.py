@@ -1,0 +1,59 @@
+"""One page per GPU from the per-model results of benchmarks/models.py: every (model, workload, context) row of the
+tiered variants with its verdict against stock, the rows slower than stock, Liger beside it, and training memory.
+
+    python benchmarks/models_summary.py reports/nvidia-h100     # reads models/*.csv there, writes models.md there
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def summary(folder: Path) -> str:
+    frames = [pd.read_csv(p) for p in sorted((folder / "models").glob("*.csv"))]
+    df = pd.concat(frames, ignore_index=True)
+    ran = df[df["ms_p50"].notna()]
+    out = [f"# Models: stock vs tiered_ops vs Liger ({', '.join(sorted(ran['device'].dropna().unique()))})", "",
+           "Each model's table, command, commit and date: `models/<model>.md` (rows as the benchmark wrote them). "
+           "Median ms of 5 interleaved rounds of 10 calls; verdict: faster/slower where each median lies outside "
+           "the other's p20-p80, else tie.", "",
+           "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
+           " train peak MiB stock / tiered / liger |", "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
+    slower, missing = [], []
+    for (model, wl, ctx), g in ran.groupby(["model", "workload", "context"], sort=False):
+        v = {r["variant"]: r for _, r in g.iterrows()}
+        if "stock" not in v:
+            continue
+        s = v["stock"]["ms_p50"]
+
+        def cell(name: str) -> tuple[str, str]:
+            if name not in v:
+                return "", ""
+            r = v[name]
+            if r["verdict"] == "slower":
+                slower.append(f"{model} {wl} {ctx} {name}: {s / r['ms_p50']:.2f}x")
+            return f"{r['ms_p50']:.3f}", str(r["verdict"])
+
+        t, tv = cell("tiered")
+        f, fv = cell("tiered-fused")
+        lig = f"{v['liger']['ms_p50']:.3f} ({s / v['liger']['ms_p50']:.2f}x)" if "liger" in v else ""
+        mem = " / ".join(f"{v[n]['peak_mib']:.0f}" if n in v and pd.notna(v[n]["peak_mib"]) else "-"
+                         for n in ("stock", "tiered", "liger")) if wl == "train" else ""
+        ratio = f"{s / v['tiered']['ms_p50']:.2f}x" if "tiered" in v else ""
+        out.append(f"| {model} | {wl} | {ctx} | {s:.3f} | {t} | {ratio} | {tv} | {f} | {fv} | {lig} | {mem} |")
+    for _, r in df[df["ms_p50"].isna() & df["variant"].str.startswith("tiered")].iterrows():
+        missing.append(f"{r['model']} {r['workload']} {r['context']} {r['variant']}: {r['note']}")
+    out += ["", f"Rows of a tiered variant slower than stock: {len(slower)}" + (":" if slower else "."),
+            *[f"- {x}" for x in slower]]
+    if missing:
+        out += ["", "Rows without a figure:", *[f"- {x}" for x in missing]]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    (folder / "models.md").write_text(summary(folder))
+    print(f"wrote {folder / 'models.md'}")
