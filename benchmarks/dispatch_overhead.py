@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             public(*a)  # the slow path once: the call is cached
             sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)
-            chosen = tiered_ops.decide._calls.get(next((k for k in tiered_ops.decide._calls if k[0] == op
+            chosen = tiered_ops.decide.decide._calls.get(next((k for k in tiered_ops.decide.decide._calls if k[0] == op
                                                         and k[-1] == 0), None))
             direct = (chosen or sel).fn
             t_pub = per_call_us(lambda: public(*a), args.calls, args.repeats, cuda)

@@ -15,12 +15,12 @@ from test_patch import needs_hf, tiny
 from torch import nn
 
 import tiered_ops
-from tiered_ops import decide as select
-from tiered_ops.catalog import get_op
-from tiered_ops.record import Recorder
+from tiered_ops.decide import decide as select
+from tiered_ops.decide.record import Recorder
 from tiered_ops.registry import Tier
+from tiered_ops.tiers.catalog import get_op
 
-tune_mod = importlib.import_module("tiered_ops.tuning")
+tune_mod = importlib.import_module("tiered_ops.models.tuning")
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
