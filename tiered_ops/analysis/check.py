@@ -1,6 +1,6 @@
 """``tiered-ops check``: does each custom CUDA kernel still hold the territories it exists for?
 
-A territory (``tiered_ops/territories.py``) is a region of problems: op, implementation, rows, row length,
+A territory (``tiered_ops/analysis/territories.py``) is a region of problems: op, implementation, rows, row length,
 dtypes, modes, contexts. In every case of the evidence inside it, the kernel must beat the best correct
 compiler-tier implementation (torch.compile, Triton; never eager) of the same device, problem, dtype, mode and
 context by more than its cost-aware margin (``policy.margins()["cuda"]``, 10 % by default) plus the noise: the
@@ -189,7 +189,8 @@ def _held(t: Territory, inside: pd.DataFrame, devices: list[str], stale_inside: 
                 f"against a bar of {inside.need[r.idxmin()]:.2f}x")
         return Finding("defends", t.op, t.impl, text, t.name, n, won)
     text = (f"does not hold {t.name} ({t.region()}): {won} of {len(inside)} cases won; retire the territory "
-            "(tiered_ops/territories.json, with the reason) or make the kernel faster:\n    " + "\n    ".join(lines))
+            "(tiered_ops/analysis/territories.json, with the reason) or make the kernel faster:\n    "
+            + "\n    ".join(lines))
     return Finding(kind, t.op, t.impl, text, t.name, len(inside), won)
 
 
@@ -240,7 +241,8 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
             mine = judged[(judged.op == spec.name) & (judged.impl == impl.name)]
             if not any((t.op, t.impl) == (spec.name, impl.name) for t in territories):
                 out.append(Finding("no-territory", spec.name, impl.name,
-                                   f"declares no territory (tiered_ops/territories.json); {len(mine)} cases measured"))
+                                   f"declares no territory (tiered_ops/analysis/territories.json); "
+                                   f"{len(mine)} cases measured"))
                 continue
             loose = mine[~placed[mine.index]]
             if len(loose):

@@ -202,7 +202,8 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
     retired = RETIRED if retired is None else retired
     held = [t for t in territories if t.name not in retired]
     lines = ["## Which CUDA kernels defend what", "",
-             "A custom CUDA kernel is kept for the territories it exists for (`tiered_ops/territories.json`): inside "
+             "A custom CUDA kernel is kept for the territories it exists for "
+             "(`tiered_ops/analysis/territories.json`): inside "
              "one it must beat the best compiler tier (torch.compile, Triton) by its "
              f"{100 * DEFAULT_MARGINS['cuda']:.0f} % margin beyond the noise, or `tiered-ops check` fails (CI checks "
              "every committed `reports/<gpu>/results.csv`). Everywhere else the compiler tiers are the answer. The "
@@ -222,6 +223,7 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
     lines += [""] + [f"Why {', '.join(names)}: {why}." for why, names in whys.items()]
     gone = [t.name for t in territories if t.name in retired]
     lines += ["", f"Given up ({len(gone)}; reported by the check, never failed, each with its reason in "
-              "`tiered_ops/territories.json` and its figures computed from the evidence by `tiered-ops check`): "
+              "`tiered_ops/analysis/territories.json` and its figures computed from the evidence by "
+              "`tiered-ops check`): "
               + ", ".join(gone) + "."]
     return "\n".join(lines) + "\n"
