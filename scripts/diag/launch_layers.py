@@ -31,8 +31,9 @@ import torch
 
 from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.measure.timing import batch_times_us, host_time_per_call
-from tiered_ops.registry import get_op, rel_error
+from tiered_ops.registry import rel_error
 from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import get_op
 from tiered_ops.tiers.fastpath import tier_fast
 
 OPS = ["softmax", "rms_norm", "layer_norm", "gelu", "muladd"]

@@ -36,7 +36,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     if args.decisions_cmd == "export":
         out_file(args.out, "--out")
     store = Store(getattr(args, "db", None))
-    packs = logging.getLogger("tiered_ops.packs")  # its summary and refusals are printed below: not twice
+    packs = logging.getLogger("tiered_ops.decide.packs")  # its summary and refusals are printed below: not twice
     level = packs.level
     packs.setLevel(logging.ERROR)
     try:
