@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import tiered_ops
-from tiered_ops import decide
+from tiered_ops.decide import decide
 from tiered_ops.registry import CONTEXTS
 
 

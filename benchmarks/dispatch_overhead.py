@@ -120,8 +120,8 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 tiered_ops.clear_cache()
         sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)
         # what the public function calls for this signature (inference, eager context): the chosen implementation
-        key = next((k for k in tiered_ops.decide._calls if k[0] == op and k[-1] == 0 and not k[-2]), None)
-        chosen = tiered_ops.decide._calls.get(key) if key is not None else None
+        key = next((k for k in tiered_ops.decide.decide._calls if k[0] == op and k[-1] == 0 and not k[-2]), None)
+        chosen = tiered_ops.decide.decide._calls.get(key) if key is not None else None
         direct = (chosen or sel).fn
         lookup = lambda: tiered_ops.select_backend(op, tuple(x.shape), x.dtype, dev, **params)  # noqa: E731
         t = interleaved({"public": lambda: public(*a), "direct": lambda: direct(*a), "select": lambda: sel(*a)},

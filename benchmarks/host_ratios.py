@@ -14,7 +14,7 @@ import argparse
 
 import pandas as pd
 
-from tiered_ops.analysis import winners
+from tiered_ops.analysis.analysis import winners
 
 TARGETS = {("triton", "fwd_nograd"): 1.2, ("triton", "fwd+bwd"): 1.3, ("cuda", "fwd_nograd"): 1.0,
            ("cuda", "fwd+bwd"): 1.1}

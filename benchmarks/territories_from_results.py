@@ -21,8 +21,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tiered_ops.check import cases  # noqa: E402
-from tiered_ops.territories import RETIRED, TERRITORIES  # noqa: E402
+from tiered_ops.analysis.check import cases  # noqa: E402
+from tiered_ops.analysis.territories import RETIRED, TERRITORIES  # noqa: E402
 
 DEFAULT = sorted(str(p) for p in Path("reports").glob("*/results.csv"))  # what CI checks
 

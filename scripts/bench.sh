@@ -6,4 +6,4 @@ PY=${PYTHON:-python3}
 # torch first, its CPU build where there is no NVIDIA driver (TORCH_SPEC chooses another): scripts/torch.sh
 bash scripts/torch.sh "$PY"
 $PY -m pip install -q -e .
-exec $PY -m tiered_ops.cli bench "$@"
+exec $PY -m tiered_ops bench "$@"

@@ -76,7 +76,7 @@ for stage in $STAGES; do
       echo "== build"
       $PY - <<'PY' 2>&1 | tee "$OUT/build.log" || rc=1
 import time, torch
-from tiered_ops import cuda_ext
+from tiered_ops.tiers import cuda_ext
 t = time.time()
 err = cuda_ext.load()
 print("cuda extension:", err or f"built and loaded in {time.time() - t:.1f} s ({cuda_ext._state.get('name')})")
@@ -104,10 +104,10 @@ PY
       # store, so running the stage again on the same machine resumes where it stopped. BENCH_ARGS: extra
       # arguments of `tiered-ops bench` (e.g. --mode fwd_nograd,fwd+bwd --dtype bf16).
       t=$(left); [ -n "${BENCH_TIMEOUT:-}" ] && [ "$BENCH_TIMEOUT" -lt "$t" ] && t=$BENCH_TIMEOUT
-      run_for "$t" $PY -m tiered_ops.cli bench --no-progress $SWEEP_ARGS \
+      run_for "$t" $PY -m tiered_ops bench --no-progress $SWEEP_ARGS \
         ${BENCH_ARGS:-} 2>&1 | grep --line-buffered -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/bench.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; echo "bench stopped before the end: run the stage again (RESUME_DB) to resume"; }
-      timeout 60 $PY -m tiered_ops.cli export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
+      timeout 60 $PY -m tiered_ops export --csv "$OUT/results.csv" --meta "$OUT/meta.jsonl" || rc=1
       ;;
     bench2)
       # The same sweep measured again (--force) into a second store: `tiered-ops report --repeat` turns the pair
@@ -116,15 +116,15 @@ PY
       # STORE2: where the second store lives (a path outside $OUT survives to the next call on a warm machine).
       store2=${STORE2:-$OUT/store2.sqlite}
       t=$(left); [ -n "${BENCH_TIMEOUT:-}" ] && [ "$BENCH_TIMEOUT" -lt "$t" ] && t=$BENCH_TIMEOUT
-      TIERED_OPS_DB=$store2 run_for "$t" $PY -m tiered_ops.cli bench \
+      TIERED_OPS_DB=$store2 run_for "$t" $PY -m tiered_ops bench \
         --no-progress $SWEEP_ARGS ${BENCH_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
       tail -2 "$OUT/bench2.log"
-      TIERED_OPS_DB=$store2 timeout 60 $PY -m tiered_ops.cli export --csv "$OUT/results-run2.csv" || rc=1
+      TIERED_OPS_DB=$store2 timeout 60 $PY -m tiered_ops export --csv "$OUT/results-run2.csv" || rc=1
       ;;
     targets)
       echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
       t=$(left); [ -n "${TARGETS_TIMEOUT:-}" ] && [ "$TARGETS_TIMEOUT" -lt "$t" ] && t=$TARGETS_TIMEOUT
-      run_for "$t" $PY -m tiered_ops.cli --db "$TIERED_OPS_DB" targets --live \
+      run_for "$t" $PY -m tiered_ops --db "$TIERED_OPS_DB" targets --live \
         --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" --results "$OUT/results.csv" \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
@@ -135,8 +135,8 @@ PY
       ;;
     info)
       echo "== info (graph breaks and maintenance cost per implementation)"
-      for op in $($PY -c "from tiered_ops.catalog import all_ops; print(*(s.name for s in all_ops()))"); do
-        $PY -m tiered_ops.cli info "$op" || rc=1; done 2>&1 \
+      for op in $($PY -c "from tiered_ops.tiers.catalog import all_ops; print(*(s.name for s in all_ops()))"); do
+        $PY -m tiered_ops info "$op" || rc=1; done 2>&1 \
         | tee "$OUT/info.txt"
       ;;
     sanitize)
@@ -168,7 +168,7 @@ PY
       # The default fp32 forward sweep of every op plus the planted faulty kernels (tests/plants), isolated: each
       # plant must cost one candidate, with its reason, and the sweep must finish. Its own store (not $OUT's).
       echo "== sweep with planted crashing / hanging / uncompilable kernels"
-      $PY -m tiered_ops.cli --db /tmp/plants.sqlite bench --import tests.plants --dtype fp32 --mode fwd_nograd \
+      $PY -m tiered_ops --db /tmp/plants.sqlite bench --import tests.plants --dtype fp32 --mode fwd_nograd \
         --timeout "${PLANT_TIMEOUT:-90}" --no-progress ${PLANT_ARGS:-} 2>&1 | tee "$OUT/plants.log"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
@@ -213,11 +213,11 @@ PY
       for op in ${COMPILED_OPS:-softmax rms_norm layer_norm gelu muladd}; do
         for shape in ${COMPILED_SHAPES:-1x4096 32x4096 16384x4096}; do
           for ctx in eager compiled graphed; do
-            timeout 300 $PY -m tiered_ops.cli select "$op" "$shape" --dtype bf16 --context $ctx 2>&1 | head -1
+            timeout 300 $PY -m tiered_ops select "$op" "$shape" --dtype bf16 --context $ctx 2>&1 | head -1
           done
         done
       done | tee "$OUT/contexts.txt"
-      $PY -m tiered_ops.cli export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
+      $PY -m tiered_ops export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
       ;;
     diag)
       # Where the Triton tier's per-call host time goes, layer by layer.

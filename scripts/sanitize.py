@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from tiered_ops.catalog import all_ops
-from tiered_ops.measure import grad_output, with_grad
+from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.registry import DTYPES, Tier
+from tiered_ops.tiers.catalog import all_ops
 
 
 def main() -> int:

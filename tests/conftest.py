@@ -28,7 +28,7 @@ def no_contention_check(monkeypatch):
 @pytest.fixture(autouse=True)
 def private_store(tmp_path, monkeypatch):
     """Every test gets its own SQLite store and a clean decision cache."""
-    import tiered_ops.decide as sel
+    import tiered_ops.decide.decide as sel
 
     monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "results.sqlite"))
     sel.use_store(None)

@@ -27,10 +27,10 @@ from typing import Any, Sequence
 import pytest
 import torch
 
-from tiered_ops.catalog import all_ops, get_op
-from tiered_ops.measure import arg_names, check_one, grad_norm, grad_output, output_names, with_grad
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.gate import arg_names, check_one, grad_norm, grad_output, output_names, with_grad
 from tiered_ops.registry import DTYPE_NAMES, Problem, as_outputs, rel_error
-from tiered_ops.timing import fingerprint
+from tiered_ops.tiers.catalog import all_ops, get_op
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu

@@ -6,9 +6,9 @@ from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, builtin_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiered_ops
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import measure
+from tiered_ops.measure.measure import measure
 from tiered_ops.registry import as_outputs
+from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
 
@@ -155,7 +155,7 @@ def test_no_backward_is_caught():
 
 
 def test_dispatch_uses_the_training_decision_when_inputs_require_grad():
-    from tiered_ops import decide as sel
+    from tiered_ops.decide import decide as sel
 
     x = torch.randn(6, 10)
     tiered_ops.softmax(x)

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from helpers import HAS_CUDA, builtin_ops, device_for, gpu
 
 import tiered_ops
-from tiered_ops import decide, dispatch
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import arg_names
+from tiered_ops.decide import decide, dispatch
+from tiered_ops.measure.gate import arg_names
 from tiered_ops.registry import Tier, as_outputs
+from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
 KERNEL_TIERS = ["triton", pytest.param("cuda", marks=gpu)]

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide, dispatch
-from tiered_ops.catalog import get_op
+from tiered_ops.decide import capture, choice, contexts, decide, dispatch
 from tiered_ops.registry import Impl, Tier
+from tiered_ops.tiers.catalog import get_op
 
 
 def _key(x: torch.Tensor, w: torch.Tensor, context: int) -> tuple:
@@ -45,7 +45,7 @@ def _plant(x: torch.Tensor, impl: Impl) -> tuple:
 @pytest.fixture()
 def fresh(monkeypatch):
     decide.clear_cache()
-    monkeypatch.setattr(decide, "_warm", set())
+    monkeypatch.setattr(capture, "_warm", set())
     monkeypatch.setattr(decide, "_told", set())
     yield
     decide.clear_cache()
@@ -56,10 +56,11 @@ def test_a_call_inside_capture_never_measures_and_runs_eager_once_logged(fresh, 
         raise AssertionError("measured inside a capture")
 
     monkeypatch.setattr(decide, "measure", no_measuring)
-    monkeypatch.setattr(decide, "gate", no_measuring)
+    monkeypatch.setattr(contexts, "measure", no_measuring)
+    monkeypatch.setattr(choice, "gate", no_measuring)
     x, w = torch.randn(4, 64), torch.randn(64)
     spec = get_op("rms_norm")
-    with caplog.at_level(logging.WARNING, logger="tiered_ops.decide"):
+    with caplog.at_level(logging.WARNING, logger="tiered_ops.decide.decide"):
         for _ in range(2):
             out = dispatch.dispatch(spec, _key(x, w, 2), x, (x, (64,), w), {})
             torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (64,), w))
@@ -68,7 +69,7 @@ def test_a_call_inside_capture_never_measures_and_runs_eager_once_logged(fresh, 
 
 
 def test_capture_runs_the_graphed_choice_only_once_it_is_warm(fresh, monkeypatch):
-    monkeypatch.setattr(decide, "capturable", lambda device: True)  # the CPU stands in for a GPU
+    monkeypatch.setattr(capture, "capturable", lambda device: True)  # the CPU stands in for a GPU
     calls: list = []
     impl = _counting(calls)
     x, w = torch.randn(4, 64), torch.randn(64)
@@ -86,7 +87,7 @@ def test_capture_runs_the_graphed_choice_only_once_it_is_warm(fresh, monkeypatch
 
 
 def test_a_decision_warms_its_graphed_choice_on_the_problems_inputs(fresh, monkeypatch):
-    monkeypatch.setattr(decide, "capturable", lambda device: True)
+    monkeypatch.setattr(capture, "capturable", lambda device: True)
     calls: list = []
     impl = _counting(calls)
     spec = get_op("rms_norm")
@@ -98,7 +99,7 @@ def test_a_decision_warms_its_graphed_choice_on_the_problems_inputs(fresh, monke
                                 context="eager")
     assert sel.impl is impl
     assert len(calls) == 1 and calls[0][0].shape == (8, 64) and calls[0][0].requires_grad  # forward and backward
-    assert decide.is_warm(spec, impl, problem, torch.float32, torch.device("cpu"), "fwd+bwd", decide.flavor(calls[0]))
+    assert capture.is_warm(spec, impl, problem, torch.float32, torch.device("cpu"), "fwd+bwd", capture.flavor(calls[0]))
 
 
 def test_the_capture_check_reaches_the_capture_path(fresh, monkeypatch):
@@ -176,14 +177,14 @@ def test_warming_passes_the_calls_keyword_arguments(fresh, monkeypatch):
         return spec.reference(*a, **k)
 
     impl = Impl("planted", Tier.TRITON, fn, (spec.source,))
-    monkeypatch.setattr(decide, "capturable", lambda device: True)
+    monkeypatch.setattr(capture, "capturable", lambda device: True)
     x, w = torch.randn(4, 64).bfloat16(), torch.randn(64)
     problem = spec.problem_of(x, (64,), w, cast_before_weight=True)
-    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6),
+    capture.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6),
                 {"cast_before_weight": True})
     assert seen == [{"cast_before_weight": True}]
-    how = decide.flavor((x, (64,), w, 1e-6))
-    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", how)
+    how = capture.flavor((x, (64,), w, 1e-6))
+    assert capture.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", how)
 
 
 def test_warm_only_for_the_flavour_it_ran(fresh, monkeypatch):
@@ -193,14 +194,14 @@ def test_warm_only_for_the_flavour_it_ran(fresh, monkeypatch):
     spec = get_op("rms_norm")
     calls: list = []
     impl = _counting(calls)
-    monkeypatch.setattr(decide, "capturable", lambda device: True)
+    monkeypatch.setattr(capture, "capturable", lambda device: True)
     x = torch.randn(4, 64)
     w = torch.nn.Parameter(torch.randn(64))
     problem = spec.problem_of(x, (64,), w)
-    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd")  # the op's own inputs
-    model_call = decide.flavor((x, (64,), w, 1e-6))
-    assert not decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
-    decide.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6))
-    assert decide.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
+    capture.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd")  # the op's own inputs
+    model_call = capture.flavor((x, (64,), w, 1e-6))
+    assert not capture.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
+    capture.warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", (x, (64,), w, 1e-6))
+    assert capture.is_warm(spec, impl, problem, x.dtype, x.device, "fwd_nograd", model_call)
     assert len(calls) == 2 and calls[-1][2] is w  # inference warms on the call's own tensors
     assert w.grad is None

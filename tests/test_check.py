@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tiered_ops import territories as terr
-from tiered_ops.catalog import get_op
-from tiered_ops.check import check, live_plan, report
-from tiered_ops.cli import main
-from tiered_ops.territories import Territory, rows_and_len
+from tiered_ops.analysis import territories as terr
+from tiered_ops.analysis.check import check, live_plan, report
+from tiered_ops.analysis.territories import Territory, rows_and_len
+from tiered_ops.cli.cli import main
+from tiered_ops.tiers.catalog import get_op
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = get_op("softmax")
@@ -201,7 +201,7 @@ def test_each_device_is_judged_on_its_own_rows_and_needs_its_own_cuda_rows():
 def test_cli_exit_codes_and_the_last_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(terr, "TERRITORIES", (SMALL,))
     monkeypatch.setattr(terr, "RETIRED", {})
-    import tiered_ops.check as chk
+    import tiered_ops.analysis.check as chk
 
     monkeypatch.setattr(chk, "TERRITORIES", (SMALL,))
     monkeypatch.setattr(chk, "RETIRED", {})
@@ -289,7 +289,7 @@ def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, 
     """What used to pass: the last H100 results with no CUDA rows, or with every CUDA row failed, where a
     territory is held (the small-row ones, retired on that evidence, are held again here). The failed CUDA rows
     carry the tree's source hashes, as if measured now: a stale row would fail as stale before it is judged."""
-    import tiered_ops.check as check_mod
+    import tiered_ops.analysis.check as check_mod
 
     kept = {k: v for k, v in terr.RETIRED.items() if not k.endswith(".small-rows")}
     assert len(kept) < len(terr.RETIRED)

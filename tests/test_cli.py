@@ -17,12 +17,12 @@ import torch
 from helpers import builtin_ops
 
 import tiered_ops
-from tiered_ops.analysis import shown as _shown
-from tiered_ops.analysis import table
-from tiered_ops.catalog import get_op
-from tiered_ops.cli import main
-from tiered_ops.cli_args import build_parser
-from tiered_ops.meta import with_progress
+from tiered_ops.analysis.analysis import shown as _shown
+from tiered_ops.analysis.analysis import table
+from tiered_ops.cli.args import build_parser
+from tiered_ops.cli.cli import main
+from tiered_ops.measure.meta import with_progress
+from tiered_ops.tiers.catalog import get_op
 
 
 def test_list_shows_every_tier_with_reasons(capsys):
@@ -166,9 +166,9 @@ def test_an_ungated_eager_gradient_is_not_printed_as_a_relative_error():
 def test_the_metadata_phase_logs_a_line_per_implementation_when_not_on_a_terminal(caplog):
     spec = get_op("muladd")
     pairs = [(spec, spec.impls["eager"]), (spec, spec.impls["compile"])]
-    with caplog.at_level("INFO", logger="tiered_ops.meta"):
+    with caplog.at_level("INFO", logger="tiered_ops.measure.meta"):
         assert list(with_progress(pairs)) == pairs  # stderr is captured here: no terminal, so log lines
-    lines = [r.getMessage() for r in caplog.records if r.name == "tiered_ops.meta"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tiered_ops.measure.meta"]
     assert [line.split(" (")[0] for line in lines] == ["cost metadata 1/2: muladd eager",
                                                         "cost metadata 2/2: muladd compile"]
 
@@ -188,7 +188,7 @@ def test_ctrl_c_stops_the_bench_within_seconds_and_keeps_finished_rows(tmp_path)
     finish it before stopping it; now it stops at once. 2 s is the aim; the bound has slack for a loaded CI box."""
     db = tmp_path / "s.sqlite"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tiered_ops.cli", "bench", "--device", "cpu", "--ops", "muladd", "--shapes", "96x80",
+        [sys.executable, "-m", "tiered_ops.cli.cli", "bench", "--device", "cpu", "--ops", "muladd", "--shapes", "96x80",
          "--dtype", "fp32", "--mode", "fwd_nograd", "--impls", "eager,compile", "--no-progress"],
         env=dict(os.environ, TIERED_OPS_DB=str(db)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
@@ -301,9 +301,9 @@ def test_check_exits_1_only_when_the_check_fails(tmp_path, capsys):
 
 def test_select_into_a_read_only_store_says_nothing_was_saved(quick_softmax, tmp_path, monkeypatch, capsys, caplog):
     db = tmp_path / "s.sqlite"
-    tiered_ops.store.Store(db).close()
+    tiered_ops.store.store.Store(db).close()
     before = db.read_bytes()
-    monkeypatch.setattr(tiered_ops.cli, "Store", lambda p: tiered_ops.store.Store(p, read_only=True))
+    monkeypatch.setattr(tiered_ops.cli.cli, "Store", lambda p: tiered_ops.store.store.Store(p, read_only=True))
     with caplog.at_level(logging.INFO, logger="tiered_ops"):
         assert main(["--db", str(db), "select", "softmax", "8x16", "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
@@ -346,7 +346,7 @@ def _select_json(tmp_path, capsys, *extra: str) -> dict:
 
 def test_tiered_ops_tune_0_is_honoured_by_select(quick_softmax, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TIERED_OPS_TUNE", "0")
-    monkeypatch.setattr(tiered_ops.decide, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
+    monkeypatch.setattr(tiered_ops.decide.decide, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
     record = _select_json(tmp_path, capsys)
     assert record["chosen"] == "eager" and "tuning off" in record["reason"]
 

@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
-from tiered_ops import bench
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import base_row
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import base_row
 from tiered_ops.registry import DTYPE_NAMES
-from tiered_ops.store import Store
-from tiered_ops.timing import fingerprint
+from tiered_ops.store.store import Store
+from tiered_ops.sweep import bench
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 MULADD = get_op("muladd")
@@ -32,8 +32,8 @@ def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
     taken on a busy machine may be flagged as contended and rightly redone)."""
     import time
 
-    from tiered_ops.measure import base_row
-    from tiered_ops.timing import fingerprint
+    from tiered_ops.measure.fingerprint import fingerprint
+    from tiered_ops.measure.measure import base_row
 
     time.sleep(0.1)
     return dict(base_row(spec, impl, problem, dtype, mode, fingerprint(device)), ok=1, p50_us=1.0, caller_us=1.0)
@@ -54,7 +54,7 @@ def _counts(store):
 
 def busy_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
     """fake_measure on a machine two sweeps keep busy: every timing is flagged as contended."""
-    from tiered_ops.measure import flag_contended
+    from tiered_ops.measure.measure import flag_contended
 
     return flag_contended(fake_measure(spec, impl, problem, dtype, device, mode), "p80/p20 = 3.0 over 10 blocks")
 
@@ -69,9 +69,9 @@ def test_two_sweeps_on_one_store_measure_each_candidate_once(tmp_path, store_tar
     code = inspect.getsource(fake_measure) + inspect.getsource(busy_measure) + textwrap.dedent(f"""
         import pathlib, sys, time
         import torch
-        from tiered_ops import bench
-        from tiered_ops.catalog import get_op
-        from tiered_ops.store import Store
+        from tiered_ops.sweep import bench
+        from tiered_ops.tiers.catalog import get_op
+        from tiered_ops.store.store import Store
         bench.measure = {"busy_measure" if busy else "fake_measure"}
         spec = get_op("muladd")
         me, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -185,7 +185,7 @@ def test_a_sweep_alone_releases_every_claim(store_target, monkeypatch, force):
 
 def test_a_bench_into_a_store_that_cannot_be_written_fails_with_one_line(tmp_path, monkeypatch, capsys):
     """It would measure for nothing and exit 0: it exits non-zero at once, saying which store and why."""
-    from tiered_ops import cli
+    from tiered_ops.cli import cli
 
     path = tmp_path / "ro.sqlite"
     Store(path).close()

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide
-from tiered_ops.cli import main
+from tiered_ops.cli.cli import main
+from tiered_ops.decide import decide
+from tiered_ops.decide.contexts import in_context
 
 
 @pytest.fixture()
@@ -28,10 +29,10 @@ def _row(impl: str, p50: float, host: float, device_key: str = "cuda-NVIDIA H100
 
 def test_graphed_and_compiled_callers_pay_kernel_time_and_eager_pays_the_launch_path():
     rows = [_row("triton", p50=10.0, host=60.0), _row("eager", p50=30.0, host=12.0)]
-    eager, why = decide.in_context(rows, "eager")
+    eager, why = in_context(rows, "eager")
     assert eager is rows and why == ""
     for ctx in ("graphed", "compiled"):
-        priced, why = decide.in_context(rows, ctx)
+        priced, why = in_context(rows, ctx)
         assert [r["caller_us"] for r in priced] == [10.0, 30.0] and ctx in why
         assert all(r["host_us"] is None for r in priced)  # the tie range is the kernel's alone
     assert [r["caller_us"] for r in rows] == [60.0, 30.0]  # the stored rows are left as measured
@@ -39,7 +40,7 @@ def test_graphed_and_compiled_callers_pay_kernel_time_and_eager_pays_the_launch_
 
 def test_a_cpu_row_keeps_its_time_in_every_context():
     rows = [_row("eager", p50=30.0, host=12.0, device_key="cpu-x86_64")]
-    assert decide.in_context(rows, "graphed")[0][0]["caller_us"] == 30.0
+    assert in_context(rows, "graphed")[0][0]["caller_us"] == 30.0
 
 
 def test_select_backend_takes_a_context_and_records_it(no_tune):

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide, dispatch, territories
-from tiered_ops.cli import main
+from tiered_ops.analysis import territories
+from tiered_ops.cli.cli import main
+from tiered_ops.decide import decide, dispatch
 from tiered_ops.registry import CONTEXTS, Context, check_context
 
 ALLOWED = "expected one of eager, compiled, graphed"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from helpers import builtin_ops, gpu
 
-from tiered_ops import cuda_ext, fastpath
-from tiered_ops.catalog import get_op
+from tiered_ops.tiers import cuda_ext, fastpath
+from tiered_ops.tiers.catalog import get_op
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_SRC = ROOT / "cuda_src"
@@ -182,8 +182,8 @@ def test_the_fast_path_takes_both_pybind_functions(monkeypatch, op):
 
 _HASHES = """
 import json
-from tiered_ops import cuda_ext
-from tiered_ops.catalog import all_ops
+from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import all_ops
 assert str(cuda_ext.CUDA_SRC).startswith({root!r}), cuda_ext.CUDA_SRC
 print(json.dumps({{s.name: s.impls["cuda"].source_hash for s in all_ops()}}))
 """

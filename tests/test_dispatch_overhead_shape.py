@@ -10,8 +10,8 @@ import torch
 from helpers import builtin_ops, gpu
 
 import tiered_ops
-from tiered_ops import decide, dispatch
-from tiered_ops.catalog import get_op
+from tiered_ops.decide import decide, dispatch
+from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
 

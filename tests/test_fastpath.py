@@ -1,6 +1,6 @@
-"""The eager fast path of the Triton tier (tiered_ops.fastpath, triton_src/*_fast) against float64 math: outputs and
-gradients at odd, non-contiguous, empty and multi-block shapes, and equal to the registered triton_op it stands in
-for. On the CPU the kernels run on the Triton interpreter; the direct launch itself is checked on a GPU."""
+"""The eager fast path of the Triton tier (tiered_ops.tiers.fastpath, triton_src/*_fast) against float64 math:
+outputs and gradients at odd, non-contiguous, empty and multi-block shapes, and equal to the registered triton_op it
+stands in for. On the CPU the kernels run on the Triton interpreter; the direct launch itself is checked on a GPU."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import HAS_CUDA, assert_like_truth, builtin_ops, gpu, truth64
 
-from tiered_ops.catalog import get_op
-from tiered_ops.fastpath import fast_callable, tier_fast
+from tiered_ops.tiers.catalog import get_op
+from tiered_ops.tiers.fastpath import fast_callable, tier_fast
 from triton_src import launch
 
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -438,7 +438,7 @@ def test_a_resolved_fast_path_still_traces_as_the_registered_op(op):
     """After an eager call has resolved the Triton tier to its fast path, dynamo still traces the registered op:
     one graph, no break (the fast path hands a traced call over; the tier checks for compiling only before it
     resolves)."""
-    from tiered_ops.meta import explain
+    from tiered_ops.measure.meta import explain
 
     spec = get_op(op)
     args = next(a for o, a, _ in CASES if o == op)

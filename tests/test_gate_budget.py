@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from tiered_ops import measure
-from tiered_ops.catalog import get_op
+from tiered_ops.measure import gate, measure
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 
@@ -15,12 +15,12 @@ def test_a_huge_row_wise_problem_is_gated_on_its_first_rows(monkeypatch):
     spec = get_op("softmax")
     problem = spec.problem((4096, 512))
     monkeypatch.setenv("TIERED_OPS_GATE_BYTES", str(1 << 20))
-    checked, note = measure.gate_problem(spec, problem, CPU)
+    checked, note = gate.gate_problem(spec, problem, CPU)
     assert checked.shape[1:] == (512,) and 1 <= checked.shape[0] < 4096
     assert spec.mode_bytes(checked, torch.float64, "fwd_nograd") <= 1 << 20
     assert note and "of 4096 rows" in note and "TIERED_OPS_GATE_BYTES" in note
     monkeypatch.setenv("TIERED_OPS_GATE_BYTES", str(1 << 30))
-    assert measure.gate_problem(spec, problem, CPU) == (problem, None)
+    assert gate.gate_problem(spec, problem, CPU) == (problem, None)
 
 
 def test_no_sample_where_rows_are_not_independent(monkeypatch):
@@ -29,22 +29,22 @@ def test_no_sample_where_rows_are_not_independent(monkeypatch):
     for spec, p in ((softmax, softmax.problem((4096, 512), dim=0)),
                     (rms, rms.problem((64, 512), normalized_shape=(64, 512))),
                     (seg, seg.problem((4096, 64)))):
-        assert measure.gate_problem(spec, p, CPU) == (p, None), (spec.name, p)
+        assert gate.gate_problem(spec, p, CPU) == (p, None), (spec.name, p)
 
 
 def test_gate_checks_the_sample_and_the_row_says_so(monkeypatch):
     spec = get_op("rms_norm")
     problem = spec.problem((2048, 256))
     monkeypatch.setenv("TIERED_OPS_GATE_BYTES", str(256 << 10))
-    monkeypatch.setattr(measure, "_problem_results", {})
+    monkeypatch.setattr(gate, "_problem_results", {})
     seen = []
-    real = measure.check_one
+    real = gate.check_one
 
     def spy(spec_, impl, p, *a, **k):
         seen.append(p)
         return real(spec_, impl, p, *a, **k)
 
-    monkeypatch.setattr(measure, "check_one", spy)
+    monkeypatch.setattr(gate, "check_one", spy)
     row = measure.measure(spec, spec.impls["eager"], problem, torch.float32, CPU)
     assert row["ok"] == 1, row.get("reason")
     at_problem = [p for p in seen if p.shape[1:] == (256,) and p.shape[0] > 1 and p not in spec.edge_problems()]

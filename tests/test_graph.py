@@ -7,13 +7,13 @@ import torch
 from helpers import HAS_CUDA, builtin_ops, gpu
 
 import tiered_ops
-from tiered_ops import decide as sel_mod
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import bucket_str
-from tiered_ops.meta import _between_pointwise
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import bucket_str
+from tiered_ops.measure.meta import _between_pointwise
 from tiered_ops.registry import DTYPE_NAMES, as_outputs
-from tiered_ops.store import Store
-from tiered_ops.timing import fingerprint
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
 DEV = torch.device("cuda") if HAS_CUDA else torch.device("cpu")

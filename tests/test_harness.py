@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide as sel_mod
-from tiered_ops import measure as measure_mod
-from tiered_ops.analysis import table
-from tiered_ops.bench import sweep
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import measure
+from tiered_ops.analysis.analysis import table
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.measure import measure as measure_mod
+from tiered_ops.measure.measure import measure
 from tiered_ops.registry import Impl, Tier, rel_error
-from tiered_ops.store import COLUMN_NAMES, Store, StoreError
+from tiered_ops.store.store import COLUMN_NAMES, Store, StoreError
+from tiered_ops.sweep.bench import sweep
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 SOFTMAX = get_op("softmax")
@@ -181,7 +181,7 @@ def test_tuning_off_decides_from_the_nearest_measured_bucket_and_never_picks_a_p
 def test_winners_and_decisions_skip_peers_but_show_the_fastest(private_store):
     import pandas as pd
 
-    from tiered_ops.analysis import decisions, winners
+    from tiered_ops.analysis.analysis import decisions, winners
 
     base = dict(op="softmax", problem="8x64,dim=-1", dtype="fp32", mode="fwd_nograd", ok=1, p20_us=None, p50_us=None,
                 p80_us=None, first_call_s=0.0)
@@ -256,7 +256,7 @@ def test_kernel_time_excludes_a_slow_host_path():
     host time per call carries it."""
     import time
 
-    from tiered_ops.timing import time_call
+    from tiered_ops.measure.timing import time_call
 
     dev = torch.device("cuda")
     x = torch.randn(1 << 16, device=dev)
@@ -280,7 +280,7 @@ def test_host_time_of_a_gpu_bound_call_is_its_launch_path_not_the_gpu():
     """A call whose kernel moves 1 GiB (~0.3 ms on an H100) issues in a few us: its host time must read that, not
     the GPU's back-to-back time (which a final synchronize adds, with its noise), and its caller time is the
     kernel's."""
-    from tiered_ops.timing import time_call
+    from tiered_ops.measure.timing import time_call
 
     dev = torch.device("cuda")
     x = torch.randn(1 << 27, device=dev)
@@ -296,7 +296,7 @@ def test_the_gate_calls_each_optional_argument_omitted(dtype):
     """The inputs factory passes rms_norm's eps explicitly; a tier whose own eps=None default is x's dtype's eps (not
     torch's, the compute dtype's) agrees with eager on those inputs and fails the gate with eps omitted. The shipped
     tiers pass it."""
-    from tiered_ops.measure import check_defaults, gate
+    from tiered_ops.measure.gate import check_defaults, gate
     from tiered_ops.ops.rms_norm import reference
     from tiered_ops.registry import checked
 

@@ -229,8 +229,9 @@ def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("tier", ["eager", TRITON])
 def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeypatch):
-    from tiered_ops import decide as select
-    from tiered_ops import dispatch, patching
+    from tiered_ops.decide import decide as select
+    from tiered_ops.decide import dispatch
+    from tiered_ops.models import patching
 
     def chosen(spec, problem, dt, device, *args, **kwargs):
         impl = spec.impls[tier]

@@ -11,7 +11,7 @@ from helpers import assert_matches, builtin_ops
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tiered_ops.catalog import get_op
+from tiered_ops.tiers.catalog import get_op
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16])
 SHAPES = st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple)

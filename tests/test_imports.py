@@ -1,6 +1,7 @@
 """The package's imports run one way: no cycle among its modules, counting imports inside functions, and no module
-importing one of a higher layer (catalog -> tiers -> measure/timing/store -> decide/dispatch -> sweep/analysis ->
-cli). Built from the source with ``ast``, so an import hidden in a function body counts like any other."""
+importing one of a higher layer. A module's layer is its folder under tiered_ops/ (the modules at the top are the base
+every layer reads; the package's __init__ and __main__ sit above all). Built from the source with ``ast``, so an
+import hidden in a function body counts like any other."""
 
 from __future__ import annotations
 
@@ -12,16 +13,12 @@ from helpers import builtin_ops
 
 PKG = Path(__file__).resolve().parents[1] / "tiered_ops"
 
-# Layer of each module (dotted name under tiered_ops); a module may import only its own layer or lower ones.
-LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("envs", "environment", "buckets", "method", "progress"),
-    1: ("registry", "ops", "ops.*"),
-    2: ("tiers", "cuda_ext", "fastpath", "peers", "catalog"),
-    3: ("timing", "measure", "store", "store_*", "meta", "policy", "worker"),
-    4: ("packs", "predict", "decide", "dispatch", "record"),
-    5: ("bench", "report", "check", "targets", "territories", "patching", "patch_*", "tuning", "analysis", "shards"),
-    6: ("cli", "cli_*", "__main__", "__init__"),
-}
+# The layers, lowest first: a module may import only its own layer or lower ones. "" is the package's top-level
+# modules (envs, registry, buckets, ...); every other layer is the folder of that name.
+LAYERS: tuple[str, ...] = ("", "ops", "tiers", "store", "measure", "decide", "models", "sweep", "analysis", "cli")
+FACE = ("__init__", "__main__")  # the public functions and ``python -m tiered_ops``: above every layer
+# Lower layers a layer must not import even so: the analysis reads stored results and never measures.
+NEVER: dict[str, tuple[str, ...]] = {"analysis": ("measure", "sweep")}
 
 
 def _modules() -> dict[str, Path]:
@@ -36,11 +33,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _layer(mod: str) -> int | None:
-    for n, names in LAYERS.items():
-        for pat in names:
-            if mod == pat or (pat.endswith("*") and mod.startswith(pat[:-1])):
-                return n
-    return None
+    if mod in FACE:
+        return len(LAYERS)
+    parts = mod.split(".")
+    if parts[0] in LAYERS:
+        return LAYERS.index(parts[0])
+    return 0 if len(parts) == 1 and (PKG / f"{mod}.py").is_file() else None
 
 
 def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
@@ -103,10 +101,32 @@ def test_the_import_graph_has_no_cycle():
 def test_every_module_has_a_layer_and_imports_no_higher_one():
     mods = _modules()
     unplaced = sorted(m for m in mods if _layer(m) is None)
-    assert not unplaced, f"modules with no layer in tests/test_imports.py LAYERS: {unplaced}"
+    assert not unplaced, f"modules in a folder that is no layer of tests/test_imports.py LAYERS: {unplaced}"
     upward = sorted(f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})" for m, ts in _edges(mods).items()
                     for t in ts if _layer(t) > _layer(m))
     assert not upward, "imports pointing up:\n" + "\n".join(upward)
+
+
+def test_the_analysis_never_imports_the_measuring_layers():
+    edges = _edges(_modules())
+    found = sorted(f"{m} imports {t}" for m, ts in edges.items() for t in ts
+                   if t.split(".")[0] in NEVER.get(m.split(".")[0], ()))
+    assert not found, "\n".join(found)
+
+
+def test_a_layer_is_a_folder_and_an_upward_import_fails(tmp_path, monkeypatch):
+    """The checker itself: a module of a lower folder importing a higher folder's module is reported."""
+    for folder in ("store", "decide"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "envs.py").write_text("")
+    (tmp_path / "decide" / "policy.py").write_text("from .. import envs\nfrom ..store import db\n")
+    (tmp_path / "store" / "db.py").write_text("def f():\n    from ..decide.policy import x\n    return x\n")
+    monkeypatch.setattr(f"{__name__}.PKG", tmp_path)
+    mods = _modules()
+    assert [_layer(m) for m in ("envs", "store.db", "decide.policy")] == [0, 3, 5]
+    up = [(m, t) for m, ts in _edges(mods).items() for t in ts if _layer(t) > _layer(m)]
+    assert up == [("store.db", "decide.policy")]
 
 
 def test_the_graph_sees_imports_inside_functions(tmp_path, monkeypatch):

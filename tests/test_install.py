@@ -15,8 +15,8 @@ import torch
 from helpers import builtin_ops
 
 import tiered_ops
-from tiered_ops import cuda_ext
 from tiered_ops.registry import Tier
+from tiered_ops.tiers import cuda_ext
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -76,7 +76,7 @@ def test_kernel_sources_are_found_through_their_packages():
     # The same files wherever the packages are installed: not through the checkout's layout.
     import cuda_src
     import triton_src
-    from tiered_ops import tiers as _tiers
+    from tiered_ops.tiers import tiers as _tiers
 
     assert cuda_ext.CUDA_SRC == Path(cuda_src.__file__).resolve().parent
     assert _tiers.TRITON_SRC == Path(triton_src.__file__).resolve().parent
@@ -99,7 +99,7 @@ def test_readme_names_only_exported_functions():
 
 
 def test_set_policy_sets_the_process_default():
-    from tiered_ops.decide import default_policy
+    from tiered_ops.decide.decide import default_policy
 
     try:
         tiered_ops.set_policy("cold-start", calls=1000)

@@ -14,11 +14,11 @@ import plants
 import pytest
 import torch
 
-from tiered_ops.bench import sweep
-from tiered_ops.decide import select_backend, use_store
+from tiered_ops.decide.decide import select_backend, use_store
+from tiered_ops.measure.worker import Pool
 from tiered_ops.registry import make_problem
-from tiered_ops.store import Store
-from tiered_ops.worker import Pool
+from tiered_ops.store.store import Store
+from tiered_ops.sweep.bench import sweep
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def _workers(tag: str) -> set[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"tiered_ops.worker" in (d / "cmdline").read_bytes() and \
+                if b"tiered_ops.measure.worker" in (d / "cmdline").read_bytes() and \
                         f"TIERED_OPS_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
                     out.add(int(d.name))
             except OSError:
@@ -86,7 +86,7 @@ def _workers(tag: str) -> set[int]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, sig):
     shapes = ["64x64", "128x128", "256x256", "512x512", "32x32", "16x16"]
-    cmd = [sys.executable, "-m", "tiered_ops.cli", "--db", str(private_store), "bench", "--ops", "muladd",
+    cmd = [sys.executable, "-m", "tiered_ops.cli.cli", "--db", str(private_store), "bench", "--ops", "muladd",
            "--impls", "eager,eager_addcmul", "--modes", "fwd_nograd,fwd+bwd", "--dtypes", "fp32", "--no-progress",
            "--shapes", *shapes]
     tag = f"{os.getpid()}-{sig.name}"
@@ -112,7 +112,7 @@ def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, 
 
 
 def test_the_cli_imports_plant_modules_and_isolates_by_default(private_store):
-    r = subprocess.run([sys.executable, "-m", "tiered_ops.cli", "--db", str(private_store), "bench", "--import",
+    r = subprocess.run([sys.executable, "-m", "tiered_ops.cli.cli", "--db", str(private_store), "bench", "--import",
                         "tests.plants", "--ops", "plant_double", "--impls", "eager,py_segv", "--shapes", "1000",
                         "--modes", "fwd_nograd", "--no-progress", "--timeout", "60"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from helpers import gpu
 
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import measure, peak_bytes
+from tiered_ops.measure.measure import measure, peak_bytes
+from tiered_ops.tiers.catalog import get_op
 
 
 def test_the_cpu_has_no_peak_figure():

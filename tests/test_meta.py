@@ -6,11 +6,12 @@ import pytest
 import torch
 from helpers import HAS_CUDA, builtin_ops, gpu
 
-from tiered_ops import cuda_ext, meta
-from tiered_ops.catalog import get_op
-from tiered_ops.cli import main
+from tiered_ops.cli.cli import main
+from tiered_ops.measure import meta
 from tiered_ops.registry import package_dir
-from tiered_ops.store import Store
+from tiered_ops.store.store import Store
+from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 
@@ -109,7 +110,7 @@ def test_metadata_is_stored_per_source_and_info_prints_it(private_store, capsys)
     m = meta.stored_or_collect(store, spec, spec.impls["cuda"], CPU)
     assert m["loc"] > 20 and m["max_registers"] > 0 and m["spill_bytes"] == 0 and "sm_90" in m["archs"]
     assert m["graph_breaks"]["error"].startswith("unavailable")
-    from tiered_ops.timing import fingerprint
+    from tiered_ops.measure.fingerprint import fingerprint
 
     key = fingerprint(CPU).key
     assert store.get_meta("muladd", "cuda", key, spec.impls["cuda"].source_hash) == m
@@ -147,7 +148,7 @@ def test_a_first_call_inside_a_trace_does_not_break_the_graph():
     """The kernel op is resolved on its first call; when that call is inside a trace (a model compiled before any
     eager call), resolving must not be traced: importlib and the extension's lock broke the graph there (seen on
     the H100 under pytest-xdist, where no earlier test had called the op)."""
-    from tiered_ops.tiers import _kernel_op, _triton_load
+    from tiered_ops.tiers.tiers import _kernel_op, _triton_load
 
     spec = get_op("softmax")
     dev = torch.device("cuda" if HAS_CUDA else "cpu")

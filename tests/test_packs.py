@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import packs
-from tiered_ops.catalog import get_op
-from tiered_ops.cli_decisions import add_decisions_parser, cmd_decisions
-from tiered_ops.measure import base_row
+from tiered_ops.cli.decisions import add_decisions_parser, cmd_decisions
+from tiered_ops.decide import packs
+from tiered_ops.measure.fingerprint import Fingerprint, fingerprint
+from tiered_ops.measure.measure import base_row
 from tiered_ops.method import METHOD_VERSION
 from tiered_ops.registry import Impl, Tier
-from tiered_ops.store import Store
-from tiered_ops.timing import Fingerprint, fingerprint
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
 
 SOFTMAX = get_op("softmax")
 CPU = torch.device("cpu")

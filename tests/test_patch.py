@@ -16,9 +16,9 @@ from helpers import rel
 from torch import nn
 
 import tiered_ops
-from tiered_ops import decide as select
-from tiered_ops import dispatch
-from tiered_ops.patching import PATCHABLE_OPS, patch, patched, unpatch
+from tiered_ops.decide import decide as select
+from tiered_ops.decide import dispatch
+from tiered_ops.models.patching import PATCHABLE_OPS, patch, patched, unpatch
 from tiered_ops.registry import rel_error
 
 try:

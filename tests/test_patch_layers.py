@@ -15,8 +15,8 @@ from helpers import rel
 from test_patch import force_tier, needs_hf, tiny
 
 import tiered_ops
-from tiered_ops.patch_layers import causal_lm_loss
-from tiered_ops.patching import patch, patched, unpatch
+from tiered_ops.models.patch_layers import causal_lm_loss
+from tiered_ops.models.patching import patch, patched, unpatch
 from tiered_ops.registry import rel_error
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
@@ -98,7 +98,7 @@ def test_fused_residual_runs_the_kernels(dtype, monkeypatch):
 def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch, family, form, dtype):
     """One call per layer, the norm's weight and its Hugging Face form passed to it (no multiply after it, no upcast
     before it), in bf16 as in fp32."""
-    from tiered_ops import patch_layers
+    from tiered_ops.models import patch_layers
 
     seen = []
     real = patch_layers.fused_add_rms_norm
@@ -118,7 +118,7 @@ def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch, family, form, dty
 def test_add_rms_norm_is_the_hf_add_and_norm_bit_for_bit(family, dtype, wdtype):
     """The fused call (eager tier: nothing stored, tuning off) gives the stock norm of the stock sum exactly, output
     dtype included: the form's roundings are the module's."""
-    from tiered_ops.patch_layers import add_rms_norm
+    from tiered_ops.models.patch_layers import add_rms_norm
 
     layer = tiny(family).model.layers[0]
     norm = layer.post_attention_layernorm.to(dtype if wdtype == "same" else torch.float32)
@@ -187,4 +187,4 @@ def test_causal_lm_loss_against_transformers():
 
 
 def test_the_loss_is_in_the_public_ops():
-    assert "cross_entropy" in tiered_ops.patching.PATCHABLE_OPS
+    assert "cross_entropy" in tiered_ops.models.patching.PATCHABLE_OPS

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide as sel_mod
-from tiered_ops import policy
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import measure
-from tiered_ops.policy import check_policy, choose
-from tiered_ops.store import Store
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.decide import policy
+from tiered_ops.decide.policy import check_policy, choose
+from tiered_ops.measure.measure import measure
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from tiered_ops.cli_args import build_parser
+from tiered_ops.cli.args import build_parser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tiered_ops.analysis import winners
-from tiered_ops.cli import main
-from tiered_ops.store import COLUMN_NAMES
+from tiered_ops.analysis.analysis import winners
+from tiered_ops.cli.cli import main
+from tiered_ops.store.store import COLUMN_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def _run(times: dict[str, dict[str, float]], spread: float = 0.02) -> pd.DataFra
 
 
 def test_agreement_between_two_sweeps_skips_ties():
-    from tiered_ops.report import agreement
+    from tiered_ops.analysis.report import agreement
 
     first = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100, "triton": 80}, "c": {"eager": 100,
                                                                                               "triton": 100.5}})
@@ -65,7 +65,7 @@ def test_agreement_between_two_sweeps_skips_ties():
 def test_agreement_skips_cases_a_cut_second_sweep_left_half_measured():
     """A second sweep stopped by its time limit has cases where only some implementations were timed: its
     'winner' there is no decision (on an H200, eager alone against the first run's cuda) and is not compared."""
-    from tiered_ops.report import agreement
+    from tiered_ops.analysis.report import agreement
 
     first = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100, "cuda": 50}})
     second = _run({"a": {"eager": 100, "triton": 50}, "b": {"eager": 100}})
@@ -95,7 +95,7 @@ def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
     1.18x margin between two host-bound calls whose host spreads overlap is a tie (on an H100 such a pair flipped
     between two sweeps), one whose spreads do not overlap is a winner; a GPU-bound pair is judged by the kernel's
     spread alone, and rows without host spread (results before schema 3) by the kernel spread scaled."""
-    from tiered_ops.timing import caller_range
+    from tiered_ops.store.rows import caller_range
 
     def row(impl, p50, host, host_p80, spread=0.02):
         return dict(op="muladd", impl=impl, tier="eager", mode="fwd+bwd", problem="32x4096", dtype="fp32", ok=1,

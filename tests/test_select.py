@@ -3,11 +3,11 @@
 import torch
 
 import tiered_ops
-from tiered_ops import decide as sel_mod
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import measure
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.measure.measure import measure
 from tiered_ops.registry import Impl, Tier
-from tiered_ops.store import Store
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,7 @@ def test_the_first_call_that_measures_says_so_once(private_store, caplog):
     """A first call with no stored decision measures every implementation (seconds on a GPU): one log line names the
     op, shape, dtype and how many implementations it measures; the second call of that bucket is silent."""
     x = torch.randn(3, 17)
-    with caplog.at_level("INFO", logger="tiered_ops.decide"):
+    with caplog.at_level("INFO", logger="tiered_ops.decide.decide"):
         tiered_ops.softmax(x)
         tiered_ops.softmax(torch.randn(4, 17))  # same bucket: decided already
     lines = [r.getMessage() for r in caplog.records if "measuring" in r.getMessage()]

@@ -10,14 +10,14 @@ import pytest
 import torch
 from helpers import builtin_ops
 
-from tiered_ops import bench
-from tiered_ops.catalog import get_op
-from tiered_ops.cli_args import build_parser
-from tiered_ops.measure import base_row
+from tiered_ops.cli.args import build_parser
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import base_row
 from tiered_ops.registry import DTYPES
-from tiered_ops.shards import case_id, gpu_devices, in_shard, shard_of, spread
-from tiered_ops.store import Store
-from tiered_ops.timing import fingerprint
+from tiered_ops.store.store import Store
+from tiered_ops.sweep import bench
+from tiered_ops.sweep.shards import case_id, gpu_devices, in_shard, shard_of, spread
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 
@@ -40,8 +40,8 @@ def test_the_shards_of_a_sweep_cover_its_cases_exactly_once(n):
 
 def test_a_case_falls_in_the_same_shard_in_another_process():
     cases = _cases()[:40]
-    code = ("from tiered_ops.registry import DTYPES\nfrom tiered_ops.catalog import all_ops\n"
-            "from tiered_ops.shards import shard_of\n"
+    code = ("from tiered_ops.registry import DTYPES\nfrom tiered_ops.tiers.catalog import all_ops\n"
+            "from tiered_ops.sweep.shards import shard_of\n"
             "cases = [(s, p, dt) for s in all_ops() for p in s.default_problems('cuda') for dt in DTYPES.values()]\n"
             "print(','.join(str(shard_of(c, 5)) for c in cases[:40]))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops import decide as sel_mod
-from tiered_ops.bench import sweep
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import base_row
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import base_row
 from tiered_ops.registry import Impl, Tier
-from tiered_ops.store import Store, StoreError, StoreWarning
-from tiered_ops.timing import fingerprint
+from tiered_ops.store.store import Store, StoreError, StoreWarning
+from tiered_ops.sweep.bench import sweep
+from tiered_ops.tiers.catalog import get_op
 
 ROW = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="1", dtype="fp32", device_key="d", ok=1,
            source_hash="h", timestamp=1.0)
@@ -89,7 +89,7 @@ def test_an_empty_file_is_used_as_a_new_store_without_warning(path, recwarn):
 def test_a_schema_2_store_is_migrated_in_place_and_keeps_its_rows(path):
     """A store written before the host spread existed (schema 2) opens with the new columns (empty in old rows),
     its rows intact, and rows come back in the declared column order whatever order the table has."""
-    from tiered_ops.store import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION
+    from tiered_ops.store.store import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION
 
     later = ("host_p20_us", "host_p80_us", "env", "method", "origin", "context", "peak_bytes")  # schemas 3 to 6
     old = [(n, t) for n, t in COLUMNS if n not in later]
@@ -263,7 +263,7 @@ def test_a_valid_store_in_a_read_only_directory_is_read_not_moved_aside(unprivil
         _valid_store(path)
         before = sorted(p.name for p in d.iterdir())
         _lock(d)
-        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store.store"):
             store = Store(path)
             store.add([dict(ROW, problem="2")])
         assert [r["problem"] for r in store.rows()] == ["1", "2"]  # served from it, the new one kept in memory
@@ -283,7 +283,7 @@ def test_a_read_only_store_file_is_read_not_moved_aside(unprivileged, caplog):
         _valid_store(path)
         path.chmod(0o444)
         data = path.read_bytes()
-        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store.store"):
             store = Store(path)
             store.add([dict(ROW, problem="2")])
         assert [r["problem"] for r in store.rows()] == ["1", "2"]
@@ -330,7 +330,7 @@ def test_a_read_only_store_with_its_wal_serves_the_rows_in_the_wal(locked, with_
 def test_a_store_opened_read_only_serves_its_rows_and_keeps_new_ones_in_memory(path, caplog):
     _valid_store(path)
     data = path.read_bytes()
-    with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+    with caplog.at_level(logging.WARNING, logger="tiered_ops.store.store"):
         store = Store(path, read_only=True)
         store.add([dict(ROW, problem="2")])
     assert [r["problem"] for r in store.rows()] == ["1", "2"]
@@ -369,7 +369,7 @@ def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, tm
         tiered_ops.use_store(Store(path, read_only=True) if how == "read_only" else str(_lock(place.dir) / path.name))
         n = len(Store(path, read_only=True).rows())
         x = torch.randn(64, 300)
-        with caplog.at_level(logging.WARNING, logger="tiered_ops.store"):
+        with caplog.at_level(logging.WARNING, logger="tiered_ops.store.store"):
             y = tiered_ops.softmax(x)
         torch.testing.assert_close(y, torch.softmax(x, -1))
         assert "kept in memory only" in caplog.text

@@ -9,12 +9,12 @@ import textwrap
 import pytest
 import torch
 
-from tiered_ops import bench
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import base_row
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import base_row
 from tiered_ops.method import METHOD_VERSION
-from tiered_ops.store import COLUMN_NAMES, SCHEMA_VERSION, STORE_ERRORS, Store, StoreError
-from tiered_ops.timing import fingerprint
+from tiered_ops.store.store import COLUMN_NAMES, SCHEMA_VERSION, STORE_ERRORS, Store, StoreError
+from tiered_ops.sweep import bench
+from tiered_ops.tiers.catalog import get_op
 
 ROW = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="[1]", dtype="fp32", device_key="d", ok=1,
            source_hash="h", timestamp=1.0)
@@ -104,7 +104,7 @@ def test_a_schema_4_store_is_migrated_its_buckets_typed_and_its_rows_stale(store
 def test_two_processes_writing_at_once_lose_nothing(store_target):
     code = textwrap.dedent(f"""
         import sys
-        from tiered_ops.store import Store
+        from tiered_ops.store.store import Store
         store = Store(sys.argv[2])
         row = {ROW!r}
         for i in range(150):
@@ -153,7 +153,7 @@ def test_rows_of_another_measurement_method_are_measured_again(store_target, mon
 
 
 def test_the_device_fingerprint_holds_the_host_cpu_model():
-    from tiered_ops.timing import host_cpu
+    from tiered_ops.measure.fingerprint import host_cpu
 
     fp = fingerprint(CPU)
     assert fp.host == host_cpu() and fp.key.endswith(f"|host{fp.host}")

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from tiered_ops.registry import Context
-from tiered_ops.store import COLUMNS, SCHEMA_VERSION, STORE_ERRORS, Store
+from tiered_ops.store.store import COLUMNS, SCHEMA_VERSION, STORE_ERRORS, Store
 
 ROW = dict(op="x", impl="a", tier="eager", mode="fwd", problem="1", bucket="[1]", dtype="fp32", device_key="d", ok=1,
            source_hash="h")
@@ -76,7 +76,7 @@ def test_processes_opening_one_old_store_at_once_migrate_it_once(store_target):
     schema_6(store_target, [None] * 3000, version=5)
     code = textwrap.dedent(f"""
         import sys
-        from tiered_ops.store import Store
+        from tiered_ops.store.store import Store
         store = Store(sys.argv[2])
         store.add([dict({ROW!r}, problem=sys.argv[1] + str(i), timestamp=100.0 + i) for i in range(20)])
     """)

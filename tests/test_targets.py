@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
-from tiered_ops import targets
-from tiered_ops.bench import sweep
-from tiered_ops.catalog import get_op
-from tiered_ops.cli import main
-from tiered_ops.store import Store
+from tiered_ops.analysis import targets
+from tiered_ops.cli.cli import main
+from tiered_ops.store.store import Store
+from tiered_ops.sweep import live
+from tiered_ops.sweep.bench import sweep
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,14 +23,14 @@ GRID, SPEC = ROOT / "benchmarks" / "grid.csv", ROOT / "benchmarks" / "targets.js
 
 
 def test_the_committed_grid_spans_rows_columns_and_dtypes_off_the_default_problems():
-    points = targets.load_grid(GRID)
+    points = live.load_grid(GRID)
     assert len(points) >= 30
     rows = [p.shape[0] for p in points]
     cols = [p.shape[-1] for p in points]
     assert min(rows) == 1 and max(rows) == 65536 and min(cols) == 7 and max(cols) == 400000
     assert {p.dtype for p in points} == {"fp32", "bf16", "fp16"}
     defaults = {str(q) for op in {p.op for p in points} for q in get_op(op).default_problems("cuda")}
-    assert not any(str(targets.grid_problem(p.op, p.shape, p.params)) in defaults for p in points)  # never tuned on
+    assert not any(str(live.grid_problem(p.op, p.shape, p.params)) in defaults for p in points)  # never tuned on
     assert not hasattr(targets, "GRID")  # the product holds no grid of its own
 
 
@@ -37,9 +38,9 @@ def test_a_grid_file_is_csv_or_json_and_a_bad_entry_is_named(tmp_path):
     js = tmp_path / "grid.json"
     js.write_text(json.dumps([dict(op="softmax", shape="6x10x4", dtype="bf16", mode="fwd+bwd", params={"dim": 1}),
                               dict(op="gelu", shape="1x7", dtype="fp16", mode="fwd_nograd")]))
-    points = targets.load_grid(js)
-    assert points[0] == targets.GridPoint("softmax", (6, 10, 4), "bf16", "fwd+bwd", {"dim": 1})
-    assert str(targets.grid_problem(*points[0][:2], points[0].params)) == str(get_op("softmax").problem((6, 10, 4),
+    points = live.load_grid(js)
+    assert points[0] == live.GridPoint("softmax", (6, 10, 4), "bf16", "fwd+bwd", {"dim": 1})
+    assert str(live.grid_problem(*points[0][:2], points[0].params)) == str(get_op("softmax").problem((6, 10, 4),
                                                                                                         dim=1))
     assert points[1].params == {}
     bad = tmp_path / "bad.csv"
@@ -50,7 +51,7 @@ def test_a_grid_file_is_csv_or_json_and_a_bad_entry_is_named(tmp_path):
                         ("nosuchop,1x7,fp32,fwd_nograd,{}", "unknown op 'nosuchop'")):
         bad.write_text("op,shape,dtype,mode,params\n" + line + "\n")
         with pytest.raises(ValueError, match=match):
-            targets.load_grid(bad)
+            live.load_grid(bad)
 
 
 def test_the_committed_targets_file_loads_and_a_bad_one_is_named(tmp_path):
@@ -72,9 +73,9 @@ def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_pa
     sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, store, progress=False,
           log=lambda s: None, modes=["fwd_nograd"], impls=["eager", "eager_addcmul"])
     store.close()
-    points = [targets.GridPoint("muladd", (50, 100), "fp32", "fwd_nograd", {}),
-              targets.GridPoint("muladd", (3, 5), "bf16", "fwd_nograd", {})]
-    picks = targets.live_grid(CPU, str(main_db), str(tmp_path / "grid.sqlite"), points, log=lambda s: None,
+    points = [live.GridPoint("muladd", (50, 100), "fp32", "fwd_nograd", {}),
+              live.GridPoint("muladd", (3, 5), "bf16", "fwd_nograd", {})]
+    picks = live.live_grid(CPU, str(main_db), str(tmp_path / "grid.sqlite"), points, log=lambda s: None,
                               isolate=False)
     assert "nearest measured bucket" in picks.reason[0]  # fp32 was measured, bf16 (no fp16 either) was not
     assert picks.selected[1] == "eager" and "no stored decision" in picks.reason[1]

@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from tiered_ops import decide as sel_mod
-from tiered_ops import timing
-from tiered_ops.bench import sweep
-from tiered_ops.catalog import get_op
-from tiered_ops.measure import CONTENDED, base_row, contended, flag_contended, measure, usable
-from tiered_ops.store import Store
+from tiered_ops.decide import decide as sel_mod
+from tiered_ops.measure import contention, fingerprint, timing
+from tiered_ops.measure.measure import base_row, flag_contended, measure
+from tiered_ops.store.rows import CONTENDED, contended, usable
+from tiered_ops.store.store import Store
+from tiered_ops.sweep.bench import sweep
+from tiered_ops.tiers.catalog import get_op
 
 CPU = torch.device("cpu")
 MULADD = get_op("muladd")
@@ -39,7 +40,7 @@ def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
         time.sleep(0.03)
 
     t = timing.time_call(slow, CPU)
-    assert t.samples >= timing.CPU_MIN_SAMPLES, t
+    assert t.samples >= contention.CPU_MIN_SAMPLES, t
     assert t.p20_us <= t.p50_us <= t.p80_us and t.p50_us >= 30_000, t
     assert t.host_us == t.p50_us and t.host_p80_us is None  # the CPU has no separate host time
 
@@ -47,23 +48,23 @@ def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
 def test_idle_timing_of_a_small_op_has_a_spread():
     x = torch.randn(4096)
     t = timing.time_call(lambda: x.mul(1.0001), CPU)
-    assert t.samples >= timing.CPU_MIN_SAMPLES, t
+    assert t.samples >= contention.CPU_MIN_SAMPLES, t
     assert t.p20_us < t.p80_us, t  # distinct order statistics of >= 10 blocks on a fine clock
-    blocks, calls, _ = timing.cpu_blocks(lambda: x.mul(1.0001))
-    assert len(blocks) >= timing.CPU_MIN_SAMPLES and calls > 1  # a 4096-element multiply is far below 1 ms
-    assert statistics.median(blocks) >= timing.CPU_MIN_BLOCK_S
+    blocks, calls, _ = contention.cpu_blocks(lambda: x.mul(1.0001))
+    assert len(blocks) >= contention.CPU_MIN_SAMPLES and calls > 1  # a 4096-element multiply is far below 1 ms
+    assert statistics.median(blocks) >= contention.CPU_MIN_BLOCK_S
 
 
 def test_contention_signals():
-    assert timing.contention(FINE, 100, 0.0, 9.0, 10.0) is None
-    assert timing.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
-    why = timing.contention(QUANTIZED, 1, 0.0)
+    assert contention.contention(FINE, 100, 0.0, 9.0, 10.0) is None
+    assert contention.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
+    why = contention.contention(QUANTIZED, 1, 0.0)
     assert "multiples of 8.0 ms" in why and "p80/p20 = 2.0" not in why, why
-    assert "multiples" not in (timing.contention([0.008, 0.0101, 0.0123, 0.0149, 0.0171], 1, 0.0) or "")
-    assert timing.contention(FINE, 100, 0.0, 3.0, 10.0) is None  # a low copy probe alone: an idle VM's noise
-    assert "copy probe 3.0 GB/s < 0.5 x" in timing.contention(FINE, 100, 0.6, 3.0, 10.0)  # with another signal
-    assert "waited for a CPU 60%" in timing.contention(FINE, 100, 0.6)
-    assert "p80/p20 = 3.0" in timing.contention([0.001] * 3 + [0.002] * 4 + [0.003] * 3 + [0.00301], 10, 0.0)
+    assert "multiples" not in (contention.contention([0.008, 0.0101, 0.0123, 0.0149, 0.0171], 1, 0.0) or "")
+    assert contention.contention(FINE, 100, 0.0, 3.0, 10.0) is None  # a low copy probe alone: an idle VM's noise
+    assert "copy probe 3.0 GB/s < 0.5 x" in contention.contention(FINE, 100, 0.6, 3.0, 10.0)  # with another signal
+    assert "waited for a CPU 60%" in contention.contention(FINE, 100, 0.6)
+    assert "p80/p20 = 3.0" in contention.contention([0.001] * 3 + [0.002] * 4 + [0.003] * 3 + [0.00301], 10, 0.0)
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def busy(monkeypatch):
     class State:
         on, calls = True, 0
 
-    def blocks(fn, budget_s=timing.CPU_BUDGET_S, min_samples=timing.CPU_MIN_SAMPLES):
+    def blocks(fn, budget_s=contention.CPU_BUDGET_S, min_samples=contention.CPU_MIN_SAMPLES):
         State.calls += 1
         fn()
         return (list(QUANTIZED) if State.on else list(FINE)), 1, None
@@ -81,12 +82,12 @@ def busy(monkeypatch):
     monkeypatch.setitem(timing._copy_best, "cpu", 10.0)
     monkeypatch.setattr(timing, "cpu_blocks", blocks)
     monkeypatch.setattr(timing, "copy_probe_gbps", lambda device, copies=3: 2.0 if State.on else 10.0)
-    monkeypatch.setattr("tiered_ops.measure.CONTENDED_PAUSE_S", 0.0)
+    monkeypatch.setattr("tiered_ops.measure.measure.CONTENDED_PAUSE_S", 0.0)
     return State
 
 
 def test_a_contended_measurement_is_retried_then_flagged(busy):
-    from tiered_ops.measure import CONTENDED_TRIES
+    from tiered_ops.measure.measure import CONTENDED_TRIES
 
     p = MULADD.problem((64, 64))
     row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU)
@@ -111,7 +112,7 @@ def test_the_check_switched_off_stores_a_busy_timing_as_taken(busy, monkeypatch)
 def test_a_bandwidth_beyond_the_copy_is_contended(monkeypatch):
     """On the CPU an op that moves more than the copy's bytes cannot run at 2x the copy bandwidth: the copy figure
     was taken on a busy machine (a sweep stored 499 % of copy) or the timing was."""
-    from tiered_ops.measure import _beyond_copy
+    from tiered_ops.measure.measure import _beyond_copy
 
     big = 4 * timing.COPY_BYTES["cpu"]
     assert "2.00 x the copy bandwidth" in _beyond_copy(20.0, 10.0, big, CPU)
@@ -124,7 +125,7 @@ def test_a_flagged_row_is_never_selected(private_store):
     """The fastest stored row was timed on a busy machine: the slower clean one is chosen, and the flagged one is
     shown among the candidates with its reason."""
     p = MULADD.problem((64, 64))
-    fp = timing.fingerprint(CPU)
+    fp = fingerprint.fingerprint(CPU)
     figures = dict(ok=1, p20_us=0.9, p50_us=1.0, p80_us=1.1, gbps=1.0, copy_gbps=10.0, frac_copy=0.1)
     fast = dict(base_row(MULADD, MULADD.impls["compile"], p, torch.float32, "fwd_nograd", fp), **figures,
                 host_us=1.0, caller_us=1.0)
@@ -158,7 +159,7 @@ def _spinners(n: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
 
 
-@pytest.mark.skipif(timing._run_delay_s() is None, reason="needs Linux schedstat (/proc/thread-self/schedstat)")
+@pytest.mark.skipif(contention._run_delay_s() is None, reason="needs Linux schedstat (/proc/thread-self/schedstat)")
 def test_a_planted_busy_loop_is_noticed():
     """Two spinning processes per core (bounded at 10 s, stopped at the end) while a CPU timing runs: the timing
     thread waits for a CPU and the timing says the machine was busy."""
@@ -168,13 +169,13 @@ def test_a_planted_busy_loop_is_noticed():
     procs = _spinners(2 * len(os.sched_getaffinity(0)), 10.0)
     try:
         time.sleep(0.5)  # the spinners are running
-        blocks, calls, waited = timing.cpu_blocks(work)
-        why = timing.contention(blocks, calls, waited)
+        blocks, calls, waited = contention.cpu_blocks(work)
+        why = contention.contention(blocks, calls, waited)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    assert waited is not None and waited > timing.WAIT_LIMIT, (waited, blocks)
+    assert waited is not None and waited > contention.WAIT_LIMIT, (waited, blocks)
     assert why is not None and "waited for a CPU" in why, why
 
 
@@ -183,7 +184,7 @@ def test_a_clearly_slower_candidate_is_pruned_after_a_short_timing(monkeypatch):
     above it, it is timed in full. (A short timing that looks contended is never pruned: the check is off here,
     so that this 2-core machine's load cannot make the test pass for the wrong reason.)"""
     monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
-    from tiered_ops.measure import PRUNED, pruned
+    from tiered_ops.store.rows import PRUNED, pruned
 
     p = MULADD.problem((64, 64))
     row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e-3, best="compile")
@@ -194,10 +195,10 @@ def test_a_clearly_slower_candidate_is_pruned_after_a_short_timing(monkeypatch):
 
 
 def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_never_wins():
-    from tiered_ops.analysis import decisions, winners
-    from tiered_ops.bench import _bar
+    from tiered_ops.analysis.analysis import decisions, winners
+    from tiered_ops.sweep.bench import _bar
 
-    fp, p = timing.fingerprint(CPU), MULADD.problem((64, 64))
+    fp, p = fingerprint.fingerprint(CPU), MULADD.problem((64, 64))
 
     def row(impl, lo, hi, tier=None, **kw):
         r = dict(base_row(MULADD, MULADD.impls[impl], p, torch.float32, "fwd_nograd", fp), ok=1, p20_us=lo,
@@ -219,9 +220,9 @@ def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_nev
 
 def test_the_winner_per_mode_table_says_why_a_cell_is_empty():
     """A case whose rows were all timed on a busy machine has no winner: its cell says so instead of NaN."""
-    from tiered_ops.analysis import winner_per_mode, winners
+    from tiered_ops.analysis.analysis import winner_per_mode, winners
 
-    fp, p = timing.fingerprint(CPU), MULADD.problem((64, 64))
+    fp, p = fingerprint.fingerprint(CPU), MULADD.problem((64, 64))
     rows = []
     for mode in ("fwd_nograd", "fwd+bwd"):
         for impl in ("eager", "compile"):

@@ -15,12 +15,13 @@ from test_patch import needs_hf, tiny
 from torch import nn
 
 import tiered_ops
-from tiered_ops import decide as select
-from tiered_ops.catalog import get_op
-from tiered_ops.record import Recorder
+from tiered_ops.cli import tune as tune_cli
+from tiered_ops.decide import decide as select
+from tiered_ops.decide.record import Recorder
 from tiered_ops.registry import Tier
+from tiered_ops.tiers.catalog import get_op
 
-tune_mod = importlib.import_module("tiered_ops.tuning")
+tune_mod = importlib.import_module("tiered_ops.models.tuning")
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -128,15 +129,15 @@ def test_the_tune_command(tmp_path, monkeypatch, capsys):
     seen: list = []
     monkeypatch.setattr(select, "select_backend", _fake_select(seen))
     parser = argparse.ArgumentParser()
-    tune_mod.add_tune_parser(parser.add_subparsers(dest="cmd"))
-    assert tune_mod.cmd_tune(parser.parse_args(["tune", "--module", "tiny_model:make"])) == 0
+    tune_cli.add_tune_parser(parser.add_subparsers(dest="cmd"))
+    assert tune_cli.cmd_tune(parser.parse_args(["tune", "--module", "tiny_model:make"])) == 0
     out = capsys.readouterr().out
     assert "swapped 2 module(s)" in out and "2 distinct call(s)" in out
     assert sorted(s["op"] for s in seen) == ["layer_norm", "softmax"]
     for spec, msg in [("tiny_model", "expected PKG.MOD:FUNCTION"), ("no_such_mod:make", "cannot import"),
                       ("tiny_model:nothing", "has no function"), ("tiny_model:bad", "must return")]:
         with pytest.raises(ValueError, match=msg):
-            tune_mod.cmd_tune(parser.parse_args(["tune", "--module", spec]))
+            tune_cli.cmd_tune(parser.parse_args(["tune", "--module", spec]))
 
 
 @needs_hf

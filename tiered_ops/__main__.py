@@ -1,6 +1,6 @@
 """``python -m tiered_ops``: the ``tiered-ops`` command line."""
 
-from .cli import main
+from .cli.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

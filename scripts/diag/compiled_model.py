@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
 from benchmarks.models import models, spread, step_fn, timed  # noqa: E402
-from tiered_ops import decide  # noqa: E402
-from tiered_ops.decide import Selection  # noqa: E402
+from tiered_ops.decide import decide  # noqa: E402
+from tiered_ops.decide.decide import Selection  # noqa: E402
 
 
 def force_compile_tier() -> int:

@@ -2,10 +2,10 @@
 
 For each op at 1x4096, 32x4096, 16384x4096 and 65536x256 (bf16), in fwd_nograd (grad mode off around the timing
 loop) and fwd+bwd (a fresh forward and torch.autograd.grad, as the sweep times a training step): eager, our Triton op
-through torch.library (triton_op), the Triton fast path (tiered_ops.fastpath over triton_src.<op>_fast), our CUDA op
-through torch.library, and the CUDA fast path (the extension's pybind11 functions + one autograd.Function).
+through torch.library (triton_op), the Triton fast path (tiered_ops.tiers.fastpath over triton_src.<op>_fast), our
+CUDA op through torch.library, and the CUDA fast path (the extension's pybind11 functions + one autograd.Function).
 host us: fastest of 5 batches of back-to-back calls timed to the return of the last one, the GPU not waited for
-(tiered_ops.timing.batch_times_us, wait=False): what a caller pays to issue the call; the variants are timed in
+(tiered_ops.measure.timing.batch_times_us, wait=False): what a caller pays to issue the call; the variants are timed in
 turn, 3 rounds, and each keeps its fastest. <tier>_fwd_only (fwd_nograd): the fast path's forward_only, the call a
 selection layer that has already found that no gradient is needed makes. Each fast path's output (and
 gradients) is compared with eager's before it is timed; a wrong one is reported and not timed.
@@ -29,11 +29,12 @@ from typing import Any, Callable
 
 import torch
 
-from tiered_ops import cuda_ext
-from tiered_ops.fastpath import tier_fast
-from tiered_ops.measure import grad_output, with_grad
-from tiered_ops.registry import get_op, rel_error
-from tiered_ops.timing import batch_times_us, host_time_per_call
+from tiered_ops.measure.gate import grad_output, with_grad
+from tiered_ops.measure.timing import batch_times_us, host_time_per_call
+from tiered_ops.registry import rel_error
+from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import get_op
+from tiered_ops.tiers.fastpath import tier_fast
 
 OPS = ["softmax", "rms_norm", "layer_norm", "gelu", "muladd"]
 SHAPES = [(1, 4096), (32, 4096), (16384, 4096), (65536, 256)]

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from tiered_ops.catalog import get_op
 from tiered_ops.registry import DTYPES
+from tiered_ops.tiers.catalog import get_op
 
 CASES = [  # (op, impl, shape, dtype)
     ("softmax", "cuda", (4096, 32768), "bf16"),

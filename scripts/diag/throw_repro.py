@@ -3,7 +3,7 @@ import sys
 
 import torch
 
-from tiered_ops import cuda_ext
+from tiered_ops.tiers import cuda_ext
 
 assert cuda_ext.load() is None
 case = sys.argv[1]

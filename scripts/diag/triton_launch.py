@@ -1,5 +1,5 @@
 """Where the Triton tier's per-call host time goes (the speed targets), on a GPU: host microseconds per call of
-softmax at 1x4096 fp32 through each layer, fastest of 5 batches (tiered_ops.timing.host_time_per_call):
+softmax at 1x4096 fp32 through each layer, fastest of 5 batches (tiered_ops.measure.timing.host_time_per_call):
 
   torch.softmax                      the eager floor
   tiered_ops triton impl             our op through torch.library.triton_op (what the sweep times)
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from tiered_ops.catalog import get_op
-from tiered_ops.timing import host_time_per_call
+from tiered_ops.measure.timing import host_time_per_call
+from tiered_ops.tiers.catalog import get_op
 from triton_src import softmax as ts
 from triton_src.common import row_settings
 

@@ -90,7 +90,7 @@ def _cuda_available(device: torch.device) -> str | None:
             return "no CUDA device"
         from torch.utils import cpp_extension
 
-        from tiered_ops.cuda_ext import build_dir_root
+        from tiered_ops.tiers.cuda_ext import build_dir_root
 
         bdir = build_dir_root() / "tiered_plants"
         bdir.mkdir(parents=True, exist_ok=True)

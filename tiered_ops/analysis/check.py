@@ -1,0 +1,282 @@
+"""``tiered-ops check``: does each custom CUDA kernel still hold the territories it exists for?
+
+A territory (``tiered_ops/analysis/territories.py``) is a region of problems: op, implementation, rows, row length,
+dtypes, modes, contexts. In every case of the evidence inside it, the kernel must beat the best correct
+compiler-tier implementation (torch.compile, Triton; never eager) of the same device, problem, dtype, mode and
+context by more than its cost-aware margin (``policy.margins()["cuda"]``, 10 % by default) plus the noise: the
+larger relative p20-p80 spread of the two rows' kernel time, and of their host time where the row is host-bound
+(host time above kernel time) in the eager context, where the launch path is what a caller pays.
+
+A case is won when best compiler time / kernel time > 1 + margin + noise, lost when it falls short of 1 + margin
+by more than the noise, and tied in between. A tie fails like a loss: the kernel has not shown that it pays for
+itself there, and the cost-aware policy gives a tie to the cheaper tier, so it would not be picked in its own
+territory. The check also fails when a held territory has no fresh, correct CUDA result on a device of the
+evidence, and when the evidence is stale (a CUDA or Triton row measured another source than the tree's); a held
+territory whose op has no row at all in the evidence (declared before a sweep measured it) is reported as not yet
+measured and never fails. A territory may carry its own margin. A retired territory is reported with its reason
+and its figures on this evidence (cases won, the best ratio against its bar, each case) and never fails; the
+check says where the kernel wins there again. A row the sweep pruned (``pruned: ...``: a short timing, clearly
+slower than the fastest of its case) is judged on that short timing. A CUDA kernel with no territory at all, and
+cases that fall in none, are reported.
+
+The report ends with one line: ``cuda: N kernels defend M cases in T territories; K territories retired``
+(the territories that hold, their kernels and cases; the retired territories checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..decide.policy import margins
+from ..registry import OpSpec, Tier
+from ..tiers.catalog import get_op
+from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
+
+COMPILER_TIERS = ("compile", "triton")
+CASE = ["device_key", "op", "problem", "dtype", "mode", "context"]
+
+
+@dataclass
+class Finding:
+    # fail: "stale", "broken" (a CUDA row inside failed its gate), "loses", "ties", "no-evidence";
+    # reported: "defends", "retired", "retired-wins", "no-territory", "outside", "unmeasured" (a held territory whose
+    # op has no row at all in the evidence: declared before any sweep measured it)
+    kind: str
+    op: str
+    impl: str
+    text: str
+    territory: str | None = None
+    cases: int = 0  # cases judged inside the territory
+    won: int = 0
+
+    @property
+    def fails(self) -> bool:
+        return self.kind in ("stale", "broken", "loses", "ties", "no-evidence")
+
+
+def _with_context(df: pd.DataFrame) -> pd.DataFrame:
+    """Results without a ``context`` column (or with an empty cell) were measured in the eager context."""
+    ctx = df["context"].fillna("eager") if "context" in df.columns else "eager"
+    return df.assign(context=ctx)
+
+
+def _latest(df: pd.DataFrame) -> pd.DataFrame:
+    """The newest row per (device, op, impl, problem, dtype, mode, context): CSV order, then timestamp."""
+    df = df.reset_index(drop=True).assign(_order=lambda d: range(len(d)))
+    return df.sort_values(["timestamp", "_order"]).groupby([*CASE, "impl"], sort=False).tail(1)
+
+
+def _num(v: object) -> float | None:
+    return None if v is None or v != v else float(v)
+
+
+def noise(r: object, context: str) -> float:
+    """A row's relative p20-p80 spread: the kernel time's, and where the row is host-bound in the eager context
+    the host time's as well (the larger)."""
+    get = (lambda k: _num(r.get(k))) if isinstance(r, dict) else (lambda k: _num(getattr(r, k, None)))
+    p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
+    kernel = (p80 - p20) / p50 if p20 is not None and p80 is not None and p50 else 0.0
+    host, h20, h80 = get("host_us"), get("host_p20_us"), get("host_p80_us")
+    if context == "eager" and host and p50 is not None and host > p50 and h20 is not None and h80 is not None:
+        return max(kernel, (h80 - h20) / host, 0.0)
+    return max(kernel, 0.0)
+
+
+def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
+    """Every fresh CUDA row of ``specs`` (default: the ops in ``df``) judged against the best compiler tier of its
+    case: rows, row length, the kernel's and the best compiler tier's time, ratio (theirs over the kernel's),
+    the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
+    not pass its gate or has no time) or "no-compiler" (no correct compiler-tier row to compare with), and the
+    compiler-tier implementations it was compared with."""
+    df = _with_context(df)
+    specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
+    m = margins()["cuda"]
+    latest = _latest(df)
+    ok = latest[(latest.ok == 1) & latest.caller_us.notna()]
+    comp = ok[ok.tier.isin(COMPILER_TIERS)]
+    best = comp.loc[comp.groupby(CASE, sort=False).caller_us.idxmin()].set_index(CASE) if len(comp) else None
+    timed = comp.groupby(CASE, sort=False).impl.agg(lambda s: ",".join(sorted(s))) if len(comp) else {}
+    out = []
+    for spec in specs:
+        for impl in (i for i in spec.impls.values() if i.tier == Tier.CUDA):
+            mine = latest[(latest.op == spec.name) & (latest.impl == impl.name)
+                          & (latest.source_hash == impl.source_hash)]
+            for r in mine.itertuples():
+                rows, n = rows_and_len(spec.name, r.problem)
+                key = tuple(getattr(r, k) for k in CASE)
+                row = dict(device_key=r.device_key, op=spec.name, impl=impl.name, problem=r.problem, dtype=r.dtype,
+                           mode=r.mode, context=r.context, rows=rows, row_len=n, cuda_us=r.caller_us,
+                           best_impl=None, best_us=None, ratio=None, need=None, noise=None, verdict="failed",
+                           reason=None if r.ok == 1 else str(r.reason), compared=timed.get(key, ""))
+                if r.ok == 1 and pd.notna(r.caller_us):
+                    b = best.loc[key] if best is not None and key in best.index else None
+                    if b is None:
+                        row["verdict"] = "no-compiler"
+                    else:
+                        s = max(noise(r, r.context), noise(b, r.context))
+                        ratio = b.caller_us / r.caller_us
+                        edge = ratio - (1 + m)
+                        row.update(best_impl=b.impl, best_us=b.caller_us, ratio=ratio, need=1 + m + s, noise=s,
+                                   verdict="wins" if edge > s else "loses" if edge < -s else "ties")
+                out.append(row)
+    cols = ["device_key", "op", "impl", "problem", "dtype", "mode", "context", "rows", "row_len", "cuda_us",
+            "best_impl", "best_us", "ratio", "need", "noise", "verdict", "reason", "compared"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def _line(c: object) -> str:
+    shape = c.problem.split(",")[0]
+    where = f"{shape} {c.dtype} {c.mode}" + ("" if c.context == "eager" else f" {c.context}")
+    if c.verdict == "failed":
+        return f"{where}: the CUDA row failed ({c.reason})"
+    if c.verdict == "no-compiler":
+        return f"{where}: no correct compiler-tier result to compare with"
+    return (f"{where}: {c.best_impl} {c.best_us:.1f} us / cuda {c.cuda_us:.1f} us = {c.ratio:.2f}x, "
+            f"needs > {c.need:.2f}x [{c.verdict}]")
+
+
+def _stale(rows: pd.DataFrame, spec: OpSpec) -> list[Finding]:
+    out = []
+    mine = rows[rows.op == spec.name]
+    for impl in (i for i in spec.impls.values() if i.tier in (Tier.CUDA, Tier.TRITON)):
+        old = mine[(mine.impl == impl.name) & (mine.source_hash != impl.source_hash)]
+        if len(old):
+            out.append(Finding("stale", spec.name, impl.name,
+                               f"{len(old)} rows measured source {sorted(set(old.source_hash))[0]}, the tree has "
+                               f"{impl.source_hash}: measure again on the GPU (scripts/gpu.sh)"))
+    return out
+
+
+def _judge(inside: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """The cases again under a territory's own margin: bar and verdict (failed and no-compiler cases as they were)."""
+    inside = inside.copy()
+    timed = inside.ratio.notna()
+    edge = inside.ratio - (1 + margin)
+    inside.loc[timed, "need"] = 1 + margin + inside.noise[timed]
+    inside.loc[timed, "verdict"] = ["wins" if e > n else "loses" if e < -n else "ties"
+                                    for e, n in zip(edge[timed], inside.noise[timed])]
+    return inside
+
+
+def _figures(inside: pd.DataFrame) -> str:
+    """A retired territory's figures on this evidence: cases won of judged, the closest and each case."""
+    if inside.empty:
+        return "no case of it in this evidence"
+    timed = inside[inside.ratio.notna()]
+    won = int((inside.verdict == "wins").sum())
+    text = f"on this evidence it wins {won} of {len(inside)} cases"
+    if len(timed):
+        r = timed.ratio / timed.need
+        best = timed.loc[r.idxmax()]
+        text += f" (its best {best.ratio:.2f}x against a bar of {best.need:.2f}x)"
+    return text + ":\n    " + "\n    ".join(_line(c) for c in inside.itertuples())
+
+
+def _held(t: Territory, inside: pd.DataFrame, devices: list[str], stale_inside: int) -> Finding:
+    lines = [f"no fresh CUDA result inside it on {dev}" + (f" ({stale_inside} stale CUDA rows)" if stale_inside else "")
+             for dev in devices if inside[inside.device_key == dev].empty]
+    bad = inside[inside.verdict != "wins"]
+    lines += [_line(c) for c in bad.itertuples()]
+    v = set(bad.verdict)
+    kind = ("broken" if "failed" in v else "loses" if "loses" in v else "ties" if "ties" in v
+            else "no-evidence" if lines else None)
+    won = int((inside.verdict == "wins").sum())
+    if kind is None:
+        r, n = inside.ratio / inside.need, len(inside)
+        text = (f"defends {t.name} ({t.region()}): wins all {n} cases, the closest at {inside.ratio[r.idxmin()]:.2f}x "
+                f"against a bar of {inside.need[r.idxmin()]:.2f}x")
+        return Finding("defends", t.op, t.impl, text, t.name, n, won)
+    text = (f"does not hold {t.name} ({t.region()}): {won} of {len(inside)} cases won; retire the territory "
+            "(tiered_ops/analysis/territories.json, with the reason) or make the kernel faster:\n    "
+            + "\n    ".join(lines))
+    return Finding(kind, t.op, t.impl, text, t.name, len(inside), won)
+
+
+def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list[Territory] | None = None,
+          retired: dict[str, str] | None = None) -> list[Finding]:
+    """Findings for the CUDA kernels of ``specs`` (default: every op in ``df`` or in ``territories``) over
+    ``territories`` (default: ``territories.TERRITORIES``, of the checked ops) with ``retired`` (default RETIRED)."""
+    territories = list(TERRITORIES if territories is None else territories)
+    retired = RETIRED if retired is None else retired
+    validate(territories, retired)
+    df = _with_context(df)
+    if specs is None:
+        specs = [get_op(o) for o in dict.fromkeys([*df.op, *(t.op for t in territories)])]
+    names = {s.name for s in specs}
+    territories = [t for t in territories if t.op in names]
+    latest = _latest(df)
+    judged = cases(df, specs)
+    devices = list(dict.fromkeys(df.device_key))
+    out: list[Finding] = [f for spec in specs for f in _stale(latest, spec)]
+    placed = pd.Series(False, index=judged.index)
+    measured_ops = set(df.op)
+    for t in territories:
+        mask = (judged.op == t.op) & (judged.impl == t.impl) & pd.Series(
+            [t.contains(r.rows, r.row_len, r.dtype, r.mode, r.context, r.problem) for r in judged.itertuples()],
+            index=judged.index, dtype=bool)
+        placed |= mask
+        inside = judged[mask] if t.margin is None else _judge(judged[mask], t.margin)
+        if t.name in retired:
+            wins = inside[inside.verdict == "wins"]
+            text = f"retired {t.name} ({t.region()}): {retired[t.name]}; {_figures(inside)}"
+            if len(wins):
+                text += f"\n    now wins at {len(wins)} of {len(inside)} cases: declare it again if that holds"
+            out.append(Finding("retired-wins" if len(wins) else "retired", t.op, t.impl, text, t.name, len(inside),
+                               len(wins)))
+            continue
+        if t.op not in measured_ops:  # declared before any sweep of its op: nothing to judge, nothing stale
+            out.append(Finding("unmeasured", t.op, t.impl, f"not yet measured: {t.name} ({t.region()}) has no row of "
+                               f"{t.op} in this evidence" + (f"; declared on: {t.claimed}" if t.claimed else ""),
+                               t.name))
+            continue
+        stale = latest[(latest.op == t.op) & (latest.impl == t.impl)
+                       & (latest.source_hash != get_op(t.op).impls[t.impl].source_hash)]
+        stale_inside = sum(t.contains(*rows_and_len(t.op, r.problem), r.dtype, r.mode, r.context, r.problem)
+                           for r in stale.itertuples())
+        out.append(_held(t, inside, devices, stale_inside))
+    for spec in specs:
+        for impl in (i for i in spec.impls.values() if i.tier == Tier.CUDA):
+            mine = judged[(judged.op == spec.name) & (judged.impl == impl.name)]
+            if not any((t.op, t.impl) == (spec.name, impl.name) for t in territories):
+                out.append(Finding("no-territory", spec.name, impl.name,
+                                   f"declares no territory (tiered_ops/analysis/territories.json); "
+                                   f"{len(mine)} cases measured"))
+                continue
+            loose = mine[~placed[mine.index]]
+            if len(loose):
+                out.append(Finding("outside", spec.name, impl.name, f"{len(loose)} cases fall in none of its "
+                                   "territories: " + "; ".join(sorted({f"{c.problem.split(',')[0]} {c.dtype} {c.mode}"
+                                                                       for c in loose.itertuples()}))))
+    return out
+
+
+def live_plan(specs: list[OpSpec], territories: list[Territory] | None = None,
+              retired: dict[str, str] | None = None) -> tuple[dict[str, list], list[str], list[str]]:
+    """What ``check --live`` measures: per op, its default GPU problems that fall in a held territory; the dtypes
+    and modes of the held territories (names, as results hold them)."""
+    retired = RETIRED if retired is None else retired
+    held = [t for t in (TERRITORIES if territories is None else territories) if t.name not in retired]
+    problems = {s.name: [p for p in s.default_problems("cuda") if any(
+        t.op == s.name and t.contains(*rows_and_len(s.name, p), t.dtypes[0], t.modes[0], t.contexts[0], str(p))
+        for t in held)] for s in specs}
+    return ({k: v for k, v in problems.items() if v}, sorted({d for t in held for d in t.dtypes}),
+            sorted({m for t in held for m in t.modes}))
+
+
+def summary(findings: list[Finding]) -> str:
+    """``cuda: N kernels defend M cases in T territories; K territories retired``."""
+    held = [f for f in findings if f.kind == "defends"]
+    kernels = {(f.op, f.impl) for f in held}
+    gone = sum(f.kind in ("retired", "retired-wins") for f in findings)
+    return (f"cuda: {len(kernels)} kernels defend {sum(f.won for f in held)} cases in {len(held)} territories; "
+            f"{gone} territories retired")
+
+
+def report(findings: list[Finding]) -> str:
+    lines = [f"{'FAIL' if f.fails else 'ok  '} {f.op} {f.impl} [{f.kind}]: {f.text}" for f in findings]
+    n = sum(f.fails for f in findings)
+    lines.append(f"{n} failing of {len(findings)} findings" if n else f"check passed ({len(findings)} findings)")
+    lines.append(summary(findings))
+    return "\n".join(lines)

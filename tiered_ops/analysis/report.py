@@ -1,0 +1,299 @@
+"""``tiered-ops report``: a per-GPU report rendered from results (never typed by hand).
+
+From a results CSV (``tiered-ops export`` or a committed ``reports/<gpu>/results.csv``) and, when given, the
+cost metadata (``export --meta``), it writes into one folder:
+- ``results.csv``: one row per measurement, the store's columns in the store's order (diff-friendly);
+- ``README.md``: per op, the winner of each (problem, dtype, mode) with its margin over the runner-up, marked
+  a tie when their p20-p80 ranges overlap, the decision under each policy, and one line per implementation
+  (median, us/call, GB/s, % of copy, relative error, peak memory where measured, graph breaks, LOC, build
+  seconds); speed-ups over eager above 10x are flagged for a second look;
+- with a second sweep's results (``--repeat``), the share of non-tied cases where both pick the same winner;
+- ``<op>-gbps.png``: GB/s of each implementation across the problems, per dtype and mode, with the measured
+  copy-bandwidth line; ``winners.png``: the winning tier of every case.
+The Markdown names the GPU, the versions and the command that produced the results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..store.store import COLUMN_NAMES
+from .analysis import decisions, winners
+from .targets import render as render_targets
+
+TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
+FLAG_SPEEDUP = 10.0
+HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
+# the cross view's speed ratios between GPUs: over the cases moving at least LARGE_BYTES, and the launch-bound ones
+LARGE_BYTES, SMALL_BYTES = 64 << 20, 1 << 20
+
+
+def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    df = pd.concat([pd.read_csv(f) for f in results], ignore_index=True)
+    metas: dict[tuple[str, str], dict] = {}
+    if meta and Path(meta).exists():
+        for line in Path(meta).read_text().splitlines():
+            if line.strip():
+                m = json.loads(line)
+                metas[(m["op"], m["impl"])] = m
+    return df, metas
+
+
+def agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, int, list[str]]:
+    """Two sweeps of one GPU: (agreeing, compared, disagreements) over the cases that neither run calls a tie and
+    where both timed the same implementations (a second sweep cut short leaves cases half measured)."""
+    wa, wb = winners(a), winners(b)
+    key = ["op", "problem", "dtype", "mode"]
+
+    def timed(df: pd.DataFrame) -> pd.DataFrame:
+        ok = df[(df.ok == 1) & df.caller_us.notna()]
+        return ok.groupby(key).impl.agg(lambda s: ",".join(sorted(s))).rename("timed").reset_index()
+
+    both = wa.merge(timed(a), on=key).merge(wb.merge(timed(b), on=key), on=key, suffixes=("_a", "_b"))
+    both = both[~both.tie_a & ~both.tie_b & (both.timed_a == both.timed_b)]
+    differ = both[both.winner_a != both.winner_b]
+    lines = [f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner_a} ({r.margin_a:.2f}x) then {r.winner_b} "
+             f"({r.margin_b:.2f}x)" for r in differ.itertuples()]
+    return len(both) - len(differ), len(both), lines
+
+
+def _f(v: object, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _breaks(meta: dict) -> str:
+    d = (meta.get("graph_breaks") or {}).get("registered") or {}
+    return "-" if d.get("breaks") is None else str(d["breaks"])
+
+
+def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None
+             ) -> str:
+    first = df.iloc[0]
+    copy = df.copy_gbps.dropna().median()
+    w = winners(df)
+    d = decisions(df, metas) if len(w) else pd.DataFrame()
+    lines = [
+        f"# {first.gpu_name}",
+        "",
+        f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
+        f"{len(df)} measurements; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
+        "",
+        f"Measured by: `{command}`  ",
+        f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
+        "",
+        "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges as a caller sees "
+        "them overlap (the kernel's and, where the launch path sets the time, the host's: fastest batch to p80). "
+        f"A speed-up over eager above {FLAG_SPEEDUP:.0f}x is flagged: check for an artefact (inputs in L2, zeros, "
+        "skipped work) before believing it.",
+    ]
+    if repeat is not None:
+        agree, total, differ = agreement(df, repeat)
+        rate = f"{100 * agree / total:.1f} %" if total else "-"
+        w2 = winners(repeat)
+        lines += ["", f"**Repeatability:** a second sweep on the same GPU picks the same winner in {agree} of {total} "
+                  f"non-tied cases ({rate}; the target is at least 95 %). Ties: {int(w.tie.sum())} of {len(w)} cases "
+                  f"in this sweep, {int(w2.tie.sum())} of {len(w2)} in the second; a case the second timed with "
+                  "other implementations (cut short) is not compared."]
+        lines += [f"- differs: {d}" for d in differ]
+    host = df[(df.ok == 1) & (df["mode"] == "fwd_nograd") & (df.p50_us >= HOST_FLAG_MIN_US)
+              & (df.host_us > HOST_FLAG_RATIO * df.p50_us)]
+    if len(host):
+        lines += ["", f"**Host-time flags ({len(host)}):** in fwd_nograd a kernel of {HOST_FLAG_MIN_US:.0f} us or "
+                  f"more hides its host path, so a host time above {HOST_FLAG_RATIO}x the kernel time suggests "
+                  "interference on the host during this run; decisions use max(kernel, host) and may be off "
+                  "there: " + "; ".join(
+                      f"{r.op} {r.impl} {r.problem.split(',')[0]} {r.dtype}: host {r.host_us:.0f} us, kernel "
+                      f"{r.p50_us:.0f} us" for r in host.itertuples())]
+    flagged = w[w.vs_eager > FLAG_SPEEDUP] if len(w) else w
+    if len(flagged):
+        lines += ["", f"**Flagged ({len(flagged)}):** " + "; ".join(
+            f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner} {r.vs_eager:.1f}x eager" for r in flagged.itertuples())]
+    for op, g in df.groupby("op", sort=False):
+        lines += ["", f"## {op}", "", f"![GB/s per implementation]({op}-gbps.png)", "",
+                  "| problem | dtype | mode | winner | us/call | margin | runner-up | "
+                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in w[w.op == op].itertuples():
+            dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
+            dr = dec.iloc[0] if len(dec) else None
+            margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
+            lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} | "
+                         f"{r.runner_up or '-'} | {_f(r.p20, '.1f')}-{_f(r.p80, '.1f')} / "
+                         f"{_f(r.runner_p20, '.1f')}-{_f(r.runner_p80, '.1f')} | "
+                         f"{dr.fastest if dr is not None else '-'} | "
+                         f"{dr.cost_aware if dr is not None else '-'} | "
+                         f"{dr.cold_start_1000 if dr is not None else '-'} |")
+        # peak memory (bytes one call allocates above its inputs) where the results carry it (GPU rows of schema 6+)
+        peak = "peak_bytes" in g and g.peak_bytes.notna().any()
+        lines += ["", "<details><summary>every measurement</summary>", "",
+                  "| problem | dtype | mode | impl | median us | us/call | GB/s | % copy | rel err | "
+                  + ("peak MiB | " if peak else "") + "breaks | LOC | build s | note |",
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if peak else "") + "---|---|---|---|"]
+        for r in g.itertuples():
+            m = metas.get((op, r.impl), {})
+            note = "" if r.ok == 1 and not pd.isna(r.caller_us) else str(r.reason or "")[:80].replace("|", "/")
+            mib = f"{_f(r.peak_bytes / 2**20 if r.peak_bytes == r.peak_bytes else None, '.3g')} | " if peak else ""
+            lines.append(
+                f"| {r.problem} | {r.dtype} | {r.mode} | {r.impl} | {_f(r.p50_us, '.1f')} | {_f(r.caller_us, '.1f')} | "
+                f"{_f(r.gbps, '.0f')} | {_f(100 * r.frac_copy if r.frac_copy == r.frac_copy else None, '.1f')} | "
+                f"{_f(r.rel_error, '.1e')} | {mib}{_breaks(m)} | {m.get('loc', '-')} | "
+                f"{_f(m.get('build_s_own'), '.1f') if r.tier == 'cuda' else '-'} | {note} |")
+        lines += ["", "</details>"]
+    lines += ["", "![winning tier per case](winners.png)", ""]
+    return "\n".join(lines)
+
+
+def plots(df: pd.DataFrame, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    copy = df.copy_gbps.dropna().median()
+    ok = df[(df.ok == 1) & df.gbps.notna()]
+    for op, g in ok.groupby("op", sort=False):
+        cases = list(g.groupby(["dtype", "mode"], sort=False))
+        fig, axes = plt.subplots(len(cases), 1, figsize=(11, 2.6 * len(cases)), squeeze=False)
+        for ax, ((dtype, mode), c) in zip(axes[:, 0], cases):
+            probs = list(dict.fromkeys(c.problem))
+            impls = list(dict.fromkeys(c.impl))
+            width = 0.8 / max(1, len(impls))
+            for k, impl in enumerate(impls):
+                s = c[c.impl == impl].set_index("problem").gbps
+                tier = c[c.impl == impl].tier.iloc[0]
+                ax.bar([i + k * width for i in range(len(probs))], [s.get(p, 0.0) for p in probs], width,
+                       label=impl, color=TIER_COLORS.get(tier), alpha=0.55 if impl != tier else 1.0)
+            if copy == copy:
+                ax.axhline(copy, color="k", ls="--", lw=1, label=f"copy {copy:.0f} GB/s")
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(probs))])
+            ax.set_xticklabels([p.split(",")[0] for p in probs], fontsize=8)
+            top = max(c.gbps.max(), copy if copy == copy else 0.0)
+            ax.set_ylim(0, 1.3 * top)  # room for the legend above the bars
+            ax.set_ylabel("GB/s")
+            ax.set_title(f"{op} {dtype} {mode}", fontsize=9)
+            ax.legend(fontsize=7, ncol=6, loc="upper left")
+        fig.tight_layout()
+        path = out / f"{op}-gbps.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        made.append(path)
+    w = winners(df)
+    if len(w):
+        from matplotlib.colors import ListedColormap
+
+        tiers = list(TIER_COLORS)
+        rows = list(dict.fromkeys(zip(w.op, w.problem.str.split(",").str[0])))
+        cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
+        grid = [[math.nan] * len(cols) for _ in rows]
+        fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
+        for r in w.itertuples():
+            i, j = rows.index((r.op, r.problem.split(",")[0])), cols.index((r.dtype, r.mode))
+            grid[i][j] = tiers.index(r.tier)
+            label = "tie" if r.tie else _f(r.margin, ".2f")
+            ax.text(j, i, f"{r.winner}\n{label}", ha="center", va="center", fontsize=5.5, color="white")
+        ax.imshow(grid, cmap=ListedColormap([TIER_COLORS[t] for t in tiers]), vmin=-0.5, vmax=len(tiers) - 0.5,
+                  aspect="auto")
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels([f"{d}\n{m}" for d, m in cols], fontsize=7)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{o} {p}" for o, p in rows], fontsize=7)
+        ax.set_title("winner per case (color = tier; margin over the runner-up, or tie)", fontsize=9)
+        for t in tiers:
+            ax.plot([], [], "s", color=TIER_COLORS[t], label=t)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        path = out / "winners.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
+           rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None,
+           targets: dict[str, pd.DataFrame | None] | None = None,
+           targets_spec: dict | None = None) -> list[Path]:
+    """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
+    results of a second sweep on the same GPU, for the agreement rate. ``targets_spec`` (``targets.load_spec``)
+    asks for the speed targets section; ``targets``: the grid, picks and dispatch tables of ``tiered-ops targets
+    --live`` for the targets measured there."""
+    df, metas = load(results, meta)
+    again = load(repeat)[0] if repeat else None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cols = [c for c in ["id", *COLUMN_NAMES] if c in df.columns]
+    written = []
+    csv = out / "results.csv"
+    if write_csv and not any(Path(r).resolve() == csv.resolve() for r in results):
+        df[cols].to_csv(csv, index=False)
+        written.append(csv)
+    readme = out / "README.md"
+    text = markdown(df, metas, command, rendered_by, again)
+    if targets_spec is not None:
+        t = targets or {}
+        text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
+    readme.write_text(text)
+    return [*written, readme, *plots(df, out)]
+
+
+# ---------------------------------------------------------------------------------------------- cross-GPU view
+def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
+    """``reports/README.md``: per (op, problem, dtype, mode) the winner on each GPU, where they differ, and the
+    speed ratio between GPUs (winner's time on the first GPU over the other's); a "what we learned" section
+    computed from the same tables."""
+    names = list(frames)
+    wins = {g: winners(df).set_index(["op", "problem", "dtype", "mode"]) for g, df in frames.items()}
+    keys = [k for k in wins[names[0]].index if all(k in w.index for w in wins.values())]
+    first = {g: df.iloc[0] for g, df in frames.items()}
+    lines = ["# tiered_ops across GPUs", "",
+             "Every figure below is computed from the per-GPU results files (" + ", ".join(
+                 f"`{g}`: {first[g].gpu_name}, torch {first[g].torch_version}, Triton {first[g].triton_version}, "
+                 f"{len(frames[g])} measurements" for g in names) + ").  ",
+             f"Rendered by: `{rendered_by}`", ""]
+    rows, differ, ratios = [], [], []
+    for k in keys:
+        ws = [wins[g].loc[k] for g in names]
+        same = len({w.winner for w in ws}) == 1
+        ratio = ws[0].caller_us / ws[1].caller_us if len(ws) > 1 else math.nan
+        ratios.append((k, ratio))
+        if not same:
+            differ.append((k, ws))
+        rows.append(f"| {k[0]} | {k[1].split(',')[0]} | {k[2]} | {k[3]} | " + " | ".join(
+            f"{w.winner}{' (tie)' if w.tie else ''} {w.caller_us:.1f}" for w in ws)
+            + f" | {'same' if same else '**differs**'} | {_f(ratio, '.2f')} |")
+    learned = ["## What we learned (computed)", ""]
+    learned.append(f"- {len(keys)} cases measured on {' and '.join(names)}; the winner is the same in "
+                   f"{len(keys) - len(differ)} and differs in {len(differ)}; of those, "
+                   f"{sum(any(w.tie for w in ws) for _, ws in differ)} are a tie on at least one GPU.")
+    for g in names:
+        counts = wins[g].loc[keys].tier.value_counts()
+        learned.append(f"- Winning tiers on {g}: " + ", ".join(f"{t} {n}" for t, n in counts.items()) + ".")
+    big = [(k, r) for k, r in ratios if r == r]
+    if len(names) > 1 and big:
+        ref = frames[names[0]]
+        moved = ((ref.gbps * ref.p50_us * 1e3).groupby([ref.op, ref.problem, ref.dtype, ref["mode"]]).max()
+                 if {"gbps", "p50_us"} <= set(ref.columns) else pd.Series(dtype=float))
+        large = [r for k, r in big if moved.get(k, 0) >= LARGE_BYTES]
+        small = [r for k, r in big if moved.get(k, math.inf) < SMALL_BYTES]
+        # the upper median: for an even count the higher middle value, one case's own ratio (not a mean of two)
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else math.nan  # noqa: E731
+        learned.append(f"- Speed ratio {names[0]} time / {names[1]} time of the winners: upper median {med(large):.2f} "
+                       f"over the {len(large)} cases moving at least {LARGE_BYTES >> 20} MiB, {med(small):.2f} over "
+                       f"the {len(small)} launch-bound ones (under {SMALL_BYTES >> 20} MiB).")
+        copies = {g: frames[g].copy_gbps.dropna().median() for g in names}
+        learned.append("- Copy bandwidth measured in each run: " + ", ".join(f"{g} {c:.0f} GB/s" for g, c in
+                                                                             copies.items())
+                       + f" (ratio {copies[names[1]] / copies[names[0]]:.2f}).")
+    if differ:
+        learned.append("- Where the winner differs: " + "; ".join(
+            f"{k[0]} {k[1].split(',')[0]} {k[2]} {k[3]}: " + " vs ".join(f"{w.winner} ({w.margin:.2f}x)" for w in ws)
+            for k, ws in differ[:12]) + ("; ..." if len(differ) > 12 else "") + ".")
+    lines += learned + ["", "## Winner per GPU", "",
+                        "| op | shape | dtype | mode | " + " | ".join(f"{g} winner us" for g in names)
+                        + " | winner | time ratio |", "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
+    return "\n".join(lines + rows) + "\n"

@@ -1,0 +1,1 @@
+"""The ``tiered-ops`` command line: parse, call the layers below, print."""

@@ -1,0 +1,52 @@
+"""The stored rows as a caller in each context pays them (``registry.CONTEXTS``): measured inside a compiled
+caller where every implementation has such a row, else the eager rows read for the context."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..measure.measure import measure
+from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
+from ..store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
+                   device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
+    """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
+    the missing ones when ``measure_missing``), else none: a compiled decision from part of the tiers would not be
+    one."""
+    dname = DTYPE_NAMES[dtype]
+    rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+    have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
+    missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+    if missing and measure_missing:
+        log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
+                 problem, dname, mode, len(missing))
+        store.add([measure(spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+        rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+        missing = []
+    return rows if not missing else []
+
+
+def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
+    """The rows as a caller in ``context`` pays them, and what that means for the record. ``eager``: the larger of
+    kernel and host time (the launch path from Python), as measured. ``graphed`` (inside CUDA-graph capture or
+    reduce-overhead): nothing is launched from Python on replay, so the kernel time with its p20-p80. ``compiled``
+    (traced into a caller's torch.compile graph): Inductor launches the op; without a measurement of the op
+    between pointwise neighbours in a compiled function, the kernel time is the figure, and the record says so."""
+    if context == "eager" or not rows:
+        return rows, ""
+    out = []
+    for r in rows:
+        kernel = r.get("kernel_us") if r.get("predicted") else r.get("p50_us")
+        if kernel is None or r.get("device_key", "").startswith("cpu") or not r.get("ok"):
+            out.append(r)  # a CPU row: its time is the call's, there is no launch path apart from it
+            continue
+        out.append(dict(r, caller_us=kernel, host_us=None, host_p80_us=None))
+    why = ("graphed caller (CUDA-graph replay): kernel times; " if context == "graphed" else
+           "compiled caller: kernel times (no compiled-context measurement stored); ")
+    return out, why

@@ -1,0 +1,358 @@
+"""select_backend and the per-call dispatch of ``tiered_ops.<op>``.
+
+A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode, context). The context is who launches
+the op (``registry.Context``: a Python caller, a torch.compile graph, a CUDA-graph replay; ``in_context`` says what
+each pays). The mode is what the call is
+for: ``fwd_nograd`` (inference, the default of select_backend) or ``fwd+bwd`` (training), or ``fwd`` / ``bwd``
+alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is enabled and an input requires grad,
+else ``fwd_nograd``, so inference and training can run different tiers. Each op documents its bucket
+(leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
+decision of its bucket. The decision is derived from the freshest stored measurement of every
+implementation whose source is unchanged: the correct implementation with the lowest time a caller
+sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
+persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
+``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2;
+for fp16 or bf16 with nothing measured in that dtype: of the other one), each candidate's time predicted at
+the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
+the eager tier when nothing of the op is measured; the record says which. Peers
+(``tiered_ops.peers``) are never measured or chosen here.
+
+Which correct implementation wins is the policy's call (``tiered_ops.policy``): ``fastest`` by default,
+``cost-aware`` or ``cold-start`` per call of select_backend or for the process (``set_policy`` or
+``TIERED_OPS_POLICY``). The record lists each candidate's figure under the policy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from .. import envs
+from ..measure.fingerprint import fingerprint
+from ..measure.measure import bucket_str, measure
+from ..measure.timing import default_device
+from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
+from ..store.store import Store, open_store
+from ..tiers.catalog import get_op
+from .capture import is_warm, warm
+from .choice import _decide, _gated
+from .contexts import _compiled_rows, in_context
+from .packs import needs_first_use_gate
+from .policy import DEFAULT_CALLS, check_policy
+from .predict import nearest_bucket, predict
+
+log = logging.getLogger(__name__)
+_tune: bool | None = None
+_policy: tuple[str, int | None] | None = None
+_budget: int | None = None  # the memory policy's budget of the process default
+_store: Store | None = None
+_lock = threading.RLock()
+_decisions: dict[tuple, Selection] = {}
+_calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
+_selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
+_told: set[tuple] = set()  # capture fallbacks logged once
+
+
+def set_tuning(enabled: bool | None) -> None:
+    """Switch measuring-on-miss on/off for this process (None: follow TIERED_OPS_TUNE, default on)."""
+    global _tune
+    _tune = enabled
+    clear_cache()
+
+
+def tuning_setting() -> bool | None:
+    """The process's own tuning setting (``set_tuning``), None where it follows TIERED_OPS_TUNE."""
+    return _tune
+
+
+def tuning_enabled() -> bool:
+    return _tune if _tune is not None else envs.tune()
+
+
+def set_policy(policy: str | None, calls: int | None = None, budget: int | None = None) -> None:
+    """Default policy of this process (None: follow TIERED_OPS_POLICY / TIERED_OPS_CALLS, default fastest);
+    ``budget``: the memory policy's bytes."""
+    global _policy, _budget
+    if policy is not None:
+        check_policy(policy, calls, budget)
+    _policy = None if policy is None else (policy, calls)
+    _budget = budget if policy is not None else None
+    clear_cache()
+
+
+def default_policy() -> tuple[str, int | None]:
+    if _policy is not None:
+        return _policy
+    policy, n = envs.policy(), envs.calls()
+    check_policy(policy, n)
+    return policy, n
+
+
+def use_store(store: Store | str | None) -> Store:
+    """Point selection at a store (object or path); None re-reads TIERED_OPS_DB. A path where no store can be
+    opened raises ``StoreError`` (naming it and what is wrong); a valid store that cannot be written is read-only."""
+    global _store
+    with _lock:
+        if _store is not None and _store is not store:
+            _store.close()
+        _store = store if isinstance(store, Store) else Store(store)
+        clear_cache()
+        return _store
+
+
+def get_store() -> Store:
+    """The store in use; first use opens TIERED_OPS_DB's, or where none can be opened there, an empty in-memory
+    store (``unusable`` says why, the log warns once), so model code keeps running."""
+    with _lock:
+        return _store if _store is not None else use_store(open_store())
+
+
+def clear_cache() -> None:
+    _decisions.clear()
+    _calls.clear()
+    _selects.clear()
+
+
+@dataclass
+class Selection:
+    """A callable bound to the chosen implementation, with the record of why it was chosen.
+
+    Calling it validates each distinct call signature (shapes, dtypes, device, options) once and then runs the
+    implementation unchecked: ``_call``, made by ``bind`` (``dispatch.bind_selection``, from the op's declaration;
+    ``fn`` where none is set)."""
+
+    fn: Callable[..., torch.Tensor]
+    impl: Impl
+    record: dict[str, Any] = field(default_factory=dict)
+    bind: ClassVar[Callable[[Selection], Callable[..., Any]] | None] = None
+
+    def __post_init__(self) -> None:
+        self._call = self.fn if Selection.bind is None else Selection.bind(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._call(*args, **kwargs)
+
+    @property
+    def tier(self) -> Tier:
+        return self.impl.tier
+
+    @property
+    def name(self) -> str:
+        return self.impl.name
+
+    def __repr__(self) -> str:
+        return f"Selection({self.record.get('op')}: {self.name} [{self.tier.label}], {self.record.get('reason')})"
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    return dtype
+
+
+def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                   tune: bool | None = None, progress: Callable[[str], None] | None = None,
+                   policy: str | None = None, calls: int | None = None, mode: str = "fwd_nograd",
+                   context: str = "eager", budget: int | None = None, warm_graphed: bool = True) -> Selection:
+    """The selection for one problem in one context; the decisions of the other contexts are made from the same
+    rows at the same time, so a compiled region finds its decision at trace time after any eager call decided.
+    ``warm_graphed``: the graphed context's choice is called once on the problem's inputs when it is decided (a
+    caller with the call's own arguments warms it with those instead)."""
+    if policy is None:
+        policy, calls = default_policy()
+        budget = _budget if budget is None else budget
+    bucket = spec.bucket(problem)
+    key = (spec.name, bucket, dtype, device, policy, calls, budget, mode, context)
+    sel = _decisions.get(key)
+    if sel is not None:
+        return sel
+    if torch.compiler.is_compiling():
+        # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
+        # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
+        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode, context,
+                                     budget)
+    with _lock:
+        store = get_store()
+        fp = fingerprint(device)
+        bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
+        rows = store.latest(spec.name, bkey, dname, fp.key, mode)
+        have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
+        missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+        tune = tuning_enabled() if tune is None else tune
+        tuned_s = None
+        if missing and tune:
+            _check_fits(spec, problem, dtype, device, mode)
+            where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
+            log.info("tiered_ops: tuning %s %s %s %s %s on %s: no stored decision, measuring %d implementation(s) "
+                     "(%s) once; %s", spec.name, problem, dname, mode, context, device,
+                     len(missing), ", ".join(i.name for i in missing), where)
+            new, t0 = [], time.perf_counter()
+            for impl in missing:
+                if progress:
+                    progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
+                new.append(measure(spec, impl, problem, dtype, device, mode))
+            store.add(new)
+            tuned_s = time.perf_counter() - t0
+            rows = store.latest(spec.name, bkey, dname, fp.key, mode)
+        near, near_dtype = None, dname
+        if not rows and not tune:
+            # the nearest measured bucket of this dtype, else of the other 16-bit dtype (same bytes per element)
+            for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []))):
+                b = nearest_bucket(store, spec, bkey, dn, fp.key, mode)
+                if b is not None:
+                    near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
+                    rows = predict(spec, problem, dtype, mode, rows,
+                                   store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
+                    near_dtype = dn
+                    break
+        compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
+                                   measure_missing=tune and context == "compiled" and near is None)
+        for ctx in CONTEXTS:
+            ctx_rows, why = (compiled, "compiled caller (measured between pointwise ops in a compiled function): "
+                             ) if ctx == "compiled" and compiled else in_context(rows, ctx)
+            if not ctx_rows and not tune:
+                impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision: eager", []
+            else:
+                impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
+                from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
+                if near_dtype != dname or from_pack:
+                    impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
+                                                 (policy, calls, store, budget), (impl, reason, cands))
+                if near is not None:
+                    reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
+                              f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
+            record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
+                          context=ctx, policy=policy, budget=budget,
+                          calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
+                          chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
+            _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
+        if warm_graphed:
+            warm(spec, _decisions[key[:-1] + ("graphed",)].impl, problem, dtype, device, mode)
+        if tuned_s is not None:
+            chosen = _decisions[key]
+            log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
+                     context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
+        return _decisions[key]
+
+
+def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                      mode: str, how: tuple = ()) -> Selection:
+    """The selection of a call inside a CUDA-graph capture: nothing is measured, compiled or synchronized there.
+    The graphed context's decision where it is warm (called outside capture at this problem), else the eager
+    context's where warm, else the eager tier; a fallback is logged once."""
+    policy, calls = default_policy()
+    base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
+    for ctx in ("graphed", "eager"):
+        sel = _decisions.get(base + (ctx,))
+        if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
+            if ctx == "graphed":
+                return sel
+            why = "the graphed decision is not warm (never called outside capture at this shape)"
+            break
+    else:
+        eager = spec.impls["eager"]
+        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
+                                              context="graphed", candidates=[],
+                                              reason="inside CUDA-graph capture with no warm decision: eager"))
+        why = "no warm decision (call the op or tiered_ops.tune outside capture first)"
+    told = (spec.name, problem, dtype, device, mode)
+    if told not in _told:
+        _told.add(told)
+        log.warning("tiered_ops.%s %s %s inside CUDA-graph capture: %s; running %s", spec.name, problem,
+                    DTYPE_NAMES[dtype], why, sel.name)
+    return sel
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory in bytes (the host's RAM for the CPU), or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return None
+
+
+def _check_fits(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> None:
+    """Measuring ``problem`` allocates its inputs and outputs at least: a ValueError saying what was asked and why
+    it cannot be where they exceed the device's memory (rather than the allocator's error from inside a measurement)."""
+    need, total = spec.mode_bytes(problem, dtype, mode), _memory_bytes(device)
+    if total is not None and need > total:
+        raise ValueError(f"{spec.name} at {problem} {DTYPE_NAMES[dtype]} {mode}: measuring it needs at least "
+                         f"{need / 2**30:.3g} GiB of inputs and outputs, more than the {total / 2**30:.3g} GiB of "
+                         f"{device} memory; ask for a shape that fits, or decide it where it fits and share the store")
+
+
+@torch.compiler.disable(reason="tiered_ops has no decision for this op/shape bucket yet: call "
+                         "tiered_ops.select_backend(...) or the op once outside the compiled region first")
+def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                          tune: bool | None, progress: Callable[[str], None] | None, policy: str,
+                          calls: int | None, mode: str, context: str, budget: int | None) -> Selection:
+    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context, budget)
+
+
+def _cuda_index(dev: torch.device) -> int:
+    """The index of a CUDA device asked for (the current one where ``dev`` names none); a ValueError where torch sees
+    no CUDA device."""
+    if not torch.cuda.is_available():
+        why = "torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ValueError(f"device: {dev} asked for, but {why} (torch {torch.__version__}); use device='cpu'")
+    return torch.cuda.current_device() if dev.index is None else dev.index
+
+
+def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
+                   device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
+                   calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
+                   budget: int | None = None, **params: Any) -> Selection:
+    """The implementation to use for ``op`` at ``shapes`` (shape of the first input) on this device.
+
+    ``params`` are the op's non-tensor arguments that shape the work (``dim`` for softmax,
+    ``normalized_shape`` and ``weight`` for rms_norm). ``policy`` is ``fastest`` (default), ``cost-aware`` or
+    ``cold-start`` (with ``calls``, the expected number of calls) or ``memory`` (with ``budget``, bytes the call may
+    allocate above its inputs). ``mode`` is ``fwd_nograd`` (inference), ``fwd+bwd`` (training), ``fwd`` or ``bwd``;
+    ``context`` is who launches the op (a ``Context`` or its text): ``eager`` (a Python caller), ``compiled`` (traced
+    into torch.compile) or ``graphed`` (CUDA-graph replay). Returns a callable with ``.tier``, ``.name`` and
+    ``.record`` (every candidate's figures and why the winner won).
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
+        dev = torch.device("cuda", _cuda_index(dev))
+    try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
+        fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, budget, mode, context, tuple(params.items()))
+        sel = _selects.get(fast)
+        if sel is not None:
+            return sel
+    except TypeError:
+        fast = None
+    # after the fast path: a shape that fails here is never cached
+    check_dims("shapes", shapes, positive=True)  # a decision is for a real input: (-1, 64) or (0, 64) is a mistake
+    if dev.type == "cuda":
+        _cuda_index(dev)
+    spec = get_op(op)
+    takes = list(inspect.signature(spec.problem).parameters)[1:]
+    unknown = [k for k in params if k not in takes]
+    if unknown:
+        raise TypeError(f"select_backend: op {op!r} takes no parameter {unknown[0]!r} (its parameters: "
+                        f"{', '.join(takes) or 'none'})")
+    if policy is not None or budget is not None:
+        check_policy(policy or "fastest", calls, budget)
+    sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
+                         calls=calls, mode=check_mode(mode), context=check_context(context), budget=budget)
+    if fast is not None:
+        if len(_selects) > 4096:
+            _selects.clear()
+        _selects[fast] = sel
+    return sel

@@ -1,0 +1,201 @@
+"""Measurement of one implementation at one problem, after the gate (``gate``) passed it: written once, driven by
+OpSpec. Times the call in the caller's context (``timed_call``), checks the figures against the copy bandwidth, flags
+a timing taken on a busy machine (``rows.CONTENDED``), and returns the store's row."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..buckets import encode
+from ..environment import environment
+from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
+from ..store.rows import CONTENDED, PRUNED
+from .contention import contention_check
+from .fingerprint import Fingerprint, fingerprint
+from .gate import _short, gate, gate_problem, grad_output, with_grad
+from .timing import COPY_BYTES, copy_bandwidth_gbps, sync, time_call
+
+log = logging.getLogger(__name__)
+
+
+def in_compiled_caller(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a compiled caller runs it: traced into a small torch.compile'd function between two pointwise ops
+    (one graph per shape). There the eager and compile tiers fuse with their neighbours, while a Triton or CUDA op
+    is a fusion barrier the caller pays for: the same neighbours for every tier make the times comparable."""
+    def caller(first: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+        out = fn(first * 0.5, *rest, **kw)
+        return out * 2 if isinstance(out, torch.Tensor) else tuple(o * 2 for o in out)
+
+    return torch.compile(caller, dynamic=False, fullgraph=True)
+
+
+_callers: dict[Callable[..., Any], Callable[..., Any]] = {}  # in_compiled_caller per implementation's function
+
+
+def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = "eager") -> Callable[[], Any]:
+    """The call a measurement in ``mode`` times (built once; a bwd call replays a retained graph); ``compiled``:
+    inside a compiled caller (``in_compiled_caller``). The harness's inputs are valid: the call is timed as the hot
+    path of ``tiered_ops.<op>`` makes it, without the contract check (``Impl.unchecked``)."""
+    fn, kwargs = impl.unchecked or impl.fn, inp.kwargs
+    if context == "compiled":
+        # one compiled caller per implementation in a process: dynamo keeps its graphs per shape there, where a new
+        # caller per measurement would compile every shape again (and count toward the recompile limit)
+        if impl.fn not in _callers:
+            _callers[impl.fn] = in_compiled_caller(impl.fn)
+        fn = _callers[impl.fn]
+    if mode == "fwd_nograd":
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(*inp.args, **kwargs)
+        return call
+    ginp, pos = with_grad(spec, inp)
+    args = ginp.args
+    leaves = [args[i] for i in pos]
+    if mode == "fwd":
+        return lambda: fn(*args, **kwargs)
+    with torch.enable_grad():
+        out = fn(*args, **kwargs)
+    dy = grad_output(out, 0)
+    if mode == "bwd":
+        return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+    return lambda: torch.autograd.grad(fn(*args, **kwargs), leaves, dy)
+
+
+def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint
+             ) -> dict[str, Any]:
+    """The identifying columns of a store row, not yet ok (a measurement fills in the rest)."""
+    return dict(
+        op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem),
+        bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[dtype], device_key=fp.key,
+        device_type=fp.device_type, gpu_name=fp.name, capability=fp.capability, sm_count=fp.sm_count,
+        torch_version=fp.torch, triton_version=fp.triton, cuda_version=fp.cuda, source_hash=impl.source_hash,
+        timestamp=time.time(), ok=0,
+    )
+
+
+def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+            mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
+            best: str = "") -> dict[str, Any]:
+    """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
+    Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
+    A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
+
+    ``prune_above_us`` (successive halving): a short first timing (``time_call(quick=True)``) whose caller p20 lies
+    above it ends the measurement there: the row keeps the short timing's figures, with the reason
+    ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
+    decision may read it, and it never wins against ``best``: its whole range lies above best's p80."""
+    check_mode(mode)
+    if check_context(context) == "graphed":
+        raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
+    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
+    row["context"] = context
+    why = impl.why_not(device, dtype)
+    if why:
+        row.update(reason=f"unavailable: {why}", env=environment())  # failures that may be the environment's
+        return row
+    inp = spec.make_inputs(problem, dtype, device, 0)
+    t0 = time.perf_counter()
+    try:
+        call = timed_call(spec, impl, inp, mode, context)
+        call()  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
+        sync(device)
+    except Exception as e:
+        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
+        return row
+    row["first_call_s"] = time.perf_counter() - t0
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+    row["rel_error"] = err if math.isfinite(err) else None
+    if why:
+        row["reason"] = why
+        if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
+            row["env"] = environment()
+        return row
+    row["ok"] = 1
+    sample_note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
+    if sample_note:
+        row["reason"] = f"correct ({sample_note})"
+    not_timeable = impl.timeable(device)
+    if not_timeable:
+        row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
+        return row
+    row["peak_bytes"] = peak_bytes(call, device)
+    nbytes = spec.mode_bytes(problem, dtype, mode)
+    if prune_above_us is not None:
+        t = time_call(call, device, quick=True)
+        lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
+        if lo > prune_above_us and not (t.contended and contention_check()):
+            copy = copy_bandwidth_gbps(device)
+            gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None
+            row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us,
+                       host_p20_us=t.host_p20_us, host_p80_us=t.host_p80_us, caller_us=t.caller_us, gbps=gbps,
+                       copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None,
+                       reason=f"{PRUNED}a short timing's caller p20 {lo:.1f} us is above {prune_above_us:.1f} us "
+                              f"({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): not timed in full")
+            return row
+    for attempt in range(1, CONTENDED_TRIES + 1):
+        t = time_call(call, device)
+        copy = copy_bandwidth_gbps(device)
+        gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
+        busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
+        if not busy or not contention_check():
+            busy = ""
+            break
+        log.info("%s %s %s %s %s: %s (attempt %d of %d)", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode,
+                 busy, attempt, CONTENDED_TRIES)
+        if attempt < CONTENDED_TRIES:
+            time.sleep(CONTENDED_PAUSE_S)
+    if context != "eager":
+        gbps = None  # the neighbours move bytes too: no bandwidth of the op alone
+    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
+               host_p80_us=t.host_p80_us, caller_us=t.caller_us,
+               gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
+    if busy:
+        flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
+    return row
+
+
+def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:
+    """Bytes one call allocates above what was allocated before it (its inputs, a retained graph): the CUDA caching
+    allocator's peak during the call minus its allocation before. None on the CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return int(peak)
+
+
+PRUNE_FACTOR = 1.5  # a candidate whose short timing's p20 is above this x the fastest full timing's p80 is pruned
+CONTENDED_TRIES = 3  # a CPU timing that looks contended is taken again up to this many times in all
+CONTENDED_PAUSE_S = 0.2
+COPY_BOUND = 1.5  # an op moving at least the copy's bytes cannot beat the copy bandwidth by more than this
+
+
+def _beyond_copy(gbps: float | None, copy: float, nbytes: int, device: torch.device) -> str | None:
+    """On the CPU, a bandwidth no memory system gives: above COPY_BOUND x the copy bandwidth for an op that moves at
+    least the copy's bytes (beyond every cache), so the copy figure or this timing was taken on a busy machine."""
+    if device.type != "cpu" or not gbps or nbytes < 2 * COPY_BYTES["cpu"] or gbps <= COPY_BOUND * copy:
+        return None
+    return f"{gbps:.1f} GB/s is {gbps / copy:.2f} x the copy bandwidth {copy:.1f} GB/s (limit {COPY_BOUND:g} x)"
+
+
+def flag_contended(row: dict[str, Any], why: str) -> dict[str, Any]:
+    """Mark a timed row as taken on a busy machine: ok stays 1 (the implementation is correct) and the figures stay
+    for the record, but it has no caller time, so no decision, winner or prediction can use it (they all need
+    one), and a sweep measures it again."""
+    row.update(reason=CONTENDED + why, caller_us=None, host_us=None, host_p20_us=None, host_p80_us=None)
+    return row
+
+
+def bucket_str(bucket: tuple) -> str:
+    """The stored text of a bucket tuple (``tiered_ops.buckets.encode``)."""
+    return encode(bucket)

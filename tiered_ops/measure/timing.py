@@ -1,0 +1,244 @@
+"""Copy-bandwidth ceiling and the two timings of a call.
+
+On CUDA a call gets two numbers: the kernel time (median and p20/p80 over calls timed with CUDA events,
+L2 flushed between repetitions as ``triton.testing.do_bench`` does, the GPU kept ahead of the host: see
+``gpu_times_ms``) and the host time per call: what issuing back-to-back calls costs the host, the GPU not
+waited for, which is the launch path a model pays (torch.compile's guards, Triton's launcher, autograd). The
+time a caller sees is the larger of the two: a big kernel is bound by the GPU, a tiny one by its launch path.
+Both come with a p20-p80 spread, so a decision between two timings can tell a margin from noise.
+
+On the CPU a call is timed in blocks of back-to-back calls (``contention.cpu_blocks``); p20/p50/p80 are taken over
+the blocks, and the timing says whether the machine was busy while it ran (``contention.contention``). Interference
+only ever adds time, so the copy bandwidth the results are compared with is the best seen in the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from . import contention as _contention
+from .contention import CPU_BUDGET_S, CPU_MIN_SAMPLES, contention, cpu_blocks, quantile
+
+
+@dataclass
+class Timing:
+    p20_us: float
+    p50_us: float
+    p80_us: float
+    host_us: float  # per call, issuing back-to-back calls (CUDA), fastest batch; equals p50 on the CPU
+    host_p20_us: float | None = None  # the spread of the host batches (CUDA); None on the CPU
+    host_p80_us: float | None = None
+    samples: int | None = None  # the CPU's blocks (each a per-call time); None on CUDA
+    contended: str | None = None  # the CPU: why the machine looked busy while this was timed (see ``contention``)
+
+    @property
+    def caller_us(self) -> float:
+        """What a caller sees per call: bound by the GPU for big work, by the launch path for small."""
+        return max(self.p50_us, self.host_us)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def default_device() -> torch.device:
+    """The current CUDA device when there is one, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def batch_times_us(fn: Callable[[], object], device: torch.device, budget_s: float, batches: int = 5,
+                   wait: bool = False) -> list[float]:
+    """Host time per call (us) of each of ``batches`` batches of back-to-back calls (the GPU synchronized before each
+    batch, untimed). ``wait=False``: timed up to the return of the last call, the GPU not waited for: the launch path
+    a caller pays (a GPU-bound call returns early and reads below its kernel time; one that synchronizes inside
+    waits and reads it). ``wait=True``: up to a final synchronize, the throughput of back-to-back calls."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    one = max(time.perf_counter() - t0, 1e-6)
+    n = int(min(max(budget_s / batches / one, 3), 2000))
+    per = []
+    for _ in range(batches):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if wait:
+            sync(device)
+        per.append((time.perf_counter() - t0) / n * 1e6)
+    sync(device)
+    return per
+
+
+def host_time_per_call(fn: Callable[[], object], device: torch.device, budget_s: float = 0.05) -> float:
+    """Throughput of back-to-back calls, GPU waited for (the dispatch target compares launch-bound calls with it; a
+    measurement's host time is the issue time, :func:`batch_times_us` without ``wait``). Fastest of 5 batches, in
+    microseconds per call: interference from other work on the host only ever adds time (the median let it
+    through: an H100 run of 2026-11-23 has layer_norm's Triton host time at 4x its 367 us kernel time)."""
+    return min(batch_times_us(fn, device, budget_s, wait=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _cycles_per_us(device: torch.device) -> float:
+    """The GPU clock as ``torch.cuda._sleep`` counts it (cycles per microsecond), measured once."""
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(4_000_000)
+        end.record()
+        end.synchronize()
+        return 4_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+FLUSH_BYTES = 256 << 20  # as triton.testing.do_bench: more than any GPU's L2
+
+
+def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100
+                 ) -> list[float]:
+    """GPU time of each of many calls of ``fn`` (ms), L2 flushed before each, the way ``do_bench`` does it, with one
+    change: the GPU sleeps before each timed call for twice the host's time to enqueue it. Without that, a call
+    whose host path (Python launcher, autograd, guards) takes longer than the flush leaves the GPU idle between
+    the start event and the kernel, and the "kernel time" carries host time and its jitter: seen on the H100 as
+    a Triton kernel at 417 us median (p20 309, p80 680) that takes 140 us. Host cost is measured separately."""
+    cache = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
+    cyc = _cycles_per_us(device)
+    enq = []
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        enq.append((time.perf_counter() - t0) * 1e6)
+    sync(device)
+    sleep_cycles = int((2 * statistics.median(enq) + 20) * cyc)
+
+    def timed(n: int) -> list[float]:
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in ev:
+            cache.zero_()
+            torch.cuda._sleep(sleep_cycles)
+            start.record()
+            fn()
+            end.record()
+        sync(device)
+        return [s.elapsed_time(e) for s, e in ev]
+
+    est = max(statistics.median(timed(5)), 1e-3)
+    per_rep = est + sleep_cycles / cyc / 1e3 + 0.1  # + the flush
+    # The warm-up lasts about warmup_ms of wall time, each repetition counted with its flush and sleep (a warm-up
+    # counted in kernel time alone ran ~200 ms for every microsecond kernel: a fifth of a sweep's time).
+    timed(max(1, int(warmup_ms / per_rep)))
+    n = max(20, min(int(rep_ms / est), 300, int(1000 / per_rep)))
+    return timed(n)
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """No garbage collection inside a timed window (as timeit): a collection pause is the caller's, not the op's."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+QUICK = dict(host_budget_s=0.005, warmup_ms=5.0, rep_ms=10.0, cpu_budget_s=0.02, cpu_samples=5)  # a first look
+FULL = dict(host_budget_s=0.025, warmup_ms=25.0, rep_ms=100.0, cpu_budget_s=None, cpu_samples=None)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, quick: bool = False) -> Timing:
+    """Time ``fn`` (already warmed up) the way the device allows. ``quick``: a short first look (``QUICK``: about a
+    tenth of the samples and time), for a sweep to tell a clearly slower candidate before timing it in full."""
+    k = QUICK if quick else FULL
+    if device.type == "cuda":
+        # The host time is taken in two windows of 5 batches, before and after the GPU timing: the fastest batch is
+        # the figure (a burst of other work on the host, a compile worker starting, the OS, only ever adds time)
+        # and the p20-p80 of all 10 its spread. No garbage collection runs inside the timed windows (as timeit):
+        # a collection pause is the caller's, not the op's.
+        with no_gc(), torch.cuda.device(device):
+            # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
+            # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
+            host = batch_times_us(fn, device, k["host_budget_s"])
+            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device, k["warmup_ms"], k["rep_ms"]))
+            host = sorted(host + batch_times_us(fn, device, k["host_budget_s"]))
+        return Timing(quantile(times, 0.2), statistics.median(times), quantile(times, 0.8), host[0],
+                      quantile(host, 0.2), quantile(host, 0.8))
+    return cpu_timing(fn, device, k["cpu_budget_s"] or CPU_BUDGET_S, k["cpu_samples"] or CPU_MIN_SAMPLES)
+
+
+
+def cpu_timing(fn: Callable[[], object], device: torch.device, budget_s: float = CPU_BUDGET_S,
+               min_samples: int = CPU_MIN_SAMPLES) -> Timing:
+    """CPU timing of ``fn`` (already warmed up): p20/p50/p80 of the per-call time over at least ``min_samples``
+    blocks, whether the machine was busy meanwhile (a copy probe right after is compared with the best copy
+    bandwidth seen, which it raises when higher)."""
+    with no_gc():
+        blocks, n, waited = cpu_blocks(fn, budget_s, min_samples)
+    best = copy_bandwidth_gbps(device)
+    probe = copy_probe_gbps(device)
+    times = sorted(b / n * 1e6 for b in blocks)
+    p50 = statistics.median(times)
+    return Timing(quantile(times, 0.2), p50, quantile(times, 0.8), p50, samples=len(times),
+                  contended=contention(blocks, n, waited, probe, best))
+
+
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # the copy's size per device type: far beyond the caches
+_copy_best: dict[str, float] = {}
+
+
+def _copy_pair(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.randn(COPY_BYTES.get(device.type, COPY_BYTES["cpu"]) // 4, device=device)  # random data, never zeros
+    return src, torch.empty_like(src)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_pair(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return _copy_pair(device)  # kept: every CPU timing probes with it
+
+
+def _gbps(src: torch.Tensor, us: float) -> float:
+    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
+
+
+def copy_bandwidth_gbps(device: torch.device) -> float:
+    """Device-to-device copy bandwidth (bytes read + written), the ceiling for memory-bound ops: measured on the
+    first call; on the CPU the best of it and every copy probe since (a busy machine only ever lowers it)."""
+    key = str(device)
+    if key not in _copy_best:
+        if device.type == "cuda":
+            src, dst = _copy_pair(device)
+            _copy_best[key] = _gbps(src, time_call(lambda: dst.copy_(src), device).p50_us)
+        else:
+            src, dst = _probe_pair(device)
+            dst.copy_(src)
+            blocks, n, _ = cpu_blocks(lambda: dst.copy_(src))
+            _copy_best[key] = _gbps(src, statistics.median(blocks) / n * 1e6)
+    return _copy_best[key]
+
+
+def copy_probe_gbps(device: torch.device, copies: int = 3) -> float:
+    """A quick copy bandwidth (the fastest of ``copies`` copies of the reference size) for the CPU timings'
+    contention check; it raises the best copy bandwidth seen when higher."""
+    src, dst = _probe_pair(device)
+    took = []
+    for _ in range(copies):
+        t0 = _contention._clock()
+        dst.copy_(src)
+        took.append((_contention._clock() - t0) * 1e6)
+    gbps = _gbps(src, min(took))
+    key = str(device)
+    _copy_best[key] = max(_copy_best.get(key, 0.0), gbps)
+    return gbps

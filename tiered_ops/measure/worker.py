@@ -1,0 +1,321 @@
+"""Isolated measurement: each candidate is gated and timed in a worker process, so one that crashes (illegal
+address, abort, segfault) or hangs costs that candidate only.
+
+The parent (``sweep(isolate=True)``, the CLI's default) starts one worker per device with
+``CUDA_VISIBLE_DEVICES`` set to that GPU and sends it one task at a time. A worker that dies is recorded
+against the candidate it was running (signal or exit code, and the last lines it wrote to stderr, where
+CUDA's error text lands); one that does not answer within the per-candidate timeout is killed and recorded
+as "timed out after N s". After a task the worker checks its CUDA context (a synchronize and a tiny kernel);
+when that fails (an illegal address poisons the context for good) it says so and exits. The next task gets
+a fresh worker. Tasks and replies are pickled, length-prefixed, over the worker's stdin and a private copy
+of its stdout; anything a kernel or library prints goes to the worker's stderr log instead.
+
+The worker registers ops by importing the modules that define them (``tiered_ops.ops``, and for ops
+declared elsewhere, the module of each spec's reference), with the parent's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_HEADER = struct.Struct("<Q")
+
+
+def _send(f: Any, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    f.write(_HEADER.pack(len(data)) + data)
+    f.flush()
+
+
+def _recv_blocking(f: Any) -> Any:
+    head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError
+    return pickle.loads(f.read(_HEADER.unpack(head)[0]))
+
+
+class WorkerDied(Exception):
+    """The worker exited (or was killed) before it answered; the message says how."""
+
+
+class WorkerTimeout(Exception):
+    pass
+
+
+def _signal_name(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+class Worker:
+    """One worker process for one device; replaced by the caller when it dies or times out."""
+
+    def __init__(self, device: str, modules: list[str]) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # Inductor compiles in-process: its pool of compile workers would start (one process per core, each
+        # importing torch) while the next candidate's host time is being measured.
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        local = device
+        if device.startswith("cuda"):
+            index = device.split(":")[1] if ":" in device else "0"
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[int(index)] if visible else index
+            local = "cuda:0"
+        self.log = tempfile.NamedTemporaryFile(prefix="tiered_ops_worker_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tiered_ops.measure.worker", local, *modules], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True,  # Ctrl-C is the parent's
+        )
+        self._buf = b""
+        self._task_start = 0
+        self._busy = False  # a task was sent and its reply not read: the worker reads no EOF until it is done
+
+    def stderr_tail(self, n: int = 3) -> str:
+        """What the worker wrote to stderr during the current task: its error lines (a fatal signal's line from
+        faulthandler, CUDA's error text), else its last ``n`` lines."""
+        try:
+            with open(self.log.name, "rb") as f:
+                f.seek(self._task_start)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
+        errors = [ln for ln in lines if re.search(r"Fatal Python error|[Ee]rror\b|Abort|illegal", ln)]
+        return " | ".join((errors or lines)[-n:])[-600:]
+
+    def call(self, task: tuple, timeout_s: float) -> Any:
+        """Send one task and wait for its reply; WorkerDied / WorkerTimeout when there is none."""
+        self._task_start = os.path.getsize(self.log.name)
+        self._busy = True
+        try:
+            _send(self.proc.stdin, task)
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(self._death()) from None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if len(self._buf) >= _HEADER.size:
+                size = _HEADER.unpack(self._buf[:_HEADER.size])[0]
+                if len(self._buf) >= _HEADER.size + size:
+                    data = self._buf[_HEADER.size:_HEADER.size + size]
+                    self._buf = self._buf[_HEADER.size + size:]
+                    self._busy = False
+                    return pickle.loads(data)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerTimeout(f"timed out after {timeout_s:g} s")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise WorkerDied(self._death())
+                self._buf += chunk
+
+    def _death(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.returncode
+        tail = self.stderr_tail()
+        return f"worker {_signal_name(rc)}" + (f"; its stderr: {tail}" if tail else "")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None and not self._busy:  # interrupted mid-task (Ctrl-C): kill, do not wait for it
+            try:
+                self.proc.stdin.close()  # EOF: the worker exits on its own
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.proc.stdout.close()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+class Pool:
+    """Isolated measurement on one device: a worker that is replaced whenever it dies, hangs or breaks its CUDA
+    context. ``run`` returns (reply, None), or (None, why) when the worker died or timed out on that task."""
+
+    def __init__(self, device: Any, modules: list[str], timeout_s: float = 300.0, start_timeout_s: float = 900.0,
+                 log: Any = print) -> None:
+        self.device, self.modules, self.timeout_s, self.start_timeout_s = str(device), modules, timeout_s, \
+            start_timeout_s
+        self.log, self.worker, self.info, self.started = log, None, None, 0
+
+    def _ready(self) -> Worker:
+        if self.worker is None:
+            w = Worker(self.device, self.modules)
+            self.started += 1
+            try:
+                self.info = w.call(("hello",), self.start_timeout_s)[0]
+            except (WorkerDied, WorkerTimeout) as e:
+                w.close()
+                raise RuntimeError(f"a measurement worker for {self.device} could not start: {e}") from None
+            if isinstance(self.info, _HarnessError):
+                w.close()
+                raise RuntimeError(f"a measurement worker for {self.device} could not start:\n{self.info}")
+            self.worker = w
+        return self.worker
+
+    def hello(self) -> dict:
+        self._ready()
+        return self.info
+
+    def run(self, task: tuple, what: str) -> tuple[Any, str | None]:
+        w = self._ready()
+        try:
+            reply, sick = w.call(task, self.timeout_s)
+        except (WorkerDied, WorkerTimeout) as e:
+            self._drop()
+            self.log(f"{what}: {e}; a new worker takes the next candidate")
+            return None, str(e)
+        if sick:
+            self._drop()
+            self.log(f"{what}: the worker's CUDA context is broken afterwards ({sick}); a new worker takes the next "
+                     "candidate")
+        if isinstance(reply, _HarnessError):
+            raise RuntimeError(f"{what}: the harness failed in the worker:\n{reply}")
+        return reply, None
+
+    def _drop(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    def close(self) -> None:
+        self._drop()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the parent dies, so a killed sweep leaves no orphan on the GPU."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _healthy(device: Any) -> str | None:
+    import torch
+
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        if torch.ones(1, device=device).add_(1).item() != 2.0:
+            return "a tiny kernel gave a wrong answer"
+    except Exception as e:  # a sticky CUDA error: this context is done
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+    return None
+
+
+def _serve(device_str: str, modules: list[str]) -> None:
+    # The worker process's imports happen here, not at the top: torch, the catalog and the modules to measure are
+    # loaded only after stdout is redirected and faulthandler is on, so that a crash while importing is reported.
+    proto = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints from kernels and libraries go to the log, not into the protocol
+    _die_with_parent()
+    import faulthandler
+    import importlib
+
+    faulthandler.enable()  # a fatal signal writes its name and the Python stack to the log the parent reads
+
+    import torch
+
+    from ..registry import DTYPES
+    from ..tiers.catalog import load
+
+    for m in modules:
+        importlib.import_module(m)
+    OPS = load()  # the built-in ops and those the modules declared, built into their tiers
+    device = torch.device(device_str)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    stdin = sys.stdin.buffer
+    while True:
+        try:
+            task = _recv_blocking(stdin)
+        except EOFError:
+            return
+        try:
+            reply = _do(task, device, OPS, DTYPES)
+        except Exception:  # a harness error, not a candidate's: the parent raises it
+            import traceback
+
+            reply = _HarnessError(traceback.format_exc())
+        sick = _healthy(device)
+        _send(proto, (reply, sick))
+        if sick:
+            return
+
+
+class _HarnessError(str):
+    pass
+
+
+def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
+    kind = task[0]
+    if kind == "hello":
+        from .fingerprint import fingerprint
+        from .timing import copy_bandwidth_gbps
+
+        if device.type == "cuda":
+            from ..tiers import cuda_ext
+
+            cuda_ext.load(device)  # build or load the extension here, not inside a candidate's timeout
+        return dict(fingerprint=fingerprint(device), copy_gbps=copy_bandwidth_gbps(device), pid=os.getpid())
+    if kind == "measure":
+        from .measure import measure
+
+        _, op, impl, problem, dtype, mode, *kw = task  # kw: measure's keywords (the pruning bar), when any
+        spec = OPS[op]
+        return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
+    if kind == "meta":
+        from .meta import collect
+
+        spec = OPS[task[1]]
+        return collect(spec, spec.impls[task[2]], device)
+    if kind == "run":  # tests: call a function by module and name inside the worker
+        import importlib
+
+        return getattr(importlib.import_module(task[1]), task[2])(*task[3:])
+    raise ValueError(f"unknown task {kind!r}")
+
+
+if __name__ == "__main__":
+    from tiered_ops.measure.worker import _serve as serve  # pickled classes must be this module's, by name
+
+    serve(sys.argv[1], sys.argv[2:])

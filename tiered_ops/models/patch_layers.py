@@ -1,0 +1,188 @@
+"""The model-level rewrites of ``tiered_ops.patch``: the decoder layer's residual add + RMSNorm, and the causal-LM loss.
+
+Decoder layers (``patch(model, fuse_residual=True)``). transformers' Llama, Mistral, Qwen2, Qwen3 and Gemma decoder
+layers share one forward: ``residual + attention`` then ``post_attention_layernorm`` of that sum, the MLP, and
+``residual + mlp``. The rewrite (a forward on the layer instance, for any class whose forward is that code) computes
+the first add and the norm in one ``tiered_ops.fused_add_rms_norm`` call, which returns the normalized sum and the sum
+(the next residual). The sum is rounded to the input's dtype before the norm, as in the original. The norm keeps its
+form through the op's Hugging Face forms, in the same launch: Llama's normalizes in fp32, rounds to the input's dtype,
+then multiplies by the weight (``cast_before_weight=True``: the same two roundings, the output promoted as the
+original's); Gemma's multiplies by 1 + weight in fp32 before its one rounding (``weight_offset=1.0``). A weight of
+another dtype than the input's or float32 runs the add and the norm apart, as the original. The MLP's add and
+the next layer's input norm stay apart (the layer boundary is the model's loop). Under gradient checkpointing the
+layer runs its class's forward. Every call site of the fused op is in ``add_rms_norm``.
+
+Loss. Models whose ``loss_function`` is transformers' ``ForCausalLMLoss`` get ``causal_lm_loss`` on the instance:
+the same shift (labels padded with ignore_index, shifted by one, or ``shift_labels`` as given), ``ignore_index`` and
+``num_items_in_batch`` (a sum over it, else the mean over the targets not ignored; NaN when all are ignored), through
+``tiered_ops.cross_entropy(..., dtype=torch.float32)``: the float32 loss transformers gets by upcasting the logits,
+without the upcast. The win over the stock loss: no float32 copy of the logits, no float32 log-probabilities [N, V]
+written or read back, and in training no float32 gradient of the logits cast down after.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..decide.dispatch import public
+
+cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_rms_norm")
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+LOSS_MARK = "_tiered_ops_loss"  # instance attribute of a model whose loss is routed
+_DECODER_ARGS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
+                 "position_embeddings", "kwargs")
+
+
+def same_code(f: Any, g: Any) -> bool:
+    """Whether two functions compile to the same bytecode, names and constants (a copied class's forward)."""
+    a, b = getattr(f, "__code__", None), getattr(g, "__code__", None)
+    return a is not None and b is not None and (a.co_code, a.co_names, a.co_consts) == (b.co_code, b.co_names,
+                                                                                        b.co_consts)
+
+
+@functools.lru_cache(maxsize=1)
+def hf_reference_forwards() -> tuple[Callable, Callable, Callable]:
+    """transformers' LlamaRMSNorm.forward, GemmaRMSNorm.forward and LlamaDecoderLayer's forward (unwrapped)."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+
+    return LlamaRMSNorm.forward, GemmaRMSNorm.forward, inspect.unwrap(LlamaDecoderLayer.forward)
+
+
+# ---- the residual add + RMSNorm -------------------------------------------------------------------------------
+
+def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x) of a transformers RMSNorm of the Llama form (``gemma``: the Gemma form),
+    through one tiered_ops.fused_add_rms_norm call in the norm's Hugging Face form where the dtypes allow (a weight of
+    x's dtype or float32); else the add and the norm module apart."""
+    w = norm.weight
+    if (x.dtype in _DTYPES and residual.dtype == x.dtype and residual.shape == x.shape
+            and w.dtype in (x.dtype, torch.float32)):
+        if gemma:  # (1 + w) in fp32, one rounding
+            return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
+        # normalized in fp32, rounded to x's dtype, then the weight (the output promote(w, x))
+        return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
+    h = residual + x
+    return norm(h), h
+
+
+def _decoder_layer(self: nn.Module, gemma: bool, hidden_states: torch.Tensor, attention_mask: Any = None,
+                   position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
+                   position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    if self.gradient_checkpointing and self.training:
+        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                  past_key_values=past_key_values, use_cache=use_cache,
+                                  position_embeddings=position_embeddings, **kwargs)
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+                                      position_embeddings=position_embeddings, **kwargs)
+    hidden_states, residual = add_rms_norm(self.post_attention_layernorm, hidden_states, residual, gemma)
+    hidden_states = self.mlp(hidden_states)
+    return residual + hidden_states
+
+
+def _llama_decoder_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return _decoder_layer(self, False, *args, **kwargs)
+
+
+def _gemma_decoder_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return _decoder_layer(self, True, *args, **kwargs)
+
+
+def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str | None:
+    """(forward, description) for a decoder layer this rewrite takes, the reason it cannot (a str), or None when
+    ``m`` is no decoder layer with a post-attention RMSNorm."""
+    post = getattr(m, "post_attention_layernorm", None)
+    if not (isinstance(post, nn.Module) and "RMSNorm" in type(post).__name__
+            and isinstance(getattr(m, "input_layernorm", None), nn.Module)):
+        return None
+    if not type(m).__module__.startswith("transformers."):
+        return "not a transformers decoder layer"
+    llama_norm, gemma_norm, layer = hf_reference_forwards()
+    fwd = inspect.unwrap(type(m).forward)
+    if not same_code(fwd, layer) or tuple(inspect.signature(fwd).parameters) != _DECODER_ARGS:
+        return "its forward is not the Llama decoder layer's code this rewrite reproduces"
+    if "forward" in m.__dict__:
+        return "its forward is already replaced on the instance (by other code): left as it is"
+    if same_code(type(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
+        return _llama_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
+                                        "(Llama form: cast_before_weight=True)")
+    if same_code(type(post).forward, gemma_norm) and hasattr(post, "eps"):
+        return _gemma_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
+                                        "(Gemma form: weight_offset=1.0)")
+    return "its post_attention_layernorm is not the Llama/Gemma RMSNorm"
+
+
+# ---- the causal-LM loss ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _hf_causal_lm_loss() -> Callable[..., torch.Tensor]:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return ForCausalLMLoss
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                   num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = -100,
+                   shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """transformers' ForCausalLMLoss through tiered_ops.cross_entropy (a float32 loss)."""
+    if logits.dtype not in _DTYPES:
+        return _hf_causal_lm_loss()(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels,
+                                    **kwargs)
+    # transformers upcasts the logits to float32 first; dtype=float32 gives that loss (a bf16 loss would round it by up
+    # to 2^-9) without writing the float32 copy of [N, V] logits, nor, in training, its float32 gradient
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    target = shift_labels.reshape(-1).to(logits.device)
+    loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index,
+                         "mean" if num_items_in_batch is None else "sum", dtype=torch.float32)
+    if num_items_in_batch is None:
+        return loss
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def loss_plan(m: nn.Module) -> bool | str | None:
+    """True where ``m``'s loss can be routed, the reason it is left (a str), or None when it has no causal-LM
+    loss (not a transformers model, another loss)."""
+    if not type(m).__module__.startswith("transformers.") or not hasattr(type(m), "loss_function"):
+        return None
+    if LOSS_MARK in m.__dict__:
+        return "already patched"
+    if "_loss_function" in m.__dict__:
+        return "its loss_function is set on the instance (by other code): left as it is"
+    head = getattr(m, "get_output_embeddings", None)
+    if not callable(head) or head() is None:
+        return None  # a base model (no LM head) computes no loss
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    # the property's own lookup, without its warning for a loss_type of None (GPT-2): ForCausalLM then
+    fn = LOSS_MAPPING.get(getattr(m, "loss_type", None) or "ForCausalLM", _hf_causal_lm_loss())
+    return True if fn is _hf_causal_lm_loss() else None
+
+
+def route_loss(m: nn.Module) -> str:
+    """Route ``m``'s loss through causal_lm_loss; returns the description ``patched`` gives."""
+    m._loss_function = causal_lm_loss
+    m.__dict__[LOSS_MARK] = ("loss_function -> tiered_ops.cross_entropy (ForCausalLMLoss: shift, ignore_index, "
+                             "num_items)")
+    return m.__dict__[LOSS_MARK]
+
+
+def unroute_loss(m: nn.Module) -> bool:
+    if LOSS_MARK not in m.__dict__:
+        return False
+    del m.__dict__[LOSS_MARK]
+    m.__dict__.pop("_loss_function", None)
+    return True

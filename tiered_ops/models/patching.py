@@ -1,0 +1,313 @@
+"""Swap a model's norm, GELU and softmax modules onto tiered_ops, in place and reversibly.
+
+    report = tiered_ops.patch(model)       # what was swapped, what was left and why
+    tiered_ops.unpatch(model)              # every swapped module back to its class's own forward
+
+A swap replaces the module's ``forward`` on the instance (the class, parameters, buffers, state_dict keys, hooks
+and ``.to()`` are untouched; a deepcopy or a pickled copy stays swapped); ``unpatch`` deletes it again, so
+``module.forward`` is the class's own. Swapped:
+
+- ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (every affine variant) -> tiered_ops.layer_norm / rms_norm;
+- ``torch.nn.GELU`` (none, tanh) -> tiered_ops.gelu; ``torch.nn.Softmax`` with a dim -> tiered_ops.softmax;
+- transformers' RMSNorm of Llama, Mistral, Qwen2, Qwen3 (and any class whose forward is LlamaRMSNorm's code):
+  normalize in fp32, cast to the input dtype, then multiply by the weight: one tiered_ops.rms_norm call with
+  ``cast_before_weight=True`` (the same two roundings as the original, the output promoted as its ``w * y``);
+- transformers' GemmaRMSNorm (and any class with its forward's code): normalize and multiply by (1 + weight) in
+  fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
+- transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
+  NewGELUActivation, FastGELUActivation, AccurateGELUActivation).
+
+A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
+bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
+Hugging Face RMSNorms, which their forms take). transformers is imported only
+when the model holds one of its classes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..decide.dispatch import public
+from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_forwards, loss_plan, route_loss, same_code, unroute_loss
+
+gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
+
+log = logging.getLogger(__name__)
+
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
+# Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
+_CANDIDATE = re.compile(r"RMSNorm|LayerNorm|GELU|Gelu|Softmax")
+_LLAMA_STYLE = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+_GEMMA_STYLE = ("GemmaRMSNorm",)
+_TANH_GELUS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")
+
+
+@dataclass
+class Swapped:
+    path: str  # the module's name in model.named_modules() ("" for the model itself)
+    cls: str
+    replacement: str
+
+
+@dataclass
+class Left:
+    path: str
+    cls: str
+    reason: str
+
+
+@dataclass
+class PatchReport:
+    """What ``patch`` swapped (module path, class, replacement) and what it left, with why."""
+
+    swapped: list[Swapped] = field(default_factory=list)
+    left: list[Left] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"swapped {len(self.swapped)} module(s), left {len(self.left)}"]
+        lines += [f"  swapped {s.path or '<model>'} ({s.cls}) -> {s.replacement}" for s in self.swapped]
+        lines += [f"  left    {x.path or '<model>'} ({x.cls}): {x.reason}" for x in self.left]
+        return "\n".join(lines)
+
+
+# ---- replacement forwards (bound to the module instance) ------------------------------------------------------
+
+def _fallback(self: nn.Module, *args: Any) -> torch.Tensor:
+    return type(self).forward(self, *args)
+
+
+def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    return x.dtype in _DTYPES and all(p is None or p.dtype == x.dtype for p in params)
+
+
+def _layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
+    if not _same_dtype(input, self.weight, self.bias):
+        return _fallback(self, input)
+    return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    if not _same_dtype(x, self.weight):
+        return _fallback(self, x)
+    return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    x, w = hidden_states, self.weight
+    if x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.float32):
+        return _fallback(self, x)
+    # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
+    return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
+
+
+def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype not in _DTYPES or self.weight.dtype not in (x.dtype, torch.float32):
+        return _fallback(self, x)
+    # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
+    return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
+
+
+def _nn_gelu_forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
+    if input.dtype not in _DTYPES:
+        return _fallback(self, input)
+    return gelu(input, None, self.approximate)
+
+
+def _gelu_erf_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    if input.dtype not in _DTYPES:
+        return _fallback(self, input)
+    return gelu(input, None, "none")
+
+
+def _gelu_tanh_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+    if input.dtype not in _DTYPES:
+        return _fallback(self, input)
+    return gelu(input, None, "tanh")
+
+
+def _softmax_forward(self: nn.Softmax, input: torch.Tensor) -> torch.Tensor:
+    if input.dtype not in _DTYPES:
+        return _fallback(self, input)
+    return softmax(input, self.dim)
+
+
+# ---- what to do with one module -------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    op: str
+    forward: Callable[..., torch.Tensor]
+    replacement: str
+
+
+_same_code = same_code
+
+
+def _plan_torch(m: nn.Module) -> _Plan | str | None:
+    fwd = type(m).forward
+    if isinstance(m, nn.LayerNorm) and fwd is nn.LayerNorm.forward:
+        return _Plan("layer_norm", _layer_norm_forward, "tiered_ops.layer_norm")
+    if isinstance(m, nn.RMSNorm) and fwd is nn.RMSNorm.forward:
+        return _Plan("rms_norm", _rms_norm_forward, "tiered_ops.rms_norm")
+    if isinstance(m, nn.GELU) and fwd is nn.GELU.forward:
+        if m.approximate not in ("none", "tanh"):
+            return f"GELU with an unknown approximation {m.approximate!r}"
+        return _Plan("gelu", _nn_gelu_forward, f"tiered_ops.gelu (approximate={m.approximate!r})")
+    if isinstance(m, nn.Softmax) and fwd is nn.Softmax.forward:
+        if m.dim is None:
+            return "Softmax(dim=None): torch picks the dim from the input's rank; tiered_ops.softmax needs a dim"
+        return _Plan("softmax", _softmax_forward, f"tiered_ops.softmax (dim={m.dim})")
+    if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU, nn.Softmax)):
+        return f"subclass of {type(m).__mro__[1].__name__} with its own forward"
+    return None
+
+
+def _hf_gelu_form(m: nn.Module) -> str | None:
+    """'none' or 'tanh' for transformers' GELU activations whose function is F.gelu's, else None."""
+    name = type(m).__name__
+    if name in _TANH_GELUS:
+        return "tanh"
+    act = getattr(m, "act", None)
+    python = getattr(act, "__func__", None)
+    if name == "GELUActivation":
+        return "none" if act is F.gelu or (python is not None and python.__name__ == "_gelu_python") else None
+    if name in ("GELUTanh", "PytorchGELUTanh"):
+        if python is not None and python.__name__ == "_gelu_tanh_python":
+            return "tanh"
+        if isinstance(act, functools.partial) and act.func is F.gelu and act.keywords == {"approximate": "tanh"}:
+            return "tanh"
+    return None
+
+
+def _plan_hf(m: nn.Module) -> _Plan | str | None:
+    cls = type(m)
+    name = cls.__name__
+    if "GELU" in name or "Gelu" in name:
+        form = _hf_gelu_form(m)
+        if form is None:
+            if name == "QuickGELUActivation":
+                return "x * sigmoid(1.702 x) is neither the erf nor the tanh GELU"
+            if name == "ClippedGELUActivation":
+                return "GELU clipped to [min, max]: no clipped tiered_ops.gelu"
+            return "GELU with an unknown approximation"
+        fwd = _gelu_erf_forward if form == "none" else _gelu_tanh_forward
+        return _Plan("gelu", fwd, f"tiered_ops.gelu (approximate={form!r})")
+    if "RMSNorm" not in name or not hasattr(m, "weight"):
+        return None
+    llama, gemma, _ = hf_reference_forwards()
+    if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
+        return _Plan("rms_norm", _llama_rms_norm_forward,
+                     "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
+    if _same_code(cls.forward, gemma) and hasattr(m, "eps"):
+        return _Plan("rms_norm", _gemma_rms_norm_forward,
+                     "tiered_ops.rms_norm (Gemma form: weight_offset=1.0, one launch)")
+    if name in _LLAMA_STYLE or name in _GEMMA_STYLE:
+        return "its forward is not the Llama/Gemma RMSNorm code this patch reproduces (another transformers version)"
+    return "an RMSNorm whose semantics this patch does not know"
+
+
+def _plan(m: nn.Module) -> _Plan | str | None:
+    """What to do with ``m``: a plan, the reason to leave it (a str), or None when it is no candidate."""
+    if _MARK in m.__dict__:
+        return "already patched"
+    plan = _plan_torch(m)
+    if plan is None and type(m).__module__.startswith("transformers."):
+        plan = _plan_hf(m)
+    if plan is None and _CANDIDATE.search(type(m).__name__):
+        return "a class this patch does not know"
+    if isinstance(plan, _Plan) and "forward" in m.__dict__:
+        return "its forward is already replaced on the instance (by other code): left as it is"
+    return plan
+
+
+def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
+    """Each decoder layer's residual add + post_attention_layernorm onto tiered_ops.fused_add_rms_norm
+    (``patch_layers``); the MLP's add + the next layer's input_layernorm are left, with why."""
+    first = True
+    for path, m in model.named_modules():
+        plan = decoder_plan(m)
+        if plan is None:
+            continue
+        cls = type(m).__name__
+        if isinstance(plan, str):
+            report.left.append(Left(path, cls, f"residual add + RMSNorm not fused: {plan}"))
+            continue
+        m.forward = functools.partial(plan[0], m)
+        object.__setattr__(m, _MARK, plan[1])
+        report.swapped.append(Swapped(path, cls, plan[1]))
+        if not first:
+            report.left.append(Left(f"{path}.input_layernorm", type(m.input_layernorm).__name__,
+                                    "residual add + RMSNorm not fused: the previous layer's MLP add is across the "
+                                    "layer boundary (the model's loop)"))
+        first = False
+
+
+def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: bool = False) -> PatchReport:
+    """Swap ``model``'s norm, GELU and softmax modules onto tiered_ops in place (``unpatch`` reverts it).
+
+    ``ops``: the tiered_ops ops to swap into (default all of ``PATCHABLE_OPS``). ``fuse_residual``: also fuse the
+    residual add + RMSNorm pairs of decoder layers (needs an op ``fused_add_rms_norm``; without it the pairs are
+    left and the report says so); off by default. ``cross_entropy`` in ``ops`` routes a transformers causal-LM
+    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy. Returns what was swapped and what was left, with
+    why."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
+    wanted = PATCHABLE_OPS if ops is None else tuple(ops)
+    if isinstance(ops, str) or any(o not in PATCHABLE_OPS for o in wanted):
+        raise ValueError(f"patch: ops must be a list of {', '.join(PATCHABLE_OPS)}, got {ops!r}")
+    report = PatchReport()
+    for path, m in model.named_modules():
+        plan = _plan(m)
+        if plan is None:
+            continue
+        cls = type(m).__name__
+        if isinstance(plan, str):
+            report.left.append(Left(path, cls, plan))
+        elif plan.op not in wanted:
+            report.left.append(Left(path, cls, f"{plan.op} not in ops={list(wanted)}"))
+        else:
+            m.forward = functools.partial(plan.forward, m)  # a partial, unlike a bound method, pickles
+            object.__setattr__(m, _MARK, plan.replacement)
+            report.swapped.append(Swapped(path, cls, plan.replacement))
+    if fuse_residual:
+        _fuse_residual(model, report)
+    for path, m in model.named_modules():
+        loss = loss_plan(m)
+        if loss is None:
+            continue
+        if isinstance(loss, str) or "cross_entropy" not in wanted:
+            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
+            report.left.append(Left(path, type(m).__name__, f"causal-LM loss not routed: {reason}"))
+        else:
+            report.swapped.append(Swapped(path, type(m).__name__, route_loss(m)))
+    log.info("tiered_ops.patch: swapped %d module(s), left %d", len(report.swapped), len(report.left))
+    return report
+
+
+def unpatch(model: nn.Module) -> int:
+    """Give every module ``patch`` swapped its class's own forward back; returns how many were restored."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
+    n = 0
+    for m in model.modules():
+        n += unroute_loss(m)
+        if _MARK in m.__dict__:
+            del m.__dict__[_MARK]
+            m.__dict__.pop("forward", None)
+            n += 1
+    return n
+
+
+def patched(module: nn.Module) -> str | None:
+    """The replacement ``patch`` put on ``module`` (a description), or None when it is not swapped."""
+    return module.__dict__.get(_MARK) or module.__dict__.get(LOSS_MARK)

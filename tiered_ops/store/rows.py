@@ -1,0 +1,56 @@
+"""What a stored row says beyond its columns: the p20-p80 range a caller sees, when two such ranges tie, and the
+reasons that keep a row out of every decision (timed on a busy machine, pruned after a short timing). Read by the
+decisions and the analysis alike; nothing here measures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
+CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
+
+
+def _num(v: object) -> float | None:
+    return None if v is None or v != v else float(v)  # None and NaN (a CSV's empty cell) alike
+
+
+def caller_range(r: object) -> tuple[float, float]:
+    """The p20-p80 range of what a caller sees per call, for a stored row (a dict or attributes, the store's columns):
+    the kernel's p20-p80 and, where the launch path sets the time, the host batches' spread up to their p80.
+    A row without host spread (the CPU's, whose host figure is its median; results from before schema 3) gets
+    the caller time scaled by the kernel spread."""
+    def get(k: str) -> float | None:
+        return _num(r.get(k) if isinstance(r, dict) else getattr(r, k, None))
+
+    caller = float(get("caller_us"))
+    p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
+    if p20 is None or p80 is None or not p50:
+        return caller, caller
+    host, host_p80 = get("host_us"), get("host_p80_us")
+    if host is None or host_p80 is None:
+        return caller * p20 / p50, caller * p80 / p50
+    return max(p20, host), max(p80, host_p80)
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Two (lo, hi) ranges overlap: the two timings are a tie."""
+    return a[1] >= b[0] and b[1] >= a[0]
+
+
+def contended(row: Any) -> bool:
+    """Whether a stored row (a dict or attributes) was flagged as timed on a busy machine."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(CONTENDED)
+
+
+def pruned(row: Any) -> bool:
+    """Whether a stored row was stopped after a short timing, clearly slower than another candidate of its case."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(PRUNED)
+
+
+def usable(row: Any) -> bool:
+    """Whether a decision may use a stored row: correct, timed, not flagged as contended."""
+    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k, None)
+    caller = get("caller_us")
+    return bool(get("ok")) and caller is not None and caller == caller and not contended(row)

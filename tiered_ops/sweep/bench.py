@@ -1,0 +1,304 @@
+"""The benchmark sweep: every implementation of every op at each problem and dtype, gated, timed, stored.
+
+Each measurement is committed to the store as soon as it is taken, so an interrupted sweep keeps
+what it finished (a crashing or hanging candidate costs itself only when isolated in a worker); a
+measurement that is already stored with the current source hash for this device
+is reused rather than taken again (``force=True`` re-measures). Sweeps sharing one store claim each candidate
+before measuring it (``Store.claim``): one that another sweep holds is left for later, then taken from the store
+once that sweep stored it, or measured here if its claim expires (a dead or stuck sweep). A sweep can be one shard of
+a larger one (``shard``), and can spread its cases over several GPUs (``devices``: one worker process per GPU), with
+the splitting of ``tiered_ops.shards``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+import torch
+
+from ..measure.fingerprint import Fingerprint, fingerprint
+from ..measure.measure import PRUNE_FACTOR, base_row, measure
+from ..measure.meta import breaks_str, stored_or_collect, with_progress
+from ..measure.timing import copy_bandwidth_gbps
+from ..measure.worker import Pool
+from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
+from ..store.rows import caller_range, contended, pruned, usable
+from ..store.store import COLUMN_NAMES, Store
+from .shards import in_shard, spread
+
+CLAIM_POLL_S = 0.5  # how often a sweep looks again at candidates another sweep holds
+
+
+def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str,
+           since: float = -math.inf, busy_since: float = math.inf, **where: str) -> dict:
+    """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns.
+    A row timed on a busy machine (contended) counts only when taken at ``busy_since`` or later: by a sweep that
+    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again."""
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
+                      **where)
+    out: dict[str, dict] = {}
+    for r in rows:  # ordered by id: the last fresh row per implementation wins
+        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and (
+                not contended(r) or r["timestamp"] >= busy_since):
+            out[r["impl"]] = r
+    return out
+
+
+def _bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
+    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
+    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
+    without one. A row without a p20-p80 spread is no bar."""
+    if factor is None:
+        return None
+    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
+            and r.get("p80_us") is not None and r.get("p20_us") is not None]
+    if not full:
+        return None
+    best = min(full, key=lambda r: caller_range(r)[1])
+    return factor * caller_range(best)[1], best["impl"]
+
+
+def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
+    def in_worker() -> dict:
+        meta, why = pool.run(("meta", spec.name, impl.name), f"cost metadata of {spec.name} {impl.name}")
+        return {"error": f"collecting it crashed or hung: {why}"} if why else meta
+
+    return stored_or_collect(store, spec, impl, device, fp.key, in_worker if pool is not None else None)
+
+
+def sweep(specs: Iterable[OpSpec], problems: dict[str, list[Problem]], dtypes: list[torch.dtype],
+          device: torch.device, store: Store, shard: tuple[int, int] | None = None,
+          devices: list[torch.device] | None = None, **kw: Any) -> pd.DataFrame:
+    """Measure every (op, problem, dtype, mode, implementation); returns one row per measurement.
+    ``problems[op]`` are measured in every dtype of ``dtypes``; ``shard`` (i, n): only the cases of shard i of n
+    (``shards.in_shard``); ``devices``: spread the cases over these GPUs (``sweep_devices``) instead of ``device``;
+    the other keywords are those of :func:`sweep_cases`."""
+    if store.kept_in_memory is not None:  # a store that cannot be written: every measurement would be lost
+        raise ValueError(f"store: {store.kept_in_memory}; a sweep would save none of its measurements (give a "
+                         "writable --db or TIERED_OPS_DB)")
+    cases = [(s, p, dt) for s in specs for p in problems[s.name] for dt in dtypes]
+    if shard is not None:
+        cases = in_shard(cases, shard)
+    if devices and len(devices) > 1:
+        return sweep_devices(cases, devices, store, **kw)
+    return sweep_cases(cases, devices[0] if devices else device, store, **kw)
+
+
+def sweep_devices(cases: list[tuple[OpSpec, Problem, torch.dtype]], devices: list[torch.device], store: Store,
+                  log: Callable[[str], None] = print, metas: dict[tuple[str, str], dict] | None = None,
+                  **kw: Any) -> pd.DataFrame:
+    """The cases dealt over ``devices`` (``shards.spread``), each device's share swept by a thread of its own with
+    its own isolated worker process and its own connection to the store (a file or a server: claims keep two devices
+    from measuring one candidate twice). Ctrl-C stops every device after the candidate it is measuring."""
+    if not kw.get("isolate", False):
+        raise ValueError("devices: a sweep over several devices measures in one worker process per device: pass "
+                         "isolate=True (threads measuring in this process would share its interpreter)")
+    if store.url is None and store.kept_in_memory is not None:
+        raise ValueError(f"devices: the store {store.path} is kept in memory; several devices need a store file "
+                         "or server they can each open")
+    stop, results, errors = threading.Event(), {}, []
+    shares = spread(cases, len(devices))
+    metas_of: dict[int, dict] = {k: {} for k in range(len(devices))}
+
+    def run(k: int) -> None:
+        mine = Store(store.url or store.path)
+
+        def say(text: str) -> None:
+            log(f"[{devices[k]}] {text}")
+
+        try:
+            results[k] = sweep_cases(shares[k], devices[k], mine, log=say, metas=metas_of[k], stop=stop,
+                                     **dict(kw, progress=False))
+        except BaseException as e:  # reported by the caller's thread
+            errors.append(e)
+            stop.set()
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"sweep-{d}") for k, d in enumerate(devices)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        stop.set()
+        for t in threads:
+            t.join()
+        raise
+    real = [e for e in errors if not isinstance(e, KeyboardInterrupt)]
+    if errors:
+        raise (real or errors)[0]
+    if metas is not None:
+        for m in metas_of.values():
+            metas.update(m)
+    frames = [results[k] for k in range(len(devices)) if len(results.get(k, ()))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.device, store: Store,
+                force: bool = False, progress: bool = True, log: Callable[[str], None] = print,
+                metas: dict[tuple[str, str], dict] | None = None, modes: Iterable[str] = MODES,
+                isolate: bool = False, timeout_s: float = 300.0, impls: Iterable[str] | None = None,
+                cost_metadata: bool = True, stop: threading.Event | None = None,
+                prune: float | None = PRUNE_FACTOR) -> pd.DataFrame:
+    """Measure every implementation of each (op, problem, dtype) case in each mode; one row per measurement.
+
+    With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
+    runs past ``timeout_s`` seconds is stored as failed with the reason, and the sweep goes on with a new
+    worker (the CLI isolates by default). One worker serves every case, so each implementation's edge-case gate
+    and compilation caches are paid once. The worker imports the ops by module, so an op or implementation
+    added at run time (a test's monkeypatch) is only seen in-process. Each measurement is committed as soon
+    as it is taken; one already stored for this source and device is reused unless ``force``.
+    After the measurements, each implementation's cost metadata (graph breaks, LOC, build seconds,
+    registers) is collected once per source and device, stored, and put in ``metas`` when given.
+    ``impls`` limits the sweep to implementations of those names; ``cost_metadata=False`` skips the metadata.
+    ``stop``: when set (by another thread), the sweep stops before its next candidate as if interrupted.
+    ``prune`` (successive halving): once a case (op, problem, dtype, mode) has a fully timed implementation of ours,
+    each further candidate is gated as always, then timed briefly, and one whose short timing's p20 lies above
+    ``prune`` x the fastest full timing's p80 is stored with that figure and the reason ``pruned: ...`` instead of
+    being timed in full (it cannot win: its range lies above the winner's). ``None`` times every candidate in full.
+    A row another sweep stored as contended while this one ran is taken as it is, not measured again at once: the
+    busy machine was likely the two sweeps (an idle rerun measures it again).
+    """
+    from ..progress import Progress
+
+    specs = list({s.name: s for s, _, _ in cases}.values())
+    modes = list(modes)
+    only = set(impls) if impls is not None else None
+    if only is not None:
+        unknown = only - {i for s in specs for i in s.impls}
+        if unknown:
+            raise ValueError(f"impls: no implementation named {', '.join(sorted(unknown))} in "
+                             f"{', '.join(s.name for s in specs)}")
+
+    def chosen(spec: OpSpec) -> list[Impl]:
+        return [i for i in spec.impls.values() if only is None or i.name in only]
+
+    todo = [(s, p, dt, m, i) for s, p, dt in cases for m in modes for i in chosen(s)]
+    say = Progress.write if progress else log
+    wall_start = time.time()
+    pool = Pool(device, sorted({s.reference.__module__ for s in specs}), timeout_s, log=say) if isolate else None
+    try:
+        if pool is not None:
+            info = pool.hello()
+            fp, copy = info["fingerprint"], info["copy_gbps"]
+        else:
+            fp, copy = fingerprint(device), copy_bandwidth_gbps(device)
+        log(f"device: {fp.name}; copy bandwidth {copy:.0f} GB/s (read + write, measured now); "
+            + (f"each candidate in a worker process, {timeout_s:g} s at most" if pool else "measuring in-process"))
+        if device.type == "cpu":
+            log("no GPU: benchmarking on the CPU (eager vs compile timed; Triton runs on the interpreter for "
+                "correctness only; CUDA unavailable)")
+        measured, broken, started, busy = 0, {}, time.perf_counter(), 0
+        # a claim outlives the longest a candidate may take; with force, a row another sweep took after this one
+        # started counts as done
+        ttl, since = 2 * timeout_s + 60, time.time() if force else -math.inf
+        # a contended row taken since this sweep started is from a sweep running beside it
+        busy_since = wall_start
+        shared_busy = 0  # contended rows another sweep stored while this one ran, taken as they are
+
+        def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl,
+                 bar: tuple[float, str] | None = None, waited: bool = False) -> tuple[dict | None, bool]:
+            """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it. ``waited``:
+            another sweep held it earlier, so a contended row it stored since is taken as it is."""
+            key = (spec.name, impl.name, str(problem), DTYPE_NAMES[dtype], mode, fp.key, impl.source_hash)
+            if not store.claim(key, ttl):
+                return None, False
+            try:
+                done = _fresh(store, spec, problem, dtype, fp.key, mode, since, -math.inf if waited else busy_since,
+                              impl=impl.name).get(impl.name)
+                if done is not None:  # another sweep stored it between our look and our claim
+                    return done, False
+                what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
+                kw = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
+                if pool is None:
+                    done = measure(spec, impl, problem, dtype, device, mode, **kw)
+                else:
+                    task = ("measure", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode) + ((kw,) if kw else ())
+                    done, why = pool.run(task, what)
+                    if why:
+                        done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
+                        broken[(spec.name, impl.name)] = why
+                store.add([done])
+                if contended(done):
+                    say(f"{what}: {done['reason']}: stored, excluded from decisions")
+                return done, True
+            finally:
+                store.release(key)
+
+        results: list[dict | None] = [None] * len(todo)
+        waiting: list[int] = []  # candidates another sweep holds
+        fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
+        of_case: dict[tuple, list] = {}  # this sweep's rows per (op, problem, dtype, mode): the pruning bar
+        bar = Progress(todo, disable=not progress, unit="meas", dynamic_ncols=True)
+        for n, (spec, problem, dtype, mode, impl) in enumerate(bar):
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
+            case = (spec.name, str(problem), dtype, mode)
+            if not force and case not in fresh:
+                fresh.clear()  # cases come in order: only the current one is needed
+                fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since)
+            done = None if force else fresh[case].get(impl.name)
+            if done is not None and contended(done):
+                shared_busy += 1
+            if done is None:
+                done, now = take(spec, problem, dtype, mode, impl, _bar(of_case.get(case, ()), prune))
+                if done is not None and not now and contended(done):
+                    shared_busy += 1
+                measured, busy = measured + now, busy + (now and contended(done))
+                if now and not progress and measured % 50 == 0:
+                    log(f"{measured} measured ({n + 1} of {len(todo)} looked at, "
+                        f"{time.perf_counter() - started:.0f} s)")
+                if done is None:
+                    waiting.append(n)
+            results[n] = done
+            of_case.setdefault(case, []).append(done)
+        bar.close()
+        if waiting:
+            log(f"{len(waiting)} candidate(s) claimed by another sweep on this store: taking them from the store once "
+                "it has stored them, or measuring them here if its claims expire")
+        while waiting:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            for n in list(waiting):
+                results[n], now = take(*todo[n], waited=True)
+                if results[n] is not None and not now and contended(results[n]):
+                    shared_busy += 1
+                measured, busy = measured + now, busy + (now and contended(results[n]))
+                if results[n] is not None:
+                    waiting.remove(n)
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
+        for spec, impl in with_progress([(s, i) for s in specs if cost_metadata for i in chosen(s)], progress):
+            if (spec.name, impl.name) in broken:  # it would crash or hang again
+                why = broken[spec.name, impl.name]
+                meta = {"error": f"not collected: the implementation crashed or hung ({why})"}
+            else:
+                meta = _meta(store, spec, impl, device, fp, pool)
+            if metas is not None:
+                metas[(spec.name, impl.name)] = meta
+    finally:
+        if pool is not None:
+            pool.close()
+    log(f"{measured} measured now, {len(results) - measured} taken from the store (same source, same device)"
+        + (f"; {pool.started} worker process(es) used" if pool else ""))
+    if shared_busy:
+        log(f"{shared_busy} row(s) another sweep on this store took while the machine was busy (reason 'contended: "
+            "...') taken as they are, not measured again beside it: the busy machine was likely the two sweeps; "
+            "excluded from every decision; run the same command on an idle machine to measure them again")
+    if busy:
+        log(f"{busy} measurement(s) taken while the machine was busy (reason 'contended: ...'): stored for the record, "
+            "excluded from every decision; run the same command on an idle machine to measure them again")
+    df = pd.DataFrame(results)
+    if len(df):  # every store column, also one no row filled in (a sweep where no row has a reason)
+        df = df.reindex(columns=[*df.columns, *(c for c in COLUMN_NAMES if c not in df.columns)])
+    if metas is not None and len(df):
+        df["graph_breaks"] = [breaks_str(metas.get((r.op, r.impl), {})) for r in df.itertuples()]
+        df["loc"] = [metas.get((r.op, r.impl), {}).get("loc") for r in df.itertuples()]
+    return df

@@ -1,0 +1,136 @@
+"""Measuring for the speed targets on the local GPU (``tiered-ops targets --live``): ``live_grid`` measures every
+implementation at each point of a grid file (``load_grid``, e.g. ``benchmarks/grid.csv``; peers included, into their
+own store), with the implementation selection picks there from the main store with tuning off (the nearest measured
+bucket); ``live_dispatch`` the per-call host time of ``tiered_ops.<op>`` against each tier's callable at
+launch-bound shapes. ``targets.render`` reads what they return.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import pandas as pd
+import torch
+
+from ..decide import decide as sel
+from ..decide.dispatch import make_public
+from ..measure.timing import host_time_per_call
+from ..registry import DTYPES, MODES
+from ..store.store import Store
+from ..tiers.catalog import all_ops, get_op
+from .bench import sweep_cases
+
+
+class GridPoint(NamedTuple):
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    mode: str
+    params: dict[str, Any]
+
+
+def _shape(text: str, where: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in str(text).split("x"))
+    except ValueError:
+        raise ValueError(f"{where}: shape {text!r}: expected sizes like 16384x4096") from None
+    return shape
+
+
+def load_grid(path: str | Path) -> list[GridPoint]:
+    """The points of a grid file: CSV with columns op, shape, dtype, mode, params (a JSON object, may be empty), or
+    JSON: a list of objects with those keys. A bad entry is an error naming the file, the entry and the field."""
+    path = Path(path)
+    if path.suffix == ".json":
+        entries = json.loads(path.read_text())
+    else:
+        with path.open(newline="") as f:
+            entries = list(csv.DictReader(f))
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a list of grid points (op, shape, dtype, mode, params)")
+    points = []
+    for n, e in enumerate(entries, start=2 if path.suffix != ".json" else 0):
+        where = f"{path}, {'line' if path.suffix != '.json' else 'entry'} {n}"
+        missing = [k for k in ("op", "shape", "dtype", "mode") if not e.get(k)]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        get_op(e["op"])  # an unknown op names the known ones
+        if e["dtype"] not in DTYPES or e["mode"] not in MODES:
+            raise ValueError(f"{where}: dtype {e['dtype']!r} / mode {e['mode']!r}: expected one of "
+                             f"{', '.join(DTYPES)} / {', '.join(MODES)}")
+        params = e.get("params") or {}
+        if isinstance(params, str):
+            try:
+                params = json.loads(params)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: params {params!r} is not a JSON object ({err})") from None
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}: params: expected a JSON object, got {params!r}")
+        points.append(GridPoint(e["op"], _shape(e["shape"], where), e["dtype"], e["mode"], params))
+    return points
+
+
+def grid_problem(op: str, shape: tuple[int, ...], params: dict[str, Any] | None = None) -> Any:
+    """The op's problem at ``shape`` with ``params`` (the op's defaults for the rest)."""
+    return get_op(op).problem(shape, **(params or {}))
+
+
+def live_grid(device: torch.device, main_db: str, grid_db: str, points: list[GridPoint],
+              log: Callable[[str], None] = print, isolate: bool = True, timeout_s: float = 300.0,
+              picks_csv: str | None = None) -> pd.DataFrame:
+    """Measure every implementation at each point into ``grid_db``; return one row per point with the
+    implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
+    grid is measured, so an interrupted grid still has them)."""
+
+    picks = []
+    sel.use_store(main_db)
+    try:
+        for pt in points:
+            p = grid_problem(pt.op, pt.shape, pt.params)
+            s = sel.select_problem(get_op(pt.op), p, DTYPES[pt.dtype], device, tune=False, policy="fastest",
+                                   mode=pt.mode)
+            picks.append(dict(op=pt.op, problem=str(p), dtype=pt.dtype, mode=pt.mode, selected=s.name,
+                              reason=s.record["reason"]))
+    finally:
+        sel.use_store(None)
+    if picks_csv:
+        pd.DataFrame(picks).to_csv(picks_csv, index=False)
+    store = Store(grid_db)
+    try:  # one sweep per mode, so one worker gates and compiles each implementation once for all its points
+        for mode in dict.fromkeys(pt.mode for pt in points):
+            sweep_cases([(get_op(pt.op), grid_problem(pt.op, pt.shape, pt.params), DTYPES[pt.dtype])
+                         for pt in points if pt.mode == mode], device, store, progress=False, log=log, modes=[mode],
+                        isolate=isolate, timeout_s=timeout_s, cost_metadata=False)
+    finally:
+        store.close()
+    return pd.DataFrame(picks)
+
+
+def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes: list[str],
+                  ops: list[str] | None = None) -> pd.DataFrame:
+    """Per-call host time of ``tiered_ops.<op>`` (the main store's decision) and of every implementation of ours
+    called directly, at ``shapes`` (like "32x4096") and ``dtypes``, in one process."""
+    rows = []
+    sel.use_store(main_db)
+    try:
+        for spec in [get_op(o) for o in ops] if ops else all_ops():
+            for shape in shapes:
+                for dt in dtypes:
+                    p = grid_problem(spec.name, _shape(shape, "dispatch shapes"))
+                    inp = spec.make_inputs(p, DTYPES[dt], device, 0)
+                    public = make_public(spec)
+                    with torch.no_grad():
+                        t_pub = host_time_per_call(lambda: public(*inp.args, **inp.kwargs), device)
+                        chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
+                        for impl in spec.impls.values():
+                            if impl.tier.label == "peer" or impl.why_not(device, DTYPES[dt]):
+                                continue
+                            t = host_time_per_call(lambda: impl.fn(*inp.args, **inp.kwargs), device)
+                            rows.append(dict(op=spec.name, problem=str(p), dtype=dt, impl=impl.name, direct_us=t,
+                                             public_us=t_pub, chosen=chosen))
+    finally:
+        sel.use_store(None)
+    return pd.DataFrame(rows)

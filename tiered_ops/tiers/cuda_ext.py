@@ -1,0 +1,182 @@
+"""Build and load the CUDA tier: ``cuda_src/*.cu`` and ``cuda_src/*.cpp`` as one TORCH_LIBRARY extension.
+
+An op's CUDA code is two files: its kernels and host launchers ``cuda_src/<op>.cu`` (plain CUDA) and its torch
+wrapper ``cuda_src/<op>.cpp``, which registers the op (schemas, CUDA and CPU kernels, pybind11 functions) with one
+``TIERED_OPS_CUDA_OP`` line. ``binding.cpp`` (the module) and the headers are shared by every op and name none.
+
+Built with ``torch.utils.cpp_extension.load`` (ninja) for the local GPU's architecture, into a build
+directory whose name hashes the sources, the torch and CUDA versions and the target architecture:
+a binary built from other sources or for another torch is never loaded. The build happens once per
+process on first use (scripts/gpu.sh logs its seconds). Fakes (meta kernels) and
+autograd formulas of the ops are registered here, so the ops trace under torch.compile and train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import envs
+from ..registry import package_dir
+
+# The installed package cuda_src (its .cu/.cuh/.h/.cpp are package data); the build directory stays outside it.
+CUDA_SRC = package_dir("cuda_src")
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+_on_load: list[Callable[[], None]] = []
+
+
+# Files every op's CUDA code is built with: a change to one of them is a change to every op.
+SHARED = ("common.cuh", "launchers.h", "binding.h", "binding.cpp")
+
+
+def sources() -> list[Path]:
+    return sorted(CUDA_SRC.glob("*.cu")) + sorted(CUDA_SRC.glob("*.cpp"))
+
+
+def op_files(op: str, root: Path | None = None) -> tuple[Path, Path]:
+    """The CUDA files of ``op`` alone: its kernel file and its wrapper file."""
+    root = CUDA_SRC if root is None else root
+    return root / f"{op}.cu", root / f"{op}.cpp"
+
+
+def shared_files(root: Path | None = None) -> list[Path]:
+    """The files every op's CUDA code is built with (an op's source hash covers these and its own two)."""
+    root = CUDA_SRC if root is None else root
+    return [root / f for f in SHARED]
+
+
+def all_files() -> list[Path]:
+    """Every file the build reads (sources and headers): the input of the build hash."""
+    return sorted(p for p in CUDA_SRC.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".cpp"))
+
+
+def build_dir_root() -> Path:
+    env = envs.build_dir()
+    return Path(env) if env else envs.cache_dir() / "cuda_build"
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
+def build_name(arch: str) -> str:
+    h = hashlib.sha256()
+    for p in all_files():
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(f"{torch.__version__}|{torch.version.cuda}|{arch}".encode())
+    return f"tiered_ops_cuda_{h.hexdigest()[:12]}"
+
+
+def _first_error(msg: str) -> str:
+    for line in msg.splitlines():
+        if "error" in line.lower() and "Error building extension" not in line:
+            return line.strip()[:300]
+    return msg.strip().splitlines()[0][:300] if msg.strip() else "unknown error"
+
+
+def load(device: torch.device | None = None) -> str | None:
+    """Build (once) and load the extension; None when loaded, else why the CUDA tier is unavailable."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.version.cuda is None:
+        return "torch was built without CUDA"
+    if "name" in _state:  # loaded: no lock, so that dynamo tracing a first call through an op sees no context manager
+        return None
+    with _lock:
+        if "error" in _state:
+            return _state["error"]  # type: ignore[return-value]
+        if "name" in _state:
+            return None
+        device = device or torch.device("cuda", torch.cuda.current_device())
+        arch = _arch(device)
+        name = build_name(arch)
+        bdir = build_dir_root() / name
+        bdir.mkdir(parents=True, exist_ok=True)
+        from torch.utils import cpp_extension
+
+        old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+        t0 = time.perf_counter()
+        try:
+            module = cpp_extension.load(
+                name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
+                # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
+                # segfaulted when a TORCH_CHECK threw out of the op.
+                extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
+                is_python_module=True, verbose=envs.verbose_build(),
+            )
+        except Exception as e:  # recorded as the reason the CUDA tier is unavailable
+            _state["error"] = f"CUDA extension failed to build: {_first_error(str(e))}"
+            return _state["error"]  # type: ignore[return-value]
+        finally:
+            if old is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = old
+        _state.update(name=name, load_s=time.perf_counter() - t0, arch=arch, module=module, build_dir=bdir)
+        for hook in _on_load:
+            hook()
+        return None
+
+
+def on_load(hook: Callable[[], None]) -> None:
+    """Call ``hook`` once the extension is loaded (now, when it is already): the tiers register the autograd and fake
+    kernels of the ops it defines there, so this module needs nothing above it."""
+    _on_load.append(hook)
+    if "name" in _state:
+        hook()
+
+
+def pybind_function(name: str):
+    """The pybind11 export of a CUDA op's C++ function (the graph-break contrast), or None when not built."""
+    module = _state.get("module")
+    return getattr(module, name, None) if module is not None else None
+
+
+def registered_ops() -> list[str] | None:
+    """The ops the loaded extension registered (one per wrapper file), or None when not built."""
+    module = _state.get("module")
+    return list(module.registered_ops) if module is not None else None
+
+
+def ninja_seconds(build_dir: Path) -> dict[str, float]:
+    """Seconds ninja spent on each target of the last build in ``build_dir`` (from its .ninja_log).
+
+    Format (v5): a header line, then ``start_ms end_ms mtime target hash`` per target; a target rebuilt
+    later appears again, and the last entry counts.
+    """
+    log = Path(build_dir) / ".ninja_log"
+    out: dict[str, float] = {}
+    if not log.exists():
+        return out
+    for line in log.read_text().splitlines():
+        parts = line.split("\t")
+        if line.startswith("#") or len(parts) < 4:
+            continue
+        out[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000.0
+    return out
+
+
+def build_info() -> dict[str, object]:
+    """Build facts of the loaded extension: per-object seconds, total, target architecture."""
+    if "name" not in _state:
+        return {}
+    secs = ninja_seconds(_state["build_dir"])  # type: ignore[arg-type]
+    return dict(arch=f"sm_{str(_state['arch']).replace('.', '')}", load_s=_state["load_s"], objects=secs,
+                build_s=sum(secs.values()) if secs else None)
+
+
+def available(device: torch.device) -> str | None:
+    """Availability check for CUDA-tier implementations (builds on first call)."""
+    if device.type != "cuda":
+        return "CUDA tier runs on CUDA devices only"
+    return load(device)

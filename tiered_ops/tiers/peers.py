@@ -1,0 +1,133 @@
+"""Peer implementations: other libraries' kernels for the same ops, measured beside ours and never selected.
+
+A peer is an ``Impl`` of tier ``PEER`` with the op's signature. The sweep gates and times it like any tier (so
+the report shows it next to ours, in the same run, against the same copy bandwidth); selection, the
+policies' decisions and ``tiered-ops check`` skip it. Its source hash covers the library files it runs, so a
+new version of the library is a new candidate.
+
+Liger-Kernel (``liger_kernel``, Triton): softmax (last dim), rms_norm and layer_norm, each on a single
+trailing normalized dim. rms_norm uses ``casting_mode="gemma"`` (the whole computation in fp32, rounded
+once: the semantics of our ops) and ``in_place=False`` (the default ``True`` writes dx over dy, which the
+timing loop re-uses). cross_entropy (``liger_cross_entropy``, which calls ``LigerCrossEntropyFunction``) writes the
+logits' gradient over its input during a forward that requires grad: the peer gives it a copy of the logits then
+(the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
+fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma" mode: the
+sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..registry import OPS, Impl, OpSpec, Tier
+
+LIGER = "liger_kernel"
+
+
+def _liger_files(*modules: str) -> tuple[Path, ...]:
+    spec = importlib.util.find_spec(LIGER)
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return tuple(p for p in (root / "ops" / f"{m}.py" for m in (*modules, "utils")) if p.exists())
+
+
+def liger_available(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "Liger-Kernel runs on CUDA devices only"
+    if importlib.util.find_spec(LIGER) is None:
+        return ("liger_kernel is not installed (a peer: pip install liger-kernel==0.8.5, or carry the wheel as "
+                "scripts/gpu.sh does)")
+    return None
+
+
+def _one_dim(op: str, normalized_shape: int | Sequence[int]) -> int:
+    ns = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if len(ns) != 1:
+        raise NotImplementedError(f"{op} (Liger peer): a single normalized dim only, got normalized_shape {ns}")
+    return ns[0]
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.reshape(-1, n) if x.numel() else x
+
+
+def _liger_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+    if dim not in (-1, x.dim() - 1):
+        raise NotImplementedError(f"softmax (Liger peer): the last dim only, got dim={dim} for {x.dim()}-d x")
+    return LigerSoftmaxFunction.apply(x)
+
+
+def _liger_rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                    eps: float | None = None) -> torch.Tensor:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    n = _one_dim("rms_norm", normalized_shape)
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    y = LigerRMSNormFunction.apply(_rows(x, n), weight, e, 0.0, "gemma", False)
+    return y.view(x.shape)
+
+
+def _liger_layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    n = _one_dim("layer_norm", normalized_shape)
+    if weight is None or bias is None:
+        raise NotImplementedError("layer_norm (Liger peer): needs both weight and bias")
+    return LigerLayerNormFunction.apply(_rows(x, n), weight, bias, eps).view(x.shape)
+
+
+def _liger_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None
+                         ) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_cross_entropy
+
+    if logits.requires_grad:  # Liger writes the gradient over its input: the caller's logits get a copy's
+        logits = logits.clone()
+    loss = liger_cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                               reduction=reduction)
+    if reduction == "mean":  # torch's mean is NaN when every target is ignored, Liger's 0 (its gradient 0 in both)
+        loss = torch.where((target != ignore_index).any(), loss, torch.nan)
+    return loss.to(dtype or logits.dtype)
+
+
+def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                              weight: torch.Tensor | None = None, eps: float | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    n = _one_dim("fused_add_rms_norm", normalized_shape)
+    if weight is None:
+        raise NotImplementedError("fused_add_rms_norm (Liger peer): needs a weight")
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    y, s = LigerFusedAddRMSNormFunction.apply(_rows(x, n), _rows(residual, n), weight, e, 0.0, "gemma", False)
+    return y.view(x.shape), s.view(x.shape)
+
+
+LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
+    "softmax": (_liger_softmax, "softmax"),
+    "rms_norm": (_liger_rms_norm, "rms_norm"),
+    "layer_norm": (_liger_layer_norm, "layer_norm"),
+    "cross_entropy": (_liger_cross_entropy, "cross_entropy"),
+    "fused_add_rms_norm": (_liger_fused_add_rms_norm, "fused_add_rms_norm"),
+}
+
+
+def register(specs: Sequence[OpSpec] | None = None) -> list[Impl]:
+    """Add the ``liger`` peer to each op it covers (idempotent); returns the impls added."""
+    added = []
+    for op, (fn, module) in LIGER_OPS.items():
+        spec = OPS.get(op) if specs is None else next((s for s in specs if s.name == op), None)
+        if spec is None or "liger" in spec.impls:
+            continue
+        added.append(spec.add(Impl("liger", Tier.PEER, fn, _liger_files(module), devices=("cuda",),
+                                   available=liger_available)))
+    return added
