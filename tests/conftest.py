@@ -37,3 +37,16 @@ def private_store(tmp_path, monkeypatch):
 
 
 from pgserver import pg_server, pg_url, store_target  # noqa: E402,F401  (PostgreSQL fixtures, tests/pgserver.py)
+
+
+@pytest.fixture()
+def private_decisions(tmp_path, monkeypatch):
+    """A store of the test's own, tuning off: decisions read from it alone (eager where it holds nothing)."""
+    from tiered_ops.decide import decide
+
+    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "ctx.sqlite"))
+    decide.use_store(None)
+    decide.set_tuning(False)
+    yield
+    decide.set_tuning(None)
+    decide.use_store(None)

@@ -12,16 +12,6 @@ from tiered_ops.decide import decide
 from tiered_ops.decide.contexts import in_context
 
 
-@pytest.fixture()
-def no_tune(tmp_path, monkeypatch):
-    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "ctx.sqlite"))
-    decide.use_store(None)
-    decide.set_tuning(False)
-    yield
-    decide.set_tuning(None)
-    decide.use_store(None)
-
-
 def _row(impl: str, p50: float, host: float, device_key: str = "cuda-NVIDIA H100") -> dict:
     return dict(impl=impl, tier=impl, ok=1, caller_us=max(p50, host), p50_us=p50, p20_us=0.9 * p50, p80_us=1.1 * p50,
                 host_us=host, host_p80_us=1.1 * host, device_key=device_key)
@@ -43,25 +33,25 @@ def test_a_cpu_row_keeps_its_time_in_every_context():
     assert in_context(rows, "graphed")[0][0]["caller_us"] == 30.0
 
 
-def test_select_backend_takes_a_context_and_records_it(no_tune):
+def test_select_backend_takes_a_context_and_records_it(private_decisions):
     for ctx in ("eager", "compiled", "graphed"):
         sel = tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context=ctx)
         assert sel.record["context"] == ctx
 
 
-def test_an_unknown_context_is_rejected_by_name(no_tune):
+def test_an_unknown_context_is_rejected_by_name(private_decisions):
     with pytest.raises(ValueError, match="context: expected one of eager, compiled, graphed, got 'jit'"):
         tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context="jit")
 
 
-def test_the_cli_select_takes_a_context(no_tune, capsys):
+def test_the_cli_select_takes_a_context(private_decisions, capsys):
     assert main(["select", "softmax", "4x8", "--device", "cpu", "--no-tune", "--context", "graphed"]) == 0
     assert "fwd_nograd graphed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["select", "softmax", "4x8", "--device", "cpu", "--context", "jit"])
 
 
-def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(no_tune):
+def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(private_decisions):
     decide.clear_cache()
     x = torch.randn(3, 17)
     torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x.double(), -1).float())
@@ -70,7 +60,7 @@ def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(no_tu
     assert contexts == {"eager", "compiled", "graphed"}  # a compiled region finds its decision at trace time
 
 
-def test_a_compiled_caller_is_detected_and_traced_without_a_graph_break(no_tune):
+def test_a_compiled_caller_is_detected_and_traced_without_a_graph_break(private_decisions):
     decide.clear_cache()
     x = torch.randn(3, 17)
     tiered_ops.softmax(x, -1)  # decided outside the graph first
@@ -100,7 +90,7 @@ def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tm
         decide.use_store(None)
 
 
-def test_a_compiled_caller_after_an_eager_call_compiles_once(no_tune):
+def test_a_compiled_caller_after_an_eager_call_compiles_once(private_decisions):
     """The eager call caches the compiled context's selection of its signature too: the trace finds it, so no guard
     on its absence fails after the trace's own miss (which recompiled every patched model once)."""
     from torch._dynamo.utils import counters

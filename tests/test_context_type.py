@@ -13,20 +13,10 @@ import torch
 import tiered_ops
 from tiered_ops.analysis import territories
 from tiered_ops.cli.cli import main
-from tiered_ops.decide import decide, dispatch
+from tiered_ops.decide import dispatch
 from tiered_ops.registry import CONTEXTS, Context, check_context
 
 ALLOWED = "expected one of eager, compiled, graphed"
-
-
-@pytest.fixture()
-def no_tune(tmp_path, monkeypatch):
-    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "ctx.sqlite"))
-    decide.use_store(None)
-    decide.set_tuning(False)
-    yield
-    decide.set_tuning(None)
-    decide.use_store(None)
 
 
 def test_a_member_is_its_text():
@@ -52,7 +42,7 @@ def test_check_context_names_the_argument_and_the_allowed_values(bad):
         check_context(bad, "where")
 
 
-def test_select_backend_takes_the_member_or_its_text_alike(no_tune):
+def test_select_backend_takes_the_member_or_its_text_alike(private_decisions):
     by_text = tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context="compiled")
     by_member = tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context=Context.COMPILED)
     assert by_member is by_text and by_text.record["context"] == "compiled"
@@ -60,7 +50,7 @@ def test_select_backend_takes_the_member_or_its_text_alike(no_tune):
         tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", context="jit")
 
 
-def test_tune_takes_the_member_or_its_text_and_names_what_it_refuses(no_tune):
+def test_tune_takes_the_member_or_its_text_and_names_what_it_refuses(private_decisions):
     model = torch.nn.Linear(4, 4)
     assert tiered_ops.tune(model, torch.randn(2, 4), context=Context.GRAPHED).context is Context.GRAPHED
     report = tiered_ops.tune(model, torch.randn(2, 4), context="compiled")
