@@ -96,6 +96,46 @@ def check_norm(op: str, x: torch.Tensor, normalized_shape: list[int], **params: 
 
 
 @triton.jit
+def _rows_tile(rows, cols, n_rows, n_cols):
+    # A (rows, cols) tile of contiguous (n_rows, n_cols) rows: its element offsets (int64) and mask
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    return offs, mask
+
+
+@triton.jit
+def _dy_x_rstd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, r_end, n_cols):
+    # dy and x (fp32) of the rows below r_end of a (rows, cols) tile, the rows' rstd; the tile's offsets and mask
+    offs, mask = _rows_tile(rows, cols, r_end, n_cols)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < r_end, other=0.0)
+    return offs, mask, dy, x, rstd
+
+
+@triton.jit
+def _dy_times_w(dy_row, w_ptr, idx, mask, w_offset, HAS_W: tl.constexpr, OFFSET: tl.constexpr):
+    # dy[idx] in fp32, times w[idx] in fp32 (plus w_offset with OFFSET) where there is a weight
+    g = tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        w = tl.load(w_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+        if OFFSET:
+            w = w + w_offset
+        g = g * w
+    return g
+
+
+@triton.jit
+def _online_lse_step(m, s, x):
+    # One block of a row into per-lane running (max m, sum s of exp(x - m)); the new (m, s)
+    m_new = tl.maximum(m, x)
+    keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
+    shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
+    s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
+    return m_new, s
+
+
+@triton.jit
 def _norm_param_grads(dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols, rows_per,
                       HAS_MEAN: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     # Partial sums over one group of rows, for one block of columns: dw += dy * xhat, db += dy, with
@@ -109,14 +149,9 @@ def _norm_param_grads(dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows,
     acc_b = tl.zeros([BLOCK_N], tl.float32)
     for r0 in range(r_start, r_end, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        rmask = rows < r_end
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        mask = rmask[:, None] & cmask[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        _, _, dy, x, rstd = _dy_x_rstd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, r_end, n_cols)
         if HAS_MEAN:
-            x = x - tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]
+            x = x - tl.load(mean_ptr + rows, mask=rows < r_end, other=0.0)[:, None]
         acc_w += tl.sum(dy * x * rstd[:, None], axis=0)
         if HAS_B:
             acc_b += tl.sum(dy, axis=0)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_float, num_warps_for
+from .common import _online_lse_step, check_float, num_warps_for
 from .launch import Plans, Step, register_ops
 
 MAX_BLOCK = 4096  # elements of a row one iteration of a program loads
@@ -45,12 +45,8 @@ def _ce_fwd(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, stride, ignore_index, smoot
         for start in range(0, n_cols, BLOCK_V):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
-            keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
-            shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
-            s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
+            m, s = _online_lse_step(m, s, x)
             s = tl.where(x != x, float("nan"), s)  # maximum drops a NaN: the sum carries it
-            m = m_new
             if SMOOTH:
                 xs += tl.where(mask, x, 0.0)
         m_row = tl.max(m, axis=0)

@@ -81,11 +81,24 @@ def _fill_rows(y_ptr, r0, r1, D, cols, cmask, g, BLOCK_R: tl.constexpr, BLOCK_D:
 
 
 @triton.jit
-def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    # Programs [0, seg_progs): SEGS segments each, those of at most CH rows summed whole into out. Programs after:
-    # row range p = [p * CH, p * CH + CH), the pieces of long segments in it as fp32 partials in ws[2p] (the segment
-    # holding its first row) and ws[2p + 1] (the one holding its last row, when another).
+def _piece(src_ptr, dst_ptr, s, slot, r0, r1, D, cols, cmask, BWD: tl.constexpr, BLOCK_R: tl.constexpr,
+           BLOCK_D: tl.constexpr):
+    """Rows [r0, r1) of segment s. Forward: their column sums into row ``slot`` of dst (out, or the fp32 partials).
+    Backward: dout's row s into those rows of dst (dvalues)."""
+    if BWD:
+        g = tl.load(src_ptr + s * D + cols, mask=cmask, other=0.0)
+        _fill_rows(dst_ptr, r0, r1, D, cols, cmask, g, BLOCK_R, BLOCK_D)
+    else:
+        tot = _sum_rows(src_ptr, r0, r1, D, cols, cmask, BLOCK_R, BLOCK_D)
+        tl.store(dst_ptr + slot * D + cols, tot.to(dst_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _split(src_ptr, off_ptr, seg_ptr, range_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
+           BWD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Programs [0, seg_progs): SEGS segments each, those of at most CH rows whole (slot s of seg). Programs after:
+    # row range p = [p * CH, p * CH + CH), the pieces of long segments in it: the one holding its first row (slot 2p
+    # of range) and the one holding its last row, when another (slot 2p + 1).
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -95,8 +108,7 @@ def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_
             if s < S:
                 start, end = _bounds(off_ptr, s, E)
                 if end - start <= CH:
-                    tot = _sum_rows(x_ptr, start, end, D, cols, cmask, BLOCK_R, BLOCK_D)
-                    tl.store(out_ptr + s * D + cols, tot.to(out_ptr.dtype.element_ty), mask=cmask)
+                    _piece(src_ptr, seg_ptr, s, s, start, end, D, cols, cmask, BWD, BLOCK_R, BLOCK_D)
     else:
         p = (pid - seg_progs).to(tl.int64)
         lo = p * CH
@@ -104,13 +116,19 @@ def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_
         sa = _find(off_ptr, lo, S, n_steps)
         a_start, a_end = _bounds(off_ptr, sa, E)
         if a_end - a_start > CH:
-            tot_a = _sum_rows(x_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, BLOCK_R, BLOCK_D)
-            tl.store(ws_ptr + 2 * p * D + cols, tot_a, mask=cmask)
+            _piece(src_ptr, range_ptr, sa, 2 * p, lo, tl.minimum(a_end, hi), D, cols, cmask, BWD, BLOCK_R, BLOCK_D)
         sb = _find(off_ptr, hi - 1, S, n_steps)
         b_start, b_end = _bounds(off_ptr, sb, E)
         if (sb != sa) & (b_end - b_start > CH):
-            tot_b = _sum_rows(x_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, BLOCK_R, BLOCK_D)
-            tl.store(ws_ptr + (2 * p + 1) * D + cols, tot_b, mask=cmask)
+            _piece(src_ptr, range_ptr, sb, 2 * p + 1, tl.maximum(b_start, lo), hi, D, cols, cmask, BWD, BLOCK_R,
+                   BLOCK_D)
+
+
+@triton.jit
+def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Short segments summed whole into out; long ones as fp32 partials per row range in ws (summed by the combine).
+    _split(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_steps, SEGS, False, BLOCK_R, BLOCK_D)
 
 
 @triton.jit
@@ -141,31 +159,7 @@ def _segment_sum_combine(ws_ptr, off_ptr, out_ptr, E, D, S, CH, n_steps, BLOCK_P
 def _segment_sum_bwd(dout_ptr, off_ptr, dx_ptr, E, D, S, CH, seg_progs, n_steps, SEGS: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     # The forward's split: a short segment's rows by its segment program, a long one's by the row ranges it crosses.
-    pid = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    if pid < seg_progs:
-        for j in range(SEGS):
-            s = pid.to(tl.int64) * SEGS + j
-            if s < S:
-                start, end = _bounds(off_ptr, s, E)
-                if end - start <= CH:
-                    g = tl.load(dout_ptr + s * D + cols, mask=cmask, other=0.0)
-                    _fill_rows(dx_ptr, start, end, D, cols, cmask, g, BLOCK_R, BLOCK_D)
-    else:
-        p = (pid - seg_progs).to(tl.int64)
-        lo = p * CH
-        hi = tl.minimum(lo + CH, E)
-        sa = _find(off_ptr, lo, S, n_steps)
-        a_start, a_end = _bounds(off_ptr, sa, E)
-        if a_end - a_start > CH:
-            g_a = tl.load(dout_ptr + sa * D + cols, mask=cmask, other=0.0)
-            _fill_rows(dx_ptr, lo, tl.minimum(a_end, hi), D, cols, cmask, g_a, BLOCK_R, BLOCK_D)
-        sb = _find(off_ptr, hi - 1, S, n_steps)
-        b_start, b_end = _bounds(off_ptr, sb, E)
-        if (sb != sa) & (b_end - b_start > CH):
-            g_b = tl.load(dout_ptr + sb * D + cols, mask=cmask, other=0.0)
-            _fill_rows(dx_ptr, tl.maximum(b_start, lo), hi, D, cols, cmask, g_b, BLOCK_R, BLOCK_D)
+    _split(dout_ptr, off_ptr, dx_ptr, dx_ptr, E, D, S, CH, seg_progs, n_steps, SEGS, True, BLOCK_R, BLOCK_D)
 
 
 def chunk_rows(E: int) -> int:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_FUSED_FWD, check_float, check_same, row_settings
+from .common import MAX_FUSED_FWD, _online_lse_step, _rows_tile, check_float, check_same, row_settings
 from .launch import Plans, Step, register_ops
 
 MAX_FUSED = 16384  # longest row the backward keeps in registers
@@ -28,8 +28,7 @@ MAX_FUSED = 16384  # longest row the backward keeps in registers
 def _softmax_rows(x_ptr, y_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
     mx = tl.max(x, axis=1)
     # an all -inf row (the input's, or a row past n_rows) is NaN, as -inf - -inf makes it, without computing that
@@ -50,11 +49,7 @@ def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        keep = m_new != -float("inf")  # lanes that saw only -inf add nothing (avoids -inf - -inf)
-        shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
-        s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
-        m = m_new
+        m, s = _online_lse_step(m, s, x)
     m_row = tl.max(m, axis=0)
     s_row = tl.sum(tl.where(m != -float("inf"), s * tl.exp(m - tl.where(m_row == -float("inf"), 0.0, m_row)), 0.0),
                    axis=0)
@@ -69,8 +64,7 @@ def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
 def _softmax_bwd_rows(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
