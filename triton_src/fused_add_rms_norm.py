@@ -16,16 +16,14 @@ Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kern
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from .common import (
-    MAX_FUSED_FWD,
-    ParamGradsPlan,
+    _dy_times_w,
+    _dy_x_rstd_tile,
+    _rows_tile,
     check_float,
     check_same,
     norm_param_grads,
@@ -35,7 +33,16 @@ from .common import (
     target_programs,
 )
 from .launch import Plans, Step, param_key, register_ops
-from .rms_norm import _apply_weight, _rstd, check_dy, check_form, out_dtype
+from .rms_norm import (
+    BwdPlan,
+    FwdPlan,
+    _apply_weight,
+    _rstd,
+    check_dy,
+    check_form,
+    fwd_plan,
+    leading_rows,
+)
 
 # Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
 MAX_FUSED_BWD = 8192
@@ -49,8 +56,7 @@ def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows
                              CAST: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     s = (x + r).to(s_ptr.dtype.element_ty)  # one rounding, as torch's x + residual
@@ -111,12 +117,7 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
     r_end = tl.minimum(r_start + rows_per, n_rows)
     for r0 in range(r_start, r_end, ROWS):
         rows = r0 + tl.arange(0, ROWS)
-        rmask = rows < r_end
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        mask = rmask[:, None] & cmask[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        offs, mask, dy, s, rstd = _dy_x_rstd_tile(dy_ptr, s_ptr, rstd_ptr, rows, cols, r_end, n_cols)
         g = dy
         if HAS_W:
             g = dy * w[None, :]
@@ -139,22 +140,12 @@ def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_pt
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if OFFSET:
-                wl = wl + w_offset
-            g = g * wl
+        g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
         acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
     c = tl.sum(acc, axis=0) * rstd * rstd / n_cols
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        g = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            wl = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if OFFSET:
-                wl = wl + w_offset
-            g = g * wl
+        g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
         s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -168,43 +159,15 @@ def _check_like_rows(op: str, name: str, t: torch.Tensor, like: torch.Tensor, li
         raise ValueError(f"{op}: {name} must have the shape of {like_name} {list(like.shape)}, got {list(t.shape)}")
 
 
-def _rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
-    return math.prod(x.shape[: x.dim() - len(normalized_shape)])
-
-
-# One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
-# launches from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
-# (fused_add_rms_norm_fast, the kept compiled kernels) once per (shapes, dtype, device).
-class FwdPlan(NamedTuple):
-    step: Step | None  # None: x is empty
-    ints: tuple
-    rows: int
-    out: torch.dtype  # y's dtype
-
-
-class BwdPlan(NamedTuple):
-    step: Step | None  # None: new_residual is empty
-    ints: tuple
-    rows: int
-    persistent: bool  # the rows kernel (a persistent grid, dw in registers), else the looped one
-    dw_shape: tuple | None  # the rows kernel's (programs, n) fp32 dw partials (with a weight)
-    param_grads: ParamGradsPlan | None  # the looped kernel's dw (with a weight)
-
-
+# One launch plan per direction (rms_norm's FwdPlan and BwdPlan: checks, kernels, grids, constexprs, int arguments)
+# and one host function that launches from it: the registered ops (triton_op, wrap_triton) make the plan per call,
+# the eager fast path (fused_add_rms_norm_fast, the kept compiled kernels) once per (shapes, dtype, device).
 def plan_fwd(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
              weight_offset: float = 0.0, cast_before_weight: bool = False) -> FwdPlan:
     n = check_form(OP, x, normalized_shape, weight, weight_offset, cast_before_weight)
     _check_like_rows(OP, "residual", residual, x, "x")
-    rows = _rows(x, normalized_shape)
-    dt = out_dtype(x, weight, cast_before_weight)
-    if x.numel() == 0:
-        return FwdPlan(None, (), rows, dt)
-    flags = dict(HAS_W=weight is not None, OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if n <= MAX_FUSED_FWD:
-        return FwdPlan(Step(_fused_add_rms_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block,
-                            ROWS=per), (rows, n), rows, dt)
-    return FwdPlan(Step(_fused_add_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, dt)
+    return fwd_plan(_fused_add_rms_norm_rows, _fused_add_rms_norm_looped, x, n, leading_rows(x, normalized_shape),
+                    weight, weight_offset, cast_before_weight)
 
 
 def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, normalized_shape: list[int],
@@ -215,12 +178,12 @@ def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, n
     check_float(BWD, "dy", dy)
     check_dy(BWD, dy, new_residual, weight, cast_before_weight, "new_residual")
     _check_like_rows(BWD, "dres", dres, new_residual, "new_residual")
-    rows = _rows(new_residual, normalized_shape)
+    rows = leading_rows(new_residual, normalized_shape)
     if rstd.dtype != torch.float32 or rstd.shape != (rows,) or rstd.device != new_residual.device:
         raise ValueError(f"{BWD}: rstd must be a float32 tensor of {rows} row statistics on {new_residual.device}, "
                          f"got {rstd.dtype} of shape {list(rstd.shape)} on {rstd.device}")
     if new_residual.numel() == 0:
-        return BwdPlan(None, (), rows, False, None, None)
+        return BwdPlan(None, (), rows, None)
     has_w = weight is not None
     flags = dict(HAS_W=has_w, OFFSET=bool(weight_offset))
     if n <= MAX_FUSED_BWD:
@@ -230,9 +193,9 @@ def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, n
         groups = triton.cdiv(rows, rows_per)
         step = Step(_fused_add_rms_norm_bwd_rows, (groups,), num_warps_for(block * per), **flags, BLOCK_N=block,
                     ROWS=per)
-        return BwdPlan(step, (rows, n, rows_per), rows, True, (groups, n) if has_w else None, None)
+        return BwdPlan(step, (rows, n, rows_per), rows, None, True, (groups, n) if has_w else None)
     pg = plan_param_grads(rows, n, new_residual.device, has_mean=False, with_bias=False) if has_w else None
-    return BwdPlan(Step(_fused_add_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, False, None, pg)
+    return BwdPlan(Step(_fused_add_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, pg)
 
 
 def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,

@@ -27,6 +27,8 @@ import triton.language as tl
 from .common import (
     MAX_FUSED_FWD,
     ParamGradsPlan,
+    _dy_times_w,
+    _rows_tile,
     check_norm,
     check_same,
     norm_param_grads,
@@ -45,8 +47,7 @@ def _layer_norm_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_c
                      HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     s = tl.sum(x, axis=1)
     mean = tl.math.div_rn(s, tl.zeros_like(s) + n_cols)  # IEEE division: mean of one element is that element
@@ -96,8 +97,7 @@ def _layer_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_row
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -123,9 +123,7 @@ def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_c
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
-        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, 0.0, HAS_W, False)
         acc1 += tl.where(mask, g * xhat, 0.0)
         acc2 += g
     c1 = tl.sum(acc1, axis=0) / n_cols
@@ -133,9 +131,7 @@ def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_c
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
-        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            g = g * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, 0.0, HAS_W, False)
         dx = rstd * (g - xhat * c1 - c2)
         tl.store(dx_ptr + row * n_cols + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 

@@ -17,6 +17,7 @@ v2 — the forward keeps rows up to 32768 in registers (32 warps; v1 looped from
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -26,6 +27,8 @@ import triton.language as tl
 from .common import (
     MAX_FUSED_FWD,
     ParamGradsPlan,
+    _dy_times_w,
+    _rows_tile,
     check_float,
     check_norm,
     norm_param_grads,
@@ -97,8 +100,7 @@ def _rms_norm_rows(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl
                    ROWS: tl.constexpr, OFFSET: tl.constexpr = False, CAST: tl.constexpr = False):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps, OFFSET or CAST)
     y = x * rstd[:, None]
@@ -139,8 +141,7 @@ def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, e
                        HF: tl.constexpr = False):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_W:
@@ -166,12 +167,7 @@ def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, w_
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if OFFSET:
-                w = w + w_offset
-            g = g * w
+        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
         acc_ss += x * x
         acc_gx += g * x
     rstd = _rstd(tl.sum(acc_ss, axis=0), n_cols, eps, HF)
@@ -179,12 +175,7 @@ def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, w_
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(dy_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if OFFSET:
-                w = w + w_offset
-            g = g * w
+        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
         tl.store(dx_ptr + row * n_cols + start + cols, (rstd * (g - x * c)).to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_W:
         tl.store(rstd_ptr + row, rstd)
@@ -192,10 +183,11 @@ def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, w_
 
 # One launch plan per direction (checks, kernel, grid, constexprs, int arguments) and one host function that launches
 # from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path (rms_norm_fast,
-# the kept compiled kernels) once per (shapes, dtype, device).
+# the kept compiled kernels) once per (shapes, dtype, device). fused_add_rms_norm's plans are these too.
 class FwdPlan(NamedTuple):
     step: Step | None  # None: x is empty
     ints: tuple
+    rows: int
     out: torch.dtype  # y's dtype
 
 
@@ -203,22 +195,36 @@ class BwdPlan(NamedTuple):
     step: Step | None  # None: x is empty
     ints: tuple
     rows: int
-    param_grads: ParamGradsPlan | None
+    param_grads: ParamGradsPlan | None  # the column kernel's dw (with a weight)
+    persistent: bool = False  # fused_add_rms_norm's rows kernel (a persistent grid, dw in registers)
+    dw_shape: tuple | None = None  # that kernel's (programs, n) fp32 dw partials (with a weight)
+
+
+def leading_rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
+    """Rows of x over the trailing dims normalized_shape (also where those hold no elements)."""
+    return math.prod(x.shape[: x.dim() - len(normalized_shape)])
+
+
+def fwd_plan(rows_kernel: triton.JITFunction, looped_kernel: triton.JITFunction, x: torch.Tensor, n: int,
+             rows: int, weight: torch.Tensor | None, weight_offset: float, cast_before_weight: bool) -> FwdPlan:
+    """The forward of the rms_norm kernels' form (int arguments (rows, n) or (n,)): rows up to MAX_FUSED_FWD in
+    registers, several short rows a program, longer rows looped in blocks of 4096."""
+    dt = out_dtype(x, weight, cast_before_weight)
+    if x.numel() == 0:
+        return FwdPlan(None, (), rows, dt)
+    flags = dict(HAS_W=weight is not None, OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
+    block, per, warps = row_settings(n, MAX_FUSED_FWD)
+    if n <= MAX_FUSED_FWD:
+        return FwdPlan(Step(rows_kernel, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),
+                       (rows, n), rows, dt)
+    return FwdPlan(Step(looped_kernel, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, dt)
 
 
 def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, weight_offset: float = 0.0,
              cast_before_weight: bool = False) -> FwdPlan:
     n = check_form("rms_norm_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
-    dt = out_dtype(x, weight, cast_before_weight)
-    if x.numel() == 0:
-        return FwdPlan(None, (), dt)
-    rows = x.numel() // n
-    flags = dict(HAS_W=weight is not None, OFFSET=bool(weight_offset), CAST=bool(cast_before_weight))
-    block, per, warps = row_settings(n, MAX_FUSED_FWD)
-    if n <= MAX_FUSED_FWD:
-        return FwdPlan(Step(_rms_norm_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),
-                       (rows, n), dt)
-    return FwdPlan(Step(_rms_norm_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), dt)
+    return fwd_plan(_rms_norm_rows, _rms_norm_looped, x, n, leading_rows(x, normalized_shape), weight, weight_offset,
+                    cast_before_weight)
 
 
 def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
