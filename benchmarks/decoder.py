@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from models import timed  # the sibling benchmark's timer (this script runs from benchmarks/)
 from torch import nn
 
 import tiered_ops
@@ -91,25 +91,12 @@ class Decoder(nn.Module):
 
 
 def _median_ms(fn, device: torch.device, reps: int) -> float:
+    """Median milliseconds of ``reps`` calls after 3 warm-up calls (``models.timed``: CUDA events on a GPU)."""
     for _ in range(3):
         fn()
-    if device.type != "cuda":
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(timed(fn, reps, device.type == "cuda"))
 
 
 def _graphed(fn, example: torch.Tensor):

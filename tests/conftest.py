@@ -50,3 +50,17 @@ def private_decisions(tmp_path, monkeypatch):
     yield
     decide.set_tuning(None)
     decide.use_store(None)
+
+
+@pytest.fixture
+def two_softmaxes(monkeypatch):
+    """softmax with eager and one more correct implementation (``again``, fast to measure on the CPU), so that
+    decisions need no compiler."""
+    from tiered_ops.registry import Impl, Tier
+    from tiered_ops.tiers.catalog import get_op
+
+    softmax = get_op("softmax")
+    impls = {"eager": softmax.impls["eager"],
+             "again": Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (softmax.source,))}
+    monkeypatch.setattr(softmax, "impls", impls)
+    return impls

@@ -13,21 +13,11 @@ from tiered_ops.decide import packs
 from tiered_ops.measure.fingerprint import Fingerprint, fingerprint
 from tiered_ops.measure.measure import base_row
 from tiered_ops.method import METHOD_VERSION
-from tiered_ops.registry import Impl, Tier
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 
 SOFTMAX = get_op("softmax")
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def two_softmaxes(monkeypatch):
-    """softmax with eager and one more implementation (``again``), so that decisions need no compiler."""
-    impls = {"eager": SOFTMAX.impls["eager"],
-             "again": Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))}
-    monkeypatch.setattr(SOFTMAX, "impls", impls)
-    return impls
 
 
 def _rows(shape, times, fp=None, **extra):

@@ -349,15 +349,6 @@ def test_a_damaged_store_that_cannot_be_written_is_a_store_error_not_moved(path)
 SOFTMAX = get_op("softmax")
 
 
-@pytest.fixture
-def two_softmaxes(monkeypatch):
-    """softmax with eager and one more correct implementation (fast to measure on the CPU)."""
-    impls = {"eager": SOFTMAX.impls["eager"],
-             "again": Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))}
-    monkeypatch.setattr(SOFTMAX, "impls", impls)
-    return impls
-
-
 @pytest.mark.parametrize("how", ["read_only", "chmod"])
 def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, tmp_path, request, caplog):
     place = request.getfixturevalue("unprivileged") if how == "chmod" else Unprivileged(tmp_path, None)

@@ -29,7 +29,7 @@ import functools
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -230,15 +230,19 @@ def _plan(m: nn.Module) -> _Plan | str | None:
     return plan
 
 
+def _planned(model: nn.Module, plan_of: Callable[[nn.Module], Any]) -> Iterator[tuple[str, nn.Module, str, Any]]:
+    """Each module of ``model`` that ``plan_of`` has a plan for (or a str: why none), with its path and class name."""
+    for path, m in model.named_modules():
+        plan = plan_of(m)
+        if plan is not None:
+            yield path, m, type(m).__name__, plan
+
+
 def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
     """Each decoder layer's residual add + post_attention_layernorm onto tiered_ops.fused_add_rms_norm
     (``patch_layers``); the MLP's add + the next layer's input_layernorm are left, with why."""
     first = True
-    for path, m in model.named_modules():
-        plan = decoder_plan(m)
-        if plan is None:
-            continue
-        cls = type(m).__name__
+    for path, m, cls, plan in _planned(model, decoder_plan):
         if isinstance(plan, str):
             report.left.append(Left(path, cls, f"residual add + RMSNorm not fused: {plan}"))
             continue
@@ -266,11 +270,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
     if isinstance(ops, str) or any(o not in PATCHABLE_OPS for o in wanted):
         raise ValueError(f"patch: ops must be a list of {', '.join(PATCHABLE_OPS)}, got {ops!r}")
     report = PatchReport()
-    for path, m in model.named_modules():
-        plan = _plan(m)
-        if plan is None:
-            continue
-        cls = type(m).__name__
+    for path, m, cls, plan in _planned(model, _plan):
         if isinstance(plan, str):
             report.left.append(Left(path, cls, plan))
         elif plan.op not in wanted:
@@ -281,15 +281,12 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
         _fuse_residual(model, report)
-    for path, m in model.named_modules():
-        loss = loss_plan(m)
-        if loss is None:
-            continue
+    for path, m, cls, loss in _planned(model, loss_plan):
         if isinstance(loss, str) or "cross_entropy" not in wanted:
             reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
-            report.left.append(Left(path, type(m).__name__, f"causal-LM loss not routed: {reason}"))
+            report.left.append(Left(path, cls, f"causal-LM loss not routed: {reason}"))
         else:
-            report.swapped.append(Swapped(path, type(m).__name__, route_loss(m)))
+            report.swapped.append(Swapped(path, cls, route_loss(m)))
     log.info("tiered_ops.patch: swapped %d module(s), left %d", len(report.swapped), len(report.left))
     return report
 

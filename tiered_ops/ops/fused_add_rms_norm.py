@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, register_op
+from ..registry import BadInput, Inputs, OpSpec, Problem, register_op
 from ._common import (
     call,
     check_eps,
@@ -45,6 +45,7 @@ from .rms_norm import (
     check_form,
     default_eps,
     form_params,
+    form_problem,
     hf_norm,
     out_dtype,
 )
@@ -93,14 +94,7 @@ def reference(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | S
 
 def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
              weight_offset: float = 0.0, cast_before_weight: bool = False) -> Problem:
-    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "fused_add_rms_norm")
-    if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
-        raise ValueError(f"fused_add_rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
-                         f"got x of shape {list(shape)}")
-    if weight_offset and (cast_before_weight or not weight):
-        raise ValueError("fused_add_rms_norm: weight_offset needs a weight and excludes cast_before_weight")
-    return make_problem(shape, normalized_shape=ns, weight=bool(weight),
-                        **form_params(weight_offset, cast_before_weight))
+    return form_problem("fused_add_rms_norm", shape, normalized_shape, weight, weight_offset, cast_before_weight)
 
 
 def _problem_of(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],

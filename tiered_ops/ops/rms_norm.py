@@ -93,16 +93,23 @@ def form_params(weight_offset: float, cast_before_weight: bool) -> dict[str, Any
             if v}
 
 
-def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
-             weight_offset: float = 0.0, cast_before_weight: bool = False) -> Problem:
-    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, "rms_norm")
+def form_problem(op: str, shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None, weight: bool,
+                 weight_offset: float, cast_before_weight: bool) -> Problem:
+    """The problem of an RMS norm in a Hugging Face form (this op's, and ``fused_add_rms_norm``'s): normalized_shape
+    (default the last dim) x's trailing dims, weight_offset only with a weight and without cast_before_weight."""
+    ns = norm_shape(shape[-1:] if normalized_shape is None else normalized_shape, op)
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
-        raise ValueError(f"rms_norm: normalized_shape {list(ns)} must match the trailing dims of x, "
+        raise ValueError(f"{op}: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
     if weight_offset and (cast_before_weight or not weight):
-        raise ValueError("rms_norm: weight_offset needs a weight and excludes cast_before_weight")
+        raise ValueError(f"{op}: weight_offset needs a weight and excludes cast_before_weight")
     return make_problem(shape, normalized_shape=ns, weight=bool(weight),
                         **form_params(weight_offset, cast_before_weight))
+
+
+def _problem(shape: tuple[int, ...], normalized_shape: int | Sequence[int] | None = None, weight: bool = True,
+             weight_offset: float = 0.0, cast_before_weight: bool = False) -> Problem:
+    return form_problem("rms_norm", shape, normalized_shape, weight, weight_offset, cast_before_weight)
 
 
 def _problem_of(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,

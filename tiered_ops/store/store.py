@@ -1,6 +1,7 @@
 """The measurement store: every measurement ever taken, in SQLite (the default: one file, stdlib sqlite3) or in
-PostgreSQL (``TIERED_OPS_DB=postgresql://...``: one store for many machines), behind this one interface. This module
-and its two backends (``store_sqlite``, ``store_pg``) are the only code of the package that speaks SQL.
+PostgreSQL (``TIERED_OPS_DB=postgresql://...``: one store for many machines), behind this one interface. This module,
+its schema and migrations (``schema``) and its two backends (``store_sqlite``, ``store_pg``) are the only code of
+the package that speaks SQL.
 
 Path: ``$TIERED_OPS_DB`` if set, else ``$XDG_CACHE_HOME/tiered_ops/results.sqlite`` (``~/.cache`` when
 unset); the CLI's ``--db`` overrides both. Every write is one transaction. Decisions are not stored
@@ -30,91 +31,24 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .. import envs
-from ..buckets import decode, encode, from_legacy
 from ..method import METHOD_VERSION
 from ..registry import Context, check_context
 from . import pg as store_pg
 from . import sqlite as store_sqlite
+from .schema import (  # noqa: F401  (the schema, imported from here)
+    CLAIM_KEY,
+    COLUMN_NAMES,
+    COLUMNS,
+    LOOKUP_INDEX,
+    MIGRATIONS,
+    ROW_KEY,
+    SCHEMA_VERSION,
+    TABLES,
+)
 from .sqlite import StoreError, StoreWarning  # noqa: F401  (the store's errors, imported from here)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
-
-
-def _buckets_as_json(store: Store) -> None:
-    """Schema 5: buckets stored as ``"a|b|c"`` become their typed JSON encoding (``tiered_ops.buckets``)."""
-    for r in store._exec("SELECT DISTINCT bucket FROM measurements").fetchall():
-        old = r["bucket"]
-        try:
-            decode(old)
-            continue  # already encoded
-        except ValueError:
-            pass
-        store._exec("UPDATE measurements SET bucket=? WHERE bucket=?", (encode(from_legacy(old)), old))
-
-
-def _context_not_null(store: Store) -> None:
-    """Schema 7: every row names its context (older rows without one were an eager caller's), and none can lack one.
-    PostgreSQL sets the constraint on the column; SQLite cannot, so its table is rebuilt with the declared columns
-    (ids kept, the lookup index made again). A table made with the constraint already is left alone."""
-    store._exec("UPDATE measurements SET context=? WHERE context IS NULL", (Context.EAGER.value,))
-    if store.backend == "postgresql":
-        store._exec("ALTER TABLE measurements ALTER COLUMN context SET NOT NULL")
-        return
-    info = {r["name"]: r["notnull"] for r in store._exec("PRAGMA table_info(measurements)").fetchall()}
-    if info.get("context"):
-        return
-    names = [n for n, _ in COLUMNS if n in info]
-    cols = ", ".join(names)
-    store._exec(f"CREATE TABLE measurements_new ({store.dialect.id_column}, "
-                f"{', '.join(f'{n} {t}' for n, t in COLUMNS if n in info)})")
-    store._exec(f"INSERT INTO measurements_new (id, {cols}) SELECT id, {cols} FROM measurements")
-    store._exec("DROP TABLE measurements")
-    store._exec("ALTER TABLE measurements_new RENAME TO measurements")
-    store._exec(LOOKUP_INDEX)
-
-
-# Explicit migrations: MIGRATIONS[v] takes a store at version v to v + 1 (SQL, or a function of the store).
-MIGRATIONS: dict[int, list[str | Callable[[Store], None]]] = {
-    1: ["CREATE TABLE IF NOT EXISTS impl_meta (op TEXT NOT NULL, impl TEXT NOT NULL, device_key TEXT NOT NULL, "
-        "source_hash TEXT NOT NULL, meta TEXT NOT NULL, timestamp REAL NOT NULL, "
-        "PRIMARY KEY (op, impl, device_key, source_hash))"],
-    # 3: the host time's p20-p80 (a decision where the launch path sets the time needs the host's noise).
-    2: ["ALTER TABLE measurements ADD COLUMN host_p20_us REAL", "ALTER TABLE measurements ADD COLUMN host_p80_us REAL"],
-    # 4: the build environment of a failure that may be the environment's, and the claims of concurrent sweeps.
-    3: ["ALTER TABLE measurements ADD COLUMN env TEXT",
-        "CREATE TABLE IF NOT EXISTS claims (op TEXT NOT NULL, impl TEXT NOT NULL, problem TEXT NOT NULL, "
-        "dtype TEXT NOT NULL, mode TEXT NOT NULL, device_key TEXT NOT NULL, source_hash TEXT NOT NULL, "
-        "owner_host TEXT NOT NULL, owner_pid INTEGER NOT NULL, owner_token TEXT NOT NULL, timestamp REAL NOT NULL, "
-        "expires REAL NOT NULL, PRIMARY KEY (op, impl, problem, dtype, mode, device_key, source_hash))"],
-    # 5: the measurement method of each row (older rows: NULL, stale), where a row came from, typed JSON buckets.
-    4: ["ALTER TABLE measurements ADD COLUMN method INTEGER", "ALTER TABLE measurements ADD COLUMN origin TEXT",
-        _buckets_as_json],
-    # 6: who launched the measured call (NULL: an eager caller, as every older row) and its peak memory.
-    5: ["ALTER TABLE measurements ADD COLUMN context TEXT", "ALTER TABLE measurements ADD COLUMN peak_bytes REAL"],
-    # 7: the context NOT NULL, older rows' 'eager'.
-    6: [_context_not_null],
-}
-# What one claim is for: a candidate measurement (one row of ``measurements``).
-CLAIM_KEY = ("op", "impl", "problem", "dtype", "mode", "device_key", "source_hash")
-# Two rows with these equal are one measurement (merging rows from elsewhere adds each once).
-ROW_KEY = ("op", "impl", "problem", "bucket", "dtype", "mode", "device_key", "source_hash", "timestamp")
-
-COLUMNS: list[tuple[str, str]] = [
-    ("op", "TEXT NOT NULL"), ("impl", "TEXT NOT NULL"), ("tier", "TEXT NOT NULL"), ("mode", "TEXT NOT NULL"),
-    ("problem", "TEXT NOT NULL"), ("bucket", "TEXT NOT NULL"), ("dtype", "TEXT NOT NULL"),
-    ("device_key", "TEXT NOT NULL"), ("device_type", "TEXT"), ("gpu_name", "TEXT"), ("capability", "TEXT"),
-    ("sm_count", "INTEGER"), ("torch_version", "TEXT"), ("triton_version", "TEXT"), ("cuda_version", "TEXT"),
-    ("p20_us", "REAL"), ("p50_us", "REAL"), ("p80_us", "REAL"), ("host_us", "REAL"), ("host_p20_us", "REAL"),
-    ("host_p80_us", "REAL"), ("caller_us", "REAL"), ("gbps", "REAL"), ("copy_gbps", "REAL"), ("frac_copy", "REAL"),
-    ("rel_error", "REAL"), ("ok", "INTEGER NOT NULL"), ("reason", "TEXT"), ("first_call_s", "REAL"),
-    ("source_hash", "TEXT NOT NULL"), ("timestamp", "REAL NOT NULL"), ("env", "TEXT"), ("method", "INTEGER"),
-    ("origin", "TEXT"), ("context", "TEXT NOT NULL"), ("peak_bytes", "REAL"),
-]
-LOOKUP_INDEX = "CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)"
-COLUMN_NAMES = [c for c, _ in COLUMNS]
-TABLES = ("measurements", "impl_meta", "claims", "meta")
 
 STORE_ERRORS = (StoreError, sqlite3.Error)  # what a failing store raises (PostgreSQL's errors become StoreErrors)
 
