@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tiered_ops.ops.segment_sum import check_boundaries
+
 from .common import check_float
 from .launch import Plans, Step, register_ops
 
@@ -183,18 +185,8 @@ def _check(op: str, name: str, t: torch.Tensor, offsets: torch.Tensor) -> int:
 
 def _check_cpu_boundaries(op: str, offsets: torch.Tensor, rows: int) -> None:
     """Where reading them costs no sync (the CPU interpreter): offsets[0] == 0, offsets[-1] == rows, sorted."""
-    if offsets.device.type != "cpu":
-        return
-    first, last = int(offsets[0]), int(offsets[-1])
-    if first != 0:
-        raise ValueError(f"{op}: offsets[0] must be 0, got {first}")
-    if last != rows:
-        raise ValueError(f"{op}: offsets[-1] must be the number of rows {rows}, got {last}")
-    down = (offsets[1:] < offsets[:-1]).nonzero()
-    if down.numel():
-        i = int(down[0, 0])
-        raise ValueError(f"{op}: offsets must be sorted (non-decreasing), got offsets[{i}] = {int(offsets[i])} > "
-                         f"offsets[{i + 1}] = {int(offsets[i + 1])}")
+    if offsets.device.type == "cpu":
+        check_boundaries(offsets, rows, op)
 
 
 def _settings(E: int, D: int, S: int) -> dict:

@@ -65,17 +65,18 @@ def check_values(values: torch.Tensor, offsets: torch.Tensor) -> None:
         check_boundaries(offsets, values.shape[0])
 
 
-def check_boundaries(offsets: torch.Tensor, rows: int) -> None:
-    """offsets[0] == 0, offsets[-1] == rows and sorted: a ValueError naming the first entry that is not."""
+def check_boundaries(offsets: torch.Tensor, rows: int, op: str = "segment_sum") -> None:
+    """offsets[0] == 0, offsets[-1] == rows and sorted: a ValueError naming the first entry that is not (and ``op``,
+    the function that was called)."""
     first, last = int(offsets[0]), int(offsets[-1])
     if first != 0:
-        raise ValueError(f"segment_sum: offsets[0] must be 0, got {first}")
+        raise ValueError(f"{op}: offsets[0] must be 0, got {first}")
     if last != rows:
-        raise ValueError(f"segment_sum: offsets[-1] must be values.shape[0] = {rows}, got {last}")
+        raise ValueError(f"{op}: offsets[-1] must be values.shape[0] = {rows}, got {last}")
     down = (offsets[1:] < offsets[:-1]).nonzero()
     if down.numel():
         i = int(down[0, 0])
-        raise ValueError(f"segment_sum: offsets must be sorted (non-decreasing), got offsets[{i}] = "
+        raise ValueError(f"{op}: offsets must be sorted (non-decreasing), got offsets[{i}] = "
                          f"{int(offsets[i])} > offsets[{i + 1}] = {int(offsets[i + 1])}")
 
 
