@@ -39,8 +39,8 @@ def force_compile_tier() -> int:
     return n
 
 
-def kernels(fn: Callable[[], Any], calls: int = 3) -> tuple[collections.Counter, float]:
-    """Kernel names launched per call, and the host time of a call (ms) under the profiler."""
+def kernels(fn: Callable[[], Any], calls: int = 3) -> collections.Counter:
+    """Kernel names launched per call (torch.profiler over ``calls`` calls)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -52,7 +52,7 @@ def kernels(fn: Callable[[], Any], calls: int = 3) -> tuple[collections.Counter,
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             names[e.name[:90]] += 1
-    return collections.Counter({k: v // calls for k, v in names.items()}), 0.0
+    return collections.Counter({k: v // calls for k, v in names.items()})
 
 
 def host_ms(fn: Callable[[], Any], reps: int = 20) -> float:
@@ -112,7 +112,7 @@ def main() -> int:
                 samples[v] += timed(fns[v], args.reps, True)
         for v, fn in fns.items():
             p50, p20, p80 = spread(samples[v])
-            k, _ = kernels(fn)
+            k = kernels(fn)
             print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
                   f"{sum(k.values())} kernels/call")
             for kname, n in k.most_common(14):

@@ -42,9 +42,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
 
     ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
     (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
-    _check_tensors(spec, args, kwargs)
-    if spec.validate is not None:  # the op's contract, once per call signature (the key holds what it reads)
-        spec.validate(*args, **kwargs)
+    _contract(spec, args, kwargs)  # once per call signature (the key holds what it reads)
     if spec.check_values is not None:
         spec.check_values(*args, **kwargs)
     if x.dtype not in DTYPE_NAMES:
@@ -306,13 +304,19 @@ def bind_selection(sel: Selection) -> Callable[..., Any]:
     return fn
 
 
+def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
+    """The op's contract for a new call signature, on both per-call paths: every tensor argument a tensor, then the
+    declaration's ``validate`` (an error names the argument)."""
+    _check_tensors(spec, args, kwargs)
+    if spec.validate is not None:
+        spec.validate(*args, **kwargs)
+
+
 def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key: tuple, x: torch.Tensor,
            args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
     """A selection's first call of a signature: the op's contract checked (an error names the argument), then what
     this signature runs (``hot_fn``) kept for the next calls of it."""
-    _check_tensors(spec, args, kwargs)
-    if spec.validate is not None:
-        spec.validate(*args, **kwargs)
+    _contract(spec, args, kwargs)
     fn = hot_fn(spec, impl, x.device, needs_promotion(spec, args, kwargs))
     if len(seen) > 4096:
         seen.clear()
