@@ -10,10 +10,14 @@ p20-p80 over rounds says how steady it was; ``*_min_us``: the fastest round of t
 direct call (on a loaded machine the least disturbed estimate). ``select_backend_lookup_us``: one
 ``select_backend(...)`` call itself (its cached lookup, nothing run). On a CPU torch runs on one thread here.
 
+On a GPU the CUDA extension is loaded first, so calls are keyed in C++ (``cuda_src/call_key.cpp``), as in any
+process that has it built; ``--python-key`` times the Python key alone (the CPU's, or a GPU's without the extension).
+
 ``--stub``: the chosen implementation replaced by a function of the op's signature that returns its first argument,
 so the dispatch's own cost is timed without the implementation's variance (a loaded CPU host).
 
     python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200] [--stub]
+        [--python-key]
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import torch
 os.environ.setdefault("TIERED_OPS_TUNE", "0")  # the overhead is timed here, not a measurement
 
 import tiered_ops  # noqa: E402
+from tiered_ops.decide import dispatch  # noqa: E402
+from tiered_ops.tiers import cuda_ext  # noqa: E402
 
 
 def batch_us(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
@@ -148,15 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=200, help="calls per batch")
     p.add_argument("--rounds", type=int, default=60, help="interleaved rounds per op")
     p.add_argument("--stub", action="store_true", help="time the dispatch alone: the implementation a stub")
+    p.add_argument("--python-key", action="store_true", help="key calls in Python even where the C++ key loads")
     args = p.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not args.python_key:
+        why = cuda_ext.load(dev)
+        if why:
+            print(f"the C++ key is unavailable: {why}")
+    if args.python_key:
+        dispatch.use_call_key(None)
+    key = "c++" if dispatch._ckey is not None else "python"
+    print(f"calls keyed in {key}")
     if dev.type == "cpu":
         torch.set_num_threads(1)  # steadier times of a small op on a shared host; the dispatch is one thread
     rows = []
     for op, (a, params) in cases(dev).items():
         if (args.ops and op not in args.ops.split(",")) or op not in tiered_ops.OPS:
             continue
-        rows.append(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub))
+        rows.append(dict(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub), key=key))
     print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
           f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16}")
     for r in rows:

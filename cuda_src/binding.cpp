@@ -10,6 +10,9 @@ std::vector<std::pair<const char*, PybindExport>>& pybind_exports() {
   return exports;
 }
 
+PyObject* call_key_function();  // call_key.cpp: the per-call key of tiered_ops.<op>
+
+
 }  // namespace tiered_ops
 
 // The namespace is this extension's; the ops' schemas are fragments of it, one per op file.
@@ -23,4 +26,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     ops.append(op);
   }
   m.attr("registered_ops") = ops;  // the ops whose files registered, in load order
+  m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
 }

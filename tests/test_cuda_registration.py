@@ -39,7 +39,7 @@ _MACRO_PARTS = {
     "PybindExportEntry OP##_pybind_export(#OP, [](pybind11::module_& m)": ('m.def(#OP "_cuda", &OP##_cuda);',
                                                                            'm.def(#OP "_bwd_cuda", &OP##_bwd_cuda);'),
 }
-_NOT_OPS = ("binding",)  # .cpp files of the module, not of an op
+_NOT_OPS = ("binding", "call_key")  # .cpp files of the module, not of an op
 
 
 def _joined(literals: str) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, needs_promotion, run_promoted
 from ..store.store import STORE_ERRORS
+from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from . import capture
 from . import decide as _decide
@@ -52,6 +53,9 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
+    if _ckey is None and key[-1] == 0 and x.is_cuda and not _LOAD_TRIED:
+        _LOAD_TRIED.append(True)  # once per process: the C++ key, where the CUDA extension is built already
+        cuda_ext.load_if_built(x.device)
     if active():
         note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
     if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
@@ -73,6 +77,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
+    if key[-1] == 0 and _ckey is not None:
+        _learn(_ckey(spec.name, *args, *kwargs.values()), sel)
     if key[-1] == 0:
         # The compiled context's selection of this signature is cached now too: a trace that found the key missing
         # would guard on its absence, and its own miss (which caches it) would fail that guard: a recompile.
@@ -183,6 +189,7 @@ class _Signature:
     slow: str
     not_tensors: str
     first: str
+    every: str
 
 
 def _signature(spec: OpSpec) -> _Signature:
@@ -210,7 +217,34 @@ def _signature(spec: OpSpec) -> _Signature:
     keywords = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
     return _Signature(ns, ", ".join(sig), ", ".join(parts), ", ".join(positional + [f"{k}={k}" for k in keywords]),
                       f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}",
-                      f"_not_tensors({spec.name!r}, {optional!r}, {', '.join(f'{t}={t}' for t in tensors)})", first)
+                      f"_not_tensors({spec.name!r}, {optional!r}, {', '.join(f'{t}={t}' for t in tensors)})", first,
+                      ", ".join(names))
+
+
+# The per-call key read in C++ (``cuda_src/call_key.cpp``, part of the CUDA extension): ``_ckey(op, *args)`` gives
+# one byte string of the call's signature (or None: the Python key decides), built without a Python object per
+# tensor attribute. Used once the extension is loaded (it is never built for this); the generated functions' globals
+# get it then (``use_call_key``).
+_ckey: Callable[..., bytes | None] | None = None
+_NAMESPACES: list[dict[str, Any]] = []
+_LOAD_TRIED: list[bool] = []
+
+
+def use_call_key(fn: Callable[..., bytes | None] | None) -> None:
+    """Key calls with ``fn`` (the extension's ``call_key``) ahead of the Python key, or with the Python key alone
+    (None). Selections cached under the C++ keys so far are dropped."""
+    global _ckey
+    _ckey = fn
+    for ns in _NAMESPACES:
+        ns["_ckey"] = fn
+    for k in [k for k in _calls if isinstance(k, bytes)]:
+        _calls.pop(k, None)
+
+
+def _learn(ckey: bytes | None, sel: Selection) -> None:
+    """Cache ``sel`` under a call's C++ key too (an eager-context signature's, resolved by its Python key)."""
+    if ckey is not None:
+        _calls[ckey] = sel
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
@@ -244,7 +278,13 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
     # ``_key_parts`` reads them, train, context), flat. ``train`` reads requires_grad only with grad mode on; the
     # context is 1 while dynamo traces, 2 inside a CUDA-graph capture (asked only for a CUDA tensor), else 0.
+    # Where the C++ key is in use (an eager call, not traced), it is tried first; a miss (or None: a capture, an
+    # argument it does not encode) takes the Python key, which learns the C++ key of an eager signature.
     src = f'''def {spec.name}({g.params}):
+    if _ckey is not None and not ({_COMPILING}):
+        sel = _calls.get(_ckey({spec.name!r}, {g.every}))
+        if sel is not None:
+            return sel.fn({g.call})
     try:
         _dev = {g.first}.get_device()
         key = ({spec.name!r}, {g.key}, _grad() and ({req}),
@@ -254,8 +294,12 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     sel = _calls.get(key)
     if sel is None:
         return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2])
+    if _ckey is not None and not key[-1]:
+        _learn(_ckey({spec.name!r}, {g.every}), sel)
     return sel.fn({g.call})
 '''
+    ns.update(_ckey=_ckey, _learn=_learn)
+    _NAMESPACES.append(ns)
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
     fn = ns[spec.name]
     fn.__module__, fn.__qualname__ = "tiered_ops", spec.name
@@ -284,18 +328,20 @@ def bind_selection(sel: Selection) -> Callable[..., Any]:
     def {spec.name}({g.params}):
         if _dynamo():  # traced: the selection's own fn (checked), as before it was bound
             return _checked({g.call})
-        try:
-            _dev = {g.first}.get_device()
-            key = ({g.key})
-        except AttributeError:
-            raise {g.not_tensors} from None
+        if _ckey is None or (key := _ckey({spec.name!r}, {g.every})) is None:
+            try:
+                _dev = {g.first}.get_device()
+                key = ({g.key})
+            except AttributeError:
+                raise {g.not_tensors} from None
         fn = _seen.get(key)
         if fn is None:
             fn = _admit(_SPEC, _impl, _seen, key, {g.first}, {g.slow})
         return fn({g.call})
     return {spec.name}
 '''
-        ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling)
+        ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling, _ckey=_ckey)
+        _NAMESPACES.append(ns)
         exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
         ns["_bind"].__source__ = src
         _BINDERS[op, id(spec)] = (spec, ns["_bind"])  # the spec kept: its id stays its own
@@ -325,3 +371,4 @@ def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key:
 
 
 Selection.bind = bind_selection
+cuda_ext.on_load(lambda: use_call_key(cuda_ext.call_key()))

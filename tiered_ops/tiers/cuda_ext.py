@@ -142,6 +142,26 @@ def pybind_function(name: str):
     return getattr(module, name, None) if module is not None else None
 
 
+def call_key() -> Callable[..., bytes | None] | None:
+    """The loaded extension's ``call_key(op, *args)`` (``cuda_src/call_key.cpp``: a call's key read in C++), or
+    None when not built."""
+    return getattr(_state.get("module"), "call_key", None)
+
+
+def load_if_built(device: torch.device) -> bool:
+    """Load the extension where its build for ``device`` is on disk already (never build here); True once it is
+    loaded. The per-call path asks this on its first CUDA call, so that the C++ key serves a process whose decisions
+    name no CUDA implementation too."""
+    if "name" in _state:
+        return True
+    if "error" in _state or device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    name = build_name(_arch(device))
+    if not any((build_dir_root() / name).glob(f"{name}*.so")):
+        return False
+    return load(device) is None
+
+
 def registered_ops() -> list[str] | None:
     """The ops the loaded extension registered (one per wrapper file), or None when not built."""
     module = _state.get("module")

@@ -1,0 +1,170 @@
+"""The per-call key read in C++ (cuda_src/call_key.cpp): built here as a CPU extension of that file alone (its CUDA
+part compiled out), then used by tiered_ops.<op> and select_backend callables as the CUDA extension's load does.
+
+What must hold: calls that differ in anything the Python key reads (or grad mode, or requires_grad) get different
+keys; calls that differ in nothing get equal keys; an argument it does not encode gives None (the Python key decides);
+and the public function and a select_backend callable are served by it after their first call, with the op's
+contract still checked on a new signature."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tiered_ops
+from tiered_ops.decide import dispatch
+from tiered_ops.decide.decide import _calls
+from tiered_ops.registry import package_dir
+
+_MODULE = """#include <torch/extension.h>
+namespace tiered_ops { PyObject* call_key_function(); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def call_key(tmp_path_factory):
+    if shutil.which("g++") is None or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("needs g++ and Python's headers")
+    from torch.utils import cpp_extension
+
+    d = tmp_path_factory.mktemp("call_key")
+    (d / "module.cpp").write_text(_MODULE)
+    m = cpp_extension.load(name="tiered_ops_call_key_cpu", build_directory=str(d),
+                           sources=[str(package_dir("cuda_src") / "call_key.cpp"), str(d / "module.cpp")],
+                           extra_cflags=["-O2", "-DTIERED_OPS_CALL_KEY_NO_CUDA"])
+    return m.call_key
+
+
+@pytest.fixture
+def in_use(call_key, private_decisions):
+    dispatch.use_call_key(call_key)
+    try:
+        yield call_key
+    finally:
+        dispatch.use_call_key(None)
+
+
+def _x(*shape, dtype=torch.float32, grad=False):
+    return torch.randn(*shape, dtype=dtype, requires_grad=grad)
+
+
+pytestmark = pytest.mark.slow  # one C++ build (~45 s on two cores)
+
+
+def test_every_difference_the_python_key_sees_is_a_different_key(call_key):
+    x, w = _x(4, 64), _x(64)
+    base = ("rms_norm", x, (64,), w, 1e-6, 0.0, False)
+    variants = [
+        ("layer_norm", x, (64,), w, 1e-6, 0.0, False),  # the op
+        ("rms_norm", _x(5, 64), (64,), w, 1e-6, 0.0, False),  # a shape
+        ("rms_norm", _x(4, 64, dtype=torch.bfloat16), (64,), w, 1e-6, 0.0, False),  # a dtype
+        ("rms_norm", _x(4, 64).to("meta"), (64,), w, 1e-6, 0.0, False),  # a device
+        ("rms_norm", _x(4, 64, grad=True), (64,), w, 1e-6, 0.0, False),  # requires_grad
+        ("rms_norm", _x(256), (64,), w, 1e-6, 0.0, False),  # the same numel, another rank
+        ("rms_norm", x, (4, 64), w, 1e-6, 0.0, False),  # a normalized_shape
+        ("rms_norm", x, 64, w, 1e-6, 0.0, False),  # an int where a tuple was
+        ("rms_norm", x, (64,), None, 1e-6, 0.0, False),  # None where a tensor was
+        ("rms_norm", x, (64,), w, None, 0.0, False),  # None where a float was
+        ("rms_norm", x, (64,), w, 1, 0.0, False),  # an int where a float was (equal hashes in Python)
+        ("rms_norm", x, (64,), w, True, 0.0, False),  # a bool
+        ("rms_norm", x, (64,), w, 1e-5, 0.0, False),  # a float's value
+        ("rms_norm", x, (64,), w, 1e-6, 1.0, False),
+        ("rms_norm", x, (64,), w, 1e-6, 0.0, True),
+        ("rms_norm", x, (64,), w, 1e-6, 0.0),  # one argument fewer
+        ("rms_norm", x, (64,), w, 1e-6, 0.0, False, torch.float32),  # a dtype argument more
+    ]
+    keys = [call_key(*base)] + [call_key(*v) for v in variants]
+    assert None not in keys
+    assert len(set(keys)) == len(keys)
+    with torch.no_grad():
+        assert call_key(*base) != keys[0]  # grad mode
+    assert call_key("softmax", x, -1) != call_key("softmax", x, -2)  # -1 and -2 hash alike in Python
+    assert call_key("cross_entropy", x, None, torch.float32) != call_key("cross_entropy", x, None, torch.bfloat16)
+    assert call_key("cross_entropy", x, "mean") != call_key("cross_entropy", x, "sum")
+
+
+def test_the_same_signature_is_the_same_key(call_key):
+    a = call_key("rms_norm", _x(4, 64), (64,), _x(64), 1e-6, 0.0, False)
+    b = call_key("rms_norm", _x(4, 64), [64], torch.nn.Parameter(_x(64), requires_grad=False), 1e-6, 0.0, False)
+    c = call_key("rms_norm", _x(64, 4).t(), torch.Size([64]), _x(64), 1e-6, 0.0, False)  # strides are not read
+    assert a == b == c
+
+
+@pytest.mark.parametrize("arg", [np.float64(1e-6), object(), 2 ** 70, [64, "a"], {"eps": 1},
+                                 torch.randn(4).to_sparse()],
+                         ids=["numpy-float", "object", "big-int", "mixed-list", "dict", "sparse"])
+def test_what_it_does_not_encode_gives_none(call_key, arg):
+    assert call_key("rms_norm", _x(4, 64), (64,), _x(64), arg) is None
+
+
+def test_the_public_function_is_served_by_it_after_its_first_call(in_use, monkeypatch):
+    x, w = _x(4, 64), _x(64)
+    expect = tiered_ops.get_op("rms_norm").reference(x.double(), (64,), w.double(), 1e-6)
+    with torch.no_grad():
+        first = tiered_ops.rms_norm(x, (64,), w, 1e-6)
+        assert [k for k in _calls if isinstance(k, bytes)], "the first call learned no C++ key"
+        for k in [k for k in _calls if isinstance(k, tuple) and k[0] == "rms_norm"]:
+            del _calls[k]  # the Python key gone: a second call reaching it would dispatch again
+
+        def no_dispatch(*a, **k):
+            raise AssertionError("the C++ key missed")
+
+        monkeypatch.setitem(tiered_ops.rms_norm.__globals__, "_dispatch", no_dispatch)
+        second = tiered_ops.rms_norm(_x(4, 64), (64,), w, 1e-6)
+    torch.testing.assert_close(first.double(), expect, atol=1e-5, rtol=1e-5)
+    assert second.shape == (4, 64)
+
+
+def test_a_new_signature_is_still_checked(in_use):
+    x, w = _x(4, 64), _x(64)
+    tiered_ops.rms_norm(x, (64,), w, 1e-6)
+    with pytest.raises(TypeError, match="weight"):
+        tiered_ops.rms_norm(x, (64,), 3, 1e-6)  # an int where the weight goes: a key, but a new one
+    with pytest.raises(ValueError, match="normalized_shape"):
+        tiered_ops.rms_norm(x, (32,), w, 1e-6)
+    with pytest.raises(TypeError, match="weight"):
+        tiered_ops.rms_norm(x, (64,), 3, 1e-6)  # nothing was cached for it
+
+
+def test_a_select_backend_callable_uses_it(in_use):
+    sel = tiered_ops.select_backend("softmax", (4, 64), torch.float32, "cpu", dim=-1)
+    x = _x(4, 64)
+    torch.testing.assert_close(sel(x, -1).double(), torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(sel(x, 0).double(), torch.softmax(x.double(), 0), atol=1e-6, rtol=1e-6)
+    with pytest.raises(TypeError, match="x"):
+        sel([1.0], -1)
+
+
+@pytest.mark.gpu
+def test_the_cuda_extension_keys_calls_and_steps_aside_in_a_capture():
+    from tiered_ops.tiers import cuda_ext
+
+    dev = torch.device("cuda")
+    assert cuda_ext.load(dev) is None
+    assert dispatch._ckey is not None and dispatch._ckey is cuda_ext.call_key()
+    x = torch.randn(8, 256, device=dev)
+    assert dispatch._ckey("softmax", x, -1) is not None
+    assert dispatch._ckey("softmax", x, -1) != dispatch._ckey("softmax", x.cpu(), -1)
+    seen = []
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            tiered_ops.softmax(x, -1)  # warm-up, as torch's recipe has it
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            seen.append(dispatch._ckey("softmax", x, -1))
+            y = tiered_ops.softmax(x, -1)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    assert seen == [None]  # inside the capture the Python key decides (the capture context)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
