@@ -183,9 +183,13 @@ PY
     dispatch)
       # tiered_ops.<op> and a select_backend callable minus the chosen implementation called directly, per op at its
       # launch-bound shape (target: <= 1 us on the GPU host).
+      # The chosen implementations called (keyed in C++: the extension is built), then a stub in their place (the
+      # dispatch's own cost), then the stub keyed in Python (a process without the extension).
       echo "== dispatch: per-call overhead"
-      run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead.csv" 2>&1 \
-        | grep -v -E "UserWarning|warn_once" | tail -12
+      for v in ":" "_stub:--stub" "_stub_python_key:--stub --python-key"; do
+        run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead${v%%:*}.csv" ${v#*:} 2>&1 \
+          | grep -v -E "UserWarning|warn_once" | tail -9
+      done
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
