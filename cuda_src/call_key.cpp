@@ -39,7 +39,6 @@ struct KeyBuffer {
 // Whether the current stream of a CUDA tensor's device captures a graph (no context is created for the query).
 bool capturing(const at::Tensor& t) {
 #ifndef TIERED_OPS_CALL_KEY_NO_CUDA
-  if (!t.is_cuda()) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(t.get_device()).stream(), &status) != cudaSuccess) {
     cudaGetLastError();
@@ -62,13 +61,18 @@ bool put_int(KeyBuffer& k, PyObject* o) {
   return k.i64(v);
 }
 
-// One argument; false where it cannot be encoded (the caller then returns None).
-bool put_arg(KeyBuffer& k, PyObject* o) {
+// One argument; false where it cannot be encoded (the caller then returns None). `asked`: whether the capture state
+// was asked already (once per call: the current stream, as the Python key asks it).
+bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
   // A tensor by its type's MRO (THPVariable_Check would ask the metaclass's __instancecheck__, in Python, of every
   // argument that is no tensor).
   if (THPVariableClass != nullptr && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass))) {
     const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.layout() != c10::kStrided || capturing(t)) return false;
+    if (t.layout() != c10::kStrided) return false;
+    if (!asked && t.is_cuda()) {
+      asked = true;
+      if (capturing(t)) return false;
+    }
     const auto sizes = t.sizes();
     const int8_t head[5] = {static_cast<int8_t>(t.scalar_type()), static_cast<int8_t>(t.device().type()),
                             static_cast<int8_t>(t.device().index()), static_cast<int8_t>(t.requires_grad()),
@@ -107,8 +111,9 @@ bool put_arg(KeyBuffer& k, PyObject* o) {
 PyObject* call_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   KeyBuffer k;
   k.tag(c10::GradMode::is_enabled() ? 1 : 0);
+  bool asked = false;
   for (Py_ssize_t i = 0; i < nargs; ++i)
-    if (!put_arg(k, args[i])) Py_RETURN_NONE;
+    if (!put_arg(k, args[i], asked)) Py_RETURN_NONE;
   return PyBytes_FromStringAndSize(k.data, static_cast<Py_ssize_t>(k.n));
 }
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import os
 import threading
 import time
@@ -136,8 +137,9 @@ class Selection:
     def __post_init__(self) -> None:
         self._call = self.fn if Selection.bind is None else Selection.bind(self)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._call(*args, **kwargs)
+    # Calling a selection calls ``_call`` without a frame of its own: the type's call slot finds this descriptor and
+    # calls what it gives (a per-call path's frame and argument packing less than a ``def __call__``).
+    __call__ = property(operator.attrgetter("_call"))
 
     @property
     def tier(self) -> Tier:

@@ -53,7 +53,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
-    if _ckey is None and key[-1] == 0 and x.is_cuda and not _LOAD_TRIED:
+    if _ckey is None and key[-1] == 0 and x.is_cuda and not _LOAD_TRIED and not _PYTHON_KEY[0]:
         _LOAD_TRIED.append(True)  # once per process: the C++ key, where the CUDA extension is built already
         cuda_ext.load_if_built(x.device)
     if active():
@@ -228,13 +228,20 @@ def _signature(spec: OpSpec) -> _Signature:
 _ckey: Callable[..., bytes | None] | None = None
 _NAMESPACES: list[dict[str, Any]] = []
 _LOAD_TRIED: list[bool] = []
+_PYTHON_KEY: list[bool] = [False]  # the Python key asked for (use_call_key(None)): the extension's load keeps it
+
+
+def _extension_loaded() -> None:
+    if not _PYTHON_KEY[0]:
+        use_call_key(cuda_ext.call_key())
 
 
 def use_call_key(fn: Callable[..., bytes | None] | None) -> None:
     """Key calls with ``fn`` (the extension's ``call_key``) ahead of the Python key, or with the Python key alone
-    (None). Selections cached under the C++ keys so far are dropped."""
+    (None: also once the extension loads later). Selections cached under the C++ keys so far are dropped."""
     global _ckey
     _ckey = fn
+    _PYTHON_KEY[:] = [fn is None]
     for ns in _NAMESPACES:
         ns["_ckey"] = fn
     for k in [k for k in _calls if isinstance(k, bytes)]:
@@ -371,4 +378,4 @@ def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key:
 
 
 Selection.bind = bind_selection
-cuda_ext.on_load(lambda: use_call_key(cuda_ext.call_key()))
+cuda_ext.on_load(_extension_loaded)
