@@ -86,14 +86,15 @@ def test_the_hottest_queued_bucket_is_measured_first_and_a_nearest_bucket_predic
                                                                                   caplog):
     _only(monkeypatch, "softmax", "eager", "triton")
     caplog.set_level(logging.INFO, logger="tiered_ops")
-    tiered_ops.softmax(torch.randn(4, 64), -1)  # the worker starts for this one: the next two wait in the queue
-    tiered_ops.softmax(torch.randn(4, 256), -1)  # asked once
-    for _ in range(5):
-        tiered_ops.softmax(torch.randn(4, 1024), -1)  # asked five times
+    with background._s.cond:  # the thread takes nothing before all three are queued
+        for n, times in ((64, 1), (256, 3), (1024, 5)):
+            for _ in range(times):
+                tiered_ops.softmax(torch.randn(4, n), -1)
+        assert [j.calls for j in background._s.queue.values()] == [1, 3, 5]
     assert tiered_ops.wait_for_tuning(timeout=300)
     said = [r.getMessage() for r in caplog.records]
     landed = [m.split(" landed")[0].split("of ")[-1] for m in said if "landed in" in m]
-    assert [s.split(",")[0] for s in landed] == ["softmax 4x64", "softmax 4x1024", "softmax 4x256"], landed
+    assert [s.split(",")[0] for s in landed] == ["softmax 4x1024", "softmax 4x256", "softmax 4x64"], landed
     # a new bucket now runs the nearest measured bucket's choice (of its dtype) while its own is measured
     tiered_ops.softmax(torch.randn(8, 1024), -1)
     sel = _eager_selection("softmax")
@@ -145,12 +146,14 @@ def test_nothing_is_queued_from_a_compiled_region_or_a_capture(bg, monkeypatch):
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert background.pending() == 0 and background._s.runner is None, "queued from a capture"
     key = ("softmax", "4x64,dim=-1", "fp32", "cpu", "fwd_nograd")
-    args = (spec, spec.problem((4, 64)), torch.float32, CPU, "fwd_nograd", key, ["eager"], None, lambda j: None)
+    args = (spec, spec.problem((4, 64)), torch.float32, CPU, "fwd_nograd", "eager", key, ["eager"],
+            select.get_store(), lambda j: None)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert background.request(*args) == (None, "inside a torch.compile trace")
+    assert background.request(*args) == (None, "not queued: inside a torch.compile trace")
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert background.request(*args[:3], torch.device("cuda", 0), *args[4:]) == (None, "inside a CUDA-graph capture")
+    assert background.request(*args[:3], torch.device("cuda", 0), *args[4:]) == (
+        None, "not queued: inside a CUDA-graph capture")
     assert background.pending() == 0 and background._s.runner is None
 
 

@@ -65,7 +65,7 @@ class Job:
     impls: list[str]  # the implementations without a fresh row when it was queued
     target: str | None  # the store's path or URL for a connection of the thread's own; None: a store in memory
     landed_hook: Callable[[Job], None]
-    calls: int = 0  # calls of its provisional selection (and requests): the hottest is measured first
+    calls: int = 0  # calls through its provisional selection (``counting``): the hottest is measured first
     deaths: dict[str, int] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)  # measured rows, kept here for a store in memory
     landed: bool = False
@@ -100,35 +100,58 @@ class _State:
         self.runner: _Runner | None = None
         self.given_up: set[tuple] = set()  # buckets whose measurement failed in the harness: not queued again
         self.full_told = False
-        self.pid = os.getpid()
         self.registered = False
 
 
 _s = _State()
 
 
+def _forked() -> None:
+    """A forked child has neither the parent's thread nor its worker (and the lock may have been held at the fork):
+    it starts from an empty state."""
+    global _s
+    registered = _s.registered
+    _s = _State()
+    _s.registered = registered
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-            key: tuple[str, str, str, str, str], impls: list[str], target: str | None,
+QUEUED = "queued for background tuning"
+NOT_QUEUED = "not queued: "
+
+
+def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
+            key: tuple[str, str, str, str, str], impls: list[str], store: Store,
             landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
-    """Queue ``key``'s bucket for measuring (or count another request of it); (the job, "") or (None, why not).
-    Nothing is queued while dynamo traces or a CUDA graph is being captured."""
+    """Queue ``key``'s bucket for measuring (unless it is queued or being measured already) for a caller in
+    ``context`` deciding from ``store``; (the job, QUEUED) or (None, NOT_QUEUED + why): what the decision's record
+    says. Nothing is queued while dynamo traces, from a compiled region (its call reaches the decision outside the
+    trace, after a graph break: an eager call of the bucket queues it), nor inside a CUDA-graph capture."""
+    job, why = _request(spec, problem, dtype, device, mode, context, key, impls, store, landed_hook)
+    return job, QUEUED if job is not None else NOT_QUEUED + why
+
+
+def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
+             key: tuple[str, str, str, str, str], impls: list[str], store: Store,
+             landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
     if torch.compiler.is_compiling():
         return None, "inside a torch.compile trace"
+    if context == "compiled":
+        return None, "called from a compiled region"
     if _capturing(device):
         return None, "inside a CUDA-graph capture"
+    target = None if not store.writable or str(store.path) == ":memory:" else (store.url or str(store.path))
     with _s.cond:
-        if _s.pid != os.getpid():  # a forked child: the parent's thread and worker are not here
-            _s.queue.clear()
-            _s.current, _s.runner, _s.pid = None, None, os.getpid()
         if key in _s.given_up:
             return None, "its background measurement failed earlier in this process"
         job = _s.queue.get(key) or (_s.current if _s.current is not None and _s.current.key == key else None)
         if job is not None:
-            job.calls += 1
             return job, ""
         if len(_s.queue) >= QUEUE_MAX:
             if not _s.full_told:
@@ -136,7 +159,7 @@ def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.de
                 log.warning("tiered_ops: background tuning queue full (%d buckets): %s runs its prediction until "
                             "the queue has room", QUEUE_MAX, key)
             return None, f"the background tuning queue is full ({QUEUE_MAX} buckets)"
-        job = Job(key, spec, problem, dtype, device, mode, impls, target, landed_hook, calls=1)
+        job = Job(key, spec, problem, dtype, device, mode, impls, target, landed_hook)
         _s.queue[key] = job
         log.info("tiered_ops: background tuning: queued %s on %s (%d implementation(s): %s); %d queued", job, device,
                  len(impls), ", ".join(impls), len(_s.queue))
@@ -207,14 +230,16 @@ def _run(me: _Runner) -> None:
     try:
         while True:
             with _s.cond:
-                while not _s.queue and not me.stopping:
-                    if not _s.cond.wait(IDLE_S) and not _s.queue:
-                        me.close_pool()
+                idle = not _s.cond.wait_for(lambda: _s.queue or me.stopping, IDLE_S)
                 if me.stopping:
                     return
-                job = max(_s.queue.values(), key=lambda j: j.calls)
-                del _s.queue[job.key]
-                _s.current = job
+                job = None if idle else max(_s.queue.values(), key=lambda j: j.calls)
+                if job is not None:
+                    del _s.queue[job.key]
+                    _s.current = job
+            if job is None:
+                me.close_pool()  # outside the lock: a request never waits for a worker to exit
+                continue
             try:
                 _tune(me, job)
             except Exception as e:  # noqa: BLE001 (a harness or store failure: said, the bucket is not queued again)
@@ -282,9 +307,9 @@ def _tune(me: _Runner, job: Job) -> None:
         else:
             job.rows.append(reply)
     job.took_s += time.perf_counter() - t0
-    rows = store.latest(op, bkey, dname, fkey, mode) if store is not None else job.rows
-    impl, reason, _ = _decide(spec, rows, job.dtype, job.device, "fastest", None, store)
+    rows = list(store.latest(op, bkey, dname, fkey, mode) if store is not None else job.rows)
     job.landed = True
     job.landed_hook(job)
+    impl, reason, _ = _decide(spec, rows, job.dtype, job.device, "fastest", None, store)
     log.info("tiered_ops: background tuning of %s landed in %.1f s: %s (%s) - %s", job, job.took_s, impl.name,
              impl.tier.label, reason)

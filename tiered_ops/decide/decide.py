@@ -113,7 +113,7 @@ def _landed(job: background.Job) -> None:
                     cache.pop(k, None)
 
 
-_FULL = "not queued: the background tuning queue is full"
+_FULL = background.NOT_QUEUED + "the background tuning queue is full"
 
 
 def set_policy(policy: str | None, calls: int | None = None, budget: int | None = None) -> None:
@@ -239,9 +239,9 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         tuned_s, job = None, None
         provisional = bool(missing) and tmode == "background" and not tune
         if provisional:
-            tuning = _queue(spec, problem, dtype, device, mode, context, store, (spec.name, bucket_str(bucket),
-                            DTYPE_NAMES[dtype], fp.key, mode), missing) if asked else (None, "not queued: tune=False")
-            job, tuning = tuning
+            job, tuning = background.request(
+                spec, problem, dtype, device, mode, context, (spec.name, bkey, dname, fp.key, mode),
+                [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
         if missing and tune:
             _check_fits(spec, problem, dtype, device, mode)
             where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
@@ -306,21 +306,6 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
                      context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
         return made[context]
-
-
-def _queue(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
-           store: Store, key: tuple[str, str, str, str, str], missing: list[Impl]) -> tuple[background.Job | None, str]:
-    """Queue a bucket for background tuning from an eager (or graphed) caller: (its job, what the record says), or
-    (None, why it is not queued). A compiled region queues nothing: its call reaches here outside the trace (after
-    a graph break) and is measured when an eager call of the bucket asks."""
-    if context == "compiled":
-        return None, "not queued: called from a compiled region"
-    target = None if not store.writable or str(store.path) == ":memory:" else (store.url or str(store.path))
-    job, why = background.request(spec, problem, dtype, device, mode, key, [i.name for i in missing], target,
-                                  _landed)
-    if job is None:
-        return None, f"not queued: {why}"
-    return job, "queued for background tuning"
 
 
 def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
