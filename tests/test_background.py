@@ -221,3 +221,18 @@ def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path)
             except OSError:
                 continue
             assert f"TIERED_OPS_TEST_TAG={tag}".encode() not in env, f"process {d.name} outlived the script"
+
+
+@pytest.mark.gpu
+def test_background_tuning_on_the_gpu_lands_under_the_callers_fingerprint(bg, private_store):
+    """The worker sees the caller's GPU as cuda:0 (CUDA_VISIBLE_DEVICES): its rows must carry the fingerprint the
+    caller decides by, or the bucket would be queued again forever."""
+    x = torch.randn(4, 64, device="cuda")
+    torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x, -1))
+    assert _eager_selection("softmax").record["tuning"] == "queued for background tuning"
+    assert tiered_ops.wait_for_tuning(timeout=540)
+    tiered_ops.softmax(x, -1)
+    sel = _eager_selection("softmax")
+    assert "tuning" not in sel.record, sel.record
+    assert background.pending() == 0, "the landed bucket was queued again"
+    assert {r["device_key"] for r in Store(private_store).rows(op="softmax")} == {sel.record["device"]}
