@@ -9,9 +9,20 @@ from pathlib import Path
 OFF = ("0", "false", "no", "off")
 
 
+TUNE_MODES = ("off", "blocking", "background")
+
+
 def tune() -> bool:
-    """TIERED_OPS_TUNE: measure on a miss (default on)."""
-    return os.environ.get("TIERED_OPS_TUNE", "1").lower() not in OFF
+    """TIERED_OPS_TUNE: measure on a miss (default on; ``background`` is on too, off the calling thread)."""
+    return tune_mode() != "off"
+
+
+def tune_mode() -> str:
+    """TIERED_OPS_TUNE as a mode: ``off`` (0, false, no, off), ``background`` (a call with no stored decision runs a
+    prediction at once and its bucket is measured by a background thread), else ``blocking`` (1, the default: the
+    call measures, then returns)."""
+    v = os.environ.get("TIERED_OPS_TUNE", "1").strip().lower()
+    return "off" if v in OFF else "background" if v == "background" else "blocking"
 
 
 def policy() -> str:

@@ -15,7 +15,11 @@ persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0``
 for fp16 or bf16 with nothing measured in that dtype: of the other one), each candidate's time predicted at
 the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
 the eager tier when nothing of the op is measured; the record says which. Peers
-(``tiered_ops.peers``) are never measured or chosen here.
+(``tiered_ops.peers``) are never measured or chosen here. With ``TIERED_OPS_TUNE=background`` (or
+``set_tuning("background")``) a miss measures nothing on the calling thread: it decides as with tuning off, from
+the nearest measured bucket of its own dtype only (rows that passed the gate at that dtype), else eager, and queues
+the bucket for a background thread (``background``); when the bucket's measurements land, its cached selections are
+dropped and the next call decides from them (``wait_for_tuning`` waits for the queue).
 
 Which correct implementation wins is the policy's call (``tiered_ops.policy``): ``fastest`` by default,
 ``cost-aware`` or ``cold-start`` per call of select_backend or for the process (``set_policy`` or
@@ -42,6 +46,7 @@ from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
+from . import background
 from .capture import is_warm, warm
 from .choice import _decide, _gated
 from .contexts import _compiled_rows, in_context
@@ -50,7 +55,7 @@ from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_bucket, predict
 
 log = logging.getLogger(__name__)
-_tune: bool | None = None
+_tune: bool | str | None = None
 _policy: tuple[str, int | None] | None = None
 _budget: int | None = None  # the memory policy's budget of the process default
 _store: Store | None = None
@@ -59,22 +64,57 @@ _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
 _selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
 _told: set[tuple] = set()  # capture fallbacks logged once
+_unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
 
 
-def set_tuning(enabled: bool | None) -> None:
-    """Switch measuring-on-miss on/off for this process (None: follow TIERED_OPS_TUNE, default on)."""
+def set_tuning(enabled: bool | str | None) -> None:
+    """Measuring on a miss, for this process: True or ``"blocking"`` (the call measures, then returns),
+    ``"background"`` (the call runs a prediction at once; a background thread measures its bucket), False or
+    ``"off"`` (predictions only), None (follow TIERED_OPS_TUNE, default blocking)."""
     global _tune
+    if not (enabled is None or isinstance(enabled, bool) or enabled in envs.TUNE_MODES):
+        raise ValueError(f"set_tuning: expected True, False, None or one of {', '.join(envs.TUNE_MODES)}, "
+                         f"got {enabled!r}")
     _tune = enabled
     clear_cache()
 
 
-def tuning_setting() -> bool | None:
+def tuning_setting() -> bool | str | None:
     """The process's own tuning setting (``set_tuning``), None where it follows TIERED_OPS_TUNE."""
     return _tune
 
 
+def tuning_mode() -> str:
+    """``off``, ``blocking`` or ``background``: the process's setting, else TIERED_OPS_TUNE's."""
+    if _tune is None:
+        return envs.tune_mode()
+    if isinstance(_tune, bool):
+        return "blocking" if _tune else "off"
+    return _tune
+
+
 def tuning_enabled() -> bool:
-    return _tune if _tune is not None else envs.tune()
+    """Whether a miss measures on the calling thread (blocking tuning)."""
+    return tuning_mode() == "blocking"
+
+
+def _landed(job: background.Job) -> None:
+    """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and every
+    cached selection of the bucket is dropped, so the next call decides from them (and a selection that waited for
+    a full queue asks again)."""
+    with _lock:
+        if job.rows:
+            _unsaved.append(list(job.rows))
+            job.rows.clear()
+        for cache in (_decisions, _calls, _selects):
+            for k, sel in list(cache.items()):
+                r = sel.record
+                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == job.key
+                        or str(r.get("tuning", "")).startswith(_FULL)):
+                    cache.pop(k, None)
+
+
+_FULL = background.NOT_QUEUED + "the background tuning queue is full"
 
 
 def set_policy(policy: str | None, calls: int | None = None, budget: int | None = None) -> None:
@@ -188,13 +228,22 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                                      budget)
     with _lock:
         store = get_store()
+        if _unsaved:
+            store.add([r for rows in _unsaved for r in rows])
+            _unsaved.clear()
         fp = fingerprint(device)
         bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
         rows = store.latest(spec.name, bkey, dname, fp.key, mode)
         have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
         missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
-        tune = tuning_enabled() if tune is None else tune
-        tuned_s = None
+        tmode, asked = tuning_mode(), tune is None
+        tune = tmode == "blocking" if tune is None else tune
+        tuned_s, job = None, None
+        provisional = bool(missing) and tmode == "background" and not tune
+        if provisional:
+            job, tuning = background.request(
+                spec, problem, dtype, device, mode, context, (spec.name, bkey, dname, fp.key, mode),
+                [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
         if missing and tune:
             _check_fits(spec, problem, dtype, device, mode)
             where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
@@ -212,7 +261,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         near, near_dtype = None, dname
         if not rows and not tune:
             # the nearest measured bucket of this dtype, else of the other 16-bit dtype (same bytes per element)
-            for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []))):
+            # (not in the background: another dtype's choice needs a gate at this one, on the calling thread)
+            for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []) if not provisional else [])):
                 b = nearest_bucket(store, spec, bkey, dn, fp.key, mode)
                 if b is not None:
                     near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
@@ -220,13 +270,16 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                                    store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
                     near_dtype = dn
                     break
+        made: dict[str, Selection] = {}
         compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
                                    measure_missing=tune and context == "compiled" and near is None)
         for ctx in CONTEXTS:
             ctx_rows, why = (compiled, "compiled caller (measured between pointwise ops in a compiled function): "
                              ) if ctx == "compiled" and compiled else in_context(rows, ctx)
             if not ctx_rows and not tune:
-                impl, reason, cands = spec.impls["eager"], "tuning off and no stored decision: eager", []
+                impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
+                                                            "eager" if provisional else
+                                                            "tuning off and no stored decision: eager"), []
             else:
                 impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
                 from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
@@ -234,20 +287,27 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                     impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
                                                  (policy, calls, store, budget), (impl, reason, cands))
                 if near is not None:
-                    reason = (f"tuning off, nothing measured in this bucket: from the nearest measured bucket {near}, "
-                              f"times predicted at this shape (launch path, kernel time by bytes moved): {reason}")
+                    reason = (f"{'tuning in the background' if provisional else 'tuning off'}, nothing measured in "
+                              f"this bucket: from the nearest measured bucket {near}, times predicted at this shape "
+                              f"(launch path, kernel time by bytes moved): {reason}")
             record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                           context=ctx, policy=policy, budget=budget,
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
-            _decisions[key[:-1] + (ctx,)] = Selection(impl.fn, impl, record)
+            if provisional:
+                record["tuning"] = tuning
+                if job is not None and ctx == "eager":
+                    impl = background.counting(job, impl)  # calls counted: the hottest bucket is measured first
+            made[ctx] = Selection(impl.fn, impl, record)
+        if not provisional or job is not None:  # a bucket not queued asks again on its next decision
+            _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
         if warm_graphed:
-            warm(spec, _decisions[key[:-1] + ("graphed",)].impl, problem, dtype, device, mode)
+            warm(spec, made["graphed"].impl, problem, dtype, device, mode)
         if tuned_s is not None:
-            chosen = _decisions[key]
+            chosen = made[context]
             log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
                      context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
-        return _decisions[key]
+        return made[context]
 
 
 def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,

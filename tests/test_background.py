@@ -1,0 +1,238 @@
+"""Background tuning (TIERED_OPS_TUNE=background): a first call returns at once through a prediction while a daemon
+thread measures its bucket in a worker process; the landed decision is used by the next call; a killed worker is
+retried; nothing is queued from a compiled region or a CUDA-graph capture; an exiting process keeps what was stored
+and leaves no worker behind."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import plants  # noqa: F401 (registers plant_double)
+import pytest
+import torch
+
+import tiered_ops
+from tiered_ops.decide import background, contexts
+from tiered_ops.decide import decide as select
+from tiered_ops.decide.dispatch import dispatch, public
+from tiered_ops.registry import Tier
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
+
+CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bg(monkeypatch):
+    """Background tuning for the test, the thread and its worker stopped after it."""
+    select.set_tuning("background")
+    yield
+    background.shutdown()
+    background._s.given_up.clear()
+    select.set_tuning(None)
+
+
+def _only(monkeypatch, op: str, *names: str) -> None:
+    """The op's candidates cut to ``names`` (the worker measures them by name): a short measurement."""
+    spec = get_op(op)
+    monkeypatch.setattr(spec, "impls", {k: v for k, v in spec.impls.items() if k in names})
+
+
+def _no_measuring(*args, **kwargs):
+    raise AssertionError("measured on the calling thread")
+
+
+def _eager_selection(op: str):
+    return next(s for k, s in select._calls.items() if k[0] == op and k[-1] == 0)
+
+
+def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, private_store, monkeypatch, caplog):
+    monkeypatch.setattr(select, "measure", _no_measuring)
+    monkeypatch.setattr(contexts, "measure", _no_measuring)
+    caplog.set_level(logging.INFO, logger="tiered_ops")
+    x = torch.randn(4, 64)
+    y = tiered_ops.softmax(x, -1)
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-5)
+    first = _eager_selection("softmax")
+    assert first.record["tuning"] == "queued for background tuning" and first.name == "eager", first.record
+    assert background.pending() == 1
+    assert not Store(private_store).rows(op="softmax"), "the call waited for a measurement"
+    for _ in range(20):  # calls go on while the bucket is measured: counted, correct
+        x = torch.randn(4, 64)
+        torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x, -1))
+    assert tiered_ops.wait_for_tuning(timeout=600)
+    stored = {r["impl"]: r for r in Store(private_store).rows(op="softmax", mode="fwd_nograd")}
+    spec = get_op("softmax")
+    assert set(stored) == {i.name for i in spec.impls.values() if i.tier != Tier.PEER}
+    for tier in (Tier.EAGER, Tier.COMPILE, Tier.TRITON):  # the tiers that run on the CPU (Triton: the interpreter)
+        assert any(stored[i.name]["ok"] for i in spec.impls.values() if i.tier == tier), (tier, stored)
+    assert not [k for k in select._calls if k[0] == "softmax"], "the landed bucket's selections were dropped"
+    tiered_ops.softmax(x, -1)
+    now = _eager_selection("softmax")
+    assert "tuning" not in now.record and "nearest" not in now.record["reason"], now.record
+    assert now.name in {k for k, r in stored.items() if r["ok"]}
+    assert now.name == select.select_backend("softmax", (4, 64), tune=False).name
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "background tuning: queued softmax 4x64" in said and "landed in" in said, said
+
+
+def test_the_hottest_queued_bucket_is_measured_first_and_a_nearest_bucket_predicts(bg, private_store, monkeypatch,
+                                                                                  caplog):
+    _only(monkeypatch, "softmax", "eager", "triton")
+    caplog.set_level(logging.INFO, logger="tiered_ops")
+    with background._s.cond:  # the thread takes nothing before all three are queued
+        for n, times in ((64, 1), (256, 3), (1024, 5)):
+            for _ in range(times):
+                tiered_ops.softmax(torch.randn(4, n), -1)
+        assert [j.calls for j in background._s.queue.values()] == [1, 3, 5]
+    assert tiered_ops.wait_for_tuning(timeout=300)
+    said = [r.getMessage() for r in caplog.records]
+    landed = [m.split(" landed")[0].split("of ")[-1] for m in said if "landed in" in m]
+    assert [s.split(",")[0] for s in landed] == ["softmax 4x1024", "softmax 4x256", "softmax 4x64"], landed
+    # a new bucket now runs the nearest measured bucket's choice (of its dtype) while its own is measured
+    tiered_ops.softmax(torch.randn(8, 1024), -1)
+    sel = _eager_selection("softmax")
+    assert sel.record["tuning"] == "queued for background tuning"
+    assert "nearest measured bucket" in sel.record["reason"] and sel.record["bucket"] == "[8,1024,true]", sel.record
+
+
+def test_a_killed_worker_leaves_calls_working_and_the_bucket_is_retried(bg, private_store, monkeypatch, caplog):
+    _only(monkeypatch, "plant_double", "eager", "py_hang")  # py_hang never returns: killed, then timed out
+    monkeypatch.setattr(background, "TIMEOUT_S", 8.0)
+    caplog.set_level(logging.INFO, logger="tiered_ops")
+    double = public("plant_double")
+    x = torch.randn(1000)
+    assert torch.equal(double(x), x * 2)
+    store = Store(private_store)
+    deadline = time.monotonic() + 120
+    while not store.rows(op="plant_double", impl="eager") and time.monotonic() < deadline:
+        time.sleep(0.1)  # eager is stored: py_hang is being measured now
+    runner = background._s.runner
+    pid = runner.pool.worker.proc.pid
+    os.killpg(pid, signal.SIGKILL)
+    for _ in range(50):  # calls go on through the prediction (eager)
+        x = torch.randn(1000)
+        assert torch.equal(double(x), x * 2)
+    assert tiered_ops.wait_for_tuning(timeout=120)
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "py_hang worker killed by signal SIGKILL (try 1 of 2); the bucket is queued again" in said, said
+    rows = {r["impl"]: r for r in store.rows(op="plant_double")}
+    assert rows["eager"]["ok"] == 1 and len(store.rows(op="plant_double", impl="eager")) == 1, "eager measured again"
+    assert rows["py_hang"]["ok"] == 0 and "crashed or hung: timed out after 8 s" in rows["py_hang"]["reason"]
+    double(x)
+    sel = _eager_selection("plant_double")
+    assert "tuning" not in sel.record and sel.name == "eager", sel.record
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_nothing_is_queued_from_a_compiled_region_or_a_capture(bg, monkeypatch):
+    _only(monkeypatch, "softmax", "eager", "triton")
+    x = torch.randn(4, 64)
+    f = torch.compile(lambda t: tiered_ops.softmax(t, -1))
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert background.pending() == 0 and background._s.runner is None, "queued from a compiled region"
+    compiled = next(s for k, s in select._calls.items() if k[0] == "softmax" and k[-1] == 1)
+    assert compiled.record["tuning"] == "not queued: called from a compiled region", compiled.record
+    # a CUDA-graph capture's call (the key's context 2): decided by capture_selection, never queued
+    spec = get_op("softmax")
+    y = dispatch(spec, ("softmax", 2), x, (x, -1), {})
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert background.pending() == 0 and background._s.runner is None, "queued from a capture"
+    key = ("softmax", "4x64,dim=-1", "fp32", "cpu", "fwd_nograd")
+    args = (spec, spec.problem((4, 64)), torch.float32, CPU, "fwd_nograd", "eager", key, ["eager"],
+            select.get_store(), lambda j: None)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert background.request(*args) == (None, "not queued: inside a torch.compile trace")
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert background.request(*args[:3], torch.device("cuda", 0), *args[4:]) == (
+        None, "not queued: inside a CUDA-graph capture")
+    assert background.pending() == 0 and background._s.runner is None
+
+
+def test_a_store_kept_in_memory_gets_the_rows_on_the_next_decision(bg, monkeypatch):
+    _only(monkeypatch, "softmax", "eager")
+    store = select.use_store(":memory:")
+    x = torch.randn(4, 64)
+    tiered_ops.softmax(x, -1)
+    assert _eager_selection("softmax").record["tuning"] == "queued for background tuning"
+    assert tiered_ops.wait_for_tuning(timeout=120)
+    assert not store.rows(op="softmax")  # the thread cannot write this connection: the caller's next decision does
+    tiered_ops.softmax(x, -1)
+    assert [r["impl"] for r in store.rows(op="softmax")] == ["eager"]
+    assert "tuning" not in _eager_selection("softmax").record
+
+
+def test_set_tuning_takes_the_modes_and_refuses_others(monkeypatch):
+    for value, mode in ((True, "blocking"), (False, "off"), ("background", "background"), ("off", "off")):
+        select.set_tuning(value)
+        assert select.tuning_mode() == mode
+    select.set_tuning(None)
+    for env, mode in (("0", "off"), ("1", "blocking"), ("background", "background"), ("Background", "background")):
+        monkeypatch.setenv("TIERED_OPS_TUNE", env)
+        assert select.tuning_mode() == mode
+    with pytest.raises(ValueError, match="set_tuning: expected True, False, None or one of off, blocking, background"):
+        select.set_tuning("sometimes")
+
+
+def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path):
+    db = tmp_path / "exit.sqlite"
+    script = textwrap.dedent("""
+        import time, torch, tiered_ops
+        from tiered_ops.decide import background
+        from tiered_ops.tiers.catalog import get_op
+        from tiered_ops.store.store import Store
+        spec = get_op("softmax")
+        spec.impls = {k: v for k, v in spec.impls.items() if k in ("eager", "triton")}
+        for n in (64, 256, 1024):
+            tiered_ops.softmax(torch.randn(4, n), -1)
+        deadline = time.monotonic() + 120
+        while background.pending() > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("worker", background._s.runner.pool.info["pid"], "pending", background.pending(), flush=True)
+    """)
+    tag = f"bg-exit-{os.getpid()}"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TIERED_OPS_TUNE="background", TIERED_OPS_DB=str(db),
+                                TIERED_OPS_TEST_TAG=tag))
+    assert r.returncode == 0, r.stderr[-3000:]
+    words = r.stdout.split()
+    pid, left = int(words[words.index("worker") + 1]), int(words[words.index("pending") + 1])
+    assert left >= 1, r.stdout  # exited with a bucket queued or being measured
+    assert time.monotonic() - t0 < 120
+    rows = Store(db).rows(op="softmax")
+    assert {(r["bucket"], r["impl"]) for r in rows} >= {("[4,64,true]", "eager"), ("[4,64,true]", "triton")}, rows
+    assert len(rows) < 6, "the exit waited for every queued bucket"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    for d in Path("/proc").iterdir():  # no worker that inherited the tag is alive
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes()
+            except OSError:
+                continue
+            assert f"TIERED_OPS_TEST_TAG={tag}".encode() not in env, f"process {d.name} outlived the script"
+
+
+@pytest.mark.gpu
+def test_background_tuning_on_the_gpu_lands_under_the_callers_fingerprint(bg, private_store):
+    """The worker sees the caller's GPU as cuda:0 (CUDA_VISIBLE_DEVICES): its rows must carry the fingerprint the
+    caller decides by, or the bucket would be queued again forever."""
+    x = torch.randn(4, 64, device="cuda")
+    torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x, -1))
+    assert _eager_selection("softmax").record["tuning"] == "queued for background tuning"
+    assert tiered_ops.wait_for_tuning(timeout=540)
+    tiered_ops.softmax(x, -1)
+    sel = _eager_selection("softmax")
+    assert "tuning" not in sel.record, sel.record
+    assert background.pending() == 0, "the landed bucket was queued again"
+    assert {r["device_key"] for r in Store(private_store).rows(op="softmax")} == {sel.record["device"]}

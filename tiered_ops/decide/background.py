@@ -1,0 +1,315 @@
+"""Background tuning (``TIERED_OPS_TUNE=background``): a call with no stored decision returns at once through a
+predicted implementation and queues its bucket; one daemon thread measures the queued buckets, hottest first,
+stores them, and hands each landed bucket to ``decide`` so that its cached selections are dropped and the next call
+decides from the stored rows.
+
+Why a thread driving a worker process (``measure.worker.Pool``), not measuring in a thread of the caller's process
+nor in a process of its own that owns the queue:
+
+- A thread alone would run the candidates in the caller's interpreter: a kernel that crashes (an illegal address,
+  a segfault) would take the application down, and the gate's float64 reference and the timing loops would hold
+  the GIL against the caller's own Python. In the worker process a crash or a hang costs that candidate only (a
+  dead worker is retried, then recorded as "crashed or hung", as a sweep records it).
+- A process of its own would need the queue, the call counts and the landing sent back over IPC; the thread shares
+  them with the caller for free and spends its time blocked in ``select`` (no GIL) while the worker measures.
+
+One thread, one worker process, one measurement at a time per process. The thread writes through a store
+connection of its own (a SQLite connection belongs to the thread that opened it; WAL lets both connections work
+at once); a store kept in memory (read-only, unusable path) cannot be opened twice, so its rows go back with the
+landed job (``Job.rows``) and ``decide`` adds them on the caller's thread. The thread is a daemon, stopped at exit
+(``shutdown``, registered with ``atexit``), which kills the worker: a bucket cut off is measured again by a later
+process, and every measurement finished before is already stored (each is stored as it completes). The worker is
+started from this thread with ``PR_SET_PDEATHSIG``, so it dies with the thread that started it, never an orphan.
+On a GPU the worker measures beside the application's own work: its timings are as contended as the device is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from ..measure.fingerprint import fingerprint
+from ..measure.measure import base_row
+from ..measure.worker import Pool
+from ..registry import Impl, OpSpec, Problem
+from ..store.store import Store
+from ..tiers.catalog import all_ops
+from .choice import _decide
+
+log = logging.getLogger(__name__)
+
+QUEUE_MAX = 64  # buckets waiting at most; a call of another one runs its prediction, not queued (said once)
+TRIES = 2  # a candidate whose worker dies or hangs this many times in a bucket is recorded as crashed or hung
+TIMEOUT_S = 300.0  # per candidate, as a sweep's default
+IDLE_S = 30.0  # the worker process is closed after this long with nothing queued
+
+
+@dataclass(eq=False)
+class Job:
+    """One queued bucket: (op, bucket, dtype name, device key, mode) and the call that asked first (its problem is
+    the one measured, as blocking tuning measures the requested shape)."""
+
+    key: tuple[str, str, str, str, str]
+    spec: OpSpec
+    problem: Problem
+    dtype: torch.dtype
+    device: torch.device
+    mode: str
+    impls: list[str]  # the implementations without a fresh row when it was queued
+    target: str | None  # the store's path or URL for a connection of the thread's own; None: a store in memory
+    landed_hook: Callable[[Job], None]
+    calls: int = 0  # calls through its provisional selection (``counting``): the hottest is measured first
+    deaths: dict[str, int] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)  # measured rows, kept here for a store in memory
+    landed: bool = False
+    took_s: float = 0.0
+
+    def __str__(self) -> str:
+        op, _, dname, _, mode = self.key
+        return f"{op} {self.problem} {dname} {mode}"
+
+
+class _Runner:
+    """One thread's own: its worker pool, its store connections, its stop flag (a thread stopped by ``shutdown`` that
+    is still finishing leaves the next request a fresh runner, never two threads on one pool)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.pool: Pool | None = None
+        self.stores: dict[str, Store] = {}
+        self.thread = threading.Thread(target=_run, args=(self,), name="tiered_ops-background-tuning", daemon=True)
+
+    def close_pool(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+
+
+class _State:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: dict[tuple, Job] = {}
+        self.current: Job | None = None
+        self.runner: _Runner | None = None
+        self.given_up: set[tuple] = set()  # buckets whose measurement failed in the harness: not queued again
+        self.full_told = False
+        self.registered = False
+
+
+_s = _State()
+
+
+def _forked() -> None:
+    """A forked child has neither the parent's thread nor its worker (and the lock may have been held at the fork):
+    it starts from an empty state."""
+    global _s
+    registered = _s.registered
+    _s = _State()
+    _s.registered = registered
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+QUEUED = "queued for background tuning"
+NOT_QUEUED = "not queued: "
+
+
+def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
+            key: tuple[str, str, str, str, str], impls: list[str], store: Store,
+            landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
+    """Queue ``key``'s bucket for measuring (unless it is queued or being measured already) for a caller in
+    ``context`` deciding from ``store``; (the job, QUEUED) or (None, NOT_QUEUED + why): what the decision's record
+    says. Nothing is queued while dynamo traces, from a compiled region (its call reaches the decision outside the
+    trace, after a graph break: an eager call of the bucket queues it), nor inside a CUDA-graph capture."""
+    job, why = _request(spec, problem, dtype, device, mode, context, key, impls, store, landed_hook)
+    return job, QUEUED if job is not None else NOT_QUEUED + why
+
+
+def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
+             key: tuple[str, str, str, str, str], impls: list[str], store: Store,
+             landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
+    if torch.compiler.is_compiling():
+        return None, "inside a torch.compile trace"
+    if context == "compiled":
+        return None, "called from a compiled region"
+    if _capturing(device):
+        return None, "inside a CUDA-graph capture"
+    target = None if not store.writable or str(store.path) == ":memory:" else (store.url or str(store.path))
+    with _s.cond:
+        if key in _s.given_up:
+            return None, "its background measurement failed earlier in this process"
+        job = _s.queue.get(key) or (_s.current if _s.current is not None and _s.current.key == key else None)
+        if job is not None:
+            return job, ""
+        if len(_s.queue) >= QUEUE_MAX:
+            if not _s.full_told:
+                _s.full_told = True
+                log.warning("tiered_ops: background tuning queue full (%d buckets): %s runs its prediction until "
+                            "the queue has room", QUEUE_MAX, key)
+            return None, f"the background tuning queue is full ({QUEUE_MAX} buckets)"
+        job = Job(key, spec, problem, dtype, device, mode, impls, target, landed_hook)
+        _s.queue[key] = job
+        log.info("tiered_ops: background tuning: queued %s on %s (%d implementation(s): %s); %d queued", job, device,
+                 len(impls), ", ".join(impls), len(_s.queue))
+        if _s.runner is None:
+            _s.runner = _Runner()
+            _s.runner.thread.start()
+            if not _s.registered:
+                _s.registered = True
+                atexit.register(shutdown)
+        _s.cond.notify_all()
+        return job, ""
+
+
+def counting(job: Job, impl: Impl) -> Impl:
+    """``impl`` with each call counted for ``job`` (the queue measures the hottest bucket first). A call after the
+    job landed hands the job to its hook once more: a selection cached after the landing dropped its cache."""
+    swept = [False]
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            job.calls += 1
+            if job.landed and not swept[0]:
+                swept[0] = True
+                job.landed_hook(job)
+            return fn(*args, **kwargs)
+        return counted
+
+    return replace(impl, fn=wrap(impl.fn), unchecked=None if impl.unchecked is None else wrap(impl.unchecked))
+
+
+def pending() -> int:
+    """Buckets queued or being measured now."""
+    with _s.cond:
+        return len(_s.queue) + (_s.current is not None)
+
+
+def wait_for_tuning(timeout: float | None = None) -> bool:
+    """Wait until background tuning (``TIERED_OPS_TUNE=background``) has no bucket queued or being measured.
+
+    Returns True then (the next call of a bucket that landed uses its stored decision), False where ``timeout``
+    seconds passed first; True at once where nothing was queued."""
+    with _s.cond:
+        return _s.cond.wait_for(lambda: not _s.queue and _s.current is None, timeout)
+
+
+def shutdown(timeout: float = 10.0) -> None:
+    """Stop the thread: queued buckets are dropped, a measurement in flight is killed with its worker (what was
+    stored stays). The next request starts a thread again."""
+    with _s.cond:
+        runner, _s.runner = _s.runner, None
+        dropped = len(_s.queue)
+        _s.queue.clear()
+        if runner is not None:
+            runner.stopping = True
+        _s.cond.notify_all()
+    if dropped:
+        log.info("tiered_ops: background tuning stopped with %d bucket(s) still queued (not measured)", dropped)
+    if runner is None:
+        return
+    worker = runner.pool.worker if runner.pool is not None else None
+    if worker is not None:
+        worker.kill()  # the thread's wait for its reply ends now
+    if runner.thread is not threading.current_thread():
+        runner.thread.join(timeout)
+
+
+def _run(me: _Runner) -> None:
+    try:
+        while True:
+            with _s.cond:
+                idle = not _s.cond.wait_for(lambda: _s.queue or me.stopping, IDLE_S)
+                if me.stopping:
+                    return
+                job = None if idle else max(_s.queue.values(), key=lambda j: j.calls)
+                if job is not None:
+                    del _s.queue[job.key]
+                    _s.current = job
+            if job is None:
+                me.close_pool()  # outside the lock: a request never waits for a worker to exit
+                continue
+            try:
+                _tune(me, job)
+            except Exception as e:  # noqa: BLE001 (a harness or store failure: said, the bucket is not queued again)
+                if not me.stopping:
+                    log.warning("tiered_ops: background tuning of %s failed (%s: %s); it keeps its prediction in "
+                                "this process", job, type(e).__name__, e)
+                    with _s.cond:
+                        _s.given_up.add(job.key)
+            finally:
+                with _s.cond:
+                    if _s.current is job:
+                        _s.current = None
+                    _s.cond.notify_all()
+    finally:
+        me.close_pool()
+        for st in me.stores.values():
+            st.close()
+        with _s.cond:
+            if _s.runner is me:
+                _s.runner = None
+            _s.cond.notify_all()
+
+
+def _pool_for(me: _Runner, job: Job) -> Pool:
+    modules = sorted({s.reference.__module__ for s in all_ops()} | {job.spec.reference.__module__})
+    if me.pool is None or me.pool.device != str(job.device) or not set(me.pool.modules) >= set(modules):
+        me.close_pool()
+        me.pool = Pool(job.device, modules, TIMEOUT_S,
+                       log=lambda s: me.stopping or log.warning("tiered_ops: background tuning: %s", s))
+    return me.pool
+
+
+def _tune(me: _Runner, job: Job) -> None:
+    spec, (op, bkey, dname, fkey, mode) = job.spec, job.key
+    store = None
+    if job.target is not None:
+        store = me.stores.get(job.target) or me.stores.setdefault(job.target, Store(job.target))
+        have = {r["impl"] for r in store.latest(op, bkey, dname, fkey, mode) if spec.fresh_impl(r) is not None}
+    else:
+        have = {r["impl"] for r in job.rows}
+    todo = [n for n in job.impls if n not in have and n in spec.impls]
+    log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
+             job.device, ", ".join(todo) or "nothing (measured meanwhile)", len(_s.queue))
+    t0 = time.perf_counter()
+    for name in todo:
+        if me.stopping:
+            return
+        reply, why = _pool_for(me, job).run(("measure", op, name, job.problem, dname, mode), f"{job} {name}")
+        if why:
+            if me.stopping:
+                return
+            job.deaths[name] = job.deaths.get(name, 0) + 1
+            if job.deaths[name] < TRIES:
+                log.warning("tiered_ops: background tuning of %s: %s %s (try %d of %d); the bucket is queued again",
+                            job, name, why, job.deaths[name], TRIES)
+                job.took_s += time.perf_counter() - t0
+                with _s.cond:
+                    if not me.stopping:
+                        _s.queue[job.key] = job
+                return
+            reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fingerprint(job.device)),
+                         reason=f"crashed or hung: {why}")
+        if store is not None:
+            store.add([reply])
+        else:
+            job.rows.append(reply)
+    job.took_s += time.perf_counter() - t0
+    rows = list(store.latest(op, bkey, dname, fkey, mode) if store is not None else job.rows)
+    job.landed = True
+    job.landed_hook(job)
+    impl, reason, _ = _decide(spec, rows, job.dtype, job.device, "fastest", None, store)
+    log.info("tiered_ops: background tuning of %s landed in %.1f s: %s (%s) - %s", job, job.took_s, impl.name,
+             impl.tier.label, reason)
