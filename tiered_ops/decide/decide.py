@@ -31,7 +31,6 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ import torch
 
 from .. import envs
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, measure
+from ..measure.measure import bucket_str, check_fits, measure
 from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -245,7 +244,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                 spec, problem, dtype, device, mode, context, (spec.name, bkey, dname, fp.key, mode),
                 [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
         if missing and tune:
-            _check_fits(spec, problem, dtype, device, mode)
+            check_fits(spec, problem, dtype, device, mode)
             where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
             log.info("tiered_ops: tuning %s %s %s %s %s on %s: no stored decision, measuring %d implementation(s) "
                      "(%s) once; %s", spec.name, problem, dname, mode, context, device,
@@ -336,26 +335,6 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
         log.warning("tiered_ops.%s %s %s inside CUDA-graph capture: %s; running %s", spec.name, problem,
                     DTYPE_NAMES[dtype], why, sel.name)
     return sel
-
-
-def _memory_bytes(device: torch.device) -> int | None:
-    """The device's total memory in bytes (the host's RAM for the CPU), or None where it cannot be read."""
-    try:
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[1]
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError, RuntimeError):
-        return None
-
-
-def _check_fits(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> None:
-    """Measuring ``problem`` allocates its inputs and outputs at least: a ValueError saying what was asked and why
-    it cannot be where they exceed the device's memory (rather than the allocator's error from inside a measurement)."""
-    need, total = spec.mode_bytes(problem, dtype, mode), _memory_bytes(device)
-    if total is not None and need > total:
-        raise ValueError(f"{spec.name} at {problem} {DTYPE_NAMES[dtype]} {mode}: measuring it needs at least "
-                         f"{need / 2**30:.3g} GiB of inputs and outputs, more than the {total / 2**30:.3g} GiB of "
-                         f"{device} memory; ask for a shape that fits, or decide it where it fits and share the store")
 
 
 @torch.compiler.disable(reason="tiered_ops has no decision for this op/shape bucket yet: call "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from typing import Any, Callable
 
@@ -199,3 +200,23 @@ def flag_contended(row: dict[str, Any], why: str) -> dict[str, Any]:
 def bucket_str(bucket: tuple) -> str:
     """The stored text of a bucket tuple (``tiered_ops.buckets.encode``)."""
     return encode(bucket)
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """The device's total memory in bytes (the host's RAM for the CPU), or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return None
+
+
+def check_fits(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str) -> None:
+    """Measuring ``problem`` allocates its inputs and outputs at least: a ValueError saying what was asked and why
+    it cannot be where they exceed the device's memory (rather than the allocator's error from inside a measurement)."""
+    need, total = spec.mode_bytes(problem, dtype, mode), memory_bytes(device)
+    if total is not None and need > total:
+        raise ValueError(f"{spec.name} at {problem} {DTYPE_NAMES[dtype]} {mode}: measuring it needs at least "
+                         f"{need / 2**30:.3g} GiB of inputs and outputs, more than the {total / 2**30:.3g} GiB of "
+                         f"{device} memory; ask for a shape that fits, or decide it where it fits and share the store")
