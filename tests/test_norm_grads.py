@@ -12,9 +12,8 @@ from tiered_ops.ops.fused_add_rms_norm import _problem as FA
 from tiered_ops.ops.layer_norm import _problem as LN
 from tiered_ops.ops.rms_norm import _problem as RMS
 from triton_src import fused_add_rms_norm as tfa
-from triton_src import launch
+from triton_src import launch, norm_grads
 from triton_src import layer_norm as tln
-from triton_src import norm_grads
 from triton_src import rms_norm as trms
 
 # On the CPU the persistent grid has 2 * CPU_SMS = 8 programs.
