@@ -171,18 +171,15 @@ inline int64_t sm_count() {
   return sms;
 }
 
-// Rows per group of the weight/bias gradient partial sums: about 4 blocks per SM over the (columns, groups) grid.
-inline int64_t rows_per_group(int64_t rows, int64_t n) {
-  const int64_t col_blocks = (n + 255) / 256;
-  const int64_t want = 4 * sm_count();
-  int64_t groups = (want + col_blocks - 1) / col_blocks;
-  groups = groups < 1 ? 1 : (groups > rows ? rows : groups);
-  return (rows + groups - 1) / groups;
-}
-
-// (groups, n) fp32 partials -> the parameter gradient in x's dtype and normalized_shape.
-inline at::Tensor sum_partials(const at::Tensor& partial, const at::Tensor& x, c10::IntArrayRef normalized_shape) {
-  return partial.sum(0).to(x.scalar_type()).view(normalized_shape);
+// Blocks of a normalization backward's persistent grid over `rows` rows of n elements (cuda_src/norm_grads.cuh): enough
+// blocks of the threads such a row takes (8-element packs) to fill every SM's 2048 thread slots once (at most 32 a
+// SM), never more than the rows; the (blocks, n) fp32 partials of its weight/bias gradient.
+inline int64_t norm_bwd_blocks(int64_t rows, int64_t n) {
+  int64_t t = 32;
+  while (t < (n + 7) / 8 && t < 1024) t *= 2;
+  const int64_t per_sm = 2048 / t < 32 ? 2048 / t : 32;
+  const int64_t want = sm_count() * per_sm;
+  return rows < want ? rows : want;
 }
 
 // The pybind11 exports of the registered ops, collected while the extension loads (static initializers of the op

@@ -220,37 +220,6 @@ inline cudaError_t launch_block_rows(bool vec, int V, void (*vec_k)(K...), void 
   return cudaGetLastError();
 }
 
-// Weight/bias gradients of both normalizations, as partial sums over groups of rows (blockIdx.y): for column
-// j, dw[g, j] = sum over the group's rows of dy * xhat and db[g, j] = sum of dy, xhat = (x - mean) * rstd
-// (mean null: rms_norm; dw or db null: not wanted). Threads own consecutive columns, so every row's loads are coalesced; the caller sums
-// the groups. Bytes: dy and x read once more, (groups, n) fp32 partials written.
-template <typename T, typename TX = T>
-__global__ void norm_param_grads_kernel(const T* __restrict__ dy, const TX* __restrict__ x,
-                                        const float* __restrict__ mean, const float* __restrict__ rstd,
-                                        float* __restrict__ dw, float* __restrict__ db, int64_t rows, int64_t n,
-                                        int64_t rows_per) {
-  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  const int64_t g = blockIdx.y, r0 = g * rows_per, r1 = r0 + rows_per < rows ? r0 + rows_per : rows;
-  float aw = 0.f, ab = 0.f;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float d = to_f(dy[r * n + j]);
-    aw += d * (to_f(x[r * n + j]) - (mean ? mean[r] : 0.f)) * rstd[r];
-    ab += d;
-  }
-  if (dw) dw[g * n + j] = aw;
-  if (db) db[g * n + j] = ab;
-}
-
-template <typename T, typename TX = T>  // TX: x's type where dy has another (an fp32 output over bf16/fp16 x)
-inline cudaError_t launch_norm_param_grads(const T* dy, const TX* x, const float* mean, const float* rstd, float* dw,
-                                           float* db, int64_t rows, int64_t n, int64_t rows_per, cudaStream_t stream) {
-  const int64_t groups = (rows + rows_per - 1) / rows_per;
-  const dim3 grid((unsigned)((n + 255) / 256), (unsigned)groups);
-  norm_param_grads_kernel<T, TX><<<grid, 256, 0, stream>>>(dy, x, mean, rstd, dw, db, rows, n, rows_per);
-  return cudaGetLastError();
-}
-
 }  // namespace tiered_ops
 
 // Runs the statement with `constexpr int P` set to the config's packs per thread (1, 2, 4, or 8 where the pack

@@ -12,11 +12,12 @@ cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const vo
                                    int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream,
                                    float w_offset, bool cast, bool w_fp32);
 
-// fused_add_rms_norm backward from s and the saved rstd: dx = ds + rms_norm's dx of dy at s; with w, dw_partial as for
-// rms_norm_bwd. w_offset as in the forward; w_fp32: a float32 w over a bf16/fp16 s, with dy float32 when dy_fp32.
+// fused_add_rms_norm backward from s and the saved rstd on `blocks` blocks: dx = ds + rms_norm's dx of dy at s; with
+// w, dw_partial and dw as for rms_norm_bwd. w_offset as in the forward; w_fp32: a float32 w over a bf16/fp16 s, with
+// dy float32 when dy_fp32.
 cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
-                                   void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
-                                   cudaStream_t stream, float w_offset, bool w_fp32, bool dy_fp32);
+                                   void* dx, float* dw_partial, void* dw, int64_t rows, int64_t n, int64_t blocks,
+                                   DType dtype, cudaStream_t stream, float w_offset, bool w_fp32, bool dy_fp32);
 
 
 namespace {
@@ -70,18 +71,19 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   at::Tensor dx = at::empty_like(sc);
   if (sc.numel() == 0)
     return {dx, wc.defined() ? at::zeros_like(wc) : new_residual.new_empty({0})};
-  at::Tensor partial;
-  int64_t rows_per = 1;
+  const int64_t blocks = norm_bwd_blocks(rows, n);
+  at::Tensor partial, dw;
   if (wc.defined()) {
-    rows_per = rows_per_group(rows, n);
-    partial = f32_empty(new_residual, {(rows + rows_per - 1) / rows_per, n});
+    partial = f32_empty(new_residual, {blocks, n});
+    dw = at::empty_like(wc);
   }
   check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
-                                      rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(partial), rows, n, rows_per,
+                                      rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(partial),
+                                      dw.defined() ? dw.data_ptr() : nullptr, rows, n, blocks,
                                       dtype_of(new_residual, op, "new_residual"), stream(), (float)weight_offset, w32,
                                       y_dtype != new_residual.scalar_type()),
                op);
-  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : new_residual.new_empty({0})};
+  return {dx, wc.defined() ? dw : new_residual.new_empty({0})};
 }
 
 }  // namespace

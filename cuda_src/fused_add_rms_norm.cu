@@ -8,14 +8,15 @@
 // v2 — the row of s in registers (common.cuh, rows_config): 2 reads + 2 writes for rows of up to 32768 elements that
 // are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward, with r the saved rstd, g = dy * w, ds the gradient of s: dx = ds + r * (g - s * r^2 * mean(g * s))
-// (block per row: dy and s read twice, ds once, dx written once; dx is also dresidual); dw = sum over rows of
-// dy * s * r by the column kernel of common.cuh (dy and s read once more: 7 passes where 4 would do, v1).
+// (block per row on a persistent grid: dy and s read twice, the second time from L1/L2, ds once, dx written once;
+// dx is also dresidual); dw = sum over rows of dy * s * r, summed per block into fp32 partials and reduced by a
+// second launch (norm_grads.cuh). v1 read dy and s once more in a column kernel and summed and cast with torch.
 // Hugging Face forms: rms_norm's runtime arguments (w_offset: w + w_offset in fp32; cast: y rounded to T before the
 // weight, y in promote(w, x)) on y of the rounded sum s, in the same launch; a float32 w over bf16/fp16 x takes v1's
 // scalar path.
 #include <type_traits>
 
-#include "common.cuh"
+#include "norm_grads.cuh"
 
 namespace tiered_ops {
 
@@ -120,58 +121,69 @@ static cudaError_t launch_fused_add_rms_norm_w32(const T* x, const T* res, const
   return launch_block_rows(false, 1, k, k, rows, n, stream, x, res, w, y, s, rstd, rows, n, eps, w_offset, cast);
 }
 
-template <typename T, int V, typename W = T, typename DY = T>
-__global__ void fused_add_rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ ds,
-                                                 const T* __restrict__ s, const W* __restrict__ w,
-                                                 const float* __restrict__ rstd_in, T* __restrict__ dx, int64_t rows,
-                                                 int64_t n, float w_offset) {
+// A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and with a weight (pw non-null) the
+// block's sum of dy * s * r over its rows into its row of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
+template <typename T, int V, typename W = T, typename DY = T, int K = 1>
+__global__ void __launch_bounds__(1024) fused_add_rms_norm_bwd_v1_kernel(
+    const DY* __restrict__ dy, const T* __restrict__ ds, const T* __restrict__ s, const W* __restrict__ w,
+    const float* __restrict__ rstd_in, T* __restrict__ dx, float* pw, int64_t rows, int64_t n, float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[32];
+  ColAcc<K, V> acc;
+  acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float rstd = rstd_in[r];
-    // s and g = dy * (w + w_offset) at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
+    // s, dy and g = dy * (w + w_offset) at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
       float ww[V];
       load_f<T, V>(s, base + i, a);
-      load_f<DY, V>(dy, base + i, g);
+      load_f<DY, V>(dy, base + i, d);
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * (ww[j] + w_offset) : g[j];
+      for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
     };
     float gs = 0.f;
     for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V];
-      load(i, a, g);
+      float a[V], d[V], g[V];
+      load(i, a, d, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) gs += g[j] * a[j];
     });
     const float c = block_sum(gs, smem) * rstd * rstd / (float)n;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V], d[V];
-      load(i, a, g);
-      load_f<T, V>(ds, base + i, d);
+    for_row_k<K, V>(n, [&](int k, int64_t i) {
+      float a[V], d[V], g[V], e[V];
+      load(i, a, d, g);
+      load_f<T, V>(ds, base + i, e);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = d[j] + rstd * (g[j] - a[j] * c);
+      for (int j = 0; j < V; ++j) {
+        if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
+        a[j] = e[j] + rstd * (g[j] - a[j] * c);
+      }
       store_f<T, V>(dx, base + i, a);
     });
   });
+  acc.finish(n);
 }
 
-// The dx kernel, then (with a weight) dw's partial sums by the column kernel; dy of type DY (T, or float under cast).
+// The dx kernel on `blocks` blocks writing dw's partials (with a weight), then their reduction into dw (of type W);
+// dy of type DY (T, or float under cast).
 template <typename T, typename W, typename DY>
 static cudaError_t launch_fused_add_rms_norm_bwd(const DY* dy, const T* ds, const T* s, const W* w, const float* rstd,
-                                                 T* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per,
-                                                 float w_offset, cudaStream_t stream) {
+                                                 T* dx, float* dw_partial, W* dw, int64_t rows, int64_t n,
+                                                 int64_t blocks, float w_offset, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
   const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(ds) && aligned16(s) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
-  auto one = fused_add_rms_norm_bwd_v1_kernel<T, 1, W, DY>;
-  auto packed = fused_add_rms_norm_bwd_v1_kernel<T, one_type ? V : 1, W, DY>;
-  cudaError_t err = launch_block_rows(vec, V, packed, one, rows, n, stream, dy, ds, s, w, rstd, dx, rows, n, w_offset);
+  float* pw = w ? dw_partial : nullptr;
+  cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx) {
+    constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
+    fused_add_rms_norm_bwd_v1_kernel<T, VX, W, DY, KX><<<(unsigned)blocks, row_threads(n, VX), 0, stream>>>(
+        dy, ds, s, w, rstd, dx, pw, rows, n, w_offset);
+  });
   if (err != cudaSuccess || w == nullptr) return err;
-  return launch_norm_param_grads<DY, T>(dy, s, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
+  return launch_reduce_partials<W>(pw, nullptr, dw, nullptr, blocks, n, stream);
 }
 
 cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,
@@ -198,26 +210,28 @@ cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const vo
 }
 
 cudaError_t fused_add_rms_norm_bwd(const void* dy, const void* ds, const void* s, const void* w, const float* rstd,
-                                   void* dx, float* dw_partial, int64_t rows, int64_t n, int64_t rows_per, DType dtype,
-                                   cudaStream_t stream, float w_offset, bool w_fp32, bool dy_fp32) {
+                                   void* dx, float* dw_partial, void* dw, int64_t rows, int64_t n, int64_t blocks,
+                                   DType dtype, cudaStream_t stream, float w_offset, bool w_fp32, bool dy_fp32) {
   if (rows == 0 || n == 0) return cudaSuccess;
   if (w_fp32 && w != nullptr && dtype != DType::F32) {
     TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
       if (dy_fp32)
         return launch_fused_add_rms_norm_bwd(static_cast<const float*>(dy), static_cast<const T*>(ds),
                                              static_cast<const T*>(s), static_cast<const float*>(w), rstd,
-                                             static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
+                                             static_cast<T*>(dx), dw_partial, static_cast<float*>(dw), rows, n, blocks,
+                                             w_offset, stream);
       return launch_fused_add_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(ds),
                                            static_cast<const T*>(s), static_cast<const float*>(w), rstd,
-                                           static_cast<T*>(dx), dw_partial, rows, n, rows_per, w_offset, stream);
+                                           static_cast<T*>(dx), dw_partial, static_cast<float*>(dw), rows, n, blocks,
+                                           w_offset, stream);
     });
     return cudaErrorInvalidValue;
   }
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_fused_add_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(ds),
                                                            static_cast<const T*>(s), static_cast<const T*>(w), rstd,
-                                                           static_cast<T*>(dx), dw_partial, rows, n, rows_per,
-                                                           w_offset, stream));
+                                                           static_cast<T*>(dx), dw_partial, static_cast<T*>(dw), rows,
+                                                           n, blocks, w_offset, stream));
   return cudaSuccess;
 }
 

@@ -8,10 +8,11 @@ namespace tiered_ops {
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
                            int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
 
-// layer_norm backward from the saved statistics: dx; dw_partial / db_partial (may be null) as for rms_norm_bwd.
+// layer_norm backward from the saved statistics on `blocks` blocks: dx; dw_partial / db_partial ((blocks, n) fp32,
+// may be null) reduced into dw / db (x's dtype) by a second launch, as for rms_norm_bwd.
 cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const float* mean, const float* rstd,
-                           void* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n, int64_t rows_per,
-                           DType dtype, cudaStream_t stream);
+                           void* dx, float* dw_partial, float* db_partial, void* dw, void* db, int64_t rows, int64_t n,
+                           int64_t blocks, DType dtype, cudaStream_t stream);
 
 namespace {
 
@@ -51,15 +52,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor z = x.new_zeros(normalized_shape);
     return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
   }
-  const int64_t rows_per = rows_per_group(rows, n), groups = (rows + rows_per - 1) / rows_per;
-  at::Tensor pw, pb;
-  if (want_w) pw = f32_empty(x, {groups, n});
-  if (has_bias) pb = f32_empty(x, {groups, n});
+  const int64_t blocks = norm_bwd_blocks(rows, n);
+  at::Tensor pw, pb, dw, db;
+  if (want_w) {
+    pw = f32_empty(x, {blocks, n});
+    dw = x.new_empty(normalized_shape);
+  }
+  if (has_bias) {
+    pb = f32_empty(x, {blocks, n});
+    db = x.new_empty(normalized_shape);
+  }
   check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean.data_ptr<float>(),
-                              rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(pw), f32_or_null(pb), rows, n,
-                              rows_per, dtype_of(x, op, "x"), stream()), op);
-  return {dx, want_w ? sum_partials(pw, x, normalized_shape) : x.new_empty({0}),
-          has_bias ? sum_partials(pb, x, normalized_shape) : x.new_empty({0})};
+                              rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(pw), f32_or_null(pb),
+                              dw.defined() ? dw.data_ptr() : nullptr, db.defined() ? db.data_ptr() : nullptr, rows, n,
+                              blocks, dtype_of(x, op, "x"), stream()),
+               op);
+  return {dx, want_w ? dw : x.new_empty({0}), has_bias ? db : x.new_empty({0})};
 }
 
 }  // namespace

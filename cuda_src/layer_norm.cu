@@ -5,14 +5,15 @@
 // Bytes: ideal 1 read + 1 write of x (+ w, b once). v1 reads each row three times (mean, then the
 // centred variance, then normalize); the later reads hit L1/L2 for rows up to ~100 KB.
 // Backward, xhat = (x - mean) * rstd, g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (block per
-// row, x and dy read twice), then dw = sum of dy * xhat and db = sum of dy over rows by the column kernel of
-// common.cuh (x and dy read once more).
+// row on a persistent grid, x and dy read twice, the second time from L1/L2); dw = sum of dy * xhat and db = sum of
+// dy over rows, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x and
+// dy once more in a column kernel and summed and cast the partials with torch.
 // Limits: any row length; one block per row, so a few giant rows use few SMs (split rows across blocks is not done here).
 // Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
 // reduced with shuffles. v1 does the rest.
-#include "common.cuh"
+#include "norm_grads.cuh"
 
 namespace tiered_ops {
 
@@ -56,39 +57,53 @@ __global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restric
   });
 }
 
-template <typename T, int V>
-__global__ void layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                                         const float* __restrict__ mean, const float* __restrict__ rstd,
-                                         T* __restrict__ dx, int64_t rows, int64_t n) {
+// A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and the block's sums of dy * xhat (pw
+// non-null) and dy (pb non-null) over its rows into its rows of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
+// n == 1: dx is exactly 0 (y = b whatever x is).
+template <typename T, int V, int K = 1>
+__global__ void __launch_bounds__(1024) layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                 const T* __restrict__ w,
+                                                                 const float* __restrict__ mean,
+                                                                 const float* __restrict__ rstd, T* __restrict__ dx,
+                                                                 float* pw, float* pb, int64_t rows, int64_t n) {
   __shared__ float smem[32];
+  ColAcc<K, V> acc_w, acc_b;
+  acc_w.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
+  acc_b.begin(pb ? pb + (int64_t)blockIdx.x * n : nullptr, n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float mu = mean[r], rs = rstd[r];
-    // x and g = dy * w at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
-      float pw[V];
+    // xhat, dy and g = dy * w at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
+      float pv[V];
       load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, g);
-      if (w) load_f<T, V>(w, i, pw);
+      load_f<T, V>(dy, base + i, d);
+      if (w) load_f<T, V>(w, i, pv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * pw[j] : g[j];
+      for (int j = 0; j < V; ++j) a[j] = (a[j] - mu) * rs, g[j] = w ? d[j] * pv[j] : d[j];
     };
     float s1 = 0.f, s2 = 0.f;
     for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V];
-      load(i, a, g);
+      float a[V], d[V], g[V];
+      load(i, a, d, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s1 += g[j] * (a[j] - mu) * rs, s2 += g[j];
+      for (int j = 0; j < V; ++j) s1 += g[j] * a[j], s2 += g[j];
     });
     const float c1 = block_sum(s1, smem) / (float)n, c2 = block_sum(s2, smem) / (float)n;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V];
-      load(i, a, g);
+    for_row_k<K, V>(n, [&](int k, int64_t i) {
+      float a[V], d[V], g[V];
+      load(i, a, d, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = rs * (g[j] - (a[j] - mu) * rs * c1 - c2);
+      for (int j = 0; j < V; ++j) {
+        if (pw) acc_w.add(k, i, j, d[j] * a[j]);
+        if (pb) acc_b.add(k, i, j, d[j]);
+        a[j] = n == 1 ? 0.f : rs * (g[j] - a[j] * c1 - c2);
+      }
       store_f<T, V>(dx, base + i, a);
     });
   });
+  acc_w.finish(n);
+  acc_b.finish(n);
 }
 
 template <typename T>
@@ -145,16 +160,20 @@ static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, f
                            y, mean, rstd, rows, n, eps);
 }
 
+// The dx kernel on `blocks` blocks writing the dw/db partials (each may be null), then their reduction into dw/db.
 template <typename T>
 static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd,
-                                         T* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n,
-                                         int64_t rows_per, cudaStream_t stream) {
+                                         T* dx, float* dw_partial, float* db_partial, T* dw, T* db, int64_t rows,
+                                         int64_t n, int64_t blocks, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, dy, x, dx, w);
-  cudaError_t err = launch_block_rows(vec, V, layer_norm_bwd_v1_kernel<T, V>, layer_norm_bwd_v1_kernel<T, 1>, rows, n,
-                                      stream, dy, x, w, mean, rstd, dx, rows, n);
-  if (err != cudaSuccess || (dw_partial == nullptr && db_partial == nullptr)) return err;
-  return launch_norm_param_grads<T>(dy, x, mean, rstd, dw_partial, db_partial, rows, n, rows_per, stream);
+  cudaError_t err = launch_norm_bwd<V>(vec, n, [&](auto vx, auto kx) {
+    constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
+    layer_norm_bwd_v1_kernel<T, VX, KX><<<(unsigned)blocks, row_threads(n, VX), 0, stream>>>(
+        dy, x, w, mean, rstd, dx, dw_partial, db_partial, rows, n);
+  });
+  if (err != cudaSuccess) return err;
+  return launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
 }
 
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
@@ -168,13 +187,14 @@ cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y,
 }
 
 cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const float* mean, const float* rstd,
-                           void* dx, float* dw_partial, float* db_partial, int64_t rows, int64_t n, int64_t rows_per,
-                           DType dtype, cudaStream_t stream) {
+                           void* dx, float* dw_partial, float* db_partial, void* dw, void* db, int64_t rows, int64_t n,
+                           int64_t blocks, DType dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_layer_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                    static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx),
-                                                   dw_partial, db_partial, rows, n, rows_per, stream));
+                                                   dw_partial, db_partial, static_cast<T*>(dw), static_cast<T*>(db),
+                                                   rows, n, blocks, stream));
   return cudaSuccess;
 }
 

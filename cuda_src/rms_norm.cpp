@@ -10,11 +10,11 @@ namespace tiered_ops {
 cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, int64_t n, float eps, DType dtype,
                          cudaStream_t stream, float w_offset, bool cast, bool w_fp32);
 
-// rms_norm backward: dx for every row; with w, also rstd per row and dw_partial (ceil(rows / rows_per), n) fp32
-// partial sums of the weight gradient (the caller sums them). w_offset as in the forward; w_fp32: a float32 w over a
-// bf16/fp16 x, with dy float32 when dy_fp32 (the forward's output under cast).
-cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
-                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream,
+// rms_norm backward on `blocks` blocks: dx for every row; with w, dw_partial (blocks, n) fp32 partial sums of the
+// weight gradient, reduced into dw (w's type) by a second launch. w_offset as in the forward; w_fp32: a float32 w
+// over a bf16/fp16 x, with dy float32 when dy_fp32 (the forward's output under cast).
+cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* dw_partial, void* dw,
+                         int64_t rows, int64_t n, float eps, int64_t blocks, DType dtype, cudaStream_t stream,
                          float w_offset, bool w_fp32, bool dy_fp32);
 
 namespace {
@@ -50,18 +50,17 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   const int64_t rows = n ? xc.numel() / n : 0;
   if (xc.numel() == 0)
     return {dx, wc.defined() ? at::zeros_like(wc) : x.new_empty({0})};
-  at::Tensor rstd, partial;
-  int64_t rows_per = 1;
+  const int64_t blocks = norm_bwd_blocks(rows, n);
+  at::Tensor partial, dw;
   if (wc.defined()) {
-    rows_per = rows_per_group(rows, n);
-    rstd = f32_empty(x, {rows});
-    partial = f32_empty(x, {(rows + rows_per - 1) / rows_per, n});
+    partial = f32_empty(x, {blocks, n});
+    dw = at::empty_like(wc);
   }
-  check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(),
-                            f32_or_null(rstd), f32_or_null(partial), rows, n, (float)eps, rows_per,
-                            dtype_of(x, op, "x"), stream(), (float)weight_offset, w32, y_dtype != x.scalar_type()),
+  check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(), f32_or_null(partial),
+                            dw.defined() ? dw.data_ptr() : nullptr, rows, n, (float)eps, blocks, dtype_of(x, op, "x"),
+                            stream(), (float)weight_offset, w32, y_dtype != x.scalar_type()),
                op);
-  return {dx, wc.defined() ? sum_partials(partial, wc, normalized_shape) : x.new_empty({0})};
+  return {dx, wc.defined() ? dw : x.new_empty({0})};
 }
 
 }  // namespace

@@ -8,14 +8,15 @@
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
-// (block per row: x, dy read twice, dx written once); dw = sum over rows of dy * x * r by the column kernel of
-// common.cuh (x and dy read once more: 5 passes where 3 would do, v1).
+// (block per row on a persistent grid: x, dy read twice, the second time from L1/L2, dx written once); dw = sum over
+// rows of dy * x * r, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x
+// and dy once more in a column kernel and summed and cast the partials with torch: 4 launches, 5 passes.
 // Hugging Face forms (runtime arguments of the same kernels, one launch): w_offset multiplies by (w + w_offset) in fp32
 // (Gemma); cast rounds x * r to T before the weight multiplies it (Llama), y in promote(w, x). r = rsqrtf(mean + eps)
 // is torch.rsqrt's. A float32 w over bf16/fp16 x (W = float, and Y = float under cast) takes v1's scalar path.
 #include <type_traits>
 
-#include "common.cuh"
+#include "norm_grads.cuh"
 
 namespace tiered_ops {
 
@@ -91,77 +92,91 @@ static cudaError_t launch_rms_norm_w32(const T* x, const float* w, Y* y, int64_t
   return launch_block_rows(false, 1, k, k, rows, n, stream, x, w, y, rows, n, eps, w_offset, cast);
 }
 
-template <typename T, int V, typename W = T, typename DY = T>
-__global__ void rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
-                                       T* __restrict__ dx, float* __restrict__ rstd_out, int64_t rows, int64_t n,
-                                       float eps, float w_offset) {
+// A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and with a weight (pw non-null) the
+// block's sum of dy * x * r over its rows into its row of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
+template <typename T, int V, typename W = T, typename DY = T, int K = 1>
+__global__ void __launch_bounds__(1024) rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x,
+                                                               const W* __restrict__ w, T* __restrict__ dx,
+                                                               float* pw, int64_t rows, int64_t n, float eps,
+                                                               float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[32];
+  ColAcc<K, V> acc;
+  acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
-    // x and g = dy * (w + w_offset) at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&g)[V]) {
+    // x, dy and g = dy * (w + w_offset) at element i of the row
+    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
       float ww[V];
       load_f<T, V>(x, base + i, a);
-      load_f<DY, V>(dy, base + i, g);
+      load_f<DY, V>(dy, base + i, d);
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = w ? g[j] * (ww[j] + w_offset) : g[j];
+      for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
     };
     float ss = 0.f, gx = 0.f;
     for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V];
-      load(i, a, g);
+      float a[V], d[V], g[V];
+      load(i, a, d, g);
 #pragma unroll
       for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += g[j] * a[j];
     });
     const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
     const float c = block_sum(gx, smem) * rstd * rstd / (float)n;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], g[V];
-      load(i, a, g);
+    for_row_k<K, V>(n, [&](int k, int64_t i) {
+      float a[V], d[V], g[V];
+      load(i, a, d, g);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = rstd * (g[j] - a[j] * c);
+      for (int j = 0; j < V; ++j) {
+        if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
+        a[j] = rstd * (g[j] - a[j] * c);
+      }
       store_f<T, V>(dx, base + i, a);
     });
-    if (rstd_out && threadIdx.x == 0) rstd_out[r] = rstd;
   });
+  acc.finish(n);
 }
 
-// The dx kernel, then (with a weight) dw's partial sums by the column kernel; dy of type DY (T, or float under cast).
+// The dx kernel on `blocks` blocks writing dw's partials (with a weight), then their reduction into dw (of type W);
+// dy of type DY (T, or float under cast).
 template <typename T, typename W, typename DY>
-static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* dx, float* rstd, float* dw_partial,
-                                       int64_t rows, int64_t n, float eps, int64_t rows_per, float w_offset,
+static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* dx, float* dw_partial, W* dw,
+                                       int64_t rows, int64_t n, float eps, int64_t blocks, float w_offset,
                                        cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
   const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
-  auto one = rms_norm_bwd_v1_kernel<T, 1, W, DY>;
-  auto packed = rms_norm_bwd_v1_kernel<T, one_type ? V : 1, W, DY>;
-  cudaError_t err = launch_block_rows(vec, V, packed, one, rows, n, stream, dy, x, w, dx, w ? rstd : nullptr, rows, n, eps, w_offset);
+  float* pw = w ? dw_partial : nullptr;
+  cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx) {
+    constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
+    rms_norm_bwd_v1_kernel<T, VX, W, DY, KX><<<(unsigned)blocks, row_threads(n, VX), 0, stream>>>(
+        dy, x, w, dx, pw, rows, n, eps, w_offset);
+  });
   if (err != cudaSuccess || w == nullptr) return err;
-  return launch_norm_param_grads<DY, T>(dy, x, nullptr, rstd, dw_partial, nullptr, rows, n, rows_per, stream);
+  return launch_reduce_partials<W>(pw, nullptr, dw, nullptr, blocks, n, stream);
 }
 
-cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* rstd, float* dw_partial,
-                         int64_t rows, int64_t n, float eps, int64_t rows_per, DType dtype, cudaStream_t stream,
+cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* dw_partial, void* dw,
+                         int64_t rows, int64_t n, float eps, int64_t blocks, DType dtype, cudaStream_t stream,
                          float w_offset, bool w_fp32, bool dy_fp32) {
   if (rows == 0 || n == 0) return cudaSuccess;
   if (w_fp32 && w != nullptr && dtype != DType::F32) {
     TIERED_OPS_DISPATCH(dtype, T, if constexpr (!std::is_same<T, float>::value) {
       if (dy_fp32)
-        return launch_rms_norm_bwd(static_cast<const float*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
-                                   static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
+        return launch_rms_norm_bwd(static_cast<const float*>(dy), static_cast<const T*>(x),
+                                   static_cast<const float*>(w), static_cast<T*>(dx), dw_partial,
+                                   static_cast<float*>(dw), rows, n, eps, blocks, w_offset, stream);
       return launch_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const float*>(w),
-                                 static_cast<T*>(dx), rstd, dw_partial, rows, n, eps, rows_per, w_offset, stream);
+                                 static_cast<T*>(dx), dw_partial, static_cast<float*>(dw), rows, n, eps, blocks,
+                                 w_offset, stream);
     });
     return cudaErrorInvalidValue;
   }
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_rms_norm_bwd(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                 static_cast<const T*>(w), static_cast<T*>(dx), rstd, dw_partial, rows,
-                                                 n, eps, rows_per, w_offset, stream));
+                                                 static_cast<const T*>(w), static_cast<T*>(dx), dw_partial,
+                                                 static_cast<T*>(dw), rows, n, eps, blocks, w_offset, stream));
   return cudaSuccess;
 }
 

@@ -1,16 +1,12 @@
-"""Launch helpers shared by the Triton kernels (block sizes, warps, input checks) and the weight/bias gradient
-kernel both normalizations use."""
+"""Launch helpers shared by the Triton kernels (block sizes, warps, input checks) and their shared jit helpers."""
 
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-
-from .launch import Step
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -133,63 +129,3 @@ def _online_lse_step(m, s, x):
     shift = tl.where(keep, m_new, 0.0)  # the lanes not kept compute nothing invalid either
     s = tl.where(keep, s * tl.exp(m - shift) + tl.exp(x - shift), s)
     return m_new, s
-
-
-@triton.jit
-def _norm_param_grads(dy_ptr, x_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n_cols, rows_per,
-                      HAS_MEAN: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    # Partial sums over one group of rows, for one block of columns: dw += dy * xhat, db += dy, with
-    # xhat = (x - mean) * rstd (mean 0 for rms_norm). Bytes: dy and x read once more; partials (G, n) in fp32.
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < n_cols
-    g = tl.program_id(1)
-    r_start = g * rows_per
-    r_end = tl.minimum(r_start + rows_per, n_rows)
-    acc_w = tl.zeros([BLOCK_N], tl.float32)
-    acc_b = tl.zeros([BLOCK_N], tl.float32)
-    for r0 in range(r_start, r_end, BLOCK_R):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        _, _, dy, x, rstd = _dy_x_rstd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, r_end, n_cols)
-        if HAS_MEAN:
-            x = x - tl.load(mean_ptr + rows, mask=rows < r_end, other=0.0)[:, None]
-        acc_w += tl.sum(dy * x * rstd[:, None], axis=0)
-        if HAS_B:
-            acc_b += tl.sum(dy, axis=0)
-    tl.store(dw_ptr + g * n_cols + cols, acc_w, mask=cmask)
-    if HAS_B:
-        tl.store(db_ptr + g * n_cols + cols, acc_b, mask=cmask)
-
-
-class ParamGradsPlan(NamedTuple):
-    """The launch of the weight/bias gradient kernel for (rows, n) rows: its step, the partials' shape (groups, n),
-    its int arguments, and whether there is one group (its partial sums are the sums)."""
-
-    step: Step
-    shape: tuple
-    ints: tuple
-    with_bias: bool
-    one: bool
-
-
-def plan_param_grads(rows: int, n: int, device: torch.device, has_mean: bool, with_bias: bool) -> ParamGradsPlan:
-    block_n = min(128, triton.next_power_of_2(max(n, 1)))
-    col_blocks = triton.cdiv(n, block_n)
-    groups = max(1, min(rows, triton.cdiv(target_programs(device), col_blocks)))
-    rows_per = triton.cdiv(rows, groups)
-    groups = triton.cdiv(rows, rows_per)
-    step = Step(_norm_param_grads, (col_blocks, groups), 4, HAS_MEAN=has_mean, HAS_B=with_bias, BLOCK_N=block_n,
-                BLOCK_R=32)
-    return ParamGradsPlan(step, (groups, n), (rows, n, rows_per), with_bias, groups == 1)
-
-
-def norm_param_grads(plan: ParamGradsPlan, direct: bool, dy: torch.Tensor, x: torch.Tensor,
-                     mean: torch.Tensor | None, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dw, db) in fp32 for contiguous dy and x of (rows, n) elements and per-row fp32 mean/rstd: partial sums per
-    group of rows in a kernel, then one sum over the groups, each of n elements in a shape to view as the parameter's.
-    On the eager fast path (``direct``) one group's partial sums are the sums (no reduction kernel)."""
-    dw = dy.new_empty(plan.shape, dtype=torch.float32)
-    db = dy.new_empty(plan.shape, dtype=torch.float32) if plan.with_bias else dw
-    plan.step(direct, dy, x, rstd if mean is None else mean, rstd, dw, db, *plan.ints)
-    if direct and plan.one:
-        return dw, (db if plan.with_bias else None)
-    return dw.sum(0), (db.sum(0) if plan.with_bias else None)

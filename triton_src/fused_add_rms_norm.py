@@ -6,12 +6,14 @@ dx = dresidual = ds + r * (g - s * r^2 * mean(g * s)), dw = sum over rows of dy 
 Bytes: forward 2 reads + 2 writes of a row (+ w, cached; + 4 bytes of rstd a row) for rows up to MAX_FUSED_FWD
 elements; longer rows loop twice (x and residual read twice). Backward: read dy, ds, s, write dx, for rows up to
 MAX_FUSED_BWD: a persistent grid whose programs each sum their rows' dw in registers ((programs, n) fp32 partials,
-summed after), so dy and s are read once; longer rows loop twice over dy and s, and the column kernel of common.py
-reads them once more for dw.
+reduced by a second launch into w's dtype, norm_grads.py), so dy and s are read once; longer rows read dy and s
+twice (c per row first, then dx and dw by column block), on a persistent grid too: two launches either way.
 Hugging Face forms: the flags of rms_norm's kernels (OFFSET: w + w_offset in fp32; CAST: y rounded to x's dtype before
 the weight, y in promote(w, x)), applied to y of the rounded sum s, in the same launch.
 Limits: any row length; non-contiguous inputs are made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel forward; persistent rows kernel + looped kernel backward.
+v2 — the backward in two launches at every row length (v1 summed the partials with torch and cast them, and long rows
+took a per-row dx kernel and the column dw kernel).
 """
 
 from __future__ import annotations
@@ -20,19 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (
-    _dy_times_w,
-    _dy_x_rstd_tile,
-    _rows_tile,
-    check_float,
-    check_same,
-    norm_param_grads,
-    num_warps_for,
-    plan_param_grads,
-    row_settings,
-    target_programs,
-)
+from .common import _dy_times_w, _dy_x_rstd_tile, _rows_tile, check_float, check_same, row_settings
 from .launch import Plans, Step, param_key, register_ops
+from .norm_grads import MAX_FUSED_BWD, partials, persistent_programs, plan_grads, reduce_grads
 from .rms_norm import (
     BwdPlan,
     FwdPlan,
@@ -44,8 +36,6 @@ from .rms_norm import (
     leading_rows,
 )
 
-# Longest row the backward keeps in registers: dy, s, w and the dw accumulator are live together.
-MAX_FUSED_BWD = 8192
 OP = "fused_add_rms_norm_triton"
 BWD = "fused_add_rms_norm_bwd_triton"
 
@@ -101,11 +91,12 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
 
 
 @triton.jit
-def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, n_rows, n_cols, rows_per,
-                                 w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, pw_ptr, n_rows, n_cols, w_offset,
+                                 HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                                  OFFSET: tl.constexpr):
-    # One program per group of rows_per rows (a persistent grid): dx row by row, dw summed in registers.
-    g_id = tl.program_id(0)
+    # A persistent program: the row tiles pid, pid + programs, ...; dx tile by tile, and with a weight its tiles' sum
+    # of dy * s * r in registers, stored as the program's row of the (programs, n) fp32 dw partials.
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < n_cols
     if HAS_W:
@@ -113,11 +104,9 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
         if OFFSET:
             w = w + w_offset
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    r_start = g_id * rows_per
-    r_end = tl.minimum(r_start + rows_per, n_rows)
-    for r0 in range(r_start, r_end, ROWS):
-        rows = r0 + tl.arange(0, ROWS)
-        offs, mask, dy, s, rstd = _dy_x_rstd_tile(dy_ptr, s_ptr, rstd_ptr, rows, cols, r_end, n_cols)
+    for t in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = t * ROWS + tl.arange(0, ROWS)
+        offs, mask, dy, s, rstd = _dy_x_rstd_tile(dy_ptr, s_ptr, rstd_ptr, rows, cols, n_rows, n_cols)
         g = dy
         if HAS_W:
             g = dy * w[None, :]
@@ -127,28 +116,50 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
         if HAS_W:
             acc += dy * s * rstd[:, None]
     if HAS_W:
-        tl.store(dw_ptr + g_id * n_cols + cols, tl.sum(acc, axis=0), mask=cmask)
+        tl.store(pw_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 @triton.jit
-def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, n_cols, w_offset,
-                                   HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = row * n_cols
+def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, pw_ptr, c_ptr, n_rows, n_cols,
+                                   w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr):
+    # A persistent program over the rows pid, pid + programs, ... longer than one block: first each row's
+    # c = r^2 mean(g * s) (into c_ptr), then block of columns by block of columns, dx of every row and (with a weight)
+    # the rows' sum of dy * s * r in registers, stored into the program's row of the partials.
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    rstd = tl.load(rstd_ptr + row)
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        base = tl.cast(row, tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            mask = start + cols < n_cols
+            g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
+            acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(c_ptr + row, tl.sum(acc, axis=0) * rstd * rstd / n_cols)
+    tl.debug_barrier()  # every thread of the program sees the c it stored
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
-        acc += g * tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-    c = tl.sum(acc, axis=0) * rstd * rstd / n_cols
-    for start in range(0, n_cols, BLOCK_N):
-        mask = start + cols < n_cols
-        g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
-        s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-        dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                w = w + w_offset
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(pid, n_rows, n_prog):
+            base = tl.cast(row, tl.int64) * n_cols
+            rstd = tl.load(rstd_ptr + row)
+            c = tl.load(c_ptr + row)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = dy
+            if HAS_W:
+                g = dy * w
+            dx = rstd * (g - s * c) + tl.load(ds_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_W:
+                acc += dy * s * rstd
+        if HAS_W:
+            tl.store(pw_ptr + pid.to(tl.int64) * n_cols + start + cols, acc, mask=mask)
 
 
 def _check_like_rows(op: str, name: str, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
@@ -187,15 +198,13 @@ def plan_bwd(dy: torch.Tensor, dres: torch.Tensor, new_residual: torch.Tensor, n
     has_w = weight is not None
     flags = dict(HAS_W=has_w, OFFSET=bool(weight_offset))
     if n <= MAX_FUSED_BWD:
-        block, per, _ = row_settings(n, MAX_FUSED_BWD)
-        groups = max(1, min(triton.cdiv(rows, per), target_programs(new_residual.device)))
-        rows_per = triton.cdiv(triton.cdiv(rows, groups), per) * per
-        groups = triton.cdiv(rows, rows_per)
-        step = Step(_fused_add_rms_norm_bwd_rows, (groups,), num_warps_for(block * per), **flags, BLOCK_N=block,
-                    ROWS=per)
-        return BwdPlan(step, (rows, n, rows_per), rows, None, True, (groups, n) if has_w else None)
-    pg = plan_param_grads(rows, n, new_residual.device, has_mean=False, with_bias=False) if has_w else None
-    return BwdPlan(Step(_fused_add_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, pg)
+        block, per, warps = row_settings(n, MAX_FUSED_BWD)
+        programs = persistent_programs(triton.cdiv(rows, per), new_residual.device)
+        step = Step(_fused_add_rms_norm_bwd_rows, (programs,), warps, **flags, BLOCK_N=block, ROWS=per)
+        return BwdPlan(step, (rows, n), rows, plan_grads(programs, n, has_w, False))
+    programs = persistent_programs(rows, new_residual.device)
+    step = Step(_fused_add_rms_norm_bwd_looped, (programs,), 8, **flags, BLOCK_N=4096)
+    return BwdPlan(step, (rows, n), rows, plan_grads(programs, n, has_w, False), 1)
 
 
 def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
@@ -215,16 +224,13 @@ def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, dres: torch.Tensor, new_
     dx = torch.empty_like(sc)
     if plan.step is None:
         return dx, (torch.zeros_like(weight) if weight is not None else sc.new_empty((0,)))
-    w = weight.contiguous() if weight is not None else sc
-    if plan.persistent:  # dw partials per program
-        dw = sc.new_empty(plan.dw_shape, dtype=torch.float32) if plan.dw_shape is not None else rstd
-        plan.step(direct, dyc, dsc, sc, w, rstd, dx, dw, *plan.ints, float(weight_offset))
-        return dx, (dw.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else sc.new_empty((0,)))
-    plan.step(direct, dyc, dsc, sc, w, rstd, dx, *plan.ints, float(weight_offset))
-    if plan.param_grads is None:
+    w = weight.contiguous() if weight is not None else sc  # dummy pointers (s), never used without HAS_W
+    pw, _ = partials(plan.grads, sc)
+    stats = (sc.new_empty(plan.rows * plan.stats, dtype=torch.float32),) if plan.stats else ()
+    plan.step(direct, dyc, dsc, sc, w, rstd, dx, pw, *stats, *plan.ints, float(weight_offset))
+    if plan.grads is None:
         return dx, sc.new_empty((0,))
-    dw32, _ = norm_param_grads(plan.param_grads, direct, dyc, sc, None, rstd)
-    return dx, dw32.view(weight.shape).to(weight.dtype)
+    return dx, reduce_grads(plan.grads, direct, pw, pw, weight.shape, weight.dtype)[0]
 
 
 def fused_add_rms_norm_launch(x: torch.Tensor, residual: torch.Tensor, normalized_shape: list[int],

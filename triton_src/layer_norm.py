@@ -4,16 +4,21 @@
 Backward, with xhat = (x - mean) * rstd and g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)),
 dw = sum over rows of dy * xhat, db = sum over rows of dy.
 Bytes: forward 1 read + 1 write of x for rows up to MAX_FUSED_FWD elements (two-pass variance in registers);
-longer rows read x three times (mean, variance, normalize). Backward: read x, dy, write dx; with a weight
-or bias, x and dy are read once more by the parameter-gradient kernel.
-Few rows longer than MAX_FUSED (fewer rows than 4 programs per SM) are split over programs of SPLIT_BLOCK
+longer rows read x three times (mean, variance, normalize). Backward (norm_grads.py): read x, dy, write dx for rows
+up to MAX_FUSED_BWD, on a persistent grid whose programs sum dw and db in registers ((programs, n) fp32 partials,
+reduced by a second launch into the parameters' dtype); longer rows read x and dy twice (row sums first, then dx,
+dw and db by column block).
+Few rows longer than a fused block (fewer rows than 4 programs per SM) are split over programs of SPLIT_BLOCK
 elements: chunk mean and squared deviations per program, combined per row with Chan's formula (torch ops on
 the small partials), then a normalize pass: x is read twice, y written once. The backward splits the same way
-(sums of g * xhat and g per chunk, then dx): x and dy read twice, dx written once.
+(sums of g * xhat and g per chunk, then dx with the dw/db partials of its chunk's rows, then their reduction: three
+launches): x and dy read twice, dx written once.
 Limits: any row length. Non-contiguous x is made contiguous first.
 Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw/db kernel.
 v2 — split rows for few giant rows (16 rows of 2^22: 161 GB/s fp32 fwd with one program per row on the H100).
 v3 — the forward keeps rows up to 32768 in registers (32 warps; v2 looped from 16384: 4096x32768 read 3 times).
+Backward v2 — the dx kernels write dw/db partials from a persistent grid and one kernel reduces them (v1 read x and
+dy again in a column kernel, then summed with torch and cast: 4 launches, 5 passes where 3 would do).
 """
 
 from __future__ import annotations
@@ -24,22 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (
-    MAX_FUSED_FWD,
-    ParamGradsPlan,
-    _dy_times_w,
-    _rows_tile,
-    check_norm,
-    check_same,
-    norm_param_grads,
-    plan_param_grads,
-    row_settings,
-    target_programs,
-)
+from .common import MAX_FUSED_FWD, _dy_times_w, _rows_tile, check_norm, check_same, row_settings, target_programs
 from .launch import Plans, Step, param_key, register_ops
-
-MAX_FUSED = 16384
-SPLIT_BLOCK = 8192  # elements of one row per program when rows are split
+from .layer_norm_split import SPLIT_BLOCK, _ln_split_apply, _ln_split_bwd_apply, _ln_split_bwd_sums, _ln_split_stats
+from .norm_grads import MAX_FUSED_BWD, GradsPlan, partials, persistent_programs, plan_grads, reduce_grads
 
 
 @triton.jit
@@ -93,104 +86,100 @@ def _layer_norm_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, e
 
 
 @triton.jit
-def _layer_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_rows, n_cols, HAS_W: tl.constexpr,
-                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def _layer_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, pw_ptr, pb_ptr, n_rows, n_cols,
+                         HAS_W: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                         ZERO_DX: tl.constexpr):
+    # A persistent program: the row tiles pid, pid + programs, ...; dx tile by tile, and its tiles' sums of dy * xhat
+    # (with a weight) and dy (with a bias) in registers, stored as the program's rows of the (programs, n) fp32
+    # partials. ZERO_DX (n == 1): y = b whatever x is, so dx is exactly 0 (the formula would leave ptxas's FMA
+    # contraction of dy * w - sum(dy * w) times rstd = 1 / sqrt(eps), seen on the H100).
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
-    mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < n_cols
     if HAS_W:
-        g = g * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
-    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-    s1 = tl.sum(g * xhat, axis=1)
-    s2 = tl.sum(g, axis=1)
-    dx = rstd[:, None] * (g - xhat * (s1 / n_cols)[:, None] - (s2 / n_cols)[:, None])
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    acc_w = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for t in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = t * ROWS + tl.arange(0, ROWS)
+        offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
+        mean = tl.load(mean_ptr + rows, mask=rows < n_rows, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < n_rows, other=0.0)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        g = dy
+        if HAS_W:
+            g = dy * w
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if ZERO_DX:
+            dx = tl.zeros_like(xhat)
+        else:
+            s1 = tl.sum(g * xhat, axis=1)
+            s2 = tl.sum(g, axis=1)
+            dx = rstd[:, None] * (g - xhat * (s1 / n_cols)[:, None] - (s2 / n_cols)[:, None])
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            acc_w += dy * xhat
+        if HAS_DB:
+            acc_b += dy
+    if HAS_W:
+        tl.store(pw_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(acc_w, axis=0), mask=cmask)
+    if HAS_DB:
+        tl.store(pb_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(acc_b, axis=0), mask=cmask)
 
 
 @triton.jit
-def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, n_cols, HAS_W: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _layer_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, pw_ptr, pb_ptr, stats_ptr, n_rows,
+                           n_cols, HAS_W: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A persistent program over the rows pid, pid + programs, ... longer than one block: first each row's
+    # c1 = mean(g * xhat) and c2 = mean(g) (two floats a row in stats_ptr), then block of columns by block of columns,
+    # dx of every row and the rows' sums of dy * xhat and dy in registers, stored into the program's partials rows.
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    mean = tl.load(mean_ptr + row)
-    rstd = tl.load(rstd_ptr + row)
-    acc1 = tl.zeros([BLOCK_N], tl.float32)
-    acc2 = tl.zeros([BLOCK_N], tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        base = tl.cast(row, tl.int64) * n_cols
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        acc1 = tl.zeros([BLOCK_N], tl.float32)
+        acc2 = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            mask = start + cols < n_cols
+            xhat = (tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+            g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, 0.0, HAS_W, False)
+            acc1 += tl.where(mask, g * xhat, 0.0)
+            acc2 += g
+        tl.store(stats_ptr + 2 * row, tl.sum(acc1, axis=0) / n_cols)
+        tl.store(stats_ptr + 2 * row + 1, tl.sum(acc2, axis=0) / n_cols)
+    tl.debug_barrier()  # every thread of the program sees the stats it stored
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
-        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, 0.0, HAS_W, False)
-        acc1 += tl.where(mask, g * xhat, 0.0)
-        acc2 += g
-    c1 = tl.sum(acc1, axis=0) / n_cols
-    c2 = tl.sum(acc2, axis=0) / n_cols
-    for start in range(0, n_cols, BLOCK_N):
-        mask = start + cols < n_cols
-        xhat = (tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
-        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, 0.0, HAS_W, False)
-        dx = rstd * (g - xhat * c1 - c2)
-        tl.store(dx_ptr + row * n_cols + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc_w = tl.zeros([BLOCK_N], tl.float32)
+        acc_b = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(pid, n_rows, n_prog):
+            base = tl.cast(row, tl.int64) * n_cols
+            rstd = tl.load(rstd_ptr + row)
+            x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (x - tl.load(mean_ptr + row)) * rstd, 0.0)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = dy
+            if HAS_W:
+                g = dy * w
+            dx = rstd * (g - xhat * tl.load(stats_ptr + 2 * row) - tl.load(stats_ptr + 2 * row + 1))
+            tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_W:
+                acc_w += dy * xhat
+            if HAS_DB:
+                acc_b += dy
+        if HAS_W:
+            tl.store(pw_ptr + pid.to(tl.int64) * n_cols + start + cols, acc_w, mask=mask)
+        if HAS_DB:
+            tl.store(pb_ptr + pid.to(tl.int64) * n_cols + start + cols, acc_b, mask=mask)
 
 
-@triton.jit
-def _ln_split_stats(x_ptr, part_ptr, n_cols, n_splits, BLOCK_N: tl.constexpr):
-    # One chunk of one row: its mean and the sum of squared deviations from that mean (combined per row with
-    # Chan's formula: no cancellation of a sum of squares).
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    m = tl.sum(x, axis=0) / tl.minimum(n_cols - c * BLOCK_N, BLOCK_N)
-    d = tl.where(mask, x - m, 0.0)
-    base = (row * n_splits + c) * 2
-    tl.store(part_ptr + base, m)
-    tl.store(part_ptr + base + 1, tl.sum(d * d, axis=0))
-
-
-@triton.jit
-def _ln_split_apply(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, HAS_W: tl.constexpr,
-                    HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (x - tl.load(mean_ptr + row)) * tl.load(rstd_ptr + row)
-    if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_B:
-        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _ln_split_bwd(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, part_ptr, c_ptr, dx_ptr, n_cols, n_splits,
-                  HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, APPLY: tl.constexpr):
-    # APPLY=False: per-chunk sums of g * xhat and g (g = dy * w); APPLY=True: dx from the row's means of them.
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    rstd = tl.load(rstd_ptr + row)
-    xhat = tl.where(mask, (tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-                           - tl.load(mean_ptr + row)) * rstd, 0.0)
-    g = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_W:
-        g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if APPLY:
-        dx = rstd * (g - xhat * tl.load(c_ptr + row * 2) - tl.load(c_ptr + row * 2 + 1))
-        tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:
-        base = (row * n_splits + c) * 2
-        tl.store(part_ptr + base, tl.sum(g * xhat, axis=0))
-        tl.store(part_ptr + base + 1, tl.sum(g, axis=0))
-
-
-def _split_rows(rows: int, n: int, device: torch.device, fused: int = MAX_FUSED) -> bool:
+def _split_rows(rows: int, n: int, device: torch.device, fused: int) -> bool:
     """Few rows longer than one fused block: split each row over programs so that every SM has work."""
     return n > fused and rows < target_programs(device)
 
@@ -198,7 +187,7 @@ def _split_rows(rows: int, n: int, device: torch.device, fused: int = MAX_FUSED)
 # One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
 # launches from it: the registered ops (triton_op, wrap_triton) make the plan per call, the eager fast path
 # (layer_norm_fast, the kept compiled kernels) once per (shapes, dtype, device).
-EMPTY, ONE, SPLIT, ZERO_DX = range(4)  # kinds of plan: nothing to launch, one kernel, split rows, n == 1 (dx = 0)
+EMPTY, ONE, SPLIT = range(3)  # kinds of plan: nothing to launch, one kernel (+ the backward's reduction), split rows
 
 
 class Plan(NamedTuple):
@@ -207,7 +196,8 @@ class Plan(NamedTuple):
     ints: tuple
     rows: int
     n: int
-    param_grads: ParamGradsPlan | None = None  # backward only
+    grads: GradsPlan | None = None  # backward only: the reduction of the dx kernel's dw/db partials
+    stats: int = 0  # backward only: fp32 scratch values a row (the looped kernel's row statistics)
 
 
 def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None
@@ -231,6 +221,8 @@ def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor 
 
 def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
              has_bias: bool) -> Plan:
+    """The dx kernel on a persistent grid writing the dw/db partials, then their reduction (with a weight or bias);
+    few rows longer than MAX_FUSED_BWD: the split rows' sums, then dx with the partials, then the reduction."""
     n = check_norm("layer_norm_bwd_triton", x, normalized_shape, weight=weight)
     check_same("layer_norm_bwd_triton", "dy", dy, x)
     if dy.shape != x.shape:
@@ -239,22 +231,23 @@ def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], wei
     if x.numel() == 0:
         return Plan(EMPTY, (), (), rows, n)
     has_w = weight is not None
-    pg = plan_param_grads(rows, n, x.device, has_mean=True, with_bias=has_bias) if has_w or has_bias else None
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n == 1:
-        # y = b whatever x is, so dx is exactly 0. The kernel would leave ptxas's FMA contraction of
-        # dy * w - sum(dy * w) (the product's rounding error) times rstd = 1 / sqrt(eps): seen on the H100.
-        return Plan(ZERO_DX, (), (), rows, n, pg)
-    if _split_rows(rows, n, x.device):
+    flags = dict(HAS_W=has_w, HAS_DB=has_bias)
+    if _split_rows(rows, n, x.device, MAX_FUSED_BWD):
         splits = triton.cdiv(n, SPLIT_BLOCK)
-        grid = (rows, splits)
-        return Plan(SPLIT, (Step(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=False),
-                            Step(_ln_split_bwd, grid, 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK, APPLY=True)),
-                    (n, splits), rows, n, pg)
-    if n <= MAX_FUSED:
-        return Plan(ONE, (Step(_layer_norm_bwd_rows, (triton.cdiv(rows, per),), warps, HAS_W=has_w, BLOCK_N=block,
-                               ROWS=per),), (rows, n), rows, n, pg)
-    return Plan(ONE, (Step(_layer_norm_bwd_looped, (rows,), 8, HAS_W=has_w, BLOCK_N=4096),), (n,), rows, n, pg)
+        groups = max(1, min(rows, persistent_programs(rows * splits, x.device) // splits))
+        return Plan(SPLIT, (Step(_ln_split_bwd_sums, (rows, splits), 16, HAS_W=has_w, BLOCK_N=SPLIT_BLOCK),
+                            Step(_ln_split_bwd_apply, (groups, splits), 16, **flags, BLOCK_N=SPLIT_BLOCK,
+                                 SPLITS=triton.next_power_of_2(splits))),
+                    (rows, n, splits), rows, n, plan_grads(groups, n, has_w, has_bias))
+    if n <= MAX_FUSED_BWD:
+        block, per, warps = row_settings(n, MAX_FUSED_BWD)
+        programs = persistent_programs(triton.cdiv(rows, per), x.device)
+        # n == 1: y = b whatever x is, so dx is exactly 0 (ZERO_DX)
+        step = Step(_layer_norm_bwd_rows, (programs,), warps, **flags, BLOCK_N=block, ROWS=per, ZERO_DX=n == 1)
+        return Plan(ONE, (step,), (rows, n), rows, n, plan_grads(programs, n, has_w, has_bias))
+    programs = persistent_programs(rows, x.device)
+    step = Step(_layer_norm_bwd_looped, (programs,), 8, **flags, BLOCK_N=4096)
+    return Plan(ONE, (step,), (rows, n), rows, n, plan_grads(programs, n, has_w, has_bias), 2)
 
 
 def _fwd(plan: Plan, direct: bool, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -296,22 +289,20 @@ def _bwd(plan: Plan, direct: bool, dy: torch.Tensor, x: torch.Tensor, normalized
     if plan.kind == EMPTY:
         zeros = x.new_zeros(tuple(normalized_shape))
         return dx, (zeros if weight is not None else none()), (zeros.clone() if has_bias else none())
-    w = weight.contiguous() if weight is not None else xc
+    w = weight.contiguous() if weight is not None else xc  # dummy pointers (x), never used without their flags
+    pw, pb = partials(plan.grads, xc)
     if plan.kind == ONE:
-        plan.steps[0](direct, dyc, xc, w, mean, rstd, dx, *plan.ints)
-    elif plan.kind == ZERO_DX:
-        dx.zero_()
+        stats = (x.new_empty(plan.rows * plan.stats, dtype=torch.float32),) if plan.stats else ()
+        plan.steps[0](direct, dyc, xc, w, mean, rstd, dx, pw, pb, *stats, *plan.ints)
     else:
-        part = x.new_empty((plan.rows, plan.ints[1], 2), dtype=torch.float32)
-        plan.steps[0](direct, dyc, xc, w, mean, rstd, part, part, dx, *plan.ints)
-        c = (part.sum(1) / plan.n).contiguous()  # (rows, 2): mean of g * xhat, mean of g
-        plan.steps[1](direct, dyc, xc, w, mean, rstd, part, c, dx, *plan.ints)
-    if plan.param_grads is None:
+        rows, n, splits = plan.ints
+        part = x.new_empty((rows, splits, 2), dtype=torch.float32)
+        plan.steps[0](direct, dyc, xc, w, mean, rstd, part, n, splits)
+        plan.steps[1](direct, dyc, xc, w, mean, rstd, part, dx, pw, pb, rows, n, splits)
+    if plan.grads is None:
         return dx, none(), none()
-    dw32, db32 = norm_param_grads(plan.param_grads, direct, dyc, xc, mean, rstd)
-    dw = dw32.view(normalized_shape).to(x.dtype) if weight is not None else none()
-    db = db32.view(normalized_shape).to(x.dtype) if has_bias else none()
-    return dx, dw, db
+    dw, db = reduce_grads(plan.grads, direct, pw, pb, normalized_shape, x.dtype)
+    return dx, (dw if dw is not None else none()), (db if db is not None else none())
 
 
 def layer_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,

@@ -4,8 +4,9 @@ Backward, with r = rsqrt(mean(x^2) + eps) and g = dy * w: dx = r * (g - x * r^2 
 dw = sum over rows of dy * x * r. r is recomputed from x (the backward reads x anyway), so the forward
 saves nothing but its inputs.
 Bytes: forward 1 read + 1 write of x (+ w, cached) for rows up to MAX_FUSED_FWD elements; longer rows loop
-twice (sum of squares, then scale): 2 reads + 1 write. Backward: read x, dy, write dx; with a weight,
-x and dy are read once more by the dw kernel (v1: 5 passes where 3 would do).
+twice (sum of squares, then scale): 2 reads + 1 write. Backward (v2, norm_grads.py): read x, dy, write dx for rows
+up to MAX_FUSED_BWD, on a persistent grid whose programs sum dw in registers ((programs, n) fp32 partials, reduced
+by a second launch into w's dtype); longer rows read x and dy twice (row statistics, then dx and dw by column block).
 Limits: any row length; non-contiguous x is made contiguous first.
 Hugging Face forms (constexpr flags of the same kernels, one launch): OFFSET multiplies by (w + w_offset) formed in
 fp32 (Gemma); CAST rounds x * r to x's dtype before the weight multiplies it, y in promote(w, x) (Llama). Both take
@@ -13,6 +14,8 @@ r = rsqrt(mean(x^2) + eps), the instruction torch.rsqrt is, and a float32 w over
 same formula with w + w_offset (through the cast, as autograd passes a gradient through .to()).
 Versions: v1 — fused rows kernel + looped kernel; backward rows/looped dx kernel + column dw kernel.
 v2 — the forward keeps rows up to 32768 in registers (32 warps; v1 looped from 16384: 4096x32768 read twice).
+Backward v2 — two launches (persistent dx kernel with dw partials, then their reduction); v1 read x and dy again in a
+column kernel, summed its partials with torch and cast them: 4 launches, 5 passes where 3 would do.
 """
 
 from __future__ import annotations
@@ -24,20 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (
-    MAX_FUSED_FWD,
-    ParamGradsPlan,
-    _dy_times_w,
-    _rows_tile,
-    check_float,
-    check_norm,
-    norm_param_grads,
-    plan_param_grads,
-    row_settings,
-)
+from .common import MAX_FUSED_FWD, _dy_times_w, _rows_tile, check_float, check_norm, row_settings
 from .launch import Plans, Step, param_key, register_ops
-
-MAX_FUSED = 16384
+from .norm_grads import MAX_FUSED_BWD, GradsPlan, partials, persistent_programs, plan_grads, reduce_grads
 
 
 @triton.jit
@@ -136,49 +128,82 @@ def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, w_offset, HAS_W: tl.const
 
 
 @triton.jit
-def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr,
+def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, pw_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr = False,
                        HF: tl.constexpr = False):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    # A persistent program: the row tiles pid, pid + programs, ...; dx tile by tile, and with a weight its tiles' sum
+    # of dy * x * r in registers, stored as the program's row of the (programs, n) fp32 dw partials.
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < n_cols
     if HAS_W:
-        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if OFFSET:
             w = w + w_offset
-        g = g * w
-    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps, HF)
-    c = tl.sum(g * x, axis=1) * rstd * rstd / n_cols
-    dx = rstd[:, None] * (g - x * c[:, None])
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for t in range(pid, tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = t * ROWS + tl.arange(0, ROWS)
+        offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        g = dy
+        if HAS_W:
+            g = dy * w
+        rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps, HF)
+        c = tl.sum(g * x, axis=1) * rstd * rstd / n_cols
+        dx = rstd[:, None] * (g - x * c[:, None])
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            acc += dy * x * rstd[:, None]
     if HAS_W:
-        tl.store(rstd_ptr + rows, rstd, mask=rows < n_rows)
+        tl.store(pw_ptr + pid.to(tl.int64) * n_cols + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 @triton.jit
-def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, rstd_ptr, n_cols, eps, w_offset, HAS_W: tl.constexpr,
-                         BLOCK_N: tl.constexpr, OFFSET: tl.constexpr = False, HF: tl.constexpr = False):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, pw_ptr, stats_ptr, n_rows, n_cols, eps, w_offset,
+                         HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr = False,
+                         HF: tl.constexpr = False):
+    # A persistent program over the rows pid, pid + programs, ... longer than one block: first each row's r and
+    # c = r^2 mean(g * x) (two floats a row in stats_ptr), then block of columns by block of columns, dx of every row
+    # and (with a weight) the rows' sum of dy * x * r in registers, stored into the program's row of the partials.
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    acc_ss = tl.zeros([BLOCK_N], tl.float32)
-    acc_gx = tl.zeros([BLOCK_N], tl.float32)
+    for row in range(pid, n_rows, n_prog):
+        base = tl.cast(row, tl.int64) * n_cols
+        acc_ss = tl.zeros([BLOCK_N], tl.float32)
+        acc_gx = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            mask = start + cols < n_cols
+            x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = _dy_times_w(dy_ptr + base, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
+            acc_ss += x * x
+            acc_gx += g * x
+        rstd = _rstd(tl.sum(acc_ss, axis=0), n_cols, eps, HF)
+        tl.store(stats_ptr + 2 * row, rstd)
+        tl.store(stats_ptr + 2 * row + 1, tl.sum(acc_gx, axis=0) * rstd * rstd / n_cols)
+    tl.debug_barrier()  # every thread of the program sees the stats it stored
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
-        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
-        acc_ss += x * x
-        acc_gx += g * x
-    rstd = _rstd(tl.sum(acc_ss, axis=0), n_cols, eps, HF)
-    c = tl.sum(acc_gx, axis=0) * rstd * rstd / n_cols
-    for start in range(0, n_cols, BLOCK_N):
-        mask = start + cols < n_cols
-        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = _dy_times_w(dy_ptr + row * n_cols, w_ptr, start + cols, mask, w_offset, HAS_W, OFFSET)
-        tl.store(dx_ptr + row * n_cols + start + cols, (rstd * (g - x * c)).to(dx_ptr.dtype.element_ty), mask=mask)
-    if HAS_W:
-        tl.store(rstd_ptr + row, rstd)
+        if HAS_W:
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if OFFSET:
+                w = w + w_offset
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(pid, n_rows, n_prog):
+            base = tl.cast(row, tl.int64) * n_cols
+            rstd = tl.load(stats_ptr + 2 * row)
+            c = tl.load(stats_ptr + 2 * row + 1)
+            x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            g = dy
+            if HAS_W:
+                g = dy * w
+            tl.store(dx_ptr + base + start + cols, (rstd * (g - x * c)).to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_W:
+                acc += dy * x * rstd
+        if HAS_W:
+            tl.store(pw_ptr + pid.to(tl.int64) * n_cols + start + cols, acc, mask=mask)
 
 
 # One launch plan per direction (checks, kernel, grid, constexprs, int arguments) and one host function that launches
@@ -195,9 +220,8 @@ class BwdPlan(NamedTuple):
     step: Step | None  # None: x is empty
     ints: tuple
     rows: int
-    param_grads: ParamGradsPlan | None  # the column kernel's dw (with a weight)
-    persistent: bool = False  # fused_add_rms_norm's rows kernel (a persistent grid, dw in registers)
-    dw_shape: tuple | None = None  # that kernel's (programs, n) fp32 dw partials (with a weight)
+    grads: GradsPlan | None  # the reduction of the dx kernel's (programs, n) dw partials (with a weight)
+    stats: int = 0  # fp32 scratch values a row of the looped kernel (its per-row statistics)
 
 
 def leading_rows(x: torch.Tensor, normalized_shape: list[int]) -> int:
@@ -229,18 +253,21 @@ def plan_fwd(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor 
 
 def plan_bwd(dy: torch.Tensor, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
              weight_offset: float = 0.0, cast_before_weight: bool = False) -> BwdPlan:
+    """Two launches: the persistent dx kernel writing dw's partials, then their reduction (with a weight)."""
     n = check_form("rms_norm_bwd_triton", x, normalized_shape, weight, weight_offset, cast_before_weight)
     check_dy("rms_norm_bwd_triton", dy, x, weight, cast_before_weight)
     if x.numel() == 0:
         return BwdPlan(None, (), 0, None)
     rows = x.numel() // n
     flags = dict(HAS_W=weight is not None, OFFSET=bool(weight_offset), HF=bool(weight_offset or cast_before_weight))
-    pg = plan_param_grads(rows, n, x.device, has_mean=False, with_bias=False) if weight is not None else None
-    block, per, warps = row_settings(n, MAX_FUSED)
-    if n <= MAX_FUSED:
-        return BwdPlan(Step(_rms_norm_bwd_rows, (triton.cdiv(rows, per),), warps, **flags, BLOCK_N=block, ROWS=per),
-                       (rows, n), rows, pg)
-    return BwdPlan(Step(_rms_norm_bwd_looped, (rows,), 8, **flags, BLOCK_N=4096), (n,), rows, pg)
+    if n <= MAX_FUSED_BWD:
+        block, per, warps = row_settings(n, MAX_FUSED_BWD)
+        programs = persistent_programs(triton.cdiv(rows, per), x.device)
+        step = Step(_rms_norm_bwd_rows, (programs,), warps, **flags, BLOCK_N=block, ROWS=per)
+        return BwdPlan(step, (rows, n), rows, plan_grads(programs, n, weight is not None, False))
+    programs = persistent_programs(rows, x.device)
+    step = Step(_rms_norm_bwd_looped, (programs,), 8, **flags, BLOCK_N=4096)
+    return BwdPlan(step, (rows, n), rows, plan_grads(programs, n, weight is not None, False), 2)
 
 
 def _fwd(plan: FwdPlan, direct: bool, x: torch.Tensor, weight: torch.Tensor | None, eps: float,
@@ -258,13 +285,13 @@ def _bwd(plan: BwdPlan, direct: bool, dy: torch.Tensor, x: torch.Tensor, weight:
     dx = torch.empty_like(xc)
     if plan.step is None:
         return dx, (torch.zeros_like(weight) if weight is not None else x.new_empty((0,)))
-    w = weight.contiguous() if weight is not None else xc
-    rstd = x.new_empty(plan.rows, dtype=torch.float32)
-    plan.step(direct, dyc, xc, w, dx, rstd, *plan.ints, eps, float(weight_offset))
-    if plan.param_grads is None:
+    w = weight.contiguous() if weight is not None else xc  # dummy pointers (x), never used without HAS_W
+    pw, _ = partials(plan.grads, xc)
+    stats = (x.new_empty(plan.rows * plan.stats, dtype=torch.float32),) if plan.stats else ()
+    plan.step(direct, dyc, xc, w, dx, pw, *stats, *plan.ints, eps, float(weight_offset))
+    if plan.grads is None:
         return dx, x.new_empty((0,))
-    dw32, _ = norm_param_grads(plan.param_grads, direct, dyc, xc, None, rstd)
-    return dx, dw32.view(weight.shape).to(weight.dtype)
+    return dx, reduce_grads(plan.grads, direct, pw, pw, weight.shape, weight.dtype)[0]
 
 
 def rms_norm_launch(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
