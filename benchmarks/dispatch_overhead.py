@@ -133,6 +133,13 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         t = interleaved({"public": lambda: public(*a), "direct": lambda: direct(*a), "select": lambda: sel(*a)},
                         calls, rounds, cuda)
         t_lookup = interleaved({"lookup": lookup}, calls, max(5, rounds // 4), False)["lookup"]
+    # whether the public calls were served by the C++ key (its key of this call cached): None where it is not in use
+    ckey = None
+    if dispatch._ckey is not None:
+        bound = inspect.signature(tiered_ops.get_op(op).reference).bind(*a)
+        bound.apply_defaults()
+        k = dispatch._ckey(op, *bound.arguments.values())
+        ckey = "none" if k is None else k in tiered_ops.decide.decide._calls
     pub = spread([p - d for p, d in zip(t["public"], t["direct"])])
     sb = spread([s - d for s, d in zip(t["select"], t["direct"])])
     return dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."), device=dev.type,
@@ -144,7 +151,7 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 select_us=round(statistics.median(t["select"]), 3), select_chosen=sel.name,
                 select_backend_lookup_us=round(statistics.median(t_lookup), 3), rounds=rounds, calls=calls,
                 public_overhead_min_us=round(min(t["public"]) - min(t["direct"]), 3),
-                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3))
+                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3), ckey_hit=ckey)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['select_backend_overhead_p80_us']:.2f})")
         print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>8} {r['direct_us']:10.2f} {pub:>22} {sb:>24} "
               f"{r['select_backend_lookup_us']:10.2f} {r['public_overhead_min_us']:8.2f}"
-              f"{r['select_backend_overhead_min_us']:8.2f}")
+              f"{r['select_backend_overhead_min_us']:8.2f}  c++ key hit: {r['ckey_hit']}")
     print("target on the GPU host: op-direct and select-direct <= 1.0 us")
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
