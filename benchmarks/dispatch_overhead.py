@@ -135,10 +135,11 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         t_lookup = interleaved({"lookup": lookup}, calls, max(5, rounds // 4), False)["lookup"]
     # whether the public calls were served by the C++ key (its key of this call cached): None where it is not in use
     ckey = None
-    if dispatch._ckey is not None:
+    if dispatch._ckey is not None:  # (grad mode off, as the calls were made: it is part of the key)
         bound = inspect.signature(tiered_ops.get_op(op).reference).bind(*a)
         bound.apply_defaults()
-        k = dispatch._ckey(op, *bound.arguments.values())
+        with torch.no_grad():
+            k = dispatch._ckey(op, *bound.arguments.values())
         ckey = "none" if k is None else k in tiered_ops.decide.decide._calls
     pub = spread([p - d for p, d in zip(t["public"], t["direct"])])
     sb = spread([s - d for s, d in zip(t["select"], t["direct"])])

@@ -5,6 +5,7 @@ dynamo's counters (graphs, breaks, recompiles), the kernels launched per call (t
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
+        [--ops layer_norm]
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--ops", help="comma-separated ops patch swaps in (default: all it can)")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     from torch._dynamo.utils import counters
@@ -86,7 +88,8 @@ def main() -> int:
             base.loss_type = "ForCausalLM"
         ids = torch.randint(0, cfg.vocab_size, (1, 1 if workload == "decode" else args.seq), device="cuda")
         tiered = copy.deepcopy(base)
-        print(f"== {name} {workload}: {tiered_ops.patch(tiered)}", flush=True)
+        print(f"== {name} {workload}: {tiered_ops.patch(tiered, ops=args.ops.split(',') if args.ops else None)}",
+              flush=True)
         rep = tiered_ops.tune(tiered, dict(input_ids=ids, use_cache=False), context="compiled")
         for c in rep.calls:
             print(f"  decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} ({c.tier}) - {c.reason[:300]}")
