@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
-from benchmarks.models import models, spread, step_fn, timed  # noqa: E402
+from benchmarks.models import models, own_compile, spread, step_fn, timed  # noqa: E402
 from tiered_ops.decide import decide  # noqa: E402
 from tiered_ops.decide.decide import Selection  # noqa: E402
 
@@ -101,7 +101,7 @@ def main() -> int:
             torch._dynamo.reset() if vname == "stock" else None
             counters.clear()
             t0 = time.perf_counter()
-            fn = step_fn(torch.compile(model, fullgraph=True), workload, ids)
+            fn = step_fn(own_compile(model, vname), workload, ids)
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
