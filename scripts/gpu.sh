@@ -9,6 +9,7 @@
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
 #                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
 #                 launch (host us per call per tier and launch layer), dispatch (tiered_ops.<op>'s own per-call cost),
+#                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 decoder and models (model-level benchmarks),
 #                 compiled (decisions per call context))
 # Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
@@ -190,6 +191,13 @@ PY
         run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead${v%%:*}.csv" ${v#*:} 2>&1 \
           | grep -v -E "UserWarning|warn_once" | tail -9
       done
+      ;;
+    firstcall)
+      # A first call with an empty store under background tuning: its latency beside eager's first call, and the
+      # seconds until its bucket's decision is stored (targets: <= eager + 50 ms; <= 3 s median, <= 8 s max).
+      echo "== firstcall: background tuning from an empty store"
+      run_for "$(left)" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tail -12
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
