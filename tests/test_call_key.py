@@ -149,7 +149,7 @@ def test_the_cuda_extension_keys_calls_and_steps_aside_in_a_capture():
 
     dev = torch.device("cuda")
     assert cuda_ext.load(dev) is None
-    assert dispatch._ckey is not None and dispatch._ckey is cuda_ext.call_key()
+    assert dispatch._ckey is not None and dispatch._ckey is cuda_ext.pybind_function("call_key")
     x = torch.randn(8, 256, device=dev)
     assert dispatch._ckey("softmax", x, -1) is not None
     assert dispatch._ckey("softmax", x, -1) != dispatch._ckey("softmax", x.cpu(), -1)

@@ -38,11 +38,12 @@ def not_tensors(op: str, optional: tuple[str, ...] = (), **args: object) -> Type
 
 
 def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dict[str, Any],
-             train: bool = False) -> torch.Tensor:
+             train: bool = False, ckey: bytes | None = None) -> torch.Tensor:
     """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
 
     ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
-    (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture)."""
+    (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture). ``ckey``:
+    the call's C++ key where one was read (the selection is cached under it too)."""
     _contract(spec, args, kwargs)  # once per call signature (the key holds what it reads)
     if spec.check_values is not None:
         spec.check_values(*args, **kwargs)
@@ -53,8 +54,9 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
-    if _ckey is None and key[-1] == 0 and x.is_cuda and not _LOAD_TRIED and not _PYTHON_KEY[0]:
-        _LOAD_TRIED.append(True)  # once per process: the C++ key, where the CUDA extension is built already
+    global _load_tried
+    if _ckey is None and key[-1] == 0 and x.is_cuda and not _load_tried and not _python_key:
+        _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
         cuda_ext.load_if_built(x.device)
     if active():
         note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
@@ -77,8 +79,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if len(_calls) > 4096:
         _calls.clear()
     _calls[key] = sel
-    if key[-1] == 0 and _ckey is not None:
-        _learn(_ckey(spec.name, *args, *kwargs.values()), sel)
+    if key[-1] == 0 and ckey is not None:
+        _calls[ckey] = sel
     if key[-1] == 0:
         # The compiled context's selection of this signature is cached now too: a trace that found the key missing
         # would guard on its absence, and its own miss (which caches it) would fail that guard: a recompile.
@@ -227,31 +229,24 @@ def _signature(spec: OpSpec) -> _Signature:
 # get it then (``use_call_key``).
 _ckey: Callable[..., bytes | None] | None = None
 _NAMESPACES: list[dict[str, Any]] = []
-_LOAD_TRIED: list[bool] = []
-_PYTHON_KEY: list[bool] = [False]  # the Python key asked for (use_call_key(None)): the extension's load keeps it
+_load_tried = False
+_python_key = False  # the Python key asked for (use_call_key(None)): the extension's load keeps it
 
 
 def _extension_loaded() -> None:
-    if not _PYTHON_KEY[0]:
-        use_call_key(cuda_ext.call_key())
+    if not _python_key:
+        use_call_key(cuda_ext.pybind_function("call_key"))
 
 
 def use_call_key(fn: Callable[..., bytes | None] | None) -> None:
     """Key calls with ``fn`` (the extension's ``call_key``) ahead of the Python key, or with the Python key alone
     (None: also once the extension loads later). Selections cached under the C++ keys so far are dropped."""
-    global _ckey
-    _ckey = fn
-    _PYTHON_KEY[:] = [fn is None]
+    global _ckey, _python_key
+    _ckey, _python_key = fn, fn is None
     for ns in _NAMESPACES:
         ns["_ckey"] = fn
     for k in [k for k in _calls if isinstance(k, bytes)]:
         _calls.pop(k, None)
-
-
-def _learn(ckey: bytes | None, sel: Selection) -> None:
-    """Cache ``sel`` under a call's C++ key too (an eager-context signature's, resolved by its Python key)."""
-    if ckey is not None:
-        _calls[ckey] = sel
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
@@ -285,11 +280,14 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
     # ``_key_parts`` reads them, train, context), flat. ``train`` reads requires_grad only with grad mode on; the
     # context is 1 while dynamo traces, 2 inside a CUDA-graph capture (asked only for a CUDA tensor), else 0.
-    # Where the C++ key is in use (an eager call, not traced), it is tried first; a miss (or None: a capture, an
-    # argument it does not encode) takes the Python key, which learns the C++ key of an eager signature.
+    # Where the C++ key is in use (an eager call, not traced), it is read once and tried first; a miss (or None: a
+    # capture, an argument it does not encode) takes the Python key, and an eager signature's selection is cached
+    # under the C++ key read.
     src = f'''def {spec.name}({g.params}):
+    ck = None
     if _ckey is not None and not ({_COMPILING}):
-        sel = _calls.get(_ckey({spec.name!r}, {g.every}))
+        ck = _ckey({spec.name!r}, {g.every})
+        sel = _calls.get(ck)
         if sel is not None:
             return sel.fn({g.call})
     try:
@@ -300,12 +298,12 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
         raise {g.not_tensors} from None
     sel = _calls.get(key)
     if sel is None:
-        return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2])
-    if _ckey is not None and not key[-1]:
-        _learn(_ckey({spec.name!r}, {g.every}), sel)
+        return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2], ck)
+    if ck is not None and not key[-1]:
+        _calls[ck] = sel
     return sel.fn({g.call})
 '''
-    ns.update(_ckey=_ckey, _learn=_learn)
+    ns.update(_ckey=_ckey)
     _NAMESPACES.append(ns)
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
     fn = ns[spec.name]

@@ -137,15 +137,10 @@ def on_load(hook: Callable[[], None]) -> None:
 
 
 def pybind_function(name: str):
-    """The pybind11 export of a CUDA op's C++ function (the graph-break contrast), or None when not built."""
+    """A function the loaded extension exports (a CUDA op's C++ function, the graph-break contrast; ``call_key``, a
+    call's key read in C++), or None when not built."""
     module = _state.get("module")
     return getattr(module, name, None) if module is not None else None
-
-
-def call_key() -> Callable[..., bytes | None] | None:
-    """The loaded extension's ``call_key(op, *args)`` (``cuda_src/call_key.cpp``: a call's key read in C++), or
-    None when not built."""
-    return getattr(_state.get("module"), "call_key", None)
 
 
 def load_if_built(device: torch.device) -> bool:
