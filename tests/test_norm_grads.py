@@ -5,14 +5,13 @@ programs, in every form; the gradient's dtype; and the launches of a backward (a
 
 import pytest
 import torch
-from helpers import DTYPES, assert_matches, gpu
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import DTYPES, assert_matches, aten_ops, gpu
 
 from tiered_ops.ops.fused_add_rms_norm import _problem as FA
 from tiered_ops.ops.layer_norm import _problem as LN
 from tiered_ops.ops.rms_norm import _problem as RMS
+from triton_src import common, launch, norm_grads
 from triton_src import fused_add_rms_norm as tfa
-from triton_src import launch, norm_grads
 from triton_src import layer_norm as tln
 from triton_src import rms_norm as trms
 
@@ -49,8 +48,8 @@ def test_the_persistent_grid_is_smaller_than_the_work():
     """The shapes above exercise what they claim: 1000 x 96 has more row tiles than programs, 3 x 3000 fewer."""
     x = torch.randn(1000, 96)
     plan = trms.plan_bwd(x, x, [96], torch.ones(96))
-    assert plan.step.grid == (2 * norm_grads.CPU_SMS,) and plan.step.consts["ROWS"] == 16  # 63 tiles
-    assert plan.grads.shape == (2 * norm_grads.CPU_SMS, 96)
+    assert plan.step.grid == (2 * common.CPU_SMS,) and plan.step.consts["ROWS"] == 16  # 63 tiles
+    assert plan.grads.shape == (2 * common.CPU_SMS, 96)
     x = torch.randn(3, 3000)
     assert trms.plan_bwd(x, x, [3000], torch.ones(3000)).step.grid == (3,)
 
@@ -84,12 +83,8 @@ FORMS = [("rms_norm", torch.bfloat16, torch.bfloat16, {}),
          ("layer_norm", torch.float32, torch.float32, {})]
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "registered"])
-@pytest.mark.parametrize("n", [96, 9000], ids=["rows", "looped"])
-@pytest.mark.parametrize("op,dtype,wdtype,form", FORMS, ids=str)
-def test_backward_is_two_launches_and_dw_has_the_weights_dtype(op, dtype, wdtype, form, n, fast, monkeypatch):
-    """At most two kernel launches (the dx pass writing the partials, their reduction), no torch reduction or cast
-    after them, and dw (db) in the parameter's dtype."""
+def _launches(monkeypatch) -> list:
+    """The Triton launch steps run from now on (launch.Step calls, in order)."""
     steps = []
     call = launch.Step.__call__
 
@@ -98,15 +93,18 @@ def test_backward_is_two_launches_and_dw_has_the_weights_dtype(op, dtype, wdtype
         return call(self, direct, *args)
 
     monkeypatch.setattr(launch.Step, "__call__", counting)
+    return steps
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "registered"])
+@pytest.mark.parametrize("n", [96, 9000], ids=["rows", "looped"])
+@pytest.mark.parametrize("op,dtype,wdtype,form", FORMS, ids=str)
+def test_backward_is_two_launches_and_dw_has_the_weights_dtype(op, dtype, wdtype, form, n, fast, monkeypatch):
+    """At most two kernel launches (the dx pass writing the partials, their reduction), no torch reduction or cast
+    after them, and dw (db) in the parameter's dtype."""
+    steps = _launches(monkeypatch)
     w, bwd = _bwd_calls(op, dtype, wdtype, 40, n, form)
-    seen = []
-
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Spy():
+    with aten_ops() as seen:
         out = bwd(fast)
     assert len(steps) == 2, steps
     assert steps[-1].kernel is norm_grads._reduce_partials
@@ -116,9 +114,7 @@ def test_backward_is_two_launches_and_dw_has_the_weights_dtype(op, dtype, wdtype
 
 
 def test_backward_without_parameters_is_one_launch(monkeypatch):
-    steps = []
-    call = launch.Step.__call__
-    monkeypatch.setattr(launch.Step, "__call__", lambda self, direct, *a: (steps.append(self), call(self, direct, *a)))
+    steps = _launches(monkeypatch)
     x = torch.randn(30, 50)
     dx, dw = trms.rms_norm_bwd_fast(torch.randn_like(x), x, [50], None, 1e-6)
     assert len(steps) == 1 and dw.numel() == 0

@@ -57,11 +57,22 @@ def row_settings(n: int, max_fused: int) -> tuple[int, int, int]:
     return block, rows, num_warps_for(block * rows)
 
 
+CPU_SMS = 4  # the SM count taken on the Triton interpreter (CPU): grids of a few programs
+_sms: dict[tuple, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's multiprocessor count (read once per device); CPU_SMS off a GPU."""
+    key = (device.type, device.index)
+    if key not in _sms:
+        _sms[key] = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
+                     else CPU_SMS)
+    return _sms[key]
+
+
 def target_programs(device: torch.device) -> int:
     """Programs that fill the device a few times over (4 per SM); a handful on the CPU interpreter."""
-    if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return 4 * sm_count(device) if device.type == "cuda" else 4
 
 
 def check_same(op: str, name: str, t: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> None:

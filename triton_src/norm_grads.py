@@ -12,30 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import sm_count
 from .launch import Step
 
 # Longest row a backward rows kernel keeps in registers: x (or s), dy, w and the dw accumulator are live together.
 # Longer rows take the looped kernels (statistics first, then dx block by block of columns).
 MAX_FUSED_BWD = 8192
 PROGRAMS_PER_SM = 2  # programs of a persistent dx grid per SM: the partials stay small, two programs hide latency
-CPU_SMS = 4  # the SM count on the Triton interpreter (CPU): a persistent grid of a few programs
 REDUCE_BLOCK_N = 32  # columns per reducing program (one 128-byte line of fp32 a partials row)
 REDUCE_BLOCK_G = 64  # partials rows summed per step of a reducing program
-
-_sms: dict[tuple, int] = {}
-
-
-def sm_count(device: torch.device) -> int:
-    """The device's multiprocessor count (read once per device); CPU_SMS off a GPU."""
-    key = (device.type, device.index)
-    sms = _sms.get(key)
-    if sms is None:
-        if device.type == "cuda":
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-        else:
-            sms = CPU_SMS
-        sms = _sms[key] = sms
-    return sms
 
 
 def persistent_programs(tiles: int, device: torch.device) -> int:
