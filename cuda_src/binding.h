@@ -151,6 +151,7 @@ inline void check_norm_dy(const at::Tensor& dy, const at::Tensor& x, at::ScalarT
 }
 
 inline const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+inline void* out_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 inline float* f32_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // An uninitialized float32 tensor of `sizes` on x's device: row statistics, partial sums, workspaces.

@@ -79,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   }
   check_launch(fused_add_rms_norm_bwd(dyc.data_ptr(), dsc.data_ptr(), sc.data_ptr(), ptr_or_null(wc),
                                       rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(partial),
-                                      dw.defined() ? dw.data_ptr() : nullptr, rows, n, blocks,
+                                      out_or_null(dw), rows, n, blocks,
                                       dtype_of(new_residual, op, "new_residual"), stream(), (float)weight_offset, w32,
                                       y_dtype != new_residual.scalar_type()),
                op);

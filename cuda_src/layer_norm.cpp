@@ -64,8 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   }
   check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean.data_ptr<float>(),
                               rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(pw), f32_or_null(pb),
-                              dw.defined() ? dw.data_ptr() : nullptr, db.defined() ? db.data_ptr() : nullptr, rows, n,
-                              blocks, dtype_of(x, op, "x"), stream()),
+                              out_or_null(dw), out_or_null(db), rows, n, blocks, dtype_of(x, op, "x"), stream()),
                op);
   return {dx, want_w ? dw : x.new_empty({0}), has_bias ? db : x.new_empty({0})};
 }

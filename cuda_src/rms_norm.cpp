@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
     dw = at::empty_like(wc);
   }
   check_launch(rms_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), dx.data_ptr(), f32_or_null(partial),
-                            dw.defined() ? dw.data_ptr() : nullptr, rows, n, (float)eps, blocks, dtype_of(x, op, "x"),
+                            out_or_null(dw), rows, n, (float)eps, blocks, dtype_of(x, op, "x"),
                             stream(), (float)weight_offset, w32, y_dtype != x.scalar_type()),
                op);
   return {dx, wc.defined() ? dw : x.new_empty({0})};
