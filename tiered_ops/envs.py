@@ -12,11 +12,6 @@ OFF = ("0", "false", "no", "off")
 TUNE_MODES = ("off", "blocking", "background")
 
 
-def tune() -> bool:
-    """TIERED_OPS_TUNE: measure on a miss (default on; ``background`` is on too, off the calling thread)."""
-    return tune_mode() != "off"
-
-
 def tune_mode() -> str:
     """TIERED_OPS_TUNE as a mode: ``off`` (0, false, no, off), ``background`` (a call with no stored decision runs a
     prediction at once and its bucket is measured by a background thread), else ``blocking`` (1, the default: the
