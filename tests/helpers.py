@@ -18,14 +18,16 @@ row with two, and neither torch nor any tier computes it: the IEEE evaluation is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.gate import arg_names, check_one, grad_norm, grad_output, output_names, with_grad
@@ -222,3 +224,17 @@ def xfail_if(request: pytest.FixtureRequest, reason: str | None) -> None:
     """Mark the running test as an expected failure (strict: a fix shows as XPASS and fails) when ``reason``."""
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+@contextlib.contextmanager
+def aten_ops() -> Iterator[list[str]]:
+    """The names of the ops torch dispatches inside the block, in order (a list filled as they run)."""
+    seen: list[str] = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        yield seen

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, builtin_ops, device_for, gpu, truth64
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, aten_ops, builtin_ops, device_for, gpu, truth64
 
 import tiered_ops
 from tiered_ops.measure.measure import measure
@@ -83,14 +82,7 @@ def test_kernel_tier_backward_is_its_own_kernel(op, impl):
     inp = spec.make_inputs(spec.problem((4, 32)), torch.float32, dev, 0)
     x = inp.args[0].detach().requires_grad_(True)
     y = as_outputs(fn(x, *inp.args[1:]))
-    seen = []
-
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Spy():
+    with aten_ops() as seen:
         torch.autograd.backward(y, [torch.randn_like(t) for t in y] if isinstance(y, tuple) else torch.randn_like(y))
     node = type((y[0] if isinstance(y, tuple) else y).grad_fn).__name__
     assert any(f"{op}_bwd_{impl}" in s for s in seen) or node.startswith(f"{op}_{impl}_fast"), (node, seen)
