@@ -13,7 +13,6 @@ before is reused; the ops run one after another, so one bucket is queued at a ti
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
 import torch
 
 import tiered_ops
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(rows)}" + (f", median {statistics.median(landed):.2f} s, max {max(landed):.2f} s (targets <= 3, <= 8)"
                             if landed else ""))
     if args.csv and rows:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
     return 0
 
