@@ -140,7 +140,7 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         bound.apply_defaults()
         with torch.no_grad():
             k = dispatch._ckey(op, *bound.arguments.values())
-        ckey = "none" if k is None else k in tiered_ops.decide.decide._calls
+        ckey = "none" if k is None else k in tiered_ops.decide.decide._hot
     pub = spread([p - d for p, d in zip(t["public"], t["direct"])])
     sb = spread([s - d for s, d in zip(t["select"], t["direct"])])
     return dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."), device=dev.type,

@@ -18,19 +18,20 @@ import torch
 
 import tiered_ops
 from tiered_ops.decide import dispatch
-from tiered_ops.decide.decide import _calls
+from tiered_ops.decide.decide import _calls, _hot
 from tiered_ops.registry import package_dir
 
 _MODULE = """#include <torch/extension.h>
-namespace tiered_ops { PyObject* call_key_function(); }
+namespace tiered_ops { PyObject* call_key_function(); PyObject* call_cached_function(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
+  m.attr("call_cached") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_cached_function());
 }
 """
 
 
 @pytest.fixture(scope="module")
-def call_key(tmp_path_factory):
+def extension(tmp_path_factory):
     if shutil.which("g++") is None or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
         pytest.skip("needs g++ and Python's headers")
     from torch.utils import cpp_extension
@@ -40,14 +41,19 @@ def call_key(tmp_path_factory):
     m = cpp_extension.load(name="tiered_ops_call_key_cpu", build_directory=str(d),
                            sources=[str(package_dir("cuda_src") / "call_key.cpp"), str(d / "module.cpp")],
                            extra_cflags=["-O2", "-DTIERED_OPS_CALL_KEY_NO_CUDA"])
-    return m.call_key
+    return m
+
+
+@pytest.fixture(scope="module")
+def call_key(extension):
+    return extension.call_key
 
 
 @pytest.fixture
-def in_use(call_key, private_decisions):
-    dispatch.use_call_key(call_key)
+def in_use(extension, private_decisions):
+    dispatch.use_call_key(extension.call_key, extension.call_cached)
     try:
-        yield call_key
+        yield extension.call_key
     finally:
         dispatch.use_call_key(None)
 
@@ -105,12 +111,43 @@ def test_what_it_does_not_encode_gives_none(call_key, arg):
     assert call_key("rms_norm", _x(4, 64), (64,), _x(64), arg) is None
 
 
+def test_traced_tensors_give_none(call_key):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(_x(4, 64))
+    assert call_key("softmax", fake, -1) is None  # a fake tensor (export, a trace): the Python key reads the context
+    assert call_key("softmax", _x(4, 64), -1) is not None
+
+
+def test_call_cached_calls_what_its_table_holds_by_position_and_name(extension):
+    seen = []
+
+    def fn(x, dim=0, *, half=False):
+        seen.append((dim, half))
+        return x
+
+    x, table = _x(4, 64), {}
+    key = extension.call_cached(table, ("half",), "softmax", x, -1, True)
+    assert key == extension.call_key("softmax", x, -1, True) and not seen  # a miss: the key, nothing called
+    table[key] = fn
+    assert extension.call_cached(table, ("half",), "softmax", _x(4, 64), -1, True) is not None
+    assert extension.call_cached(table, (), "softmax", x, -1) == extension.call_key("softmax", x, -1)
+    assert seen == [(-1, True)]
+    assert extension.call_cached(table, (), "softmax", x, object()) is None  # no key
+    with pytest.raises(TypeError, match="kwnames"):
+        extension.call_cached(table, ("a", "b", "c"), "softmax", x)
+    table[key] = lambda *a, **k: 1 / 0
+    with pytest.raises(ZeroDivisionError):  # the function's own error comes through
+        extension.call_cached(table, ("half",), "softmax", x, -1, True)
+
+
 def test_the_public_function_is_served_by_it_after_its_first_call(in_use, monkeypatch):
     x, w = _x(4, 64), _x(64)
     expect = tiered_ops.get_op("rms_norm").reference(x.double(), (64,), w.double(), 1e-6)
     with torch.no_grad():
         first = tiered_ops.rms_norm(x, (64,), w, 1e-6)
-        assert [k for k in _calls if isinstance(k, bytes)], "the first call learned no C++ key"
+        assert list(_hot), "the first call learned no C++ key"
         for k in [k for k in _calls if isinstance(k, tuple) and k[0] == "rms_norm"]:
             del _calls[k]  # the Python key gone: a second call reaching it would dispatch again
 
@@ -141,6 +178,18 @@ def test_a_select_backend_callable_uses_it(in_use):
     torch.testing.assert_close(sel(x, 0).double(), torch.softmax(x.double(), 0), atol=1e-6, rtol=1e-6)
     with pytest.raises(TypeError, match="x"):
         sel([1.0], -1)
+
+
+def test_a_trace_reads_no_cpp_key(in_use):
+    """dynamo reads the C++ call as one that finds nothing: a traced call takes the Python key (the compiled
+    context), with no graph break, even where the eager call of the same signature is cached in C++."""
+    x = _x(4, 64)
+    sel = tiered_ops.select_backend("softmax", (4, 64), torch.float32, "cpu", dim=-1)
+    tiered_ops.softmax(x, -1), sel(x, -1)  # cached under their C++ keys
+    assert list(_hot)
+    traced = torch.compile(lambda t: tiered_ops.softmax(t, -1) + sel(t, -1), fullgraph=True, backend="eager")
+    torch.testing.assert_close(traced(x).double(), 2 * torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
+    assert [k[-1] for k in _calls if k[0] == "softmax"] == [0, 1]  # the compiled context's key, read by the trace
 
 
 @pytest.mark.gpu

@@ -73,6 +73,19 @@ def test_a_compiled_caller_is_detected_and_traced_without_a_graph_break(private_
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), torch.softmax(2 * x.double(), -1).float() + 1)
 
 
+def test_a_select_backend_callable_is_traced_without_a_graph_break(private_decisions):
+    sel = tiered_ops.select_backend("softmax", (3, 17), torch.float32, "cpu", dim=-1)
+    x = torch.randn(3, 17)
+    sel(x, -1)  # a signature it knows in eager
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return sel(t * 2, -1) + 1
+
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(x),
+                               torch.softmax(2 * x.double(), -1).float() + 1)
+
+
 def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tmp_path, monkeypatch):
     monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "compiled.sqlite"))
     monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")

@@ -2,11 +2,10 @@
 
 A decision is keyed by (op, shape bucket, dtype, device fingerprint, mode, context). The context is who launches
 the op (``registry.Context``: a Python caller, a torch.compile graph, a CUDA-graph replay; ``in_context`` says what
-each pays). The mode is what the call is
-for: ``fwd_nograd`` (inference, the default of select_backend) or ``fwd+bwd`` (training), or ``fwd`` / ``bwd``
-alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is enabled and an input requires grad,
-else ``fwd_nograd``, so inference and training can run different tiers. Each op documents its bucket
-(leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
+each pays). The mode is what the call is for: ``fwd_nograd`` (inference, the default of select_backend) or
+``fwd+bwd`` (training), or ``fwd`` / ``bwd`` alone; ``tiered_ops.<op>`` uses the ``fwd+bwd`` decision when grad is
+enabled and an input requires grad, else ``fwd_nograd``, so inference and training can run different tiers. Each op
+documents its bucket (leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
 decision of its bucket. The decision is derived from the freshest stored measurement of every
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
 sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +59,7 @@ _store: Store | None = None
 _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
+_hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
 _selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
 _told: set[tuple] = set()  # capture fallbacks logged once
 _unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
@@ -105,6 +104,7 @@ def _landed(job: background.Job) -> None:
         if job.rows:
             _unsaved.append(list(job.rows))
             job.rows.clear()
+        _hot.clear()  # learnt again from the Python keys kept
         for cache in (_decisions, _calls, _selects):
             for k, sel in list(cache.items()):
                 r = sel.record
@@ -157,6 +157,7 @@ def get_store() -> Store:
 def clear_cache() -> None:
     _decisions.clear()
     _calls.clear()
+    _hot.clear()
     _selects.clear()
 
 
@@ -165,20 +166,21 @@ class Selection:
     """A callable bound to the chosen implementation, with the record of why it was chosen.
 
     Calling it validates each distinct call signature (shapes, dtypes, device, options) once and then runs the
-    implementation unchecked: ``_call``, made by ``bind`` (``dispatch.bind_selection``, from the op's declaration;
-    ``fn`` where none is set)."""
+    implementation unchecked: a selection of a catalogued op becomes an instance of the op's subclass, whose
+    ``__call__`` is made from the op's declaration (``bind``: ``dispatch.bind_selection``); others call ``fn``."""
 
     fn: Callable[..., torch.Tensor]
     impl: Impl
     record: dict[str, Any] = field(default_factory=dict)
-    bind: ClassVar[Callable[[Selection], Callable[..., Any]] | None] = None
+    bind: ClassVar[Callable[[Selection], type | None] | None] = None
 
     def __post_init__(self) -> None:
-        self._call = self.fn if Selection.bind is None else Selection.bind(self)
+        cls = None if Selection.bind is None else Selection.bind(self)
+        if cls is not None:
+            self.__class__ = cls
 
-    # Calling a selection calls ``_call`` without a frame of its own: the type's call slot finds this descriptor and
-    # calls what it gives (a per-call path's frame and argument packing less than a ``def __call__``).
-    __call__ = property(operator.attrgetter("_call"))
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
 
     @property
     def tier(self) -> Tier:
