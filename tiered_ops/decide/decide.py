@@ -174,8 +174,8 @@ class Selection:
     record: dict[str, Any] = field(default_factory=dict)
     bind: ClassVar[Callable[[Selection], type | None] | None] = None
 
-    def __post_init__(self) -> None:
-        cls = None if Selection.bind is None else Selection.bind(self)
+    def __post_init__(self) -> None:  # not while dynamo traces (it cannot assign __class__): ``fn`` then
+        cls = None if Selection.bind is None or torch.compiler.is_compiling() else Selection.bind(self)
         if cls is not None:
             self.__class__ = cls
 
