@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
+from .swap import original_class
 
 cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_rms_norm")
 
@@ -78,9 +79,9 @@ def _decoder_layer(self: nn.Module, gemma: bool, hidden_states: torch.Tensor, at
                    position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
                    position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
     if self.gradient_checkpointing and self.training:
-        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                  past_key_values=past_key_values, use_cache=use_cache,
-                                  position_embeddings=position_embeddings, **kwargs)
+        return original_class(self).forward(self, hidden_states, attention_mask=attention_mask,
+                                            position_ids=position_ids, past_key_values=past_key_values,
+                                            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
@@ -108,16 +109,18 @@ def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str 
         return None
     if not type(m).__module__.startswith("transformers."):
         return "not a transformers decoder layer"
+    if original_class(m) is not type(m):
+        return "already patched"
     llama_norm, gemma_norm, layer = hf_reference_forwards()
     fwd = inspect.unwrap(type(m).forward)
     if not same_code(fwd, layer) or tuple(inspect.signature(fwd).parameters) != _DECODER_ARGS:
         return "its forward is not the Llama decoder layer's code this rewrite reproduces"
     if "forward" in m.__dict__:
         return "its forward is already replaced on the instance (by other code): left as it is"
-    if same_code(type(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
+    if same_code(original_class(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
         return _llama_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
                                         "(Llama form: cast_before_weight=True)")
-    if same_code(type(post).forward, gemma_norm) and hasattr(post, "eps"):
+    if same_code(original_class(post).forward, gemma_norm) and hasattr(post, "eps"):
         return _gemma_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
                                         "(Gemma form: weight_offset=1.0)")
     return "its post_attention_layernorm is not the Llama/Gemma RMSNorm"

@@ -3,9 +3,10 @@
     report = tiered_ops.patch(model)       # what was swapped, what was left and why
     tiered_ops.unpatch(model)              # every swapped module back to its class's own forward
 
-A swap replaces the module's ``forward`` on the instance (the class, parameters, buffers, state_dict keys, hooks
-and ``.to()`` are untouched; a deepcopy or a pickled copy stays swapped); ``unpatch`` deletes it again, so
-``module.forward`` is the class's own. Swapped:
+A swap makes the module an instance of a subclass of its class whose ``forward`` is the replacement (``swap``: the
+parameters, buffers, state_dict keys, hooks, ``isinstance`` and the class's name stay; a deepcopy or a pickled copy
+stays swapped; torch.compile guards the forward once per class, not per module); ``unpatch`` gives the module its
+class back. Swapped:
 
 - ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (every affine variant) -> tiered_ops.layer_norm / rms_norm;
 - ``torch.nn.GELU`` (none, tanh) -> tiered_ops.gelu; ``torch.nn.Softmax`` with a dim -> tiered_ops.softmax;
@@ -37,6 +38,7 @@ from torch import nn
 
 from ..decide.dispatch import public
 from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_forwards, loss_plan, route_loss, same_code, unroute_loss
+from .swap import original_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
@@ -83,7 +85,7 @@ class PatchReport:
 # ---- replacement forwards (bound to the module instance) ------------------------------------------------------
 
 def _fallback(self: nn.Module, *args: Any) -> torch.Tensor:
-    return type(self).forward(self, *args)
+    return original_class(self).forward(self, *args)
 
 
 def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
@@ -246,7 +248,7 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
         if isinstance(plan, str):
             report.left.append(Left(path, cls, f"residual add + RMSNorm not fused: {plan}"))
             continue
-        m.forward = functools.partial(plan[0], m)
+        swap(m, plan[0])
         object.__setattr__(m, _MARK, plan[1])
         report.swapped.append(Swapped(path, cls, plan[1]))
         if not first:
@@ -276,7 +278,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
         elif plan.op not in wanted:
             report.left.append(Left(path, cls, f"{plan.op} not in ops={list(wanted)}"))
         else:
-            m.forward = functools.partial(plan.forward, m)  # a partial, unlike a bound method, pickles
+            swap(m, plan.forward)
             object.__setattr__(m, _MARK, plan.replacement)
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
@@ -300,7 +302,7 @@ def unpatch(model: nn.Module) -> int:
         n += unroute_loss(m)
         if _MARK in m.__dict__:
             del m.__dict__[_MARK]
-            m.__dict__.pop("forward", None)
+            unswap(m)
             n += 1
     return n
 
