@@ -1,7 +1,7 @@
 """Swap a model's norm, GELU and softmax modules onto tiered_ops, in place and reversibly.
 
     report = tiered_ops.patch(model)       # what was swapped, what was left and why
-    tiered_ops.unpatch(model)              # every swapped module back to its class's own forward
+    tiered_ops.unpatch(model)              # every swapped module back to its own class
 
 A swap makes the module an instance of a subclass of its class whose ``forward`` is the replacement (``swap``: the
 parameters, buffers, state_dict keys, hooks, ``isinstance`` and the class's name stay; a deepcopy or a pickled copy
@@ -82,7 +82,7 @@ class PatchReport:
         return "\n".join(lines)
 
 
-# ---- replacement forwards (bound to the module instance) ------------------------------------------------------
+# ---- replacement forwards (each the forward of a swapped subclass: swap.py) -------------------------------------
 
 def _fallback(self: nn.Module, *args: Any) -> torch.Tensor:
     return original_class(self).forward(self, *args)
@@ -294,7 +294,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
 
 
 def unpatch(model: nn.Module) -> int:
-    """Give every module ``patch`` swapped its class's own forward back; returns how many were restored."""
+    """Give every module ``patch`` swapped its own class back; returns how many were restored."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
     n = 0

@@ -40,13 +40,9 @@ def swap(m: nn.Module, forward: Callable[..., Any]) -> None:
     m.__class__ = swapped_class(original_class(m), forward)
 
 
-def unswap(m: nn.Module) -> bool:
-    """Give ``m`` its class back; False where it was not swapped."""
-    base = original_class(m)
-    if base is type(m):
-        return False
-    m.__class__ = base
-    return True
+def unswap(m: nn.Module) -> None:
+    """Give ``m`` its class back (nothing changes where it was not swapped)."""
+    m.__class__ = original_class(m)
 
 
 def _rebuild(base: type, forward: Callable[..., Any]) -> nn.Module:
