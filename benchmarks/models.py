@@ -209,7 +209,7 @@ def own_compile(model: torch.nn.Module, tag: str, backend: str | None = None) ->
     name = f"call_{''.join(c if c.isalnum() else '_' for c in tag)}"
     fn = types.FunctionType(call.__code__.replace(co_name=name), call.__globals__, name, None,
                             call.__closure__)
-    return torch.compile(fn, fullgraph=True, backend=backend)
+    return torch.compile(fn, fullgraph=True, backend=backend or "inductor")
 
 
 def build(v: Variant, workload: str, context: str, ids: torch.Tensor, args: argparse.Namespace

@@ -138,7 +138,7 @@ def test_nothing_is_queued_from_a_compiled_region_or_a_capture(bg, monkeypatch):
     f = torch.compile(lambda t: tiered_ops.softmax(t, -1))
     torch.testing.assert_close(f(x), torch.softmax(x, -1))
     assert background.pending() == 0 and background._s.runner is None, "queued from a compiled region"
-    compiled = next(s for k, s in select._calls.items() if k[0] == "softmax" and k[-1] == 1)
+    compiled = next(s for k, s in select._decisions.items() if k[0] == "softmax" and k[-1] == "compiled")
     assert compiled.record["tuning"] == "not queued: called from a compiled region", compiled.record
     # a CUDA-graph capture's call (the key's context 2): decided by capture_selection, never queued
     spec = get_op("softmax")

@@ -8,6 +8,7 @@ contract still checked on a new signature."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sysconfig
 from pathlib import Path
@@ -187,9 +188,15 @@ def test_a_trace_reads_no_cpp_key(in_use):
     sel = tiered_ops.select_backend("softmax", (4, 64), torch.float32, "cpu", dim=-1)
     tiered_ops.softmax(x, -1), sel(x, -1)  # cached under their C++ keys
     assert list(_hot)
+    # the compiled context's selection planted apart from the eager one: three times the softmax
+    from tiered_ops.decide import decide
+
+    key = next(k for k in _calls if k[0] == "softmax" and k[-1] == 1)
+    impl = dataclasses.replace(_calls[key].impl, unchecked=lambda t, dim: 3 * torch.softmax(t, dim))
+    _calls[key] = decide.Selection(impl.unchecked, impl, _calls[key].record)
     traced = torch.compile(lambda t: tiered_ops.softmax(t, -1) + sel(t, -1), fullgraph=True, backend="eager")
-    torch.testing.assert_close(traced(x).double(), 2 * torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
-    assert [k[-1] for k in _calls if k[0] == "softmax"] == [0, 1]  # the compiled context's key, read by the trace
+    torch.testing.assert_close(traced(x).double(), 4 * torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
+    assert [k[-1] for k in _calls if k[0] == "softmax"] == [0, 1]  # the eager call cached both; the trace nothing
 
 
 @pytest.mark.gpu

@@ -103,9 +103,12 @@ def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tm
         decide.use_store(None)
 
 
-def test_a_compiled_caller_after_an_eager_call_compiles_once(private_decisions):
-    """The eager call caches the compiled context's selection of its signature too: the trace finds it, so no guard
-    on its absence fails after the trace's own miss (which recompiled every patched model once)."""
+@pytest.mark.parametrize("first", ["eager call", "tune"])
+def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decisions, first):
+    """An eager call, and tune for the signatures its step recorded, cache the compiled context's selection of each
+    call signature: a trace finds it (its guards: one lookup). A trace caches nothing itself: its miss would fail its
+    guard on the key's absence (every patched model recompiled once after tune). Eager calls of the same signature
+    between compiled calls change none of its guards."""
     from torch._dynamo.utils import counters
 
     decide.clear_cache()
@@ -116,8 +119,16 @@ def test_a_compiled_caller_after_an_eager_call_compiles_once(private_decisions):
     def f(t: torch.Tensor) -> torch.Tensor:
         return tiered_ops.rms_norm(t + 1, (16,), w) * 2
 
-    tiered_ops.rms_norm(x + 1, (16,), w)  # eager: decides every context
+    if first == "eager call":
+        tiered_ops.rms_norm(x + 1, (16,), w)  # decides every context
+    else:
+        module = torch.nn.Module()
+        module.forward = f
+        report = tiered_ops.tune(module, (x,), context="compiled")
+        assert [c.call.op for c in report.calls] == ["rms_norm"]
+    assert [k[-1] for k in decide._calls if k[0] == "rms_norm"] == ([0, 1] if first == "eager call" else [1])
+    counters.clear()  # tune's own measurements compile too
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     for _ in range(3):
-        torch.testing.assert_close(compiled(x), f(x))
+        torch.testing.assert_close(compiled(x), f(x))  # f(x): an eager call of the same signature each time
     assert counters["stats"]["unique_graphs"] == 1

@@ -302,6 +302,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             made[ctx] = Selection(impl.fn, impl, record)
         if not provisional or job is not None:  # a bucket not queued asks again on its next decision
             _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
+        elif context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
+            _decisions[key] = made[context]  # call (until a bucket's measurement lands, which drops it)
         if warm_graphed:
             warm(spec, made["graphed"].impl, problem, dtype, device, mode)
         if tuned_s is not None:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, needs_promotion, run_promoted
+from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion, run_promoted
 from ..store.store import STORE_ERRORS
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
@@ -45,19 +45,26 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
+    mixed = needs_promotion(spec, args, kwargs)
     global _load_tried
     if _ckey is None and key[-1] == 0 and x.is_cuda and not _load_tried and not _python_key:
         _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
         cuda_ext.load_if_built(x.device)
     if active():
-        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]])
+        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]], (key[:-1], mixed))
     if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
         # capture may find the graphed decision warm)
         return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode,
                                          capture.flavor(args, kwargs)).fn(*args, **kwargs)
-    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once. While
-    # dynamo traces, the store is not looked at (its lock would break the graph): a decision made before is read.
-    unusable = not torch.compiler.is_compiling() and get_store().unusable
+    if key[-1] == 1:
+        # traced: the decision made before is read (the store is not looked at: its lock would break the graph) and
+        # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
+        # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
+        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode=mode, context="compiled",
+                             warm_graphed=False)
+        return hot_fn(spec, sel.impl, x.device, mixed)(*args, **kwargs)
+    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once
+    unusable = get_store().unusable
     try:
         sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
                              mode=mode, context=CONTEXTS[key[-1]], warm_graphed=False)
@@ -66,7 +73,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         eager = spec.impls["eager"]
         sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
                                               reason=f"the store failed: {e}: eager", candidates=[]))
-    sel = Selection(hot_fn(spec, sel.impl, x.device, needs_promotion(spec, args, kwargs)), sel.impl, sel.record)
+    sel = Selection(hot_fn(spec, sel.impl, x.device, mixed), sel.impl, sel.record)
     if len(_calls) > 4096:
         _calls.clear()
         _hot.clear()
@@ -74,15 +81,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if key[-1] == 0 and ckey is not None:
         _hot[ckey] = sel.fn
     if key[-1] == 0:
-        # The compiled context's selection of this signature is cached now too: a trace that found the key missing
-        # would guard on its absence, and its own miss (which caches it) would fail that guard: a recompile.
-        compiled = key[:-1] + (1,)
-        if compiled not in _calls:
-            try:
-                _calls[compiled] = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
-                                                  context="compiled", warm_graphed=False)
-            except STORE_ERRORS:
-                pass  # the trace decides it then
+        prime_trace(spec, key[:-1], mixed, problem, x.dtype, x.device, mode)
     if key[-1] == 0 and capture.capturable(x.device):
         # an eager call (a user's warm-up before capturing): the graphed context's choice is called once too, on
         # this call's arguments (copies of them where a backward runs), so a capture of this call finds it compiled and
@@ -97,6 +96,23 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         capture.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode, capture.flavor(args, kwargs))
         return out
     return sel.fn(*args, **kwargs)
+
+
+def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, dtype: torch.dtype,
+                device: torch.device, mode: str) -> None:
+    """Cache the compiled context's selection of one call signature (``signature``: its key without the context),
+    where it is decided, so that a later trace finds it: its guards are then one dict lookup per call site, not the
+    slow path's reads. A trace caches nothing itself (see ``dispatch``). Called by an eager call's slow path and by
+    ``tune`` for the signatures its step recorded."""
+    key = signature + (1,)
+    if key in _calls:
+        return
+    try:
+        sel = select_problem(spec, problem, _as_dtype(dtype), device, tune=False, mode=mode, context="compiled",
+                             warm_graphed=False)
+    except STORE_ERRORS:
+        return  # the trace reads the decision then
+    _calls[key] = Selection(hot_fn(spec, sel.impl, device, mixed), sel.impl, sel.record)
 
 
 def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ while a recorder is active; with none active it costs one truth test of a list. 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +34,9 @@ class RecordedCall:
     device: torch.device | None
     context: str | None
     count: int = 1  # how many times the slow path saw it (1 unless the call cache was cleared meanwhile)
+    # the exact call signatures seen (``tiered_ops.<op>``'s key without its context, and whether the call mixes
+    # floating dtypes): what a later trace of the same calls looks up
+    signatures: set[tuple[tuple, bool]] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def key(self) -> tuple:
@@ -56,15 +59,18 @@ class Recorder:
         return list(self._calls.values())
 
     def add(self, spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str,
-            device: torch.device | None = None, context: str | None = None) -> None:
+            device: torch.device | None = None, context: str | None = None,
+            signature: tuple[tuple, bool] | None = None) -> None:
         """One call; its context is the recorder's where it names one (the context the model will run in), else
         the one the call was made in."""
         call = RecordedCall(spec.name, problem, dtype, mode, device, self.context or context)
         seen = self._calls.get(call.key)
         if seen is None:
-            self._calls[call.key] = call
+            self._calls[call.key] = seen = call
         else:
             seen.count += 1
+        if signature is not None:
+            seen.signatures.add(signature)
 
     def __enter__(self) -> Recorder:
         with _lock:
@@ -82,9 +88,10 @@ def active() -> bool:
 
 
 def note(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, device: torch.device | None = None,
-         context: str | None = None) -> None:
-    """Tell every active recorder about one call made in ``context`` (the dispatch slow path calls this)."""
+         context: str | None = None, signature: tuple[tuple, bool] | None = None) -> None:
+    """Tell every active recorder about one call made in ``context`` (the dispatch slow path calls this, with the
+    call's exact ``signature``: its key without the context, and whether it mixes floating dtypes)."""
     if torch.compiler.is_compiling():
         return  # a traced call is no call of a real step
     for rec in list(_active):
-        rec.add(spec, problem, dtype, mode, device, context)
+        rec.add(spec, problem, dtype, mode, device, context, signature)

@@ -24,8 +24,10 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..decide import decide
+from ..decide.dispatch import prime_trace
 from ..decide.record import RecordedCall, Recorder
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, check_context
+from ..tiers.catalog import get_op
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,8 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
         sel = decide.select_backend(call.op, call.problem.shape, call.dtype, call.device, tune=True, mode=call.mode,
                                     context=call.context or Context.EAGER, **call.problem.kw)
         taken = len(store.rows(op=call.op, dtype=dname, mode=call.mode)) - before
+        for signature, mixed in call.signatures:  # a later trace of the step finds its selections cached
+            prime_trace(get_op(call.op), signature, mixed, call.problem, call.dtype, call.device, call.mode)
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
     report.seconds = time.perf_counter() - start
