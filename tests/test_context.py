@@ -132,3 +132,29 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
     for _ in range(3):
         torch.testing.assert_close(compiled(x), f(x))  # f(x): an eager call of the same signature each time
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(private_decisions):
+    """tune clears the caches to record its step; the selections whose decision it leaves unchanged come back as the
+    same objects, so a caller compiled before it does not recompile (its guards read them)."""
+    from torch._dynamo.utils import counters
+
+    decide.clear_cache()
+    torch._dynamo.reset()
+    x, w, y = torch.randn(3, 16), torch.randn(16), torch.randn(5, 32)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(t + 1, (16,), w) * 2
+
+    first, other = torch.nn.Module(), torch.nn.Module()
+    first.forward = f
+    other.forward = lambda t: tiered_ops.softmax(t, -1)
+    tiered_ops.tune(first, (x,), context="compiled")
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    compiled(x)
+    tiered_ops.tune(other, (y,), context="compiled")
+    counters.clear()  # the tune's own measurements compile too
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), f(x))
+    assert counters["stats"]["unique_graphs"] == 0  # no recompile
+    assert {k[0] for k in decide._decisions} >= {"rms_norm", "softmax"}  # the first tune's decisions kept

@@ -156,6 +156,7 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
         raise ValueError(f"tune: context must be one of {', '.join(CONTEXTS)} or None (each call's own), got "
                          f"{context!r}") from None
     start = time.perf_counter()
+    kept = decide.cache_state()  # recording clears the caches: what this tune leaves unchanged comes back after it
     calls = record_step(model, example_inputs, train, context)
     report = TuneReport(train=train, context=context, record_seconds=time.perf_counter() - start, seconds=0.0)
     if not calls:
@@ -171,6 +172,7 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
             prime_trace(get_op(call.op), signature, mixed, call.problem, call.dtype, call.device, call.mode)
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
+    decide.keep_unchanged(kept)
     report.seconds = time.perf_counter() - start
     log.info("tune: %d call(s), %d measurement(s), %.1f s", len(report.calls), report.measured, report.seconds)
     return report
