@@ -238,3 +238,12 @@ def aten_ops() -> Iterator[list[str]]:
 
     with Spy():
         yield seen
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a CLI child that a test interrupts as Ctrl-C at a terminal would: SIGINT at its default, so
+    Python raises KeyboardInterrupt there. A shell's background job (``cmd &`` without job control) starts with SIGINT
+    ignored, and a child inherits that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from helpers import builtin_ops
+from helpers import builtin_ops, default_sigint
 
 import tiered_ops
 from tiered_ops.analysis.analysis import shown as _shown
@@ -191,7 +191,7 @@ def test_ctrl_c_stops_the_bench_within_seconds_and_keeps_finished_rows(tmp_path)
         [sys.executable, "-m", "tiered_ops.cli.cli", "bench", "--device", "cpu", "--ops", "muladd", "--shapes", "96x80",
          "--dtype", "fp32", "--mode", "fwd_nograd", "--impls", "eager,compile", "--no-progress"],
         env=dict(os.environ, TIERED_OPS_DB=str(db)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 300
         while _stored(db) < 1:  # eager is stored: the worker is now on compile

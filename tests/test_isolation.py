@@ -13,6 +13,7 @@ from pathlib import Path
 import plants
 import pytest
 import torch
+from helpers import default_sigint
 
 from tiered_ops.decide.decide import select_backend, use_store
 from tiered_ops.measure.worker import Pool
@@ -91,7 +92,7 @@ def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, 
            "--shapes", *shapes]
     tag = f"{os.getpid()}-{sig.name}"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TIERED_OPS_TEST_TAG=tag))
+                            env=dict(os.environ, TIERED_OPS_TEST_TAG=tag), preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if private_store.exists() and len(Store(private_store).rows()) >= 3:
