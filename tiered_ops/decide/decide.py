@@ -161,30 +161,6 @@ def clear_cache() -> None:
     _selects.clear()
 
 
-def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection]]:
-    """Copies of the decisions and the per-call cache, for ``keep_unchanged`` after a clear."""
-    return dict(_decisions), dict(_calls)
-
-
-def _decision_of(sel: Selection) -> tuple:
-    r = sel.record
-    return tuple(r.get(k) for k in ("op", "bucket", "dtype", "device", "mode", "context", "policy", "budget", "calls"))
-
-
-def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection]]) -> None:
-    """After the caches were cleared and some decisions made again (``tune``): the decisions not made again come
-    back, and each cached call selection whose decision still names the same implementation comes back as the same
-    object, so a compiled caller's guards on it hold (its next call would recompile otherwise)."""
-    decisions, calls = state
-    with _lock:
-        for k, old in decisions.items():
-            _decisions.setdefault(k, old)
-        chosen = {_decision_of(sel): sel.name for sel in _decisions.values()}
-        for k, old in calls.items():
-            if chosen.get(_decision_of(old), old.name) == old.name:
-                _calls[k] = old
-
-
 @dataclass
 class Selection:
     """A callable bound to the chosen implementation, with the record of why it was chosen.

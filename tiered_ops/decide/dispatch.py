@@ -45,17 +45,17 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
-    mixed = needs_promotion(spec, args, kwargs)
     global _load_tried
     if _ckey is None and key[-1] == 0 and x.is_cuda and not _load_tried and not _python_key:
         _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
         cuda_ext.load_if_built(x.device)
     if active():
-        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]], (key[:-1], mixed))
+        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]], (key[:-1], needs_promotion(spec, args, kwargs)))
     if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
         # capture may find the graphed decision warm)
         return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode,
                                          capture.flavor(args, kwargs)).fn(*args, **kwargs)
+    mixed = needs_promotion(spec, args, kwargs)
     if key[-1] == 1:
         # traced: the decision made before is read (the store is not looked at: its lock would break the graph) and
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
@@ -113,6 +113,30 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     except STORE_ERRORS:
         return  # the trace reads the decision then
     _calls[key] = Selection(hot_fn(spec, sel.impl, device, mixed), sel.impl, sel.record)
+
+
+def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection]]:
+    """Copies of the decisions and the per-call cache, for ``keep_unchanged`` after a clear."""
+    return dict(_decide._decisions), dict(_calls)
+
+
+def _decision_of(sel: Selection) -> tuple:
+    r = sel.record
+    return tuple(r.get(k) for k in ("op", "bucket", "dtype", "device", "mode", "context", "policy", "budget", "calls"))
+
+
+def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection]]) -> None:
+    """After the caches were cleared and some decisions made again (``tune``): the decisions not made again come
+    back, and each cached call selection whose decision still names the same implementation comes back as the same
+    object, so a compiled caller's guards on it hold (its next call would recompile otherwise)."""
+    decisions, calls = state
+    with _decide._lock:
+        for k, old in decisions.items():
+            _decide._decisions.setdefault(k, old)
+        chosen = {_decision_of(sel): sel.name for sel in _decide._decisions.values()}
+        for k, old in calls.items():
+            if chosen.get(_decision_of(old), old.name) == old.name:
+                _calls[k] = old
 
 
 def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..decide import decide
-from ..decide.dispatch import prime_trace
+from ..decide.dispatch import cache_state, keep_unchanged, prime_trace
 from ..decide.record import RecordedCall, Recorder
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, check_context
 from ..tiers.catalog import get_op
@@ -156,7 +156,7 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
         raise ValueError(f"tune: context must be one of {', '.join(CONTEXTS)} or None (each call's own), got "
                          f"{context!r}") from None
     start = time.perf_counter()
-    kept = decide.cache_state()  # recording clears the caches: what this tune leaves unchanged comes back after it
+    kept = cache_state()  # recording clears the caches: what this tune leaves unchanged comes back after it
     calls = record_step(model, example_inputs, train, context)
     report = TuneReport(train=train, context=context, record_seconds=time.perf_counter() - start, seconds=0.0)
     if not calls:
@@ -168,11 +168,12 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
         sel = decide.select_backend(call.op, call.problem.shape, call.dtype, call.device, tune=True, mode=call.mode,
                                     context=call.context or Context.EAGER, **call.problem.kw)
         taken = len(store.rows(op=call.op, dtype=dname, mode=call.mode)) - before
-        for signature, mixed in call.signatures:  # a later trace of the step finds its selections cached
-            prime_trace(get_op(call.op), signature, mixed, call.problem, call.dtype, call.device, call.mode)
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
-    decide.keep_unchanged(kept)
+    keep_unchanged(kept)
+    for call in calls:  # a later trace of the step finds its selections cached (kept ones are not made again)
+        for signature, mixed in call.signatures:
+            prime_trace(get_op(call.op), signature, mixed, call.problem, call.dtype, call.device, call.mode)
     report.seconds = time.perf_counter() - start
     log.info("tune: %d call(s), %d measurement(s), %.1f s", len(report.calls), report.measured, report.seconds)
     return report
