@@ -8,6 +8,7 @@ model is (its matmuls round too)."""
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -109,6 +110,56 @@ def test_the_fused_layer_calls_fused_add_rms_norm(monkeypatch, family, form, dty
     with torch.no_grad():
         model(_batch()[0])
     assert seen == [(torch.Size([2, 8, 64]), True, form)] * 2  # once per layer
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_decoding_with_the_kv_cache_matches_stock(family):
+    """generate (a prefill, then one step per token through the model's KV cache, under whichever name this
+    transformers gives the cache argument) through the fused layers gives the stock model's tokens and logits."""
+    model = tiny(family)
+    ids = _batch()[0]
+    kw = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+    with torch.no_grad():
+        stock = model.generate(ids, **kw)
+        report = patch(model, fuse_residual=True)
+        assert sum("fused_add_rms_norm" in s.replacement for s in report.swapped) == 2, str(report)
+        got = model.generate(ids, **kw)
+    assert torch.equal(got.sequences, stock.sequences)
+    for g, s in zip(got.logits, stock.logits, strict=True):
+        assert rel(g, s) < 1e-5
+
+
+@needs_hf
+def test_a_decoder_layer_whose_forward_does_more_is_left():
+    """A layer class whose forward is not the code the rewrite reproduces (here: one more step) is left, with why."""
+    import transformers.models.llama.modeling_llama as ml
+
+    from tiered_ops.models.patch_layers import decoder_plan, layer_form
+
+    class OtherLayer(ml.LlamaDecoderLayer):
+        __module__ = ml.__name__
+
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=False, position_embeddings=None, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                              position_ids=position_ids, past_key_values=past_key_values,
+                                              use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            hidden_states = residual + 0.5 * hidden_states
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states
+
+    model = tiny("llama")
+    layer = model.model.layers[0]
+    assert layer_form(inspect.unwrap(type(layer).forward)) in ("past_key_values", "cache")
+    layer.__class__ = OtherLayer
+    assert layer_form(OtherLayer.forward) is None
+    assert "not the Llama decoder layer's code" in decoder_plan(layer)
 
 
 @needs_hf

@@ -2,7 +2,8 @@
 
 Decoder layers (``patch(model, fuse_residual=True)``). transformers' Llama, Mistral, Qwen2, Qwen3 and Gemma decoder
 layers share one forward: ``residual + attention`` then ``post_attention_layernorm`` of that sum, the MLP, and
-``residual + mlp``. The rewrite (a forward on the layer instance, for any class whose forward is that code) computes
+``residual + mlp``. The rewrite (a forward through the layer's swapped class, for any class whose forward is that
+code, compared as syntax with ``_LAYER_SOURCE``, the KV-cache argument under either of its names) computes
 the first add and the norm in one ``tiered_ops.fused_add_rms_norm`` call, which returns the normalized sum and the sum
 (the next residual). The sum is rounded to the input's dtype before the norm, as in the original. The norm keeps its
 form through the op's Hugging Face forms, in the same launch: Llama's normalizes in fp32, rounds to the input's dtype,
@@ -22,8 +23,10 @@ written or read back, and in training no float32 gradient of the logits cast dow
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import textwrap
 from typing import Any, Callable
 
 import torch
@@ -37,8 +40,6 @@ cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_r
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOSS_MARK = "_tiered_ops_loss"  # instance attribute of a model whose loss is routed
-_DECODER_ARGS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
-                 "position_embeddings", "kwargs")
 
 
 def same_code(f: Any, g: Any) -> bool:
@@ -49,12 +50,12 @@ def same_code(f: Any, g: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def hf_reference_forwards() -> tuple[Callable, Callable, Callable]:
-    """transformers' LlamaRMSNorm.forward, GemmaRMSNorm.forward and LlamaDecoderLayer's forward (unwrapped)."""
+def hf_reference_norms() -> tuple[Callable, Callable]:
+    """transformers' LlamaRMSNorm.forward and GemmaRMSNorm.forward."""
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    return LlamaRMSNorm.forward, GemmaRMSNorm.forward, inspect.unwrap(LlamaDecoderLayer.forward)
+    return LlamaRMSNorm.forward, GemmaRMSNorm.forward
 
 
 # ---- the residual add + RMSNorm -------------------------------------------------------------------------------
@@ -75,29 +76,109 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
     return norm(h), h
 
 
-def _decoder_layer(self: nn.Module, gemma: bool, hidden_states: torch.Tensor, attention_mask: Any = None,
-                   position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
-                   position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+def _decoder_layer(self: nn.Module, gemma: bool, cache_name: str, hidden_states: torch.Tensor, attention_mask: Any,
+                   position_ids: Any, cache: Any, use_cache: Any, position_embeddings: Any, kwargs: dict[str, Any]
+                   ) -> torch.Tensor:
+    kwargs[cache_name] = cache
     if self.gradient_checkpointing and self.training:
         return original_class(self).forward(self, hidden_states, attention_mask=attention_mask,
-                                            position_ids=position_ids, past_key_values=past_key_values,
-                                            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+                                            position_ids=position_ids, use_cache=use_cache,
+                                            position_embeddings=position_embeddings, **kwargs)
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                      position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+                                      position_ids=position_ids, use_cache=use_cache,
                                       position_embeddings=position_embeddings, **kwargs)
     hidden_states, residual = add_rms_norm(self.post_attention_layernorm, hidden_states, residual, gemma)
     hidden_states = self.mlp(hidden_states)
     return residual + hidden_states
 
 
-def _llama_decoder_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return _decoder_layer(self, False, *args, **kwargs)
+# One forward per norm form and per name of the KV-cache argument (transformers renamed past_key_values to cache and
+# keeps the old name as a deprecated alias: a call that still passes it gets it, the new name winning where both are
+# given); module-level functions, as the swapped class pickles by them.
+
+def _llama_decoder_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
+                           position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
+                           position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _decoder_layer(self, False, "past_key_values", hidden_states, attention_mask, position_ids,
+                          past_key_values, use_cache, position_embeddings, kwargs)
 
 
-def _gemma_decoder_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return _decoder_layer(self, True, *args, **kwargs)
+def _gemma_decoder_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
+                           position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
+                           position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    return _decoder_layer(self, True, "past_key_values", hidden_states, attention_mask, position_ids,
+                          past_key_values, use_cache, position_embeddings, kwargs)
+
+
+def _llama_decoder_forward_cache(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
+                                 position_ids: Any = None, cache: Any = None, use_cache: Any = False,
+                                 position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    old = kwargs.pop("past_key_values", None)
+    return _decoder_layer(self, False, "cache", hidden_states, attention_mask, position_ids,
+                          old if cache is None else cache, use_cache, position_embeddings, kwargs)
+
+
+def _gemma_decoder_forward_cache(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
+                                 position_ids: Any = None, cache: Any = None, use_cache: Any = False,
+                                 position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
+    old = kwargs.pop("past_key_values", None)
+    return _decoder_layer(self, True, "cache", hidden_states, attention_mask, position_ids,
+                          old if cache is None else cache, use_cache, position_embeddings, kwargs)
+
+
+_FORWARDS = {(False, "past_key_values"): _llama_decoder_forward, (True, "past_key_values"): _gemma_decoder_forward,
+             (False, "cache"): _llama_decoder_forward_cache, (True, "cache"): _gemma_decoder_forward_cache}
+
+# The decoder layer forward the rewrite reproduces, as transformers writes it ({cache}: the KV-cache argument's name).
+# A layer's forward is compared with it as syntax (annotations, decorators, docstring and comments aside), so a
+# transformers version whose layer does anything else is left, with why.
+_LAYER_SOURCE = """
+def forward(self, hidden_states, attention_mask=None, position_ids=None, {cache}=None, use_cache=False,
+            position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, {cache}={cache}, use_cache=use_cache,
+                                      position_embeddings=position_embeddings, **kwargs)
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states
+    return hidden_states
+"""
+
+
+def _syntax(tree: ast.AST) -> str | None:
+    """A function definition's syntax without its name, decorators, annotations and docstring (None: no function)."""
+    fn = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    fn.name, fn.decorator_list, fn.returns = "forward", [], None
+    a = fn.args
+    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
+            body[0].value.value, str):
+        fn.body = body[1:]
+    return ast.dump(fn)
+
+
+@functools.lru_cache(maxsize=64)
+def layer_form(fwd: Callable) -> str | None:
+    """The KV-cache argument's name of a decoder layer forward that is the code the rewrite reproduces, else None."""
+    try:
+        mine = _syntax(ast.parse(textwrap.dedent(inspect.getsource(fwd))))
+    except (OSError, TypeError, SyntaxError):
+        return None  # no source to compare
+    for cache in ("past_key_values", "cache"):
+        if mine is not None and mine == _syntax(ast.parse(_LAYER_SOURCE.format(cache=cache))):
+            return cache
+    return None
 
 
 def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str | None:
@@ -111,17 +192,17 @@ def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str 
         return "not a transformers decoder layer"
     if original_class(m) is not type(m):
         return "already patched"
-    llama_norm, gemma_norm, layer = hf_reference_forwards()
-    fwd = inspect.unwrap(type(m).forward)
-    if not same_code(fwd, layer) or tuple(inspect.signature(fwd).parameters) != _DECODER_ARGS:
+    llama_norm, gemma_norm = hf_reference_norms()
+    cache = layer_form(inspect.unwrap(type(m).forward))
+    if cache is None:
         return "its forward is not the Llama decoder layer's code this rewrite reproduces"
     if "forward" in m.__dict__:
         return "its forward is already replaced on the instance (by other code): left as it is"
     if same_code(original_class(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
-        return _llama_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
-                                        "(Llama form: cast_before_weight=True)")
+        return _FORWARDS[False, cache], ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
+                                         "(Llama form: cast_before_weight=True)")
     if same_code(original_class(post).forward, gemma_norm) and hasattr(post, "eps"):
-        return _gemma_decoder_forward, ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
+        return _FORWARDS[True, cache], ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
                                         "(Gemma form: weight_offset=1.0)")
     return "its post_attention_layernorm is not the Llama/Gemma RMSNorm"
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
-from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_forwards, loss_plan, route_loss, same_code, unroute_loss
+from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_norms, loss_plan, route_loss, same_code, unroute_loss
 from .swap import original_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
@@ -206,7 +206,7 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
         return _Plan("gelu", fwd, f"tiered_ops.gelu (approximate={form!r})")
     if "RMSNorm" not in name or not hasattr(m, "weight"):
         return None
-    llama, gemma, _ = hf_reference_forwards()
+    llama, gemma = hf_reference_norms()
     if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
         return _Plan("rms_norm", _llama_rms_norm_forward,
                      "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
