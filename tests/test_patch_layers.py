@@ -8,7 +8,6 @@ model is (its matmuls round too)."""
 from __future__ import annotations
 
 import copy
-import inspect
 
 import pytest
 import torch
@@ -156,10 +155,47 @@ def test_a_decoder_layer_whose_forward_does_more_is_left():
 
     model = tiny("llama")
     layer = model.model.layers[0]
-    assert layer_form(inspect.unwrap(type(layer).forward)) in ("past_key_values", "cache")
+    assert layer_form(type(layer)) in ("past_key_values", "cache")
     layer.__class__ = OtherLayer
-    assert layer_form(OtherLayer.forward) is None
+    assert layer_form(OtherLayer) is None
     assert "not the Llama decoder layer's code" in decoder_plan(layer)
+
+
+@needs_hf
+def test_an_rms_norm_whose_code_differs_is_left(monkeypatch):
+    """An RMSNorm class named as transformers' but whose forward (or Gemma's _norm) computes anything else is left,
+    with why, even where it is transformers' own class (another version); the stock classes are taken."""
+    import transformers.models.gemma.modeling_gemma as mg
+    import transformers.models.llama.modeling_llama as ml
+
+    from tiered_ops.models.patch_layers import norm_form
+
+    class LlamaRMSNorm(ml.LlamaRMSNorm):
+        __module__ = ml.__name__
+
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + 2 * self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    class GemmaRMSNorm(mg.GemmaRMSNorm):
+        __module__ = mg.__name__
+
+        def _norm(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) + 1
+
+    assert (norm_form(ml.LlamaRMSNorm), norm_form(mg.GemmaRMSNorm)) == ("llama", "gemma")
+    assert norm_form(LlamaRMSNorm) is None and norm_form(GemmaRMSNorm) is None
+    model = tiny("llama")
+    model.model.norm.__class__ = LlamaRMSNorm
+    report = patch(model)
+    assert "model.norm" not in [s.path for s in report.swapped]
+    assert [x.reason for x in report.left if x.path == "model.norm"] == [
+        "its forward is not the Llama/Gemma RMSNorm code this patch reproduces (another transformers version)"]
+    monkeypatch.setattr(ml.LlamaRMSNorm, "forward", LlamaRMSNorm.forward)  # as a transformers that changed it
+    assert norm_form(ml.LlamaRMSNorm) is None
 
 
 @needs_hf

@@ -3,7 +3,7 @@
 Decoder layers (``patch(model, fuse_residual=True)``). transformers' Llama, Mistral, Qwen2, Qwen3 and Gemma decoder
 layers share one forward: ``residual + attention`` then ``post_attention_layernorm`` of that sum, the MLP, and
 ``residual + mlp``. The rewrite (a forward through the layer's swapped class, for any class whose forward is that
-code, compared as syntax with ``_LAYER_SOURCE``, the KV-cache argument under either of its names) computes
+code, compared as syntax with ``_LAYER``, the KV-cache argument under either of its names) computes
 the first add and the norm in one ``tiered_ops.fused_add_rms_norm`` call, which returns the normalized sum and the sum
 (the next residual). The sum is rounded to the input's dtype before the norm, as in the original. The norm keeps its
 form through the op's Hugging Face forms, in the same launch: Llama's normalizes in fp32, rounds to the input's dtype,
@@ -42,20 +42,96 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOSS_MARK = "_tiered_ops_loss"  # instance attribute of a model whose loss is routed
 
 
-def same_code(f: Any, g: Any) -> bool:
-    """Whether two functions compile to the same bytecode, names and constants (a copied class's forward)."""
-    a, b = getattr(f, "__code__", None), getattr(g, "__code__", None)
-    return a is not None and b is not None and (a.co_code, a.co_names, a.co_consts) == (b.co_code, b.co_names,
-                                                                                        b.co_consts)
+# The transformers code each rewrite reproduces, compared with a class's as syntax (``same_syntax``): annotations,
+# decorators, docstrings and comments aside. A transformers version whose class does anything else is left, with why.
+
+_LLAMA_NORM = """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+"""
+_GEMMA_NORM = """
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+"""
+_GEMMA_NORM_NORM = """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+"""
+# the decoder layer ({cache}: the KV-cache argument's name, past_key_values or cache)
+_LAYER = """
+def forward(self, hidden_states, attention_mask=None, position_ids=None, {cache}=None, use_cache=False,
+            position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                      position_ids=position_ids, {cache}={cache}, use_cache=use_cache,
+                                      position_embeddings=position_embeddings, **kwargs)
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states
+    return hidden_states
+"""
 
 
-@functools.lru_cache(maxsize=1)
-def hf_reference_norms() -> tuple[Callable, Callable]:
-    """transformers' LlamaRMSNorm.forward and GemmaRMSNorm.forward."""
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+def _syntax(tree: ast.AST) -> str | None:
+    """A function definition's syntax without its decorators, annotations and docstring (None: no function)."""
+    fn = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    fn.decorator_list, fn.returns = [], None
+    a = fn.args
+    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
+            body[0].value.value, str):
+        fn.body = body[1:]
+    return ast.dump(fn)
 
-    return LlamaRMSNorm.forward, GemmaRMSNorm.forward
+
+@functools.lru_cache(maxsize=256)
+def _syntax_of(fn: Callable) -> str | None:
+    try:
+        return _syntax(ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))))
+    except (OSError, TypeError, SyntaxError):
+        return None  # no source to compare
+
+
+@functools.lru_cache(maxsize=16)
+def _syntax_of_source(source: str) -> str | None:
+    return _syntax(ast.parse(source))
+
+
+def same_syntax(fn: Any, source: str) -> bool:
+    """Whether function ``fn`` (unwrapped) is the code of ``source`` (see above)."""
+    mine = _syntax_of(fn) if callable(fn) else None
+    return mine is not None and mine == _syntax_of_source(source)
+
+
+def norm_form(cls: type) -> str | None:
+    """'llama' or 'gemma' for an RMSNorm class whose forward is transformers' Llama or Gemma RMSNorm code, else None."""
+    if same_syntax(getattr(cls, "forward", None), _LLAMA_NORM):
+        return "llama"
+    if same_syntax(getattr(cls, "forward", None), _GEMMA_NORM) and same_syntax(getattr(cls, "_norm", None),
+                                                                               _GEMMA_NORM_NORM):
+        return "gemma"
+    return None
+
+
+def layer_form(cls: type) -> str | None:
+    """The KV-cache argument's name of a decoder layer class whose forward is the code the rewrite reproduces, else
+    None."""
+    fwd = getattr(cls, "forward", None)
+    return next((c for c in ("past_key_values", "cache") if same_syntax(fwd, _LAYER.format(cache=c))), None)
 
 
 # ---- the residual add + RMSNorm -------------------------------------------------------------------------------
@@ -131,56 +207,6 @@ def _gemma_decoder_forward_cache(self: nn.Module, hidden_states: torch.Tensor, a
 _FORWARDS = {(False, "past_key_values"): _llama_decoder_forward, (True, "past_key_values"): _gemma_decoder_forward,
              (False, "cache"): _llama_decoder_forward_cache, (True, "cache"): _gemma_decoder_forward_cache}
 
-# The decoder layer forward the rewrite reproduces, as transformers writes it ({cache}: the KV-cache argument's name).
-# A layer's forward is compared with it as syntax (annotations, decorators, docstring and comments aside), so a
-# transformers version whose layer does anything else is left, with why.
-_LAYER_SOURCE = """
-def forward(self, hidden_states, attention_mask=None, position_ids=None, {cache}=None, use_cache=False,
-            position_embeddings=None, **kwargs):
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                      position_ids=position_ids, {cache}={cache}, use_cache=use_cache,
-                                      position_embeddings=position_embeddings, **kwargs)
-    hidden_states = residual + hidden_states
-    residual = hidden_states
-    hidden_states = self.post_attention_layernorm(hidden_states)
-    hidden_states = self.mlp(hidden_states)
-    hidden_states = residual + hidden_states
-    return hidden_states
-"""
-
-
-def _syntax(tree: ast.AST) -> str | None:
-    """A function definition's syntax without its name, decorators, annotations and docstring (None: no function)."""
-    fn = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
-        return None
-    fn.name, fn.decorator_list, fn.returns = "forward", [], None
-    a = fn.args
-    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
-        if arg is not None:
-            arg.annotation = None
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
-            body[0].value.value, str):
-        fn.body = body[1:]
-    return ast.dump(fn)
-
-
-@functools.lru_cache(maxsize=64)
-def layer_form(fwd: Callable) -> str | None:
-    """The KV-cache argument's name of a decoder layer forward that is the code the rewrite reproduces, else None."""
-    try:
-        mine = _syntax(ast.parse(textwrap.dedent(inspect.getsource(fwd))))
-    except (OSError, TypeError, SyntaxError):
-        return None  # no source to compare
-    for cache in ("past_key_values", "cache"):
-        if mine is not None and mine == _syntax(ast.parse(_LAYER_SOURCE.format(cache=cache))):
-            return cache
-    return None
-
-
 def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str | None:
     """(forward, description) for a decoder layer this rewrite takes, the reason it cannot (a str), or None when
     ``m`` is no decoder layer with a post-attention RMSNorm."""
@@ -192,16 +218,16 @@ def decoder_plan(m: nn.Module) -> tuple[Callable[..., torch.Tensor], str] | str 
         return "not a transformers decoder layer"
     if original_class(m) is not type(m):
         return "already patched"
-    llama_norm, gemma_norm = hf_reference_norms()
-    cache = layer_form(inspect.unwrap(type(m).forward))
+    cache = layer_form(type(m))
     if cache is None:
         return "its forward is not the Llama decoder layer's code this rewrite reproduces"
     if "forward" in m.__dict__:
         return "its forward is already replaced on the instance (by other code): left as it is"
-    if same_code(original_class(post).forward, llama_norm) and hasattr(post, "variance_epsilon"):
+    form = norm_form(original_class(post))
+    if form == "llama" and hasattr(post, "variance_epsilon"):
         return _FORWARDS[False, cache], ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
                                          "(Llama form: cast_before_weight=True)")
-    if same_code(original_class(post).forward, gemma_norm) and hasattr(post, "eps"):
+    if form == "gemma" and hasattr(post, "eps"):
         return _FORWARDS[True, cache], ("residual add + post_attention_layernorm -> tiered_ops.fused_add_rms_norm "
                                         "(Gemma form: weight_offset=1.0)")
     return "its post_attention_layernorm is not the Llama/Gemma RMSNorm"

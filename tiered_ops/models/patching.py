@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
-from .patch_layers import LOSS_MARK, decoder_plan, hf_reference_norms, loss_plan, route_loss, same_code, unroute_loss
+from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
 from .swap import original_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
@@ -152,9 +152,6 @@ class _Plan:
     replacement: str
 
 
-_same_code = same_code
-
-
 def _plan_torch(m: nn.Module) -> _Plan | str | None:
     fwd = type(m).forward
     if isinstance(m, nn.LayerNorm) and fwd is nn.LayerNorm.forward:
@@ -206,11 +203,11 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
         return _Plan("gelu", fwd, f"tiered_ops.gelu (approximate={form!r})")
     if "RMSNorm" not in name or not hasattr(m, "weight"):
         return None
-    llama, gemma = hf_reference_norms()
-    if _same_code(cls.forward, llama) and hasattr(m, "variance_epsilon"):
+    form = norm_form(cls)
+    if form == "llama" and hasattr(m, "variance_epsilon"):
         return _Plan("rms_norm", _llama_rms_norm_forward,
                      "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
-    if _same_code(cls.forward, gemma) and hasattr(m, "eps"):
+    if form == "gemma" and hasattr(m, "eps"):
         return _Plan("rms_norm", _gemma_rms_norm_forward,
                      "tiered_ops.rms_norm (Gemma form: weight_offset=1.0, one launch)")
     if name in _LLAMA_STYLE or name in _GEMMA_STYLE:
