@@ -5,7 +5,9 @@ the seconds until the bucket's decision is stored (``wait_for_tuning``), with wh
 first call <= eager's + 50 ms; decision stored in <= 3 s median, <= 8 s max.
 
 Each op runs against a store of its own (a new file under --out-dir or a temporary directory), so nothing measured
-before is reused; the ops run one after another, so one bucket is queued at a time.
+before is reused; the ops run one after another, so one bucket is queued at a time. Where the seconds until a
+decision go: each candidate's time in the background worker and its first call (compilation included), from the
+background tuning's log records, printed and written beside --csv as ``<csv stem>_candidates.csv``.
 
     python benchmarks/first_call.py [--ops softmax,rms_norm] [--csv out.csv] [--timeout 120]
 """
@@ -13,6 +15,7 @@ before is reused; the ops run one after another, so one bucket is queued at a ti
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
@@ -24,7 +27,21 @@ import pandas as pd
 import torch
 
 import tiered_ops
+from tiered_ops.decide import background
 from tiered_ops.decide.decide import _as_dtype, select_problem
+
+
+class Candidates(logging.Handler):
+    """Collects the figures background tuning logs for each candidate it measured."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.rows: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        figures = getattr(record, background.CANDIDATE, None)
+        if figures is not None:
+            self.rows.append(dict(figures))
 
 
 def first_call_ms(fn: Callable[[], Any], cuda: bool) -> float:
@@ -70,18 +87,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", help="where the per-op stores go (default: a temporary directory)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one bucket's decision")
     args = p.parse_args(argv)
+    if args.csv:  # made now: a path that cannot be written fails before the run, not after it
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ops = args.ops.split(",") if args.ops else sorted(tiered_ops.OPS)
+    candidates = Candidates()
+    blog = logging.getLogger(background.__name__)
+    blog.addHandler(candidates)
+    blog.setLevel(logging.INFO)
     with tempfile.TemporaryDirectory() as tmp:
         store_dir = Path(args.out_dir or tmp)
         store_dir.mkdir(parents=True, exist_ok=True)
         rows = []
         for op in ops:
+            seen = len(candidates.rows)
             rows.append(measure_op(op, dev, store_dir, args.timeout))
             r = rows[-1]
             stored = "not within the timeout" if r["decision_s"] is None else f"{r['decision_s']:.2f} s"
             print(f"{op:<20} {r['problem'][:40]:<40} eager first {r['eager_first_ms']:9.2f} ms, background first "
                   f"{r['background_first_ms']:9.2f} ms, decision stored after {stored}: {r['chosen']}", flush=True)
+            for c in candidates.rows[seen:]:
+                first = "-" if c["first_call_s"] is None else f"{c['first_call_s']:.2f} s"
+                print(f"    {c['impl']:<16} {c['seconds']:6.2f} s in the worker, first call {first}: "
+                      f"{str(c['outcome'])[:90]}", flush=True)
     landed = [r["decision_s"] for r in rows if r["decision_s"] is not None]
     worst = max(r["over_eager_ms"] for r in rows)
     print(f"first call over eager's: max {worst:.1f} ms (target <= 50); decisions stored: {len(landed)} of "
@@ -90,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv and rows:
         pd.DataFrame(rows).to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+        if candidates.rows:
+            path = Path(args.csv).with_name(f"{Path(args.csv).stem}_candidates.csv")
+            pd.DataFrame(candidates.rows).to_csv(path, index=False)
+            print(f"wrote {path}")
     return 0
 
 

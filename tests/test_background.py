@@ -80,6 +80,13 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
     assert now.name == select.select_backend("softmax", (4, 64), tune=False).name
     said = " | ".join(r.getMessage() for r in caplog.records)
     assert "background tuning: queued softmax 4x64" in said and "landed in" in said, said
+    # each candidate said with its time in the worker, its first call and its outcome (the figures on the record)
+    figures = [getattr(r, background.CANDIDATE) for r in caplog.records if hasattr(r, background.CANDIDATE)]
+    assert sorted(f["impl"] for f in figures) == sorted(stored), figures
+    for f in figures:
+        assert f["op"] == "softmax" and f["seconds"] > 0 and f["outcome"], f
+        assert (f["first_call_s"] is None) == (stored[f["impl"]]["first_call_s"] is None), f
+    assert "softmax 4x64,dim=-1 fp32 fwd_nograd: eager took" in said, said
 
 
 def test_the_hottest_queued_bucket_is_measured_first_and_a_nearest_bucket_predicts(bg, private_store, monkeypatch,

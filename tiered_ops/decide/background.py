@@ -272,6 +272,20 @@ def _pool_for(me: _Runner, job: Job) -> Pool:
     return me.pool
 
 
+CANDIDATE = "tiered_ops_candidate"  # the attribute of a candidate's log record that holds its figures (a dict)
+
+
+def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> None:
+    """Log one candidate's measurement: how long it took in the worker (its first call, compilation included, apart)
+    and its outcome; the figures ride on the record as ``CANDIDATE`` for a handler that collects them."""
+    first = reply.get("first_call_s") if isinstance(reply, dict) else None
+    outcome = why or (reply.get("reason") if isinstance(reply, dict) else None) or "timed"
+    log.info("tiered_ops: background tuning of %s: %s took %.1f s (first call %s): %s", job, name, seconds,
+             "-" if first is None else f"{first:.1f} s", outcome,
+             extra={CANDIDATE: dict(op=job.key[0], problem=str(job.problem), impl=name, seconds=seconds,
+                                    first_call_s=first, outcome=outcome)})
+
+
 def _tune(me: _Runner, job: Job) -> None:
     spec, (op, bkey, dname, fkey, mode) = job.spec, job.key
     store = None
@@ -287,7 +301,9 @@ def _tune(me: _Runner, job: Job) -> None:
     for name in todo:
         if me.stopping:
             return
+        t1 = time.perf_counter()
         reply, why = _pool_for(me, job).run(("measure", op, name, job.problem, dname, mode), f"{job} {name}")
+        _said(job, name, time.perf_counter() - t1, reply, why)
         if why:
             if me.stopping:
                 return
