@@ -155,6 +155,9 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
 def _decoder_layer(self: nn.Module, gemma: bool, cache_name: str, hidden_states: torch.Tensor, attention_mask: Any,
                    position_ids: Any, cache: Any, use_cache: Any, position_embeddings: Any, kwargs: dict[str, Any]
                    ) -> torch.Tensor:
+    if cache_name == "cache":  # transformers' deprecated alias of the new name: used where the new one is not given
+        old = kwargs.pop("past_key_values", None)
+        cache = old if cache is None else cache
     kwargs[cache_name] = cache
     if self.gradient_checkpointing and self.training:
         return original_class(self).forward(self, hidden_states, attention_mask=attention_mask,
@@ -171,8 +174,8 @@ def _decoder_layer(self: nn.Module, gemma: bool, cache_name: str, hidden_states:
 
 
 # One forward per norm form and per name of the KV-cache argument (transformers renamed past_key_values to cache and
-# keeps the old name as a deprecated alias: a call that still passes it gets it, the new name winning where both are
-# given); module-level functions, as the swapped class pickles by them.
+# keeps the old name as a deprecated alias, which _decoder_layer honours): only their signatures differ; module-level
+# functions, as the swapped class pickles by them.
 
 def _llama_decoder_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
                            position_ids: Any = None, past_key_values: Any = None, use_cache: Any = False,
@@ -191,17 +194,15 @@ def _gemma_decoder_forward(self: nn.Module, hidden_states: torch.Tensor, attenti
 def _llama_decoder_forward_cache(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
                                  position_ids: Any = None, cache: Any = None, use_cache: Any = False,
                                  position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
-    old = kwargs.pop("past_key_values", None)
-    return _decoder_layer(self, False, "cache", hidden_states, attention_mask, position_ids,
-                          old if cache is None else cache, use_cache, position_embeddings, kwargs)
+    return _decoder_layer(self, False, "cache", hidden_states, attention_mask, position_ids, cache, use_cache,
+                          position_embeddings, kwargs)
 
 
 def _gemma_decoder_forward_cache(self: nn.Module, hidden_states: torch.Tensor, attention_mask: Any = None,
                                  position_ids: Any = None, cache: Any = None, use_cache: Any = False,
                                  position_embeddings: Any = None, **kwargs: Any) -> torch.Tensor:
-    old = kwargs.pop("past_key_values", None)
-    return _decoder_layer(self, True, "cache", hidden_states, attention_mask, position_ids,
-                          old if cache is None else cache, use_cache, position_embeddings, kwargs)
+    return _decoder_layer(self, True, "cache", hidden_states, attention_mask, position_ids, cache, use_cache,
+                          position_embeddings, kwargs)
 
 
 _FORWARDS = {(False, "past_key_values"): _llama_decoder_forward, (True, "past_key_values"): _gemma_decoder_forward,
