@@ -17,7 +17,7 @@ import torch
 from tiered_ops.decide import decide as sel_mod
 from tiered_ops.measure import contention, fingerprint, timing
 from tiered_ops.measure.measure import base_row, flag_contended, measure
-from tiered_ops.store.rows import CONTENDED, contended, usable
+from tiered_ops.store.rows import CONTENDED, contended, pruned, usable
 from tiered_ops.store.store import Store
 from tiered_ops.sweep.bench import sweep
 from tiered_ops.tiers.catalog import get_op
@@ -194,9 +194,30 @@ def test_a_clearly_slower_candidate_is_pruned_after_a_short_timing(monkeypatch):
     assert row.get("reason") is None and not pruned(row) and row["caller_us"] > 0, row
 
 
+def test_a_candidate_pruned_before_its_gate_costs_no_gate_and_is_never_ok(monkeypatch):
+    """``gate_first=False`` (background tuning): the short timing comes first; a pruned candidate is not gated, so
+    its row is not ok, and one that is not pruned is gated and timed in full as before."""
+    from tiered_ops.measure import measure as m
+
+    gated = []
+    real = m.gate
+    monkeypatch.setattr(m, "gate", lambda *a, **k: gated.append(a[1].name) or real(*a, **k))
+    p = MULADD.problem((64, 64))
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e-3, best="cuda",
+                  gate_first=False)
+    assert gated == [] and row["ok"] == 0 and pruned(row) and not usable(row), row
+    assert "not gated" in row["reason"] and "cuda" in row["reason"] and row["caller_us"] > 1e-3
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e9, best="cuda",
+                  gate_first=False)
+    assert gated == ["eager"] and row["ok"] == 1 and not pruned(row) and row["caller_us"] > 0, row
+    gated.clear()  # the default: gated first, then pruned (an ok row)
+    row = measure(MULADD, MULADD.impls["eager"], p, torch.float32, CPU, prune_above_us=1e-3, best="cuda")
+    assert gated == ["eager"] and row["ok"] == 1 and pruned(row), row
+
+
 def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_never_wins():
     from tiered_ops.analysis.analysis import decisions, winners
-    from tiered_ops.sweep.bench import _bar
+    from tiered_ops.measure.measure import prune_bar
 
     fp, p = fingerprint.fingerprint(CPU), MULADD.problem((64, 64))
 
@@ -208,11 +229,11 @@ def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_nev
     eager, cuda = row("eager", 9.0, 11.0), row("cuda", 4.0, 5.0)
     peer = row("eager_addcmul", 1.0, 1.2, tier="peer")
     flagged = flag_contended(row("compile", 1.0, 1.1), "p80/p20 = 3.0 over 10 blocks")
-    assert _bar([eager, None, peer, flagged], 1.5) == (1.5 * 11.0, "eager")  # no peer, no contended row
-    assert _bar([eager, cuda], 1.5) == (7.5, "cuda") and _bar([eager, cuda], None) is None
-    assert _bar([dict(eager, p20_us=None, p80_us=None)], 1.5) is None  # no spread: no bar
+    assert prune_bar([eager, None, peer, flagged], 1.5) == (1.5 * 11.0, "eager")  # no peer, no contended row
+    assert prune_bar([eager, cuda], 1.5) == (7.5, "cuda") and prune_bar([eager, cuda], None) is None
+    assert prune_bar([dict(eager, p20_us=None, p80_us=None)], 1.5) is None  # no spread: no bar
     slow = row("triton", 8.0, 9.0, reason="pruned: a short timing's caller p20 8.0 us is above 7.5 us")
-    assert _bar([slow], 1.5) is None  # a pruned row is no bar
+    assert prune_bar([slow], 1.5) is None  # a pruned row is no bar
     df = pd.DataFrame([eager, cuda, slow])
     assert winners(df).winner.tolist() == ["cuda"]
     assert set(decisions(df, {}).iloc[0][["fastest", "cost_aware"]]) == {"cuda"}

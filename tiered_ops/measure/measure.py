@@ -8,14 +8,14 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from ..buckets import encode
 from ..environment import environment
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
-from ..store.rows import CONTENDED, PRUNED
+from ..store.rows import CONTENDED, PRUNED, caller_range, pruned, usable
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, gate, gate_problem, grad_output, with_grad
@@ -81,7 +81,7 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
-            best: str = "") -> dict[str, Any]:
+            best: str = "", gate_first: bool = True) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -89,7 +89,9 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     ``prune_above_us`` (successive halving): a short first timing (``time_call(quick=True)``) whose caller p20 lies
     above it ends the measurement there: the row keeps the short timing's figures, with the reason
     ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
-    decision may read it, and it never wins against ``best``: its whole range lies above best's p80."""
+    decision may read it, and it never wins against ``best``: its whole range lies above best's p80.
+    ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
+    problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``."""
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -109,6 +111,10 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
         row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
         return row
     row["first_call_s"] = time.perf_counter() - t0
+    nbytes = spec.mode_bytes(problem, dtype, mode)
+    if prune_above_us is not None and not gate_first and not impl.timeable(device):
+        if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
+            return row
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
@@ -125,18 +131,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
     row["peak_bytes"] = peak_bytes(call, device)
-    nbytes = spec.mode_bytes(problem, dtype, mode)
-    if prune_above_us is not None:
-        t = time_call(call, device, quick=True)
-        lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
-        if lo > prune_above_us and not (t.contended and contention_check()):
-            copy = copy_bandwidth_gbps(device)
-            gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None
-            row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us,
-                       host_p20_us=t.host_p20_us, host_p80_us=t.host_p80_us, caller_us=t.caller_us, gbps=gbps,
-                       copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None,
-                       reason=f"{PRUNED}a short timing's caller p20 {lo:.1f} us is above {prune_above_us:.1f} us "
-                              f"({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): not timed in full")
+    if prune_above_us is not None and gate_first:
+        if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=True):
             return row
     for attempt in range(1, CONTENDED_TRIES + 1):
         t = time_call(call, device)
@@ -158,6 +154,42 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if busy:
         flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
     return row
+
+
+def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, nbytes: int, context: str,
+            bar_us: float, best: str, gated: bool) -> bool:
+    """A short timing; where its caller p20 lies above ``bar_us`` the row takes its figures and the ``pruned: ...``
+    reason (True: the measurement ends there). ``gated``: the gate passed before (the row stays ok), else the row is
+    not ok: never gated, so never chosen."""
+    t = time_call(call, device, quick=True)
+    lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
+    if lo <= bar_us or (t.contended and contention_check()):
+        return False
+    copy = copy_bandwidth_gbps(device)
+    gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None
+    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us,
+               host_p20_us=t.host_p20_us, host_p80_us=t.host_p80_us, caller_us=t.caller_us, gbps=gbps,
+               copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None,
+               reason=f"{PRUNED}a short timing's caller p20 {lo:.1f} us is above {bar_us:.1f} us "
+                      f"({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): not timed in full"
+                      + ("" if gated else "; not gated either (never chosen)"))
+    if not gated:
+        row["ok"] = 0
+    return True
+
+
+def prune_bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
+    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
+    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
+    without one. A row without a p20-p80 spread is no bar."""
+    if factor is None:
+        return None
+    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
+            and r.get("p80_us") is not None and r.get("p20_us") is not None]
+    if not full:
+        return None
+    best = min(full, key=lambda r: caller_range(r)[1])
+    return factor * caller_range(best)[1], best["impl"]
 
 
 def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:

@@ -21,12 +21,12 @@ import pandas as pd
 import torch
 
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, measure
+from ..measure.measure import PRUNE_FACTOR, base_row, measure, prune_bar
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
-from ..store.rows import caller_range, contended, pruned, usable
+from ..store.rows import contended
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
 
@@ -46,20 +46,6 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
                 not contended(r) or r["timestamp"] >= busy_since):
             out[r["impl"]] = r
     return out
-
-
-def _bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
-    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
-    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
-    without one. A row without a p20-p80 spread is no bar."""
-    if factor is None:
-        return None
-    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
-            and r.get("p80_us") is not None and r.get("p20_us") is not None]
-    if not full:
-        return None
-    best = min(full, key=lambda r: caller_range(r)[1])
-    return factor * caller_range(best)[1], best["impl"]
 
 
 def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
@@ -248,7 +234,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             if done is not None and contended(done):
                 shared_busy += 1
             if done is None:
-                done, now = take(spec, problem, dtype, mode, impl, _bar(of_case.get(case, ()), prune))
+                done, now = take(spec, problem, dtype, mode, impl, prune_bar(of_case.get(case, ()), prune))
                 if done is not None and not now and contended(done):
                     shared_busy += 1
                 measured, busy = measured + now, busy + (now and contended(done))
