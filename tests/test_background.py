@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
     spec = get_op("softmax")
     assert set(stored) == {i.name for i in spec.impls.values() if i.tier != Tier.PEER}
     for tier in (Tier.EAGER, Tier.COMPILE, Tier.TRITON):  # the tiers that run on the CPU (Triton: the interpreter)
-        assert any(stored[i.name]["ok"] for i in spec.impls.values() if i.tier == tier), (tier, stored)
+        # correct, or (successive halving) pruned by a short timing before its gate: then never chosen
+        assert any(stored[i.name]["ok"] or (stored[i.name]["reason"].startswith("pruned: ") and "not gated" in
+                                            stored[i.name]["reason"])
+                   for i in spec.impls.values() if i.tier == tier), (tier, stored)
     assert not [k for k in select._calls if k[0] == "softmax"], "the landed bucket's selections were dropped"
     tiered_ops.softmax(x, -1)
     now = _eager_selection("softmax")
@@ -87,6 +91,54 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
         assert f["op"] == "softmax" and f["seconds"] > 0 and f["outcome"], f
         assert (f["first_call_s"] is None) == (stored[f["impl"]]["first_call_s"] is None), f
     assert "softmax 4x64,dim=-1 fp32 fwd_nograd: eager took" in said, said
+    # the tiers whose gate compiles nothing first, the compiled ones last; a gated, timed choice handed to the
+    # callers as soon as there is one (eager here), the last landing once every candidate is measured
+    order = [f["impl"] for f in figures]
+    assert order[0] == "eager" and order[-1] == "compile", order
+    landings = [getattr(r, background.LANDING) for r in caplog.records if hasattr(r, background.LANDING)]
+    assert [f["final"] for f in landings][-1] and not landings[0]["final"], landings
+    assert landings[0]["impl"] == "eager" and all(f["op"] == "softmax" and f["seconds"] > 0 for f in landings)
+    assert landings[-1]["impl"] == now.name and landings[0]["seconds"] < landings[-1]["seconds"], landings
+    assert "decided" in said and "after it was queued, measuring on: eager" in said, said
+
+
+def test_a_gated_choice_lands_while_slower_to_gate_candidates_are_measured(bg, private_store, monkeypatch):
+    """The first candidate measured (eager: its gate compiles nothing) is handed to the callers before the rest are
+    measured; the next candidate gets the pruning bar from it; the last landing switches to the fastest."""
+    _only(monkeypatch, "softmax", "eager", "compile")
+    from tiered_ops.measure.fingerprint import fingerprint
+    from tiered_ops.measure.measure import PRUNE_FACTOR, base_row
+
+    spec, release, asked = get_op("softmax"), threading.Event(), []
+
+    class Pool:  # the worker's replies, made up: eager 10-12 us, compile 4-5 us once released
+        def run(self, task, what):
+            _, op, name, problem, dname, mode, kw = task
+            asked.append((name, kw))
+            if name == "compile":
+                assert release.wait(60)
+            lo, hi = (10.0, 12.0) if name == "eager" else (4.0, 5.0)
+            row = base_row(spec, spec.impls[name], problem, torch.float32, mode, fingerprint(CPU))
+            return dict(row, ok=1, p20_us=lo, p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, host_p20_us=lo,
+                        host_p80_us=hi, caller_us=(lo + hi) / 2, first_call_s=0.01, rel_error=0.0), None
+
+    monkeypatch.setattr(background, "_pool_for", lambda me, job: Pool())
+    x = torch.randn(4, 64)
+    tiered_ops.softmax(x, -1)
+    deadline = time.monotonic() + 60
+    while len(asked) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [n for n, _ in asked] == ["eager", "compile"], asked
+    assert asked[1][1] == dict(prune_above_us=PRUNE_FACTOR * 12.0, best="eager", gate_first=False), asked
+    tiered_ops.softmax(x, -1)  # eager landed: this call decides from its row, the bucket still being measured
+    sel = _eager_selection("softmax")
+    assert sel.name == "eager" and sel.record["tuning"] == "queued for background tuning", sel.record
+    assert "fastest correct" in sel.record["reason"] and background.pending() == 1, sel.record
+    release.set()
+    assert tiered_ops.wait_for_tuning(timeout=60)
+    tiered_ops.softmax(x, -1)
+    sel = _eager_selection("softmax")
+    assert sel.name == "compile" and "tuning" not in sel.record, sel.record
 
 
 def test_the_hottest_queued_bucket_is_measured_first_and_a_nearest_bucket_predicts(bg, private_store, monkeypatch,

@@ -36,9 +36,9 @@ from typing import Any, Callable
 import torch
 
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import base_row
+from ..measure.measure import PRUNE_FACTOR, base_row, prune_bar
 from ..measure.worker import Pool
-from ..registry import Impl, OpSpec, Problem
+from ..registry import Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from ..tiers.catalog import all_ops
 from .choice import _decide
@@ -67,9 +67,13 @@ class Job:
     landed_hook: Callable[[Job], None]
     calls: int = 0  # calls through its provisional selection (``counting``): the hottest is measured first
     deaths: dict[str, int] = field(default_factory=dict)
-    rows: list[dict] = field(default_factory=list)  # measured rows, kept here for a store in memory
-    landed: bool = False
+    rows: list[dict] = field(default_factory=list)  # measured rows for a store in memory, until a landing hands them
+    measured: list[dict] = field(default_factory=list)  # every row measured for a store in memory
+    landed: bool = False  # the last landing: every candidate measured
     took_s: float = 0.0
+    landings: int = 0  # decisions handed to the callers so far (the last one when ``landed``)
+    chosen: str | None = None  # what the last landing chose
+    queued_at: float = field(default_factory=time.perf_counter)
 
     def __str__(self) -> str:
         op, _, dname, _, mode = self.key
@@ -174,15 +178,16 @@ def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.d
 
 
 def counting(job: Job, impl: Impl) -> Impl:
-    """``impl`` with each call counted for ``job`` (the queue measures the hottest bucket first). A call after the
-    job landed hands the job to its hook once more: a selection cached after the landing dropped its cache."""
-    swept = [False]
+    """``impl`` with each call counted for ``job`` (the queue measures the hottest bucket first). A call after a
+    landing that this selection did not see hands the job to its hook once more, as does the first call after the
+    last landing: a selection cached after a landing dropped its cache."""
+    swept, seen = [False], [job.landings]
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             job.calls += 1
-            if job.landed and not swept[0]:
-                swept[0] = True
+            if job.landings != seen[0] or (job.landed and not swept[0]):
+                seen[0], swept[0] = job.landings, job.landed
                 job.landed_hook(job)
             return fn(*args, **kwargs)
         return counted
@@ -273,6 +278,10 @@ def _pool_for(me: _Runner, job: Job) -> Pool:
 
 
 CANDIDATE = "tiered_ops_candidate"  # the attribute of a candidate's log record that holds its figures (a dict)
+LANDING = "tiered_ops_landing"  # the attribute of a landing's log record: op, problem, impl, seconds, final
+# The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
+# choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
+_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
 
 
 def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> None:
@@ -293,8 +302,8 @@ def _tune(me: _Runner, job: Job) -> None:
         store = me.stores.get(job.target) or me.stores.setdefault(job.target, Store(job.target))
         have = {r["impl"] for r in store.latest(op, bkey, dname, fkey, mode) if spec.fresh_impl(r) is not None}
     else:
-        have = {r["impl"] for r in job.rows}
-    todo = [n for n in job.impls if n not in have and n in spec.impls]
+        have = {r["impl"] for r in job.measured}
+    todo = sorted((n for n in job.impls if n not in have and n in spec.impls), key=lambda n: _ORDER[spec.impls[n].tier])
     log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
              job.device, ", ".join(todo) or "nothing (measured meanwhile)", len(_s.queue))
     t0 = time.perf_counter()
@@ -302,7 +311,9 @@ def _tune(me: _Runner, job: Job) -> None:
         if me.stopping:
             return
         t1 = time.perf_counter()
-        reply, why = _pool_for(me, job).run(("measure", op, name, job.problem, dname, mode), f"{job} {name}")
+        bar = prune_bar(_rows(job, store), PRUNE_FACTOR)
+        kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
+        reply, why = _pool_for(me, job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
         _said(job, name, time.perf_counter() - t1, reply, why)
         if why:
             if me.stopping:
@@ -322,10 +333,34 @@ def _tune(me: _Runner, job: Job) -> None:
             store.add([reply])
         else:
             job.rows.append(reply)
+            job.measured.append(reply)
+        if name != todo[-1]:
+            _land(job, store, final=False)
     job.took_s += time.perf_counter() - t0
-    rows = list(store.latest(op, bkey, dname, fkey, mode) if store is not None else job.rows)
-    job.landed = True
+    _land(job, store, final=True)
+
+
+def _rows(job: Job, store: Store | None) -> list[dict]:
+    op, bkey, dname, fkey, mode = job.key
+    return list(store.latest(op, bkey, dname, fkey, mode) if store is not None else job.measured)
+
+
+def _land(job: Job, store: Store | None, final: bool) -> None:
+    """Hand the bucket's decision to the callers: at the end (``final``), and before it whenever the rows stored so
+    far choose a correct implementation other than the one landed last (the cheap-to-gate tiers are measured first,
+    so calls leave their prediction within seconds; each landing's choice is gated and timed)."""
+    rows = _rows(job, store)
+    impl, reason, _ = _decide(job.spec, rows, job.dtype, job.device, "fastest", None, store)
+    if not final and (impl.name == job.chosen or not any(r.get("ok") and r["impl"] == impl.name for r in rows)):
+        return
+    job.chosen = impl.name
+    job.landings += 1
+    if final:
+        job.landed = True
     job.landed_hook(job)
-    impl, reason, _ = _decide(spec, rows, job.dtype, job.device, "fastest", None, store)
-    log.info("tiered_ops: background tuning of %s landed in %.1f s: %s (%s) - %s", job, job.took_s, impl.name,
-             impl.tier.label, reason)
+    seconds = time.perf_counter() - job.queued_at
+    said = (f"landed in {job.took_s:.1f} s ({seconds:.1f} s after it was queued)" if final else
+            f"decided {seconds:.1f} s after it was queued, measuring on")
+    log.info("tiered_ops: background tuning of %s %s: %s (%s) - %s", job, said, impl.name, impl.tier.label, reason,
+             extra={LANDING: dict(op=job.key[0], problem=str(job.problem), impl=impl.name, seconds=seconds,
+                                  final=final)})
