@@ -287,3 +287,29 @@ def test_the_built_extension_registers_every_op_whole():
             assert cuda_ext.pybind_function(fn) is not None, fn
             schema = str(getattr(torch.ops.tiered_ops, fn).default._schema)
             assert schema.startswith(f"tiered_ops::{fn}("), schema
+
+
+def test_a_finished_build_is_imported_without_ninja_and_a_broken_one_is_built_again(tmp_path, caplog):
+    """``cuda_ext._built``: the build under the sources' hash is imported straight (no up-to-date check on a first
+    call); a build directory another build holds (its lock), a missing or a truncated library: None (then built)."""
+    name = "tiered_ops_cuda_test0123"
+    src = tmp_path / "m.c"
+    src.write_text(f'#include <Python.h>\nstatic struct PyModuleDef d = {{PyModuleDef_HEAD_INIT, "{name}", 0, -1}};\n'
+                   f'PyMODINIT_FUNC PyInit_{name}(void) {{ PyObject *m = PyModule_Create(&d); '
+                   'PyModule_AddIntConstant(m, "answer", 42); return m; }\n')
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    assert cuda_ext._built(name, tmp_path) is None  # nothing built yet
+    so = tmp_path / f"{name}.so"
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(so)],
+                   check=True)
+    (tmp_path / "lock").write_text("")
+    assert cuda_ext._built(name, tmp_path) is None  # a build holds the directory
+    (tmp_path / "lock").unlink()
+    assert cuda_ext._built(name, tmp_path).answer == 42
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / f"{name}.so").write_bytes(so.read_bytes()[:100])  # cut off mid-link (another file: this one is mapped)
+    assert cuda_ext._built(name, cut) is None
+    assert "did not import" in caplog.text
