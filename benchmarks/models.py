@@ -10,10 +10,11 @@ with its defaults except the fused linear cross entropy (off, so that logits exi
 replaces (RoPE) are put back after it and swapped in only while Liger's rows run, so every variant runs in one process.
 
 Timing: the variants of one row are measured in interleaved rounds (--rounds, each round times --reps calls of every
-variant, the order rotated per round), so drift hits all of them alike. Each row: the median and p20-p80 of all its
-calls, and a verdict against stock: faster where its median is below stock's p20 and stock's median above its p80,
-slower in the mirror case, else a tie within the spread. Also the logits' relative error
-against stock eager (float32), the seconds tiered_ops.tune took, and for training the peak memory.
+variant, more on a fast row so that a round spans --min-round-ms, the order rotated per round), so drift hits all of
+them alike. Each row: the median and p20-p80 of all its calls, and a verdict against stock: faster where its median
+is below stock's p20 and stock's median above its p80, slower in the mirror case, else a tie within the spread. Also
+the logits' relative error against stock eager (float32), the seconds tiered_ops.tune took, and for training the peak
+memory.
 
 Writes models.csv and models.md into --out-dir (default reports/<gpu>/) after every row, so a cut run keeps what it
 measured. Expected runtime on an H100, one model per call (--models): ~4-6 min for llama-8b-dims-2l or qwen3-8b-dims-2l
@@ -30,6 +31,7 @@ import contextlib
 import copy
 import csv
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -273,10 +275,16 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
         fns[vname] = fn
     samples: dict[str, list[float]] = {v: [] for v in fns}
     order = list(fns)
+    reps = args.reps
+    if fns and args.min_round_ms:  # a fast row takes more calls per round (the same for every variant): its medians
+        # are steadier on a noisy host
+        with variants[order[0]].active():
+            warm = statistics.median(timed(fns[order[0]], 3, dev.type == "cuda"))
+        reps = max(reps, min(args.reps * 20, math.ceil(args.min_round_ms / max(warm, 1e-3))))
     for r in range(args.rounds):
         for vname in order[r % len(order):] + order[:r % len(order)]:
             with variants[vname].active():
-                samples[vname] += timed(fns[vname], args.reps, dev.type == "cuda")
+                samples[vname] += timed(fns[vname], reps, dev.type == "cuda")
             if workload == "train":
                 for p in variants[vname].model.parameters():
                     p.grad = None
@@ -297,8 +305,9 @@ def render(rows: list[dict], head: list[str]) -> str:
     """models.md: per model, each workload x context, every variant's median, spread and verdict against stock."""
     out = ["# Model-level benchmark", "", *head, ""]
     for model in dict.fromkeys(r["model"] for r in rows):
-        out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | vs stock | verdict | "
-                "rel err | tune s | peak MiB | note |", "|---|---|---|---:|---|---:|---|---:|---:|---:|---|"]
+        out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | calls | vs stock | "
+                "verdict | rel err | tune s | peak MiB | note |",
+                "|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---|"]
         mine = [r for r in rows if r["model"] == model]
         for r in mine:
             stock = next((s for s in mine if s["variant"] == "stock" and s.get("workload") == r.get("workload")
@@ -306,7 +315,8 @@ def render(rows: list[dict], head: list[str]) -> str:
             speed = f"{stock['ms_p50'] / r['ms_p50']:.2f}x" if stock and r.get("ms_p50") else ""
             sp = f"{r['ms_p20']}-{r['ms_p80']}" if r.get("ms_p50") else ""
             out.append(f"| {r.get('workload', '')} | {r.get('context', '')} | {r['variant']} | {r.get('ms_p50', '')} "
-                       f"| {sp} | {speed} | {r.get('verdict', '')} | {r.get('rel_err_vs_stock', '')} "
+                       f"| {sp} | {r.get('calls', '')} | {speed} | {r.get('verdict', '')} "
+                       f"| {r.get('rel_err_vs_stock', '')} "
                        f"| {r.get('tune_s', '')} | {r.get('peak_mib', '')} | {r.get('note', '')} |")
         out.append("")
     return "\n".join(out)
@@ -338,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
     p.add_argument("--reps", type=int, help="calls of each variant per round (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 0 with --quick)")
+    p.add_argument("--min-round-ms", type=float, help="each variant's calls per round span at least this many ms "
+                   "(more calls than --reps on a fast row, at most 20x; default 100; 0 with --quick)")
     p.add_argument("--backend", help="torch.compile backend (default inductor; eager with --quick)")
     p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                    help="tiered_ops.tune before the tiered rows (default on; off with --quick)")
@@ -351,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seq, args.rounds = args.seq or (16 if q else 2048), args.rounds or (2 if q else 5)
     args.reps = args.reps or (2 if q else 10)
     args.warmup = args.warmup if args.warmup is not None else (0 if q else 3)
+    args.min_round_ms = args.min_round_ms if args.min_round_ms is not None else (0.0 if q else 100.0)
     args.backend = args.backend or ("eager" if q else "inductor")
     args.tune = (not q) if args.tune is None else args.tune
     # one model's forward code is traced per variant and workload: past dynamo's default limit it would run eager
@@ -374,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             f"on {gpu}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, "
             f"transformers {transformers.__version__}, liger {liger or 'not installed'}.",
             f"bf16, prefill/train {args.seq} tokens, decode 1 token (no cache). {args.rounds} interleaved rounds of "
-            f"{args.reps} calls per variant (order rotated per round), after {args.warmup} warm-up calls; CUDA events "
+            f"{args.reps} calls per variant (order rotated per round; a fast row takes as many more as span "
+            f"{args.min_round_ms:g} ms per variant and round: the calls column says how many in all), after "
+            f"{args.warmup} warm-up calls; CUDA events "
             "(wall clock on a CPU). Verdict vs stock: faster/slower when each median lies outside the other's "
             "p20-p80, else tie. Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
             "workload and context. Peak MiB: training step, above the memory held before it."]

@@ -18,8 +18,8 @@ def summary(folder: Path) -> str:
     ran = df[df["ms_p50"].notna()]
     out = [f"# Models: stock vs tiered_ops vs Liger ({', '.join(sorted(ran['device'].dropna().unique()))})", "",
            "Each model's table, command, commit and date: `models/<model>.md` (rows as the benchmark wrote them). "
-           "Median ms of 5 interleaved rounds of 10 calls; verdict: faster/slower where each median lies outside "
-           "the other's p20-p80, else tie.", "",
+           "Median ms of 5 interleaved rounds of at least 10 calls (the calls per row: `models/<model>.md`); "
+           "verdict: faster/slower where each median lies outside the other's p20-p80, else tie.", "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
            " train peak MiB stock / tiered / liger |", "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
     slower, missing = [], []
