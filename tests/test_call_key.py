@@ -224,3 +224,36 @@ def test_the_cuda_extension_keys_calls_and_steps_aside_in_a_capture():
     torch.cuda.synchronize()
     assert seen == [None]  # inside the capture the Python key decides (the capture context)
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
+
+
+def test_under_background_tuning_a_first_cuda_call_does_not_wait_for_the_extension(monkeypatch):
+    """The C++ key's extension loads on a thread of its own under background tuning (the first call returns while
+    it loads); with tuning blocking or off it loads on the call, as before."""
+    import threading
+    import time
+
+    from tiered_ops.decide import decide as select
+    from tiered_ops.tiers import cuda_ext
+
+    started, release, loads = threading.Event(), threading.Event(), []
+
+    def slow_load(device):
+        loads.append((device, threading.current_thread().name))
+        started.set()
+        return release.wait(30)
+
+    monkeypatch.setattr(cuda_ext, "load_if_built", slow_load)
+    dev = torch.device("cuda", 0)
+    select.set_tuning("background")
+    try:
+        t0 = time.perf_counter()
+        t = dispatch.load_call_key(dev)
+        assert t is not None and t.daemon and started.wait(10) and time.perf_counter() - t0 < 5
+        assert t.is_alive() and loads == [(dev, "tiered_ops-load-extension")], loads
+        release.set()
+        t.join(10)
+        select.set_tuning("off")
+        assert dispatch.load_call_key(dev) is None and loads[-1] == (dev, threading.current_thread().name)
+    finally:
+        release.set()
+        select.set_tuning(None)

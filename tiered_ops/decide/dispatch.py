@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from typing import Any, Callable
 
 import torch
@@ -48,7 +49,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     global _load_tried
     if _ckey is None and key[-1] == 0 and x.is_cuda and not _load_tried and not _python_key:
         _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
-        cuda_ext.load_if_built(x.device)
+        load_call_key(x.device)
     if active():
         note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]], (key[:-1], needs_promotion(spec, args, kwargs)))
     if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
@@ -96,6 +97,18 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         capture.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode, capture.flavor(args, kwargs))
         return out
     return sel.fn(*args, **kwargs)
+
+
+def load_call_key(device: torch.device) -> threading.Thread | None:
+    """Load the CUDA extension where it is built (its C++ call key serves the hot path from then on). Under
+    background tuning a first call never waits for that (importing it and registering its ops takes 0.1-0.3 s on
+    a GPU host): it loads on a thread of its own (returned) while the Python key serves; else here, at once."""
+    if _decide.tuning_mode() != "background":
+        cuda_ext.load_if_built(device)
+        return None
+    t = threading.Thread(target=cuda_ext.load_if_built, args=(device,), name="tiered_ops-load-extension", daemon=True)
+    t.start()
+    return t
 
 
 def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, dtype: torch.dtype,

@@ -105,27 +105,29 @@ def load(device: torch.device | None = None) -> str | None:
         name = build_name(arch)
         bdir = build_dir_root() / name
         bdir.mkdir(parents=True, exist_ok=True)
-        from torch.utils import cpp_extension
-
-        old = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
         t0 = time.perf_counter()
-        try:
-            module = _built(name, bdir) or cpp_extension.load(
-                name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
-                # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
-                # segfaulted when a TORCH_CHECK threw out of the op.
-                extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
-                is_python_module=True, verbose=envs.verbose_build(),
-            )
-        except Exception as e:  # recorded as the reason the CUDA tier is unavailable
-            _state["error"] = f"CUDA extension failed to build: {_first_error(str(e))}"
-            return _state["error"]  # type: ignore[return-value]
-        finally:
-            if old is None:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-            else:
-                os.environ["TORCH_CUDA_ARCH_LIST"] = old
+        module = _built(name, bdir)
+        if module is None:
+            from torch.utils import cpp_extension  # (imports setuptools: a first call that finds a build skips it)
+
+            old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+            try:
+                module = cpp_extension.load(
+                    name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
+                    # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
+                    # segfaulted when a TORCH_CHECK threw out of the op.
+                    extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
+                    is_python_module=True, verbose=envs.verbose_build(),
+                )
+            except Exception as e:  # recorded as the reason the CUDA tier is unavailable
+                _state["error"] = f"CUDA extension failed to build: {_first_error(str(e))}"
+                return _state["error"]  # type: ignore[return-value]
+            finally:
+                if old is None:
+                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                else:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = old
         _state.update(name=name, load_s=time.perf_counter() - t0, arch=arch, module=module, build_dir=bdir)
         for hook in _on_load:
             hook()
