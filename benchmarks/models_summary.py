@@ -6,10 +6,20 @@ tiered variants with its verdict against stock, the rows slower than stock, Lige
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+
+def _trees(folder: Path) -> list[str]:
+    """The commit and time each model's run names in its own header (runs of several trees are told apart)."""
+    out = []
+    for md in sorted((folder / "models").glob("*.md")):
+        m = re.search(r"at commit (\w+)(?: \(.*?\))? on .*?, (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", md.read_text())
+        out.append(f"- {md.stem}: " + (f"commit {m.group(1)}, {m.group(2)} UTC" if m else "header without a commit"))
+    return ["Runs:", *out]
 
 
 def summary(folder: Path) -> str:
@@ -20,6 +30,7 @@ def summary(folder: Path) -> str:
            "Each model's table, command, commit and date: `models/<model>.md` (rows as the benchmark wrote them). "
            "Median ms of 5 interleaved rounds of at least 10 calls (the calls per row: `models/<model>.md`); "
            "verdict: faster/slower where each median lies outside the other's p20-p80, else tie.", "",
+           *_trees(folder), "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
            " train peak MiB stock / tiered / liger |", "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
     slower, missing = [], []
