@@ -13,14 +13,15 @@ nor in a process of its own that owns the queue:
 - A process of its own would need the queue, the call counts and the landing sent back over IPC; the thread shares
   them with the caller for free and spends its time blocked in ``select`` (no GIL) while the worker measures.
 
-One thread, one worker process, one measurement at a time per process. The thread writes through a store
-connection of its own (a SQLite connection belongs to the thread that opened it; WAL lets both connections work
-at once); a store kept in memory (read-only, unusable path) cannot be opened twice, so its rows go back with the
-landed job (``Job.rows``) and ``decide`` adds them on the caller's thread. The thread is a daemon, stopped at exit
-(``shutdown``, registered with ``atexit``), which kills the worker: a bucket cut off is measured again by a later
-process, and every measurement finished before is already stored (each is stored as it completes). The worker is
-started from this thread with ``PR_SET_PDEATHSIG``, so it dies with the thread that started it, never an orphan.
-On a GPU the worker measures beside the application's own work: its timings are as contended as the device is.
+One thread, one worker process, one measurement at a time per process. The thread writes through a store connection
+of its own (a SQLite connection belongs to the thread that opened it; WAL lets both connections work at once); a
+store kept in memory (read-only, unusable path) cannot be opened twice, so its rows go back with the landed job
+(``Job.measured``, handed on by ``Job.unsaved``) and ``decide`` adds them on the caller's thread. The thread is a
+daemon, stopped at exit (``shutdown``, registered with ``atexit``), which kills the worker: a bucket cut off is
+measured again by a later process, and every measurement finished before is already stored (each is stored as it
+completes). The worker is started from this thread with ``PR_SET_PDEATHSIG``, so it dies with the thread that
+started it, never an orphan. On a GPU the worker measures beside the application's own work: its timings are as
+contended as the device is.
 """
 
 from __future__ import annotations
@@ -67,13 +68,18 @@ class Job:
     landed_hook: Callable[[Job], None]
     calls: int = 0  # calls through its provisional selection (``counting``): the hottest is measured first
     deaths: dict[str, int] = field(default_factory=dict)
-    rows: list[dict] = field(default_factory=list)  # measured rows for a store in memory, until a landing hands them
-    measured: list[dict] = field(default_factory=list)  # every row measured for a store in memory
+    measured: list[dict] = field(default_factory=list)  # every row measured, for a store in memory
+    handed: int = 0  # how many of ``measured`` a landing handed to the caller's store (``unsaved``)
     landed: bool = False  # the last landing: every candidate measured
     took_s: float = 0.0
     landings: int = 0  # decisions handed to the callers so far (the last one when ``landed``)
     chosen: str | None = None  # what the last landing chose
     queued_at: float = field(default_factory=time.perf_counter)
+
+    def unsaved(self) -> list[dict]:
+        """The rows measured for a store in memory since the last call: the caller's thread adds them."""
+        new, self.handed = self.measured[self.handed:], len(self.measured)
+        return new
 
     def __str__(self) -> str:
         op, _, dname, _, mode = self.key
@@ -181,13 +187,13 @@ def counting(job: Job, impl: Impl) -> Impl:
     """``impl`` with each call counted for ``job`` (the queue measures the hottest bucket first). A call after a
     landing that this selection did not see hands the job to its hook once more, as does the first call after the
     last landing: a selection cached after a landing dropped its cache."""
-    swept, seen = [False], [job.landings]
+    seen = [job.landings - job.landed]  # made after the last landing: its first call hands the job on once more
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             job.calls += 1
-            if job.landings != seen[0] or (job.landed and not swept[0]):
-                seen[0], swept[0] = job.landings, job.landed
+            if job.landings != seen[0]:
+                seen[0] = job.landings
                 job.landed_hook(job)
             return fn(*args, **kwargs)
         return counted
@@ -332,7 +338,6 @@ def _tune(me: _Runner, job: Job) -> None:
         if store is not None:
             store.add([reply])
         else:
-            job.rows.append(reply)
             job.measured.append(reply)
         if name != todo[-1]:
             _land(job, store, final=False)

@@ -101,9 +101,9 @@ def _landed(job: background.Job) -> None:
     cached selection of the bucket is dropped, so the next call decides from them (and a selection that waited for
     a full queue asks again)."""
     with _lock:
-        if job.rows:
-            _unsaved.append(list(job.rows))
-            job.rows.clear()
+        new = job.unsaved()
+        if new:
+            _unsaved.append(new)
         _hot.clear()  # learnt again from the Python keys kept
         for cache in (_decisions, _calls, _selects):
             for k, sel in list(cache.items()):

@@ -71,12 +71,17 @@ def _arch(device: torch.device) -> str:
     return f"{major}.{minor}"
 
 
+# The build's flags: part of its name, so a build found on disk (``_built``) was made with them.
+_CFLAGS = ["-O3"]
+_CUDA_CFLAGS = ["-O3", "-lineinfo"]
+
+
 def build_name(arch: str) -> str:
     h = hashlib.sha256()
     for p in all_files():
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(f"{torch.__version__}|{torch.version.cuda}|{arch}".encode())
+    h.update(f"{torch.__version__}|{torch.version.cuda}|{arch}|{_CFLAGS}|{_CUDA_CFLAGS}".encode())
     return f"tiered_ops_cuda_{h.hexdigest()[:12]}"
 
 
@@ -117,7 +122,7 @@ def load(device: torch.device | None = None) -> str | None:
                     name=name, sources=[str(p) for p in sources()], build_directory=str(bdir),
                     # No -std here: torch picks the standard its headers need (C++20 for torch 2.11); overriding it
                     # segfaulted when a TORCH_CHECK threw out of the op.
-                    extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo"],
+                    extra_cflags=_CFLAGS, extra_cuda_cflags=_CUDA_CFLAGS,
                     is_python_module=True, verbose=envs.verbose_build(),
                 )
             except Exception as e:  # recorded as the reason the CUDA tier is unavailable
@@ -136,9 +141,9 @@ def load(device: torch.device | None = None) -> str | None:
 
 def _built(name: str, bdir: Path) -> Any:
     """The extension imported straight from its build, where one is there and no build holds the directory: its name
-    hashes every source, torch's version, CUDA's and the architecture, so a build under it is of these very sources
-    (ninja's up-to-date check costs a first call ~0.3 s). None otherwise, or where the import fails (a build cut off
-    mid-link): ``cpp_extension.load`` then builds what is missing."""
+    hashes every source, torch's version, CUDA's, the architecture and the flags, so a build under it is of these
+    very sources (ninja's up-to-date check costs a first call ~0.3 s). None otherwise, or where the import fails (a
+    build cut off mid-link): ``cpp_extension.load`` then builds what is missing."""
     so = bdir / f"{name}.so"
     if not so.is_file() or (bdir / "lock").exists():
         return None
