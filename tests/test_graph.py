@@ -108,6 +108,36 @@ def test_missing_decision_inside_fullgraph_says_what_to_do(private_store):
         torch.compile(_between_pointwise(tiered_ops.softmax), fullgraph=True)(x, -1)
 
 
+_FRESH_PROCESS = """
+import sys, tempfile
+import torch
+import tiered_ops
+assert "torch._dynamo" not in sys.modules, "importing tiered_ops imported dynamo"
+tiered_ops.use_store(tempfile.mkdtemp() + "/s.sqlite")
+tiered_ops.set_tuning(False)
+f = lambda x: tiered_ops.softmax(x.sin(), -1).cos()
+x = torch.randn(8, 32)
+try:
+    torch.compile(f, fullgraph=True, backend="eager")(x)
+    raise SystemExit("fullgraph compiled a call with no decision")
+except torch._dynamo.exc.Unsupported as e:
+    assert "call tiered_ops.select_backend" in str(e), e
+torch._dynamo.reset()
+torch.testing.assert_close(torch.compile(f, backend="eager")(x), torch.softmax(x.sin(), -1).cos())
+print("ok")
+"""
+
+
+def test_importing_does_not_import_dynamo_and_a_trace_still_decides_outside_its_graph():
+    """A process that never compiles never pays for dynamo's import; one that compiles a call with no decision gets
+    a graph break (or under fullgraph the error that says what to do) from its first trace on."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
 def _opcheck_args(op, dtype, device):
     spec = get_op(op)
     problems = [spec.problem((37, 129))] + ([spec.problem((5, 33), dim=0)] if op == "softmax" else [])

@@ -225,8 +225,10 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     if torch.compiler.is_compiling():
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
-        return _decide_outside_graph(spec, problem, dtype, device, tune, progress, policy, calls, mode, context,
-                                     budget)
+        from .outside import outside_graph  # imported while tracing: a process that never compiles never imports dynamo
+
+        return outside_graph(select_problem, spec, problem, dtype, device, tune, progress, policy, calls, mode, context,
+                             budget)
     with _lock:
         store = get_store()
         if _unsaved:
@@ -339,14 +341,6 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
         log.warning("tiered_ops.%s %s %s inside CUDA-graph capture: %s; running %s", spec.name, problem,
                     DTYPE_NAMES[dtype], why, sel.name)
     return sel
-
-
-@torch.compiler.disable(reason="tiered_ops has no decision for this op/shape bucket yet: call "
-                         "tiered_ops.select_backend(...) or the op once outside the compiled region first")
-def _decide_outside_graph(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
-                          tune: bool | None, progress: Callable[[str], None] | None, policy: str,
-                          calls: int | None, mode: str, context: str, budget: int | None) -> Selection:
-    return select_problem(spec, problem, dtype, device, tune, progress, policy, calls, mode, context, budget)
 
 
 def _cuda_index(dev: torch.device) -> int:
