@@ -9,7 +9,8 @@ first call <= eager's + 50 ms; decision stored in <= 3 s median, <= 8 s max.
 Each op runs against a store of its own (a new file under --out-dir or a temporary directory), so nothing measured
 before is reused; the ops run one after another, so one bucket is queued at a time. Where the seconds until a
 decision go: each candidate's time in the background worker and its first call (compilation included), from the
-background tuning's log records, printed and written beside --csv as ``<csv stem>_candidates.csv``.
+background tuning's log records, printed and written beside --csv as ``<csv stem>_candidates.csv``, and the worker's
+start (one worker serves the process: its start counts in the first op's seconds, in ``worker_start_s``).
 
     python benchmarks/first_call.py [--ops softmax,rms_norm] [--csv out.csv] [--timeout 120]
 """
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             first = next(iter(candidates.landings[seen_landings:]), None)
             r["first_landing_s"] = None if first is None else round(first["seconds"], 3)
             r["first_landing_impl"] = None if first is None else first["impl"]
+            start = [c["seconds"] for c in candidates.rows[seen:] if c["impl"] == background.WORKER_START]
+            r["worker_start_s"] = round(start[0], 3) if start else None  # the first op's, where the worker starts
             stored = "not within the timeout" if r["decision_s"] is None else f"{r['decision_s']:.2f} s"
             early = "" if first is None else f"first gated choice after {first['seconds']:.2f} s ({first['impl']}), "
             print(f"{op:<20} {r['problem'][:40]:<40} eager first {r['eager_first_ms']:9.2f} ms, background first "

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def bg(monkeypatch):
-    """Background tuning for the test, the thread and its worker stopped after it."""
+    """Background tuning for the test, the thread and its worker stopped before and after it."""
+    background.shutdown()
     select.set_tuning("background")
     yield
     background.shutdown()
@@ -86,6 +87,11 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
     assert "background tuning: queued softmax 4x64" in said and "landed in" in said, said
     # each candidate said with its time in the worker, its first call and its outcome (the figures on the record)
     figures = [getattr(r, background.CANDIDATE) for r in caplog.records if hasattr(r, background.CANDIDATE)]
+    # the worker's start said apart, before the first candidate (the shutdown before this test left none running)
+    assert figures[0]["impl"] == background.WORKER_START and figures[0]["outcome"] == "started", figures
+    assert figures[0]["seconds"] > 0 and figures[0]["first_call_s"] is None, figures
+    assert "(worker start) took" in said, said
+    figures = figures[1:]
     assert sorted(f["impl"] for f in figures) == sorted(stored), figures
     for f in figures:
         assert f["op"] == "softmax" and f["seconds"] > 0 and f["outcome"], f
@@ -112,6 +118,9 @@ def test_a_gated_choice_lands_while_slower_to_gate_candidates_are_measured(bg, p
     spec, release, asked = get_op("softmax"), threading.Event(), []
 
     class Pool:  # the worker's replies, made up: eager 10-12 us, compile 4-5 us once released
+        def start(self):
+            return None  # running already
+
         def run(self, task, what):
             _, op, name, problem, dname, mode, kw = task
             asked.append((name, kw))

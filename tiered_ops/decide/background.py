@@ -285,6 +285,7 @@ def _pool_for(me: _Runner, job: Job) -> Pool:
 
 CANDIDATE = "tiered_ops_candidate"  # the attribute of a candidate's log record that holds its figures (a dict)
 LANDING = "tiered_ops_landing"  # the attribute of a landing's log record: op, problem, impl, seconds, final
+WORKER_START = "(worker start)"  # the ``impl`` of the record that says how long the measurement worker took to start
 # The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
 # choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
 _ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
@@ -313,6 +314,9 @@ def _tune(me: _Runner, job: Job) -> None:
     log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
              job.device, ", ".join(todo) or "nothing (measured meanwhile)", len(_s.queue))
     t0 = time.perf_counter()
+    started = _pool_for(me, job).start() if todo else None  # said apart: not the first candidate's time
+    if started is not None:
+        _said(job, WORKER_START, started, None, "started")
     for name in todo:
         if me.stopping:
             return

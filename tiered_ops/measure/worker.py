@@ -182,6 +182,15 @@ class Pool:
             self.worker = w
         return self.worker
 
+    def start(self) -> float | None:
+        """Start a worker where none runs: the seconds its start took (its imports, its CUDA context, the
+        extension's load); None where one was running already."""
+        if self.worker is not None:
+            return None
+        t0 = time.perf_counter()
+        self._ready()
+        return time.perf_counter() - t0
+
     def hello(self) -> dict:
         self._ready()
         return self.info
