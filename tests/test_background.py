@@ -291,6 +291,28 @@ def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path)
             assert f"TIERED_OPS_TEST_TAG={tag}".encode() not in env, f"process {d.name} outlived the script"
 
 
+def test_a_first_call_imports_neither_triton_nor_dynamo(tmp_path):
+    """What a process's first call pays beyond eager's: nothing of Triton's or dynamo's import (0.4 s and more; the
+    fingerprint reads Triton's version from its file). The worker measures Triton later, in its own process."""
+    script = textwrap.dedent("""
+        import sys, torch, tiered_ops
+        from tiered_ops.measure.fingerprint import triton_version
+        x, t = torch.randn(16, 300), torch.randint(0, 300, (16,))
+        before = set(sys.modules)
+        tiered_ops.cross_entropy(x, t)
+        print("new", sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("triton", "torch")))
+        import triton
+        print("versions", triton_version(), triton.__version__)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TIERED_OPS_TUNE="background", TIERED_OPS_DB=str(tmp_path / "s.sqlite")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    new = next(ln for ln in r.stdout.splitlines() if ln.startswith("new"))
+    assert "triton" not in new and "torch._dynamo" not in new, new
+    versions = next(ln for ln in r.stdout.splitlines() if ln.startswith("versions")).split()
+    assert versions[1] == versions[2], versions
+
+
 @pytest.mark.gpu
 def test_background_tuning_on_the_gpu_lands_under_the_callers_fingerprint(bg, private_store):
     """The worker sees the caller's GPU as cuda:0 (CUDA_VISIBLE_DEVICES): its rows must carry the fingerprint the
