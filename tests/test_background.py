@@ -296,7 +296,7 @@ def test_a_first_call_imports_neither_triton_nor_dynamo(tmp_path):
     fingerprint reads Triton's version from its file). The worker measures Triton later, in its own process."""
     script = textwrap.dedent("""
         import sys, torch, tiered_ops
-        from tiered_ops.measure.fingerprint import triton_version
+        from tiered_ops.environment import triton_version
         x, t = torch.randn(16, 300), torch.randint(0, 300, (16,))
         before = set(sys.modules)
         tiered_ops.cross_entropy(x, t)

@@ -11,8 +11,10 @@ measures the candidate again. A wrong answer is the kernel's own and is stored w
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -25,16 +27,39 @@ def _resolved(exe: str | None) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _versions() -> dict[str, str]:
-    import importlib.metadata
+def triton_version() -> str:
+    """Triton's ``__version__`` without importing Triton where it is not imported yet (0.4 s or more, paid by the
+    first call of a process): read from its ``__init__.py``; "none" where it is not installed. The one reading of it:
+    the device fingerprint and the build environment both use it."""
+    mod = sys.modules.get("triton")
+    if mod is not None:
+        return getattr(mod, "__version__", "none")
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return "none"
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", f.read(), re.M)
+    except OSError:
+        found = None
+    if found:
+        return found.group(1)
+    try:  # a layout that sets its version otherwise
+        import triton
 
+        return triton.__version__
+    except Exception:  # triton is optional on some CPU platforms
+        return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
     import torch
 
-    try:
-        triton = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        triton = "none"
-    return {"python": sys.executable, "torch": torch.__version__, "triton": triton}
+    return {"python": sys.executable, "torch": torch.__version__, "triton": triton_version()}
 
 
 def environment() -> str:

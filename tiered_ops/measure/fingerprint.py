@@ -4,14 +4,13 @@ torch, Triton and CUDA versions, the host's CPU model). Stored with every row; a
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import platform
-import re
-import sys
 from dataclasses import dataclass
 
 import torch
+
+from ..environment import triton_version
 
 
 @dataclass(frozen=True)
@@ -48,34 +47,6 @@ def host_cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
-
-
-@functools.lru_cache(maxsize=1)
-def triton_version() -> str:
-    """Triton's ``__version__`` without importing Triton where it is not imported yet (0.4 s or more, paid by the
-    first call of a process): read from its ``__init__.py``; "none" where it is not installed."""
-    mod = sys.modules.get("triton")
-    if mod is not None:
-        return getattr(mod, "__version__", "none")
-    try:
-        spec = importlib.util.find_spec("triton")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.origin:
-        return "none"
-    try:
-        with open(spec.origin, encoding="utf-8") as f:
-            found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", f.read(), re.M)
-    except OSError:
-        found = None
-    if found:
-        return found.group(1)
-    try:  # a layout that sets its version otherwise
-        import triton
-
-        return triton.__version__
-    except Exception:  # triton is optional on some CPU platforms
-        return "none"
 
 
 @functools.lru_cache(maxsize=None)
