@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the C++ key is unavailable: {why}")
     if args.python_key:
         dispatch.use_call_key(None)
-    key = "c++" if dispatch._ckey is not None else "python"
+    # c++ vectorcall: the generated functions' own C fast path (no Python frame of ours on a hit)
+    key = "python" if dispatch._ckey is None else "c++ vectorcall" if dispatch._fast is not None else "c++"
     print(f"calls keyed in {key}")
     if dev.type == "cpu":
         torch.set_num_threads(1)  # steadier times of a small op on a shared host; the dispatch is one thread

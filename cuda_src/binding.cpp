@@ -12,6 +12,7 @@ std::vector<std::pair<const char*, PybindExport>>& pybind_exports() {
 
 PyObject* call_key_function();  // call_key.cpp: the per-call key of tiered_ops.<op>, and its cached call
 PyObject* call_cached_function();
+PyObject* fast_path_function();
 
 
 }  // namespace tiered_ops
@@ -29,4 +30,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("registered_ops") = ops;  // the ops whose files registered, in load order
   m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
   m.attr("call_cached") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_cached_function());
+  m.attr("fast_path") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::fast_path_function());
 }

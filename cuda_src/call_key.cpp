@@ -11,6 +11,16 @@
 // by those names) and its result returned. A key not in the table returns the key (bytes), none returns None: the
 // Python path decides (the functions in a table never return bytes or None).
 //
+// fast_path(func, table, op, params, defaults, required, kwnames, compiler) gives the Python function `func` (the
+// generated tiered_ops.<op>, or a select_backend class's __call__ where table is None: its self._seen is the table) a
+// C vectorcall that does what its hot path does, without its frame: the compiler module's _is_compiling_flag false,
+// the arguments bound to `params` (defaults[i] where not given; `required` marks none), then call_cached's lookup and
+// call; anything else (a miss, a trace, arguments that do not bind) runs the function's own code, which decides as
+// before. Dynamo traces the function's code (it never calls the vectorcall). fast_path(func, None) puts the
+// function's own vectorcall back. CPython honours a function's vectorcall at every call site from 3.12 on; before,
+// a call from Python code runs the function's code directly (the same path, slower), a call through C (star
+// arguments, a class's __call__) takes it.
+//
 // Encoding, per argument: a tag, then its payload: 'T' tensor (dtype, device type, device index, requires_grad, dim,
 // sizes), 'N' None, 'B' bool, 'I' int (8 bytes), 'F' float (its 8 bytes), 'S' str (length, UTF-8), 'Q' a tuple or
 // list of ints (length, each 8 bytes), 'D' a torch.dtype. The first argument is the op's name.
@@ -21,6 +31,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <vector>
 
 #ifndef TIERED_OPS_CALL_KEY_NO_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -156,6 +168,162 @@ PyObject* call_cached(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   return out;
 }
 
+// A function given the fast path: what its hot path reads, bound once.
+constexpr Py_ssize_t kMaxParams = 16;
+struct Fast {
+  PyObject* func = nullptr;  // the references below are owned (released when the fast path is taken away)
+  vectorcallfunc own = nullptr;  // the function's own vectorcall
+  PyObject* table = nullptr;  // nullptr: self._seen of a method's first argument
+  PyObject* op = nullptr;
+  PyObject* kwnames = nullptr;  // the keyword-only parameters' names (the tail), or nullptr
+  PyObject* flags = nullptr;  // the compiler module's __dict__
+  PyObject* names[kMaxParams] = {};
+  PyObject* defaults[kMaxParams] = {};  // nullptr: required
+  Py_ssize_t nparams = 0, npositional = 0;
+};
+std::vector<Fast*> fast_functions;
+PyObject* compiling_flag = nullptr;  // "_is_compiling_flag"
+PyObject* seen_name = nullptr;  // "_seen"
+
+Fast* find_fast(PyObject* func) {
+  for (Fast* f : fast_functions)
+    if (f->func == func) return f;
+  return nullptr;
+}
+
+// The function's own code: the Python path decides.
+PyObject* own_call(const Fast* f, PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return f->own(callable, args, nargsf, kwnames);
+}
+
+PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  const Fast* f = find_fast(callable);
+  if (f == nullptr) {  // taken away while a caller held a vectorcall pointer: the generic path
+    return _PyFunction_Vectorcall(callable, args, nargsf, kwnames);
+  }
+  PyObject* flag = PyDict_GetItemWithError(f->flags, compiling_flag);  // borrowed
+  if (flag != Py_False) {
+    PyErr_Clear();
+    return own_call(f, callable, args, nargsf, kwnames);
+  }
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* const* given = args;
+  PyObject* table = f->table;
+  PyObject* seen = nullptr;  // owned where read
+  if (table == nullptr) {  // a method: self first
+    if (nargs < 1) return own_call(f, callable, args, nargsf, kwnames);
+    seen = PyObject_GetAttr(args[0], seen_name);
+    if (seen == nullptr || !PyDict_Check(seen)) {
+      PyErr_Clear();
+      Py_XDECREF(seen);
+      return own_call(f, callable, args, nargsf, kwnames);
+    }
+    table = seen;
+    ++given;
+    --nargs;
+  }
+  // bound as the function binds them: full[0] the op, then each parameter
+  PyObject* full[kMaxParams + 1] = {f->op};
+  bool bound = nargs <= f->npositional;
+  for (Py_ssize_t i = 0; bound && i < nargs; ++i) full[1 + i] = given[i];
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t j = 0; bound && j < nkw; ++j) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, j);
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = 0; i < f->nparams && at < 0; ++i)
+      if (f->names[i] == name || PyUnicode_Compare(f->names[i], name) == 0) at = i;
+    bound = at >= 0 && full[1 + at] == nullptr;
+    if (bound) full[1 + at] = given[nargs + j];
+  }
+  for (Py_ssize_t i = 0; bound && i < f->nparams; ++i)
+    if (full[1 + i] == nullptr) bound = (full[1 + i] = f->defaults[i]) != nullptr;
+  KeyBuffer k;
+  PyObject* fn = nullptr;
+  if (bound && fill(k, full, f->nparams + 1)) {
+    PyObject* key = PyBytes_FromStringAndSize(k.data, static_cast<Py_ssize_t>(k.n));
+    fn = key == nullptr ? nullptr : PyDict_GetItemWithError(table, key);  // borrowed
+    Py_XINCREF(fn);  // the call may drop the table's entry
+    Py_XDECREF(key);
+  }
+  Py_XDECREF(seen);
+  if (fn == nullptr) {
+    PyErr_Clear();
+    return own_call(f, callable, args, nargsf, kwnames);
+  }
+  const Py_ssize_t nk = f->kwnames == nullptr ? 0 : PyTuple_GET_SIZE(f->kwnames);
+  PyObject* out = PyObject_Vectorcall(fn, full + 1, static_cast<size_t>(f->nparams - nk), f->kwnames);
+  Py_DECREF(fn);
+  return out;
+}
+
+void release(Fast* f) {
+  Py_XDECREF(f->func);
+  Py_XDECREF(f->table);
+  Py_XDECREF(f->op);
+  Py_XDECREF(f->kwnames);
+  Py_XDECREF(f->flags);
+  for (Py_ssize_t i = 0; i < f->nparams; ++i) {
+    Py_XDECREF(f->names[i]);
+    Py_XDECREF(f->defaults[i]);
+  }
+  delete f;
+}
+
+void set_vectorcall(PyObject* func, vectorcallfunc v) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyFunction_SetVectorcall(reinterpret_cast<PyFunctionObject*>(func), v);
+#else
+  reinterpret_cast<PyFunctionObject*>(func)->vectorcall = v;
+#endif
+}
+
+// fast_path(func, None) or fast_path(func, table, op, params, defaults, required, kwnames, compiler) -> bool: whether
+// func now has the fast path.
+PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || !PyFunction_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "fast_path(func: function, table: dict | None, ...)");
+    return nullptr;
+  }
+  PyObject* func = args[0];
+  if (Fast* old = find_fast(func)) {  // taken away first (given again below where asked)
+    set_vectorcall(func, old->own);
+    fast_functions.erase(std::find(fast_functions.begin(), fast_functions.end(), old));
+    release(old);
+  }
+  if (nargs == 2 && args[1] == Py_None) Py_RETURN_FALSE;
+  if (nargs != 8 || !(args[1] == Py_None || PyDict_Check(args[1])) || !PyUnicode_Check(args[2]) ||
+      !PyTuple_Check(args[3]) || !PyTuple_Check(args[4]) || !PyTuple_Check(args[6]) || !PyModule_Check(args[7]) ||
+      PyTuple_GET_SIZE(args[3]) != PyTuple_GET_SIZE(args[4]) || PyTuple_GET_SIZE(args[3]) > kMaxParams ||
+      PyTuple_GET_SIZE(args[6]) > PyTuple_GET_SIZE(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fast_path(func, table: dict | None, op: str, params: tuple[str], defaults: tuple (aligned), "
+                    "required: object, kwnames: tuple[str] (the tail of params), compiler: module)");
+    return nullptr;
+  }
+  if (compiling_flag == nullptr) {
+    compiling_flag = PyUnicode_InternFromString("_is_compiling_flag");
+    seen_name = PyUnicode_InternFromString("_seen");
+    if (compiling_flag == nullptr || seen_name == nullptr) return nullptr;
+  }
+  auto* f = new Fast;
+  f->own = reinterpret_cast<PyFunctionObject*>(func)->vectorcall;
+  f->func = Py_NewRef(func);
+  f->table = args[1] == Py_None ? nullptr : Py_NewRef(args[1]);
+  f->op = Py_NewRef(args[2]);
+  f->kwnames = PyTuple_GET_SIZE(args[6]) ? Py_NewRef(args[6]) : nullptr;
+  f->flags = Py_NewRef(PyModule_GetDict(args[7]));
+  f->nparams = PyTuple_GET_SIZE(args[3]);
+  f->npositional = f->nparams - PyTuple_GET_SIZE(args[6]);
+  for (Py_ssize_t i = 0; i < f->nparams; ++i) {
+    PyObject* d = PyTuple_GET_ITEM(args[4], i);
+    f->names[i] = Py_NewRef(PyTuple_GET_ITEM(args[3], i));
+    f->defaults[i] = d == args[5] ? nullptr : Py_NewRef(d);
+  }
+  fast_functions.push_back(f);
+  set_vectorcall(func, fast_call);
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef call_key_def = {"call_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_key)),
                             METH_FASTCALL,
                             "call_key(op, *args) -> bytes | None: the per-call key of tiered_ops.<op>(*args)"};
@@ -164,6 +332,11 @@ PyMethodDef call_cached_def = {
     "call_cached", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_cached)), METH_FASTCALL,
     "call_cached(table, kwnames, op, *args): table[key](*args) where key = call_key(op, *args) is in table, else key"};
 
+PyMethodDef fast_path_def = {
+    "fast_path", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_path)), METH_FASTCALL,
+    "fast_path(func, table, op, params, defaults, required, kwnames, compiler): func's hot path in C; "
+    "fast_path(func, None): its own again"};
+
 }  // namespace
 
 namespace tiered_ops {
@@ -171,5 +344,6 @@ namespace tiered_ops {
 // Plain CPython functions (METH_FASTCALL: no argument tuple, no pybind11 conversion on the per-call path).
 PyObject* call_key_function() { return PyCFunction_New(&call_key_def, nullptr); }
 PyObject* call_cached_function() { return PyCFunction_New(&call_cached_def, nullptr); }
+PyObject* fast_path_function() { return PyCFunction_New(&fast_path_def, nullptr); }
 
 }  // namespace tiered_ops

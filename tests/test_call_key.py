@@ -9,7 +9,9 @@ contract still checked on a new signature."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -23,10 +25,13 @@ from tiered_ops.decide.decide import _calls, _hot
 from tiered_ops.registry import package_dir
 
 _MODULE = """#include <torch/extension.h>
-namespace tiered_ops { PyObject* call_key_function(); PyObject* call_cached_function(); }
+namespace tiered_ops {
+PyObject* call_key_function(); PyObject* call_cached_function(); PyObject* fast_path_function();
+}
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
   m.attr("call_cached") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_cached_function());
+  m.attr("fast_path") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::fast_path_function());
 }
 """
 
@@ -52,7 +57,7 @@ def call_key(extension):
 
 @pytest.fixture
 def in_use(extension, private_decisions):
-    dispatch.use_call_key(extension.call_key, extension.call_cached)
+    dispatch.use_call_key(extension.call_key, extension.call_cached, extension.fast_path)
     try:
         yield extension.call_key
     finally:
@@ -197,6 +202,67 @@ def test_a_trace_reads_no_cpp_key(in_use):
     traced = torch.compile(lambda t: tiered_ops.softmax(t, -1) + sel(t, -1), fullgraph=True, backend="eager")
     torch.testing.assert_close(traced(x).double(), 4 * torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
     assert [k[-1] for k in _calls if k[0] == "softmax"] == [0, 1]  # the eager call cached both; the trace nothing
+
+
+def _caller_of_planted(op, args, where):
+    """Plant a function under the C++ key of ``op(*args)`` (grad off) in ``where``; it records its caller's code."""
+    callers = []
+
+    def planted(*a, **k):
+        callers.append(sys._getframe(1).f_code.co_filename)
+        return a[0]
+
+    names = list(inspect.signature(tiered_ops.get_op(op).reference).bind(*args).arguments)
+    bound = inspect.signature(tiered_ops.get_op(op).reference).bind(*args)
+    bound.apply_defaults()
+    with torch.no_grad():
+        where[dispatch._ckey(op, *bound.arguments.values())] = planted
+    return callers, names
+
+
+def test_a_hit_runs_no_python_frame_of_the_public_function(in_use, extension):
+    """The C fast path (a vectorcall of the generated function) binds positional, keyword and default arguments as
+    the function does and calls what the C++ key finds with no frame of its own; without it, the function's frame
+    calls it."""
+    x, w = _x(4, 64), _x(64)
+    callers, _ = _caller_of_planted("rms_norm", (x, (64,), w, None), _hot)
+    this = sys._getframe().f_code.co_filename
+    with torch.no_grad():
+        # star-calls: before Python 3.12 a plain call from Python code runs the function's code whatever its
+        # vectorcall (the same path, slower); a call through C takes the fast path on every version
+        for a, k in (((x, (64,), w), {}), ((x,), dict(normalized_shape=(64,), weight=w)),
+                     ((x, (64,), w, None), dict(weight_offset=0.0, cast_before_weight=False))):
+            assert tiered_ops.rms_norm(*a, **k) is x
+        assert callers == [this] * 3, callers
+        dispatch.use_call_key(extension.call_key, extension.call_cached)  # no fast path: the function's frame
+        callers_then, _ = _caller_of_planted("rms_norm", (x, (64,), w, None), _hot)
+        tiered_ops.rms_norm(*(x,), **dict(normalized_shape=(64,), weight=w))
+        assert callers_then == ["<tiered_ops.rms_norm>"], callers_then
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w: tiered_ops.rms_norm(x, (64,), w, None, 0.0),  # a keyword-only argument given by position
+    lambda x, w: tiered_ops.rms_norm(x, (64,), w, bogus=1),
+    lambda x, w: tiered_ops.rms_norm(x, (64,), w, weight=w),
+    lambda x, w: tiered_ops.rms_norm(x),
+    lambda x, w: tiered_ops.rms_norm(x=x, normalized_shape=(64,), weight=w, eps=None, weight_offset=0.0,
+                                     cast_before_weight=False, extra=1),
+], ids=["kwonly-by-position", "unknown-keyword", "twice", "missing", "one-too-many"])
+def test_arguments_that_do_not_bind_get_pythons_error(in_use, call):
+    x, w = _x(4, 64), _x(64)
+    with torch.no_grad():
+        tiered_ops.rms_norm(x, (64,), w)  # cached: a miss is not why it fails
+        with pytest.raises(TypeError, match="argument"):
+            call(x, w)
+
+
+def test_a_select_backend_callable_hit_runs_no_python_frame(in_use):
+    sel = tiered_ops.select_backend("softmax", (4, 64), torch.float32, "cpu", dim=-1)
+    x = _x(4, 64)
+    callers, _ = _caller_of_planted("softmax", (x, -1), sel._seen)
+    with torch.no_grad():  # the key's grad mode
+        assert sel(x, -1) is x and sel(x, dim=-1) is x and sel(x) is x
+    assert callers == [sys._getframe().f_code.co_filename] * 3, callers
 
 
 @pytest.mark.gpu

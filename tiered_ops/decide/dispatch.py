@@ -177,33 +177,59 @@ def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Calla
 # The per-call key read in C++ (``cuda_src/call_key.cpp``, part of the CUDA extension): ``_ckey(op, *args)`` gives
 # one byte string of the call's signature (or None: the Python key decides), built without a Python object per
 # tensor attribute; ``_cached(table, kwnames, op, *args)`` reads it, looks it up in ``table`` (key -> function) and
-# calls what it finds, or returns the key (None where there is none). Used once the extension is loaded (it is never
-# built for this); the generated functions' globals get them then (``use_call_key``).
+# calls what it finds, or returns the key (None where there is none); ``_fast`` gives a generated function that hot
+# path as its C vectorcall, so a hit runs no Python frame of ours (dynamo traces the function's code). Used once the
+# extension is loaded (it is never built for this); the generated functions' globals get them then (``use_call_key``).
 _ckey: Callable[..., bytes | None] | None = None
 _cached: Callable[..., Any] | None = None
+_fast: Callable[..., bool] | None = None
 _NAMESPACES: list[dict[str, Any]] = []
+_FAST_ARGS: list[tuple] = []  # (function, table or None: a method's self._seen, op, params, defaults, kwnames)
 _load_tried = False
 _python_key = False  # the Python key asked for (use_call_key(None)): the extension's load keeps it
 
 
 def _extension_loaded() -> None:
     if not _python_key:
-        use_call_key(cuda_ext.pybind_function("call_key"), cuda_ext.pybind_function("call_cached"))
+        use_call_key(*(cuda_ext.pybind_function(n) for n in ("call_key", "call_cached", "fast_path")))
 
 
-def use_call_key(key: Callable[..., bytes | None] | None, cached: Callable[..., Any] | None = None) -> None:
+def use_call_key(key: Callable[..., bytes | None] | None, cached: Callable[..., Any] | None = None,
+                 fast: Callable[..., bool] | None = None) -> None:
     """Key calls in C++ ahead of the Python key (``key`` and ``cached``: the extension's ``call_key`` and
-    ``call_cached``), or with the Python key alone (None: also once the extension loads later). Selections cached
-    under the C++ keys so far are dropped."""
-    global _ckey, _cached, _python_key
+    ``call_cached``; ``fast``: its ``fast_path``, None to keep each generated function's own frame), or with the
+    Python key alone (None: also once the extension loads later). Selections cached under the C++ keys so far are
+    dropped."""
+    global _ckey, _cached, _python_key, _fast
     if (key is None) != (cached is None):
         raise ValueError("use_call_key: call_key and call_cached go together (both None: the Python key)")
     if cached is not None and not _traceable(cached):
         key = cached = None
+    if _fast is not None:
+        for args in _FAST_ARGS:
+            _fast(args[0], None)
     _ckey, _cached, _python_key = key, cached, key is None
+    _fast = fast if cached is not None and _FLAG else None
     for ns in _NAMESPACES:
         ns["_cached"] = cached
+    for args in _FAST_ARGS:
+        _give_fast_path(*args)
     _hot.clear()
+
+
+def _give_fast_path(fn: Callable[..., Any], table: dict | None, op: str, params: tuple[str, ...],
+                    defaults: tuple, kwnames: tuple[str, ...]) -> None:
+    if _fast is not None:
+        _fast(fn, table, op, params, defaults, inspect.Parameter.empty, kwnames, torch.compiler)
+
+
+def _fast_path_of(fn: Callable[..., Any], table: dict | None, spec: OpSpec, kwnames: tuple[str, ...]) -> None:
+    """Register ``fn`` (generated: the op's parameters, after ``self`` where ``table`` is None) for the C fast path,
+    given at once where the extension is loaded."""
+    params = tuple(inspect.signature(spec.reference).parameters.values())
+    args = (fn, table, spec.name, tuple(p.name for p in params), tuple(p.default for p in params), kwnames)
+    _FAST_ARGS.append(args)
+    _give_fast_path(*args)
 
 
 _TRACEABLE: set[int] = set()
@@ -288,6 +314,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                   "call's shapes, dtype, device, mode (training when grad is on and an input requires it), context.\n\n"
                   + (inspect.getdoc(inspect.getmodule(spec.reference)) or ""))
     fn.__source__ = src
+    _fast_path_of(fn, _hot, spec, g.kwnames)
     return fn
 
 
@@ -329,6 +356,7 @@ def bind_selection(sel: Selection) -> type | None:
         exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
         call = ns["__call__"]
         call.__source__, call.__qualname__ = src, f"Selection.{spec.name}.__call__"
+        _fast_path_of(call, None, spec, g.kwnames)
         _BINDERS[op, id(spec)] = (spec, type("Selection", (Selection,), dict(__call__=call, __module__=__name__)))
     sel._seen = {}
     return _BINDERS[op, id(spec)][1]
