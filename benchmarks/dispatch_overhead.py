@@ -1,7 +1,9 @@
 """Per-call dispatch overhead: ``tiered_ops.<op>`` minus the chosen implementation called directly, and the same for
 the callable ``select_backend`` returns (obtained once), per op at its launch-bound shape (a GPU: one row of 4096 in
 bf16; a CPU: 4 x 64 fp32). Target on the GPU host: <= 1.0 us. Decisions come from the store in use
-(TIERED_OPS_TUNE=0: nothing is measured; eager where nothing is stored), so the direct call is whatever is chosen.
+(TIERED_OPS_TUNE=0: nothing is measured; eager where nothing is stored), so the direct call is whatever is chosen;
+``--tune``: each case's bucket is measured first where the store has no decision (blocking), so the direct call is
+what a tuned process runs.
 
 The three callers are timed in interleaved rounds (public, direct, selection; the next round in another order), each
 a batch of back-to-back calls (synchronized at the end on a GPU), with the garbage collector off. An overhead is the
@@ -17,7 +19,7 @@ process that has it built; ``--python-key`` times the Python key alone (the CPU'
 so the dispatch's own cost is timed without the implementation's variance (a loaded CPU host).
 
     python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200] [--stub]
-        [--python-key]
+        [--python-key] [--tune]
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=60, help="interleaved rounds per op")
     p.add_argument("--stub", action="store_true", help="time the dispatch alone: the implementation a stub")
     p.add_argument("--python-key", action="store_true", help="key calls in Python even where the C++ key loads")
+    p.add_argument("--tune", action="store_true", help="measure each case's bucket first where nothing is stored")
     args = p.parse_args(argv)
+    if args.tune:
+        tiered_ops.set_tuning("blocking")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not args.python_key:
         why = cuda_ext.load(dev)
