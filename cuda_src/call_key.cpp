@@ -14,8 +14,8 @@
 // fast_path(func, table, op, params, defaults, required, kwnames, compiler) gives the Python function `func` (the
 // generated tiered_ops.<op>, or a select_backend class's __call__ where table is None: its self._seen is the table) a
 // C vectorcall that does what its hot path does, without its frame: the compiler module's _is_compiling_flag false,
-// the arguments bound to `params` (defaults[i] where not given; `required` marks none), then call_cached's lookup and
-// call; anything else (a miss, a trace, arguments that do not bind) runs the function's own code, which decides as
+// the arguments bound to `params` (defaults[i] where not given; `required` marks none) for the key, then call_cached's
+// lookup, and what it finds called with the arguments as given; anything else (a miss, a trace, arguments that do not bind) runs the function's own code, which decides as
 // before. Dynamo traces the function's code (it never calls the vectorcall). fast_path(func, None) puts the
 // function's own vectorcall back. CPython honours a function's vectorcall at every call site from 3.12 on; before,
 // a call from Python code runs the function's code directly (the same path, slower), a call through C (star
@@ -175,11 +175,10 @@ struct Fast {
   vectorcallfunc own = nullptr;  // the function's own vectorcall
   PyObject* table = nullptr;  // nullptr: self._seen of a method's first argument
   PyObject* op = nullptr;
-  PyObject* kwnames = nullptr;  // the keyword-only parameters' names (the tail), or nullptr
   PyObject* flags = nullptr;  // the compiler module's __dict__
   PyObject* names[kMaxParams] = {};
   PyObject* defaults[kMaxParams] = {};  // nullptr: required
-  Py_ssize_t nparams = 0, npositional = 0;
+  Py_ssize_t nparams = 0, npositional = 0;  // all, and those before the keyword-only ones
 };
 std::vector<Fast*> fast_functions;
 PyObject* compiling_flag = nullptr;  // "_is_compiling_flag"
@@ -250,8 +249,9 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
     PyErr_Clear();
     return own_call(f, callable, args, nargsf, kwnames);
   }
-  const Py_ssize_t nk = f->kwnames == nullptr ? 0 : PyTuple_GET_SIZE(f->kwnames);
-  PyObject* out = PyObject_Vectorcall(fn, full + 1, static_cast<size_t>(f->nparams - nk), f->kwnames);
+  // the arguments as the caller gave them: every implementation takes the op's signature, its defaults included
+  // (a keyword passed on costs each of its wrappers a dict)
+  PyObject* out = PyObject_Vectorcall(fn, given, static_cast<size_t>(nargs), kwnames);
   Py_DECREF(fn);
   return out;
 }
@@ -260,7 +260,6 @@ void release(Fast* f) {
   Py_XDECREF(f->func);
   Py_XDECREF(f->table);
   Py_XDECREF(f->op);
-  Py_XDECREF(f->kwnames);
   Py_XDECREF(f->flags);
   for (Py_ssize_t i = 0; i < f->nparams; ++i) {
     Py_XDECREF(f->names[i]);
@@ -310,7 +309,6 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   f->func = Py_NewRef(func);
   f->table = args[1] == Py_None ? nullptr : Py_NewRef(args[1]);
   f->op = Py_NewRef(args[2]);
-  f->kwnames = PyTuple_GET_SIZE(args[6]) ? Py_NewRef(args[6]) : nullptr;
   f->flags = Py_NewRef(PyModule_GetDict(args[7]));
   f->nparams = PyTuple_GET_SIZE(args[3]);
   f->npositional = f->nparams - PyTuple_GET_SIZE(args[6]);

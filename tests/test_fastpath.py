@@ -4,12 +4,14 @@ stands in for. On the CPU the kernels run on the Triton interpreter; the direct 
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
 import torch
 from helpers import HAS_CUDA, assert_like_truth, builtin_ops, gpu, truth64
 
+import tiered_ops
 from tiered_ops.tiers.catalog import get_op
 from tiered_ops.tiers.fastpath import fast_callable, tier_fast
 from triton_src import launch
@@ -445,3 +447,27 @@ def test_a_resolved_fast_path_still_traces_as_the_registered_op(op):
     impl = spec.impls["triton"]
     impl.fn(*args)
     assert explain(impl.fn, args) == dict(graphs=1, breaks=0, reasons=[], error=None)
+
+
+def test_every_implementation_takes_the_ops_defaults():
+    """A hit of ``tiered_ops.<op>``'s C fast path passes the caller's arguments on as given, so every callable a call
+    reaches with them (each implementation, the declaration's hooks) binds a left-out argument to the reference's
+    default. A wrapper of ``*args, **kwargs`` passes them on to one of these."""
+    for name in tiered_ops.OPS:
+        spec = tiered_ops.get_op(name)
+        ref = inspect.signature(spec.reference).parameters
+        hooks = dict(eager=spec.eager, kernel_args=spec.kernel_args, validate=spec.validate,
+                     check_values=spec.check_values, result_dtype=spec.result_dtype, takes_mixed=spec.takes_mixed,
+                     **{f"impl {k}": impl.unchecked for k, impl in spec.impls.items()})
+        checked = 0
+        for what, fn in hooks.items():
+            if fn is None:
+                continue
+            params = inspect.signature(fn).parameters
+            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
+                continue
+            assert list(params)[:len(ref)] == list(ref), (name, what, list(params))
+            for n, p in ref.items():
+                assert params[n].default == p.default, (name, what, n, params[n].default, p.default)
+            checked += 1
+        assert checked >= 3, (name, checked)  # eager, kernel_args, validate at least
