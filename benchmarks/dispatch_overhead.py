@@ -9,7 +9,9 @@ The three callers are timed in interleaved rounds (public, direct, selection; th
 a batch of back-to-back calls (synchronized at the end on a GPU), with the garbage collector off. An overhead is the
 median over rounds of (caller - direct) of the same round, so a drift of the machine between rounds cancels; its
 p20-p80 over rounds says how steady it was; ``*_min_us``: the fastest round of the caller minus the fastest of the
-direct call (on a loaded machine the least disturbed estimate). ``select_backend_lookup_us``: one
+direct call (on a loaded machine the least disturbed estimate). ``*_paired_us``: the median over single calls
+of (caller - direct), each caller call timed beside one direct call (the order alternating), so the host's noise
+in an implementation that costs tens of us falls on both sides of each pair. ``select_backend_lookup_us``: one
 ``select_backend(...)`` call itself (its cached lookup, nothing run). On a CPU torch runs on one thread here.
 
 On a GPU the CUDA extension is loaded first, so calls are keyed in C++ (``cuda_src/call_key.cpp``), as in any
@@ -74,6 +76,32 @@ def interleaved(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, cuda
             k = r % len(names)
             for n in names[k:] + names[:k]:
                 out[n].append(batch_us(fns[n], calls, cuda))
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
+def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: bool) -> list[float]:
+    """(fn - direct) in us of ``pairs`` pairs of single calls, each pair timed back to back with the order
+    alternating (synchronized before and after on a GPU, never between calls)."""
+    clock = time.perf_counter_ns
+    out = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+        for i in range(pairs):
+            first, second = (fn, direct) if i % 2 == 0 else (direct, fn)
+            t0 = clock()
+            first()
+            t1 = clock()
+            second()
+            t2 = clock()
+            out.append(((t1 - t0) - (t2 - t1)) / 1e3 * (1 if i % 2 == 0 else -1))
+        if cuda:
+            torch.cuda.synchronize()
     finally:
         if enabled:
             gc.enable()
@@ -148,6 +176,8 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         t = interleaved({"public": lambda: public(*a), "direct": lambda: direct(*a), "select": lambda: sel(*a)},
                         calls, rounds, cuda)
         t_lookup = interleaved({"lookup": lookup}, calls, max(5, rounds // 4), False)["lookup"]
+        pair_pub = spread(paired(lambda: public(*a), lambda: direct(*a), calls * rounds // 3, cuda))
+        pair_sel = spread(paired(lambda: sel(*a), lambda: direct(*a), calls * rounds // 3, cuda))
     # whether the public calls were served by the C++ key (its key of this call cached): None where it is not in use
     ckey = None
     if dispatch._ckey is not None:  # (grad mode off, as the calls were made: it is part of the key)
@@ -167,7 +197,11 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 select_us=round(statistics.median(t["select"]), 3), select_chosen=sel.name,
                 select_backend_lookup_us=round(statistics.median(t_lookup), 3), rounds=rounds, calls=calls,
                 public_overhead_min_us=round(min(t["public"]) - min(t["direct"]), 3),
-                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3), ckey_hit=ckey)
+                select_backend_overhead_min_us=round(min(t["select"]) - min(t["direct"]), 3),
+                public_paired_us=round(pair_pub[0], 3), public_paired_p20_us=round(pair_pub[1], 3),
+                public_paired_p80_us=round(pair_pub[2], 3), select_backend_paired_us=round(pair_sel[0], 3),
+                select_backend_paired_p20_us=round(pair_sel[1], 3), select_backend_paired_p80_us=round(pair_sel[2], 3),
+                ckey_hit=ckey)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(dict(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub), key=key))
     print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
-          f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16}")
+          f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16} {'paired: op, select':>18}")
     for r in rows:
         pub = f"{r['public_overhead_us']:.2f} ({r['public_overhead_p20_us']:.2f}-{r['public_overhead_p80_us']:.2f})"
         sb = (f"{r['select_backend_overhead_us']:.2f} ({r['select_backend_overhead_p20_us']:.2f}-"
               f"{r['select_backend_overhead_p80_us']:.2f})")
         print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>8} {r['direct_us']:10.2f} {pub:>22} {sb:>24} "
               f"{r['select_backend_lookup_us']:10.2f} {r['public_overhead_min_us']:8.2f}"
-              f"{r['select_backend_overhead_min_us']:8.2f}  c++ key hit: {r['ckey_hit']}")
+              f"{r['select_backend_overhead_min_us']:8.2f} {r['public_paired_us']:9.2f}"
+              f"{r['select_backend_paired_us']:9.2f}  c++ key hit: {r['ckey_hit']}")
     print("target on the GPU host: op-direct and select-direct <= 1.0 us")
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
