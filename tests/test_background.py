@@ -88,7 +88,8 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
     # each candidate said with its time in the worker, its first call and its outcome (the figures on the record)
     figures = [getattr(r, background.CANDIDATE) for r in caplog.records if hasattr(r, background.CANDIDATE)]
     # the worker's start said apart, before the first candidate (the shutdown before this test left none running)
-    assert figures[0]["impl"] == background.WORKER_START and figures[0]["outcome"] == "started", figures
+    assert figures[0]["impl"] == background.WORKER_START and figures[0]["outcome"].startswith("started ("), figures
+    assert "interpreter and package import" in figures[0]["outcome"] and "compiler warm-up" not in figures[0]["outcome"]
     assert figures[0]["seconds"] > 0 and figures[0]["first_call_s"] is None, figures
     assert "(worker start) took" in said, said
     figures = figures[1:]
@@ -326,3 +327,42 @@ def test_background_tuning_on_the_gpu_lands_under_the_callers_fingerprint(bg, pr
     assert "tuning" not in sel.record, sel.record
     assert background.pending() == 0, "the landed bucket was queued again"
     assert {r["device_key"] for r in Store(private_store).rows(op="softmax")} == {sel.record["device"]}
+
+
+def test_warm_tuning_starts_the_worker_before_any_bucket_and_keeps_it(bg, private_store, monkeypatch, caplog):
+    _only(monkeypatch, "plant_double", "eager")
+    monkeypatch.setattr(background, "IDLE_S", 0.2)  # an idle spell, which would close a worker not kept warm
+    caplog.set_level(logging.INFO, logger="tiered_ops")
+    took = tiered_ops.warm_tuning(CPU, wait=True, timeout=120)
+    assert took is not None and took > 0
+    pool = background._s.runner.pool
+    parts = pool.info["start_parts"]
+    assert {"interpreter and package import", "fingerprint", "copy probe", "compiler warm-up"} <= set(parts), parts
+    assert all(v >= 0 for v in parts.values()) and abs(sum(parts.values()) - took) < 0.05, (parts, took)
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "started in" in said and "before any bucket was queued" in said and "compiler warm-up" in said, said
+    pid = pool.worker.proc.pid
+    time.sleep(1.0)  # several idle spells
+    assert background._s.runner.pool is pool and pool.worker is not None and pool.worker.proc.pid == pid
+    assert tiered_ops.warm_tuning(CPU, wait=True, timeout=5) == took  # asked again: the same worker
+    caplog.clear()
+    public("plant_double")(torch.randn(300))
+    assert tiered_ops.wait_for_tuning(timeout=120)
+    assert pool.worker.proc.pid == pid, "the bucket started a worker of its own"
+    starts = [r for r in caplog.records if getattr(r, background.CANDIDATE, {}).get("impl") == background.WORKER_START]
+    assert not starts, "the bucket waited for a worker start"
+    assert Store(private_store).rows(op="plant_double", impl="eager")
+    background.shutdown()
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.05)
+
+
+def test_warm_tuning_names_why_its_worker_did_not_start(bg, monkeypatch):
+    def broken(self):
+        raise RuntimeError("a measurement worker for cpu could not start: planted")
+
+    monkeypatch.setattr(background.Pool, "_ready", broken)
+    with pytest.raises(RuntimeError, match="warm_tuning: the measurement worker for cpu could not start: .*planted"):
+        tiered_ops.warm_tuning("cpu", wait=True, timeout=60)

@@ -26,7 +26,7 @@ if not _os.environ.get("TRITON_INTERPRET"):
     except ImportError:
         pass
 
-from .decide.background import wait_for_tuning  # noqa: E402
+from .decide.background import wait_for_tuning, warm_tuning  # noqa: E402
 from .decide.decide import Selection, clear_cache, get_store, select_backend, set_policy, set_tuning, use_store  # noqa: E402
 from .decide.dispatch import public  # noqa: E402
 from .decide.packs import load_decisions as _load  # noqa: E402
@@ -51,7 +51,7 @@ def load_decisions(path: str) -> object:
 __all__ = [
     "OPS", "Impl", "OpSpec", "PatchReport", "Selection", "Tier", "TuneReport", "all_ops", "clear_cache", "get_op",
     "load_decisions", "patch", "select_backend", "set_policy", "set_tuning", "tune", "unpatch", "use_store",
-    "wait_for_tuning",
+    "wait_for_tuning", "warm_tuning",
     *(s.name for s in all_ops()),
 ]
 __version__ = "0.1.0"

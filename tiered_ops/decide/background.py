@@ -111,6 +111,9 @@ class _State:
         self.given_up: set[tuple] = set()  # buckets whose measurement failed in the harness: not queued again
         self.full_told = False
         self.registered = False
+        self.warm: list[str] = []  # devices whose worker ``warm_tuning`` asked to start before any bucket
+        self.warmed: dict[str, float | str] = {}  # device -> its worker's start in seconds, or why it failed
+        self.keep = False  # ``warm_tuning`` was called: the worker is kept for the process, not closed when idle
 
 
 _s = _State()
@@ -173,14 +176,64 @@ def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.d
         _s.queue[key] = job
         log.info("tiered_ops: background tuning: queued %s on %s (%d implementation(s): %s); %d queued", job, device,
                  len(impls), ", ".join(impls), len(_s.queue))
-        if _s.runner is None:
-            _s.runner = _Runner()
-            _s.runner.thread.start()
-            if not _s.registered:
-                _s.registered = True
-                atexit.register(shutdown)
+        _start_runner()
         _s.cond.notify_all()
         return job, ""
+
+
+def _start_runner() -> None:
+    """The thread, where none runs (``_s.cond`` held)."""
+    if _s.runner is None:
+        _s.runner = _Runner()
+        _s.runner.thread.start()
+        if not _s.registered:
+            _s.registered = True
+            atexit.register(shutdown)
+
+
+def warm_tuning(device: torch.device | str | None = None, wait: bool = False,
+                timeout: float | None = None) -> float | None:
+    """Start background tuning's measurement worker for ``device`` now (default: the current CUDA device, else the
+    CPU), so that the first bucket queued does not wait for its start (the imports, the CUDA context, the extension's
+    load: seconds on a GPU host); call it at start-up, beside loading the model. The worker is then kept for the
+    process (not closed after an idle spell): it holds a CUDA context of its own on that device.
+
+    Returns at once (None), or with ``wait``, once the worker answers: the seconds its start took, None where
+    ``timeout`` passed first. RuntimeError where it could not start (why, from the worker)."""
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = str(dev)
+    with _s.cond:
+        _s.keep = True
+        if key not in _s.warmed and key not in _s.warm:
+            _s.warm.append(key)
+        _start_runner()
+        _s.cond.notify_all()
+        if not wait or not _s.cond.wait_for(lambda: key in _s.warmed or _s.runner is None, timeout):
+            return None
+        took = _s.warmed.get(key)
+    if took is None:  # stopped (shutdown) before it started
+        return None
+    if isinstance(took, str):
+        raise RuntimeError(f"warm_tuning: the measurement worker for {key} could not start: {took}")
+    return took
+
+
+def _warm_next(me: _Runner, device: str) -> None:
+    """Start the worker ``warm_tuning`` asked for (the runner's thread, nothing queued)."""
+    try:
+        pool = _pool_on(me, torch.device(device), set(), warm_up=True)
+        took = pool.start()
+        if took is not None:
+            _said_start(None, pool, took)
+        outcome: float | str = took if took is not None else 0.0
+    except RuntimeError as e:
+        log.warning("tiered_ops: background tuning: %s", e)
+        outcome = str(e)
+    with _s.cond:
+        _s.warmed[device] = outcome
+        _s.cond.notify_all()
 
 
 def counting(job: Job, impl: Impl) -> Impl:
@@ -223,6 +276,9 @@ def shutdown(timeout: float = 10.0) -> None:
         runner, _s.runner = _s.runner, None
         dropped = len(_s.queue)
         _s.queue.clear()
+        _s.warm.clear()
+        _s.warmed.clear()
+        _s.keep = False
         if runner is not None:
             runner.stopping = True
         _s.cond.notify_all()
@@ -241,15 +297,20 @@ def _run(me: _Runner) -> None:
     try:
         while True:
             with _s.cond:
-                idle = not _s.cond.wait_for(lambda: _s.queue or me.stopping, IDLE_S)
+                idle = not _s.cond.wait_for(lambda: _s.queue or _s.warm or me.stopping, IDLE_S)
                 if me.stopping:
                     return
-                job = None if idle else max(_s.queue.values(), key=lambda j: j.calls)
+                job = None if idle or not _s.queue else max(_s.queue.values(), key=lambda j: j.calls)
+                warm = _s.warm.pop(0) if job is None and _s.warm else None
                 if job is not None:
                     del _s.queue[job.key]
                     _s.current = job
+            if warm is not None:
+                _warm_next(me, warm)
+                continue
             if job is None:
-                me.close_pool()  # outside the lock: a request never waits for a worker to exit
+                if not _s.keep:
+                    me.close_pool()  # outside the lock: a request never waits for a worker to exit
                 continue
             try:
                 _tune(me, job)
@@ -275,10 +336,16 @@ def _run(me: _Runner) -> None:
 
 
 def _pool_for(me: _Runner, job: Job) -> Pool:
-    modules = sorted({s.reference.__module__ for s in all_ops()} | {job.spec.reference.__module__})
-    if me.pool is None or me.pool.device != str(job.device) or not set(me.pool.modules) >= set(modules):
+    return _pool_on(me, job.device, {job.spec.reference.__module__})
+
+
+def _pool_on(me: _Runner, device: torch.device, extra: set[str], warm_up: bool = False) -> Pool:
+    """The runner's pool on ``device``, whose worker has every catalogued op's module and ``extra`` (``warm_up``: its
+    start also compiles a tiny function, ``Pool``)."""
+    modules = sorted({s.reference.__module__ for s in all_ops()} | extra)
+    if me.pool is None or me.pool.device != str(device) or not set(me.pool.modules) >= set(modules):
         me.close_pool()
-        me.pool = Pool(job.device, modules, TIMEOUT_S,
+        me.pool = Pool(device, modules, TIMEOUT_S, warm_up=warm_up,
                        log=lambda s: me.stopping or log.warning("tiered_ops: background tuning: %s", s))
     return me.pool
 
@@ -302,6 +369,19 @@ def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> N
                                     first_call_s=first, outcome=outcome)})
 
 
+def _said_start(job: Job | None, pool: Pool, seconds: float) -> None:
+    """Log the worker's start, part by part (``Pool.start``); for ``job`` where a bucket waited for it."""
+    parts = pool.info.get("start_parts", {}) if isinstance(pool.info, dict) else {}
+    said = ", ".join(f"{k} {v:.1f} s" for k, v in parts.items())
+    if job is not None:
+        _said(job, WORKER_START, seconds, None, f"started ({said})" if said else "started")
+    else:
+        log.info("tiered_ops: background tuning: a measurement worker on %s started in %.1f s (%s), before any "
+                 "bucket was queued", pool.device, seconds, said,
+                 extra={CANDIDATE: dict(op=None, problem=None, impl=WORKER_START, seconds=seconds, first_call_s=None,
+                                        outcome=f"started before any bucket ({said})")})
+
+
 def _tune(me: _Runner, job: Job) -> None:
     spec, (op, bkey, dname, fkey, mode) = job.spec, job.key
     store = None
@@ -316,7 +396,7 @@ def _tune(me: _Runner, job: Job) -> None:
     t0 = time.perf_counter()
     started = _pool_for(me, job).start() if todo else None  # said apart: not the first candidate's time
     if started is not None:
-        _said(job, WORKER_START, started, None, "started")
+        _said_start(job, me.pool, started)
     for name in todo:
         if me.stopping:
             return

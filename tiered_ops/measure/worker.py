@@ -162,17 +162,18 @@ class Pool:
     context. ``run`` returns (reply, None), or (None, why) when the worker died or timed out on that task."""
 
     def __init__(self, device: Any, modules: list[str], timeout_s: float = 300.0, start_timeout_s: float = 900.0,
-                 log: Any = print) -> None:
+                 log: Any = print, warm_up: bool = False) -> None:
         self.device, self.modules, self.timeout_s, self.start_timeout_s = str(device), modules, timeout_s, \
             start_timeout_s
         self.log, self.worker, self.info, self.started = log, None, None, 0
+        self.warm_up = warm_up  # the first worker's start also compiles a tiny function (Inductor, Triton): see _do
 
     def _ready(self) -> Worker:
         if self.worker is None:
             w = Worker(self.device, self.modules)
             self.started += 1
             try:
-                self.info = w.call(("hello",), self.start_timeout_s)[0]
+                self.info = w.call(("hello", self.warm_up and self.started == 1), self.start_timeout_s)[0]
             except (WorkerDied, WorkerTimeout) as e:
                 w.close()
                 raise RuntimeError(f"a measurement worker for {self.device} could not start: {e}") from None
@@ -184,12 +185,17 @@ class Pool:
 
     def start(self) -> float | None:
         """Start a worker where none runs: the seconds its start took (its imports, its CUDA context, the
-        extension's load); None where one was running already."""
+        extension's load: ``info["start_parts"]`` has them part by part); None where one was running already."""
         if self.worker is not None:
             return None
         t0 = time.perf_counter()
         self._ready()
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        parts = self.info.get("start_parts") if isinstance(self.info, dict) else None
+        if isinstance(parts, dict):  # what the worker did not time: the interpreter's start, the package's import
+            self.info["start_parts"] = {"interpreter and package import": round(took - sum(parts.values()), 3),
+                                        **parts}
+        return took
 
     def hello(self) -> dict:
         self._ready()
@@ -262,17 +268,22 @@ def _serve(device_str: str, modules: list[str]) -> None:
 
     faulthandler.enable()  # a fatal signal writes its name and the Python stack to the log the parent reads
 
+    parts = _Parts()
     import torch
 
+    parts.done("torch import")
     from ..registry import DTYPES
     from ..tiers.catalog import load
 
     for m in modules:
         importlib.import_module(m)
     OPS = load()  # the built-in ops and those the modules declared, built into their tiers
+    parts.done("catalog")
     device = torch.device(device_str)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.empty(1, device=device)  # the CUDA context, made here so that its seconds are said apart
+        parts.done("CUDA context")
     stdin = sys.stdin.buffer
     while True:
         try:
@@ -281,6 +292,8 @@ def _serve(device_str: str, modules: list[str]) -> None:
             return
         try:
             reply = _do(task, device, OPS, DTYPES)
+            if task[0] == "hello" and isinstance(reply, dict):
+                reply["start_parts"] = {**parts.took, **reply.get("start_parts", {})}
         except Exception:  # a harness error, not a candidate's: the parent raises it
             import traceback
 
@@ -295,17 +308,49 @@ class _HarnessError(str):
     pass
 
 
+class _Parts:
+    """The seconds of the worker's start, part by part (``done(name)`` closes the part since the last one): the hello
+    reply carries them as ``start_parts``, so that a slow start says where it went."""
+
+    def __init__(self) -> None:
+        self.took: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        t = time.perf_counter()
+        self.took[name], self._t = round(t - self._t, 3), t
+
+
+def _warm_up(device: Any) -> None:
+    """One tiny function compiled and run: the first compile of a process pays for importing dynamo and Inductor,
+    their caches and (on a GPU) Triton's driver, seconds that would otherwise fall on the first compiled candidate."""
+    import torch
+
+    fn = torch.compile(lambda x: x * 2.0 + 1.0, dynamic=False)
+    fn(torch.ones(8, device=device))
+    torch._dynamo.reset()  # nothing of it stays in the caches the candidates use
+
+
 def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
     kind = task[0]
     if kind == "hello":
         from .fingerprint import fingerprint
         from .timing import copy_bandwidth_gbps
 
+        parts = _Parts()
         if device.type == "cuda":
             from ..tiers import cuda_ext
 
             cuda_ext.load(device)  # build or load the extension here, not inside a candidate's timeout
-        return dict(fingerprint=fingerprint(device), copy_gbps=copy_bandwidth_gbps(device), pid=os.getpid())
+            parts.done("extension load")
+        info = dict(fingerprint=fingerprint(device))
+        parts.done("fingerprint")
+        info.update(copy_gbps=copy_bandwidth_gbps(device), pid=os.getpid())
+        parts.done("copy probe")
+        if len(task) > 1 and task[1]:
+            _warm_up(device)
+            parts.done("compiler warm-up")
+        return dict(info, start_parts=parts.took)
     if kind == "measure":
         from .measure import measure
 
