@@ -54,11 +54,15 @@ struct KeyBuffer {
   bool i64(int64_t v) { return put(&v, sizeof v); }
 };
 
-// Whether the current stream of a CUDA tensor's device captures a graph (no context is created for the query).
+// Whether the current stream of a CUDA tensor's device captures a graph (no context is created for the query). Torch's
+// default stream is the legacy stream (handle 0), which a capture cannot be begun on: a call on it asks the CUDA
+// runtime nothing (the query is a driver call on every eager call otherwise).
 bool capturing(const at::Tensor& t) {
 #ifndef TIERED_OPS_CALL_KEY_NO_CUDA
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+  if (stream == nullptr) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(t.get_device()).stream(), &status) != cudaSuccess) {
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     cudaGetLastError();
     return true;  // unknown: the Python path decides
   }

@@ -9,6 +9,7 @@
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
 #                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
 #                 launch (host us per call per tier and launch layer), dispatch (tiered_ops.<op>'s own per-call cost),
+#                 dispatchparts (that cost part by part: the capture query, the C++ key),
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 decoder and models (model-level benchmarks),
 #                 compiled (decisions per call context))
@@ -192,6 +193,13 @@ PY
         run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead${v%%:*}.csv" ${v#*:} 2>&1 \
           | grep -v -E "UserWarning|warn_once" | tail -9
       done
+      ;;
+    dispatchparts)
+      # The public call's host time over its implementation part by part (the capture query, the C++ key), on the
+      # default stream and on a side stream.
+      echo "== dispatchparts: the per-call path part by part"
+      run_for "$(left)" $PY scripts/diag/dispatch_parts.py --csv "$OUT/dispatch_parts.csv" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tail -10
       ;;
     firstcall)
       # A first call with an empty store under background tuning: its latency beside eager's first call, and the
