@@ -1,10 +1,10 @@
 // The key of a call of tiered_ops.<op> read in C++: one byte string of everything the op's Python key reads (each
 // tensor's shape, dtype, device; the other arguments' values), plus grad mode and each tensor's requires_grad, built
-// without a Python object per attribute. The per-call path looks its selection up by it (tiered_ops/decide/dispatch.py)
-// and falls back to the Python key wherever this returns None: an argument of a type not encoded here, an integer past
-// 64 bits, a key past the buffer, or a CUDA tensor while its stream captures a graph (the capture context is decided
-// in Python), or a tensor that is traced (a Python-dispatched one: fake, functional; symbolic sizes). Two calls with the
-// same bytes have the same Python key: this key only ever holds more.
+// without a Python object per attribute. The per-call path looks its selection up by it
+// (tiered_ops/decide/dispatch.py) and falls back to the Python key wherever this returns None: an argument of a type
+// not encoded here, an integer past 64 bits, a key past the buffer, or a CUDA tensor while its stream captures a graph
+// (the capture context is decided in Python), or a tensor that is traced (a Python-dispatched one: fake, functional;
+// symbolic sizes). Two calls with the same bytes have the same Python key: this key only ever holds more.
 //
 // call_cached(table, kwnames, op, *args) is the per-call path's hit in one C call: the key of (op, *args) looked up in
 // `table` (a dict of key -> function) and, where found, that function called on args (the last len(kwnames) of them
@@ -15,11 +15,11 @@
 // generated tiered_ops.<op>, or a select_backend class's __call__ where table is None: its self._seen is the table) a
 // C vectorcall that does what its hot path does, without its frame: the compiler module's _is_compiling_flag false,
 // the arguments bound to `params` (defaults[i] where not given; `required` marks none) for the key, then call_cached's
-// lookup, and what it finds called with the arguments as given; anything else (a miss, a trace, arguments that do not bind) runs the function's own code, which decides as
-// before. Dynamo traces the function's code (it never calls the vectorcall). fast_path(func, None) puts the
-// function's own vectorcall back. CPython honours a function's vectorcall at every call site from 3.12 on; before,
-// a call from Python code runs the function's code directly (the same path, slower), a call through C (star
-// arguments, a class's __call__) takes it.
+// lookup, and what it finds called with the arguments as given; anything else (a miss, a trace, arguments that do not
+// bind) runs the function's own code, which decides as before. Dynamo traces the function's code (it never calls the
+// vectorcall). fast_path(func, None) puts the function's own vectorcall back. CPython honours a function's vectorcall
+// at every call site from 3.12 on; before, a call from Python code runs the function's code directly (the same path,
+// slower), a call through C (star arguments, a class's __call__) takes it.
 //
 // Encoding, per argument: a tag, then its payload: 'T' tensor (dtype, device type, device index, requires_grad, dim,
 // sizes), 'N' None, 'B' bool, 'I' int (8 bytes), 'F' float (its 8 bytes), 'S' str (length, UTF-8), 'Q' a tuple or
@@ -83,37 +83,40 @@ bool put_int(KeyBuffer& k, PyObject* o) {
   return k.i64(v);
 }
 
-// One argument; false where it cannot be encoded (the caller then returns None). `asked`: whether the capture state
-// was asked already (once per call: the current stream, as the Python key asks it).
-bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
-  // A tensor by its type's MRO (THPVariable_Check would ask the metaclass's __instancecheck__, in Python, of every
-  // argument that is no tensor).
-  if (THPVariableClass != nullptr && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass))) {
-    const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.layout() != c10::kStrided) return false;
-    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (impl->is_python_dispatch() || impl->key_set().has(c10::DispatchKey::Functionalize) ||
-        impl->has_symbolic_sizes_strides())
-      return false;  // traced (export, a fake or functional tensor): the Python key reads the context
-    if (!asked && t.is_cuda()) {
-      asked = true;
-      if (capturing(t)) return false;
-    }
-    const auto sizes = t.sizes();
-    const int8_t head[5] = {static_cast<int8_t>(t.scalar_type()), static_cast<int8_t>(t.device().type()),
-                            static_cast<int8_t>(t.device().index()), static_cast<int8_t>(t.requires_grad()),
-                            static_cast<int8_t>(sizes.size())};
-    if (!k.tag('T') || !k.put(head, sizeof head)) return false;
-    return k.put(sizes.data(), sizes.size() * sizeof(int64_t));
+bool put_tensor(KeyBuffer& k, PyObject* o, bool& asked) {
+  const at::Tensor& t = THPVariable_Unpack(o);
+  if (t.layout() != c10::kStrided) return false;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_python_dispatch() || impl->key_set().has(c10::DispatchKey::Functionalize) ||
+      impl->has_symbolic_sizes_strides())
+    return false;  // traced (export, a fake or functional tensor): the Python key reads the context
+  if (!asked && t.is_cuda()) {
+    asked = true;
+    if (capturing(t)) return false;
   }
+  const auto sizes = t.sizes();
+  const int8_t head[5] = {static_cast<int8_t>(t.scalar_type()), static_cast<int8_t>(t.device().type()),
+                          static_cast<int8_t>(t.device().index()), static_cast<int8_t>(t.requires_grad()),
+                          static_cast<int8_t>(sizes.size())};
+  if (!k.tag('T') || !k.put(head, sizeof head)) return false;
+  return k.put(sizes.data(), sizes.size() * sizeof(int64_t));
+}
+
+// One argument; false where it cannot be encoded (the caller then returns None). `asked`: whether the capture state
+// was asked already (once per call: the current stream, as the Python key asks it). The exact types come first, each
+// one pointer comparison; a subclass of Tensor (a Parameter) is found by its type's MRO after them (THPVariable_Check
+// would ask the metaclass's __instancecheck__, in Python, of every argument that is no tensor).
+bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
+  PyTypeObject* type = Py_TYPE(o);
+  if (reinterpret_cast<PyObject*>(type) == THPVariableClass) return put_tensor(k, o, asked);
   if (o == Py_None) return k.tag('N');
-  if (PyBool_Check(o)) return k.tag('B') && k.tag(o == Py_True ? 1 : 0);
-  if (PyLong_CheckExact(o)) return k.tag('I') && put_int(k, o);
-  if (PyFloat_CheckExact(o)) {
+  if (type == &PyBool_Type) return k.tag('B') && k.tag(o == Py_True ? 1 : 0);
+  if (type == &PyLong_Type) return k.tag('I') && put_int(k, o);
+  if (type == &PyFloat_Type) {
     const double v = PyFloat_AS_DOUBLE(o);
     return k.tag('F') && k.put(&v, sizeof v);
   }
-  if (PyUnicode_CheckExact(o)) {
+  if (type == &PyUnicode_Type) {
     Py_ssize_t len = 0;
     const char* s = PyUnicode_AsUTF8AndSize(o, &len);
     if (s == nullptr) {
@@ -122,7 +125,7 @@ bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
     }
     return k.tag('S') && k.i64(len) && k.put(s, static_cast<size_t>(len));
   }
-  if (PyTuple_Check(o) || PyList_CheckExact(o)) {
+  if (PyTuple_Check(o) || type == &PyList_Type) {  // torch.Size is a tuple
     const Py_ssize_t len = PySequence_Fast_GET_SIZE(o);
     PyObject** items = PySequence_Fast_ITEMS(o);
     if (!k.tag('Q') || !k.i64(len)) return false;
@@ -130,6 +133,8 @@ bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
       if (!PyLong_CheckExact(items[i]) || !put_int(k, items[i])) return false;
     return true;
   }
+  if (THPVariableClass != nullptr && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass)))
+    return put_tensor(k, o, asked);
   if (THPDtype_Check(o)) return k.tag('D') && k.tag(static_cast<char>(reinterpret_cast<THPDtype*>(o)->scalar_type));
   return false;
 }
@@ -141,6 +146,20 @@ bool fill(KeyBuffer& k, PyObject* const* args, Py_ssize_t nargs) {
   for (Py_ssize_t i = 0; i < nargs; ++i)
     if (!put_arg(k, args[i], asked)) return false;
   return true;
+}
+
+// The function cached in `table` under k's bytes (a new reference), or nullptr: not there (then *key, where asked,
+// holds the key made, a new reference) or an error set.
+PyObject* lookup(PyObject* table, const KeyBuffer& k, PyObject** key = nullptr) {
+  PyObject* bytes = PyBytes_FromStringAndSize(k.data, static_cast<Py_ssize_t>(k.n));
+  if (bytes == nullptr) return nullptr;
+  PyObject* fn = PyDict_GetItemWithError(table, bytes);  // borrowed
+  Py_XINCREF(fn);  // the call may drop the table's entry
+  if (fn == nullptr && key != nullptr && !PyErr_Occurred())
+    *key = bytes;
+  else
+    Py_DECREF(bytes);
+  return fn;
 }
 
 PyObject* call_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -156,16 +175,9 @@ PyObject* call_cached(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   }
   KeyBuffer k;
   if (!fill(k, args + 2, nargs - 2)) Py_RETURN_NONE;
-  PyObject* key = PyBytes_FromStringAndSize(k.data, static_cast<Py_ssize_t>(k.n));
-  if (key == nullptr) return nullptr;
-  PyObject* fn = PyDict_GetItemWithError(args[0], key);  // borrowed
-  if (fn == nullptr) {
-    if (!PyErr_Occurred()) return key;
-    Py_DECREF(key);
-    return nullptr;
-  }
-  Py_DECREF(key);
-  Py_INCREF(fn);  // the call may drop the table's entry
+  PyObject* key = nullptr;
+  PyObject* fn = lookup(args[0], k, &key);
+  if (fn == nullptr) return key;  // a miss: the key; nullptr: an error set
   const Py_ssize_t nkw = PyTuple_GET_SIZE(args[1]);
   PyObject* out = PyObject_Vectorcall(fn, args + 3, static_cast<size_t>(nargs - 3 - nkw), nkw ? args[1] : nullptr);
   Py_DECREF(fn);
@@ -194,11 +206,6 @@ Fast* find_fast(PyObject* func) {
   return nullptr;
 }
 
-// The function's own code: the Python path decides.
-PyObject* own_call(const Fast* f, PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  return f->own(callable, args, nargsf, kwnames);
-}
-
 PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   const Fast* f = find_fast(callable);
   if (f == nullptr) {  // taken away while a caller held a vectorcall pointer: the generic path
@@ -207,19 +214,19 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   PyObject* flag = PyDict_GetItemWithError(f->flags, compiling_flag);  // borrowed
   if (flag != Py_False) {
     PyErr_Clear();
-    return own_call(f, callable, args, nargsf, kwnames);
+    return f->own(callable, args, nargsf, kwnames);
   }
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   PyObject* const* given = args;
   PyObject* table = f->table;
   PyObject* seen = nullptr;  // owned where read
   if (table == nullptr) {  // a method: self first
-    if (nargs < 1) return own_call(f, callable, args, nargsf, kwnames);
+    if (nargs < 1) return f->own(callable, args, nargsf, kwnames);
     seen = PyObject_GetAttr(args[0], seen_name);
     if (seen == nullptr || !PyDict_Check(seen)) {
       PyErr_Clear();
       Py_XDECREF(seen);
-      return own_call(f, callable, args, nargsf, kwnames);
+      return f->own(callable, args, nargsf, kwnames);
     }
     table = seen;
     ++given;
@@ -241,17 +248,11 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   for (Py_ssize_t i = 0; bound && i < f->nparams; ++i)
     if (full[1 + i] == nullptr) bound = (full[1 + i] = f->defaults[i]) != nullptr;
   KeyBuffer k;
-  PyObject* fn = nullptr;
-  if (bound && fill(k, full, f->nparams + 1)) {
-    PyObject* key = PyBytes_FromStringAndSize(k.data, static_cast<Py_ssize_t>(k.n));
-    fn = key == nullptr ? nullptr : PyDict_GetItemWithError(table, key);  // borrowed
-    Py_XINCREF(fn);  // the call may drop the table's entry
-    Py_XDECREF(key);
-  }
+  PyObject* fn = bound && fill(k, full, f->nparams + 1) ? lookup(table, k) : nullptr;
   Py_XDECREF(seen);
   if (fn == nullptr) {
     PyErr_Clear();
-    return own_call(f, callable, args, nargsf, kwnames);
+    return f->own(callable, args, nargsf, kwnames);
   }
   // the arguments as the caller gave them: every implementation takes the op's signature, its defaults included
   // (a keyword passed on costs each of its wrappers a dict)
