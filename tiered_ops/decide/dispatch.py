@@ -9,6 +9,7 @@ goes to ``dispatch``. Generated code keeps the hot path as short as a hand-writt
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -183,8 +184,27 @@ def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Calla
 _ckey: Callable[..., bytes | None] | None = None
 _cached: Callable[..., Any] | None = None
 _fast: Callable[..., bool] | None = None
-_NAMESPACES: list[dict[str, Any]] = []
-_FAST_ARGS: list[tuple] = []  # (function, table or None: a method's self._seen, op, params, defaults, kwnames)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Generated:
+    """A generated per-call function: its globals (``_cached`` set there) and what its C fast path is given."""
+
+    ns: dict[str, Any]
+    fn: Callable[..., Any]
+    table: dict | None  # None: a method's self._seen
+    op: str
+    params: tuple[str, ...]
+    defaults: tuple
+    kwnames: tuple[str, ...]
+
+    def give_fast_path(self) -> None:
+        if _fast is not None:
+            _fast(self.fn, self.table, self.op, self.params, self.defaults, inspect.Parameter.empty, self.kwnames,
+                  torch.compiler)
+
+
+_GENERATED: list[_Generated] = []
 _load_tried = False
 _python_key = False  # the Python key asked for (use_call_key(None)): the extension's load keeps it
 
@@ -206,30 +226,24 @@ def use_call_key(key: Callable[..., bytes | None] | None, cached: Callable[..., 
     if cached is not None and not _traceable(cached):
         key = cached = None
     if _fast is not None:
-        for args in _FAST_ARGS:
-            _fast(args[0], None)
+        for g in _GENERATED:
+            _fast(g.fn, None)
     _ckey, _cached, _python_key = key, cached, key is None
     _fast = fast if cached is not None and _FLAG else None
-    for ns in _NAMESPACES:
-        ns["_cached"] = cached
-    for args in _FAST_ARGS:
-        _give_fast_path(*args)
+    for g in _GENERATED:
+        g.ns["_cached"] = cached
+        g.give_fast_path()
     _hot.clear()
 
 
-def _give_fast_path(fn: Callable[..., Any], table: dict | None, op: str, params: tuple[str, ...],
-                    defaults: tuple, kwnames: tuple[str, ...]) -> None:
-    if _fast is not None:
-        _fast(fn, table, op, params, defaults, inspect.Parameter.empty, kwnames, torch.compiler)
-
-
-def _fast_path_of(fn: Callable[..., Any], table: dict | None, spec: OpSpec, kwnames: tuple[str, ...]) -> None:
-    """Register ``fn`` (generated: the op's parameters, after ``self`` where ``table`` is None) for the C fast path,
-    given at once where the extension is loaded."""
+def _generated(ns: dict[str, Any], fn: Callable[..., Any], table: dict | None, spec: OpSpec,
+               kwnames: tuple[str, ...]) -> None:
+    """Keep ``fn`` (generated in ``ns``: the op's parameters, after ``self`` where ``table`` is None) for
+    ``use_call_key``, and give it the C fast path at once where the extension is loaded."""
     params = tuple(inspect.signature(spec.reference).parameters.values())
-    args = (fn, table, spec.name, tuple(p.name for p in params), tuple(p.default for p in params), kwnames)
-    _FAST_ARGS.append(args)
-    _give_fast_path(*args)
+    g = _Generated(ns, fn, table, spec.name, tuple(p.name for p in params), tuple(p.default for p in params), kwnames)
+    _GENERATED.append(g)
+    g.give_fast_path()
 
 
 _TRACEABLE: set[int] = set()
@@ -306,7 +320,6 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     return sel.fn({g.call})
 '''
     ns.update(_cached=_cached, _hot=_hot, _KW=g.kwnames)
-    _NAMESPACES.append(ns)
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
     fn = ns[spec.name]
     fn.__module__, fn.__qualname__ = "tiered_ops", spec.name
@@ -314,7 +327,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                   "call's shapes, dtype, device, mode (training when grad is on and an input requires it), context.\n\n"
                   + (inspect.getdoc(inspect.getmodule(spec.reference)) or ""))
     fn.__source__ = src
-    _fast_path_of(fn, _hot, spec, g.kwnames)
+    _generated(ns, fn, _hot, spec, g.kwnames)
     return fn
 
 
@@ -352,11 +365,10 @@ def bind_selection(sel: Selection) -> type | None:
 '''
         ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling, _cached=_cached,
                   _KW=g.kwnames)
-        _NAMESPACES.append(ns)
         exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
         call = ns["__call__"]
         call.__source__, call.__qualname__ = src, f"Selection.{spec.name}.__call__"
-        _fast_path_of(call, None, spec, g.kwnames)
+        _generated(ns, call, None, spec, g.kwnames)
         _BINDERS[op, id(spec)] = (spec, type("Selection", (Selection,), dict(__call__=call, __module__=__name__)))
     sel._seen = {}
     return _BINDERS[op, id(spec)][1]
