@@ -32,7 +32,12 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <utility>
 #include <vector>
+
+#include "call_cache.h"
+
+namespace call_cache = tiered_ops::call_cache;
 
 #ifndef TIERED_OPS_CALL_KEY_NO_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -186,24 +191,33 @@ PyObject* call_cached(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
 
 // A function given the fast path: what its hot path reads, bound once.
 constexpr Py_ssize_t kMaxParams = 16;
-struct Fast {
+struct Fast {  // what every hit reads first, then the defaults, then the names (read only for keywords)
   PyObject* func = nullptr;  // the references below are owned (released when the fast path is taken away)
   vectorcallfunc own = nullptr;  // the function's own vectorcall
   PyObject* table = nullptr;  // nullptr: self._seen of a method's first argument
   PyObject* op = nullptr;
   PyObject* flags = nullptr;  // the compiler module's __dict__
-  PyObject* names[kMaxParams] = {};
-  PyObject* defaults[kMaxParams] = {};  // nullptr: required
   Py_ssize_t nparams = 0, npositional = 0;  // all, and those before the keyword-only ones
+  PyObject* defaults[kMaxParams] = {};  // nullptr: required
+  PyObject* names[kMaxParams] = {};
 };
-std::vector<Fast*> fast_functions;
+std::vector<std::pair<PyObject*, Fast*>> fast_functions;  // (func, its Fast): one contiguous run to scan
 PyObject* compiling_flag = nullptr;  // "_is_compiling_flag"
 PyObject* seen_name = nullptr;  // "_seen"
 
 Fast* find_fast(PyObject* func) {
-  for (Fast* f : fast_functions)
-    if (f->func == func) return f;
+  for (const auto& [fn, f] : fast_functions)
+    if (fn == func) return f;
   return nullptr;
+}
+
+// Whether dynamo traces: the compiler module's flag, from the cache where it holds it, else read.
+bool compiling_now(PyObject* flags) {
+  const int known = call_cache::compiling(flags);
+  if (known >= 0) return known != 0;
+  PyObject* flag = PyDict_GetItemWithError(flags, compiling_flag);  // borrowed
+  PyErr_Clear();
+  return flag != Py_False;
 }
 
 PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -211,11 +225,7 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   if (f == nullptr) {  // taken away while a caller held a vectorcall pointer: the generic path
     return _PyFunction_Vectorcall(callable, args, nargsf, kwnames);
   }
-  PyObject* flag = PyDict_GetItemWithError(f->flags, compiling_flag);  // borrowed
-  if (flag != Py_False) {
-    PyErr_Clear();
-    return f->own(callable, args, nargsf, kwnames);
-  }
+  if (compiling_now(f->flags)) return f->own(callable, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   PyObject* const* given = args;
   PyObject* table = f->table;
@@ -248,7 +258,16 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   for (Py_ssize_t i = 0; bound && i < f->nparams; ++i)
     if (full[1 + i] == nullptr) bound = (full[1 + i] = f->defaults[i]) != nullptr;
   KeyBuffer k;
-  PyObject* fn = bound && fill(k, full, f->nparams + 1) ? lookup(table, k) : nullptr;
+  PyObject* fn = nullptr;
+  if (bound && fill(k, full, f->nparams + 1)) {
+    uint64_t hash = 0;
+    fn = call_cache::find(table, k.data, k.n, &hash);
+    if (fn != nullptr) {
+      Py_INCREF(fn);  // the call may drop the table's entry
+    } else if ((fn = lookup(table, k)) != nullptr) {
+      call_cache::put(table, k.data, k.n, hash, fn);
+    }
+  }
   Py_XDECREF(seen);
   if (fn == nullptr) {
     PyErr_Clear();
@@ -291,7 +310,7 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   PyObject* func = args[0];
   if (Fast* old = find_fast(func)) {  // taken away first (given again below where asked)
     set_vectorcall(func, old->own);
-    fast_functions.erase(std::find(fast_functions.begin(), fast_functions.end(), old));
+    fast_functions.erase(std::find(fast_functions.begin(), fast_functions.end(), std::make_pair(func, old)));
     release(old);
   }
   if (nargs == 2 && args[1] == Py_None) Py_RETURN_FALSE;
@@ -322,7 +341,8 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
     f->names[i] = Py_NewRef(PyTuple_GET_ITEM(args[3], i));
     f->defaults[i] = d == args[5] ? nullptr : Py_NewRef(d);
   }
-  fast_functions.push_back(f);
+  fast_functions.emplace_back(func, f);
+  call_cache::start(f->flags, compiling_flag);
   set_vectorcall(func, fast_call);
   Py_RETURN_TRUE;
 }

@@ -265,6 +265,58 @@ def test_a_select_backend_callable_hit_runs_no_python_frame(in_use):
     assert callers == [sys._getframe().f_code.co_filename] * 3, callers
 
 
+def _planted(result):
+    return lambda *a, **k: result
+
+
+def test_a_changed_table_is_never_served_from_a_stale_hit(in_use):
+    """The fast path keeps hits in a C-side cache (Python 3.12+, kept exact by dict watchers): a function replaced
+    under its key, the key deleted, the table cleared, each is seen by the next call; a select_backend callable's
+    table likewise. (Star-calls: before 3.12 only a call through C takes the fast path.)"""
+    if dispatch._fast is None:
+        pytest.skip("no C fast path with this torch (no torch.compiler._is_compiling_flag)")
+    x, w = _x(4, 64), _x(64)
+    a = (x, (64,), w)
+    with torch.no_grad():
+        key = dispatch._ckey("rms_norm", x, (64,), w, None, 0.0, False)
+        _hot[key] = _planted("first")
+        assert [tiered_ops.rms_norm(*a) for _ in range(3)] == ["first"] * 3
+        _hot[key] = _planted("second")
+        assert tiered_ops.rms_norm(*a) == "second"
+        del _hot[key]
+        assert isinstance(tiered_ops.rms_norm(*a), torch.Tensor)  # a miss: the Python path decides, caches again
+        _hot[key] = _planted("third")
+        assert tiered_ops.rms_norm(*a) == "third"
+        _hot.clear()
+        assert isinstance(tiered_ops.rms_norm(*a), torch.Tensor)
+        _hot.update({key: _planted("fourth")})
+        assert tiered_ops.rms_norm(*a) == "fourth"
+        sel = tiered_ops.select_backend("softmax", (4, 64), torch.float32, "cpu", dim=-1)
+        skey = dispatch._ckey("softmax", x, -1)
+        sel._seen[skey] = _planted("one")
+        assert [sel(*(x, -1)) for _ in range(2)] == ["one"] * 2
+        sel._seen[skey] = _planted("two")
+        assert sel(*(x, -1)) == "two"
+        sel._seen = {skey: _planted("three")}  # another table: read from the instance on every call
+        assert sel(*(x, -1)) == "three"
+
+
+def test_the_compiling_flag_is_read_on_every_call(in_use, monkeypatch):
+    """While torch.compiler's flag says a trace runs, a hit is not served from the C side (the function's own code
+    decides, in the compiled context); once it is False again, it is."""
+    if dispatch._fast is None:
+        pytest.skip("no C fast path with this torch (no torch.compiler._is_compiling_flag)")
+    x = _x(4, 64)
+    with torch.no_grad():
+        tiered_ops.softmax(x, -1)
+        _hot[dispatch._ckey("softmax", x, -1)] = _planted("hit")
+        assert tiered_ops.softmax(*(x, -1)) == "hit"
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+        assert isinstance(tiered_ops.softmax(*(x, -1)), torch.Tensor)
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+        assert tiered_ops.softmax(*(x, -1)) == "hit"
+
+
 @pytest.mark.gpu
 def test_the_cuda_extension_keys_calls_and_steps_aside_in_a_capture():
     from tiered_ops.tiers import cuda_ext
