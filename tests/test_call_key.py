@@ -22,32 +22,14 @@ import torch
 import tiered_ops
 from tiered_ops.decide import dispatch
 from tiered_ops.decide.decide import _calls, _hot
-from tiered_ops.registry import package_dir
-
-_MODULE = """#include <torch/extension.h>
-namespace tiered_ops {
-PyObject* call_key_function(); PyObject* call_cached_function(); PyObject* fast_path_function();
-}
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
-  m.attr("call_cached") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_cached_function());
-  m.attr("fast_path") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::fast_path_function());
-}
-"""
+from tiered_ops.tiers import cuda_ext
 
 
 @pytest.fixture(scope="module")
 def extension(tmp_path_factory):
     if shutil.which("g++") is None or not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
         pytest.skip("needs g++ and Python's headers")
-    from torch.utils import cpp_extension
-
-    d = tmp_path_factory.mktemp("call_key")
-    (d / "module.cpp").write_text(_MODULE)
-    m = cpp_extension.load(name="tiered_ops_call_key_cpu", build_directory=str(d),
-                           sources=[str(package_dir("cuda_src") / "call_key.cpp"), str(d / "module.cpp")],
-                           extra_cflags=["-O2", "-DTIERED_OPS_CALL_KEY_NO_CUDA"])
-    return m
+    return cuda_ext.build_call_key_cpu(tmp_path_factory.mktemp("call_key"))
 
 
 @pytest.fixture(scope="module")

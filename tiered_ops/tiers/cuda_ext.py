@@ -157,6 +157,34 @@ def _built(name: str, bdir: Path) -> Any:
     return module
 
 
+# The C++ call key alone, as a module of its own (the CUDA extension's binding.cpp exports the same three functions).
+_CALL_KEY_MODULE = """#include <torch/extension.h>
+namespace tiered_ops {
+PyObject* call_key_function(); PyObject* call_cached_function(); PyObject* fast_path_function();
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("call_key") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_key_function());
+  m.attr("call_cached") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::call_cached_function());
+  m.attr("fast_path") = pybind11::reinterpret_steal<pybind11::object>(tiered_ops::fast_path_function());
+}
+"""
+
+
+def build_call_key_cpu(build_dir: Path, name: str = "tiered_ops_call_key_cpu", source_dir: Path | None = None) -> Any:
+    """The C++ call key (``call_key.cpp`` and the header it includes) built alone with its CUDA part compiled out: a
+    module with ``call_key``, ``call_cached`` and ``fast_path``, for a host without CUDA (the tests; the dispatch
+    diagnostics on a CPU). ``source_dir``: another copy of ``cuda_src`` (an earlier tree's, to compare in one
+    process under another ``name``). Needs a C++ compiler and Python's headers."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "module.cpp").write_text(_CALL_KEY_MODULE)
+    src = (source_dir or CUDA_SRC) / "call_key.cpp"
+    return cpp_extension.load(name=name, build_directory=str(build_dir),
+                              sources=[str(src), str(build_dir / "module.cpp")],
+                              extra_cflags=["-O2", "-DTIERED_OPS_CALL_KEY_NO_CUDA"], verbose=envs.verbose_build())
+
+
 def on_load(hook: Callable[[], None]) -> None:
     """Call ``hook`` once the extension is loaded (now, when it is already): the tiers register the autograd and fake
     kernels of the ops it defines there, so this module needs nothing above it."""
