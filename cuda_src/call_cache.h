@@ -11,13 +11,18 @@
 // watched table (an entry added, replaced, deleted, the dict cleared or freed) makes every slot stale before the change
 // takes effect, so a slot's borrowed function is always one its table still holds. The flag is updated from the
 // compiler module's dict the same way; it is "unknown" (the dict is read) after anything but an assignment. Before
-// 3.12, or with no watcher free, nothing is cached: every call reads the dicts as before.
+// 3.12, with no watcher free, or in a free-threaded build (the state here relies on the GIL), nothing is cached: every
+// call reads the dicts as before.
 #pragma once
 
 #include <Python.h>
 
 #include <cstdint>
 #include <cstring>
+
+#if PY_VERSION_HEX >= 0x030C0000 && !defined(Py_GIL_DISABLED)
+#define TIERED_OPS_CALL_CACHE 1
+#endif
 
 namespace tiered_ops::call_cache {
 
@@ -62,7 +67,7 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
   return h ^ (h >> 29);
 }
 
-#if PY_VERSION_HEX >= 0x030C0000
+#ifdef TIERED_OPS_CALL_CACHE
 inline int on_dict_event(PyDict_WatchEvent event, PyObject* dict, PyObject* key, PyObject* new_value) {
   State& s = state();
   if (dict != s.flags) {
@@ -88,7 +93,7 @@ inline int on_dict_event(PyDict_WatchEvent event, PyObject* dict, PyObject* key,
 
 // Once: a watcher, and the compiler module's dict `flags` watched for `name`. Nothing is cached where this fails.
 inline void start(PyObject* flags, PyObject* name) {
-#if PY_VERSION_HEX >= 0x030C0000
+#ifdef TIERED_OPS_CALL_CACHE
   State& s = state();
   if (s.watcher >= 0 || s.flag_name != nullptr) return;
   s.flag_name = Py_NewRef(name);
@@ -132,7 +137,7 @@ inline PyObject* find(PyObject* table, const char* key, size_t n, uint64_t* hash
 
 // Keep fn (found in table under key, hash from find()) for the next calls; table is watched from now on.
 inline void put(PyObject* table, const char* key, size_t n, uint64_t hash, PyObject* fn) {
-#if PY_VERSION_HEX >= 0x030C0000
+#ifdef TIERED_OPS_CALL_CACHE
   State& s = state();
   if (s.watcher < 0 || n > kKeyBytes) return;
   if (PyDict_Watch(s.watcher, table) < 0) {
