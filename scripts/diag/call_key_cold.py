@@ -1,6 +1,7 @@
 """The C++ call key of this tree against an earlier tree's, on a CPU, in one process: what a hit of
-``tiered_ops.<op>`` costs over the implementation it calls, warm (back-to-back calls) and cold (MB streamed through
-the CPU caches before each call, as an implementation's own work does: a few ATen ops evict what the hit path reads).
+``tiered_ops.<op>`` and of a ``select_backend`` callable costs over the implementation it calls, warm (back-to-back
+calls) and cold (MB streamed through the CPU caches before each call, as an implementation's own work does: a few ATen
+ops evict what the hit path reads).
 
 Each tree's ``call_key.cpp`` (and the headers it includes) is built alone, its CUDA part compiled out
 (``cuda_ext.build_call_key_cpu``); the two alternate round by round. The implementation is a stub planted under the
@@ -60,6 +61,11 @@ def cases(n: int = 64) -> dict[str, tuple]:
             "layer_norm": (x, (n,), w, w, 1e-5), "cross_entropy": (x, t)}
 
 
+# select_backend's problem parameters of each case (its defaults differ: a bias or weight, dim -1)
+SELECT = {"softmax": dict(dim=-1), "rms_norm": dict(normalized_shape=(64,)),
+          "fused_add_rms_norm": dict(normalized_shape=(64,)), "layer_norm": dict(normalized_shape=(64,))}
+
+
 def stub(*args: Any, **kwargs: Any) -> Any:
     for v in args:
         if isinstance(v, torch.Tensor):
@@ -105,27 +111,33 @@ def main() -> int:
             if wanted and op not in wanted:
                 continue
             public = getattr(tiered_ops, op)
-            res: dict[str, dict[str, list[float]]] = {k: {"warm": [], "cold": []} for k in keys}
+            x = a[0]
+            sel = tiered_ops.select_backend(op, tuple(x.shape), x.dtype, x.device, **SELECT.get(op, {}))
+            callers = {"op": public, "select": sel}
+            res = {(k, c): {"warm": [], "cold": []} for k in keys for c in callers}
             for rd in range(args.rounds):
                 order = list(keys) if rd % 2 == 0 else list(reversed(keys))
                 for name in order:
                     m = keys[name]
                     dispatch.use_call_key(m.call_key, m.call_cached, m.fast_path)
-                    public(*a)
-                    for k in list(_hot):
-                        _hot[k] = stub
-                    gc.disable()
-                    try:
-                        res[name]["warm"].append(over_direct(lambda: public(*a), lambda: stub(*a), args.calls, None))
-                        res[name]["cold"].append(over_direct(lambda: public(*a), lambda: stub(*a), args.calls, evict))
-                    finally:
-                        gc.enable()
-            for name, r in res.items():
+                    for c, fn in callers.items():
+                        fn(*a)  # the key learned, then the stub planted under it
+                        table = _hot if c == "op" else sel._seen
+                        for k in list(table):
+                            table[k] = stub
+                        gc.disable()
+                        try:
+                            for kind, ev in (("warm", None), ("cold", evict)):
+                                res[name, c][kind].append(over_direct(lambda: fn(*a), lambda: stub(*a), args.calls,
+                                                                      ev))
+                        finally:
+                            gc.enable()
+            for (name, c), r in res.items():
                 cells = []
                 for kind in ("warm", "cold"):
                     q = statistics.quantiles(r[kind], n=10)
                     cells.append(f"{kind} {statistics.median(r[kind]):6.0f} ({q[1]:.0f}-{q[7]:.0f})")
-                print(f"{op:<20} {name:<22} " + "   ".join(cells))
+                print(f"{op:<20} {c:<7} {name:<22} " + "   ".join(cells))
     dispatch.use_call_key(None)
     return 0
 
