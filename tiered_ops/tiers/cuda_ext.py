@@ -182,7 +182,7 @@ def build_call_key_cpu(build_dir: Path, name: str = "tiered_ops_call_key_cpu", s
     src = (source_dir or CUDA_SRC) / "call_key.cpp"
     return cpp_extension.load(name=name, build_directory=str(build_dir),
                               sources=[str(src), str(build_dir / "module.cpp")],
-                              extra_cflags=["-O2", "-DTIERED_OPS_CALL_KEY_NO_CUDA"], verbose=envs.verbose_build())
+                              extra_cflags=[*_CFLAGS, "-DTIERED_OPS_CALL_KEY_NO_CUDA"], verbose=envs.verbose_build())
 
 
 def on_load(hook: Callable[[], None]) -> None:
