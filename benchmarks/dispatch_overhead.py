@@ -20,8 +20,12 @@ process that has it built; ``--python-key`` times the Python key alone (the CPU'
 ``--stub``: the chosen implementation replaced by a function of the op's signature that returns its first argument,
 so the dispatch's own cost is timed without the implementation's variance (a loaded CPU host).
 
+``--evict MB``: also ``*_cold_us``, the median over single calls of (caller - direct) with MB streamed through the CPU
+caches (a CPU tensor written) before each timed call, as an implementation's own work does: what the dispatch costs
+when what it reads is no longer cached (with ``--stub``, the dispatch's own cold cost).
+
     python benchmarks/dispatch_overhead.py [--csv out.csv] [--ops rms_norm,softmax] [--rounds 60] [--calls 200] [--stub]
-        [--python-key] [--tune]
+        [--python-key] [--tune] [--evict 16]
 """
 
 from __future__ import annotations
@@ -108,6 +112,30 @@ def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: b
     return out
 
 
+def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: torch.Tensor, cuda: bool) -> list[float]:
+    """(fn - direct) in us of ``pairs`` pairs of single calls, ``evict`` written before each timed call (so what a call
+    reads comes from memory, not the CPU caches); the GPU synchronized before each call, never inside the timing."""
+    clock = time.perf_counter_ns
+    out = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(pairs):
+            t = []
+            for f in (fn, direct):
+                evict.add_(1.0)
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = clock()
+                f()
+                t.append(clock() - t0)
+            out.append((t[0] - t[1]) / 1e3)
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
 def spread(xs: list[float]) -> tuple[float, float, float]:
     """(median, p20, p80) of ``xs``."""
     q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
@@ -148,7 +176,7 @@ def _chosen(op: str) -> Any:
 
 
 def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, rounds: int,
-               stub: bool = False) -> dict[str, Any]:
+               stub: bool = False, evict_mb: float = 0.0) -> dict[str, Any]:
     cuda = dev.type == "cuda"
     public = getattr(tiered_ops, op)
     x = a[0]
@@ -164,7 +192,7 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 i.unchecked = stub_of(spec)
             try:
                 tiered_ops.clear_cache()
-                return measure_op(op, a, params, dev, calls, rounds)
+                return measure_op(op, a, params, dev, calls, rounds, evict_mb=evict_mb)
             finally:
                 for i, fn in kept:
                     i.unchecked = fn
@@ -178,6 +206,13 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         t_lookup = interleaved({"lookup": lookup}, calls, max(5, rounds // 4), False)["lookup"]
         pair_pub = spread(paired(lambda: public(*a), lambda: direct(*a), calls * rounds // 3, cuda))
         pair_sel = spread(paired(lambda: sel(*a), lambda: direct(*a), calls * rounds // 3, cuda))
+        colds = {}
+        if evict_mb > 0:
+            buf = torch.zeros(int(evict_mb * 2**20 / 4))
+            for name, fn in (("public", lambda: public(*a)), ("select_backend", lambda: sel(*a))):
+                c = spread(cold(fn, lambda: direct(*a), max(50, calls * rounds // 24), buf, cuda))
+                colds.update({f"{name}_cold_us": round(c[0], 3), f"{name}_cold_p20_us": round(c[1], 3),
+                              f"{name}_cold_p80_us": round(c[2], 3)})
     # whether the public calls were served by the C++ key (its key of this call cached): None where it is not in use
     ckey = None
     if dispatch._ckey is not None:  # (grad mode off, as the calls were made: it is part of the key)
@@ -201,7 +236,7 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
                 public_paired_us=round(pair_pub[0], 3), public_paired_p20_us=round(pair_pub[1], 3),
                 public_paired_p80_us=round(pair_pub[2], 3), select_backend_paired_us=round(pair_sel[0], 3),
                 select_backend_paired_p20_us=round(pair_sel[1], 3), select_backend_paired_p80_us=round(pair_sel[2], 3),
-                ckey_hit=ckey)
+                ckey_hit=ckey, **colds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stub", action="store_true", help="time the dispatch alone: the implementation a stub")
     p.add_argument("--python-key", action="store_true", help="key calls in Python even where the C++ key loads")
     p.add_argument("--tune", action="store_true", help="measure each case's bucket first where nothing is stored")
+    p.add_argument("--evict", type=float, default=0.0, metavar="MB",
+                   help="also time each caller with MB streamed through the CPU caches before each call")
     args = p.parse_args(argv)
     if args.tune:
         tiered_ops.set_tuning("blocking")
@@ -232,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     for op, (a, params) in cases(dev).items():
         if (args.ops and op not in args.ops.split(",")) or op not in tiered_ops.OPS:
             continue
-        rows.append(dict(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub), key=key))
+        rows.append(dict(measure_op(op, a, params, dev, args.calls, args.rounds, args.stub, args.evict), key=key))
     print(f"{'op':<20} {'shape':>8} {'chosen':>8} {'direct us':>10} {'op-direct (p20-p80)':>22} "
           f"{'select-direct (p20-p80)':>24} {'lookup us':>10} {'min: op, select':>16} {'paired: op, select':>18}")
     for r in rows:
@@ -242,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['op']:<20} {r['shape']:>8} {r['chosen']:>8} {r['direct_us']:10.2f} {pub:>22} {sb:>24} "
               f"{r['select_backend_lookup_us']:10.2f} {r['public_overhead_min_us']:8.2f}"
               f"{r['select_backend_overhead_min_us']:8.2f} {r['public_paired_us']:9.2f}"
-              f"{r['select_backend_paired_us']:9.2f}  c++ key hit: {r['ckey_hit']}")
+              f"{r['select_backend_paired_us']:9.2f}  c++ key hit: {r['ckey_hit']}"
+              + (f"  cold: op {r['public_cold_us']:.2f}, select {r['select_backend_cold_us']:.2f}"
+                 if "public_cold_us" in r else ""))
     print("target on the GPU host: op-direct and select-direct <= 1.0 us")
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
