@@ -21,137 +21,22 @@
 // at every call site from 3.12 on; before, a call from Python code runs the function's code directly (the same path,
 // slower), a call through C (star arguments, a class's __call__) takes it.
 //
-// Encoding, per argument: a tag, then its payload: 'T' tensor (dtype, device type, device index, requires_grad, dim,
-// sizes), 'N' None, 'B' bool, 'I' int (8 bytes), 'F' float (its 8 bytes), 'S' str (length, UTF-8), 'Q' a tuple or
-// list of ints (length, each 8 bytes), 'D' a torch.dtype. The first argument is the op's name.
+// The encoding of the key: call_key.h; the C-side cache a hit reads first: call_cache.h.
 #include <Python.h>
-#include <c10/core/GradMode.h>
-#include <torch/csrc/Dtype.h>
-#include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "call_cache.h"
+#include "call_key.h"
 
 namespace call_cache = tiered_ops::call_cache;
-
-#ifndef TIERED_OPS_CALL_KEY_NO_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
+using namespace tiered_ops::key_encoding;  // NOLINT: the encoding is this file's own
 
 namespace {
-
-struct KeyBuffer {
-  char data[512];
-  size_t n = 0;
-  bool put(const void* p, size_t len) {
-    if (n + len > sizeof(data)) return false;
-    std::memcpy(data + n, p, len);
-    n += len;
-    return true;
-  }
-  bool tag(char t) { return put(&t, 1); }
-  bool i64(int64_t v) { return put(&v, sizeof v); }
-};
-
-// Whether the current stream of a CUDA tensor's device captures a graph (no context is created for the query). Torch's
-// default stream is the legacy stream (handle 0), which a capture cannot be begun on: a call on it asks the CUDA
-// runtime nothing (the query is a driver call on every eager call otherwise).
-bool capturing(const at::Tensor& t) {
-#ifndef TIERED_OPS_CALL_KEY_NO_CUDA
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
-  if (stream == nullptr) return false;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    cudaGetLastError();
-    return true;  // unknown: the Python path decides
-  }
-  return status != cudaStreamCaptureStatusNone;
-#else
-  (void)t;
-  return false;
-#endif
-}
-
-bool put_int(KeyBuffer& k, PyObject* o) {
-  int overflow = 0;
-  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow || (v == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return false;
-  }
-  return k.i64(v);
-}
-
-bool put_tensor(KeyBuffer& k, PyObject* o, bool& asked) {
-  const at::Tensor& t = THPVariable_Unpack(o);
-  if (t.layout() != c10::kStrided) return false;
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (impl->is_python_dispatch() || impl->key_set().has(c10::DispatchKey::Functionalize) ||
-      impl->has_symbolic_sizes_strides())
-    return false;  // traced (export, a fake or functional tensor): the Python key reads the context
-  if (!asked && t.is_cuda()) {
-    asked = true;
-    if (capturing(t)) return false;
-  }
-  const auto sizes = t.sizes();
-  const int8_t head[5] = {static_cast<int8_t>(t.scalar_type()), static_cast<int8_t>(t.device().type()),
-                          static_cast<int8_t>(t.device().index()), static_cast<int8_t>(t.requires_grad()),
-                          static_cast<int8_t>(sizes.size())};
-  if (!k.tag('T') || !k.put(head, sizeof head)) return false;
-  return k.put(sizes.data(), sizes.size() * sizeof(int64_t));
-}
-
-// One argument; false where it cannot be encoded (the caller then returns None). `asked`: whether the capture state
-// was asked already (once per call: the current stream, as the Python key asks it). The exact types come first, each
-// one pointer comparison; a subclass of Tensor (a Parameter) is found by its type's MRO after them (THPVariable_Check
-// would ask the metaclass's __instancecheck__, in Python, of every argument that is no tensor).
-bool put_arg(KeyBuffer& k, PyObject* o, bool& asked) {
-  PyTypeObject* type = Py_TYPE(o);
-  if (reinterpret_cast<PyObject*>(type) == THPVariableClass) return put_tensor(k, o, asked);
-  if (o == Py_None) return k.tag('N');
-  if (type == &PyBool_Type) return k.tag('B') && k.tag(o == Py_True ? 1 : 0);
-  if (type == &PyLong_Type) return k.tag('I') && put_int(k, o);
-  if (type == &PyFloat_Type) {
-    const double v = PyFloat_AS_DOUBLE(o);
-    return k.tag('F') && k.put(&v, sizeof v);
-  }
-  if (type == &PyUnicode_Type) {
-    Py_ssize_t len = 0;
-    const char* s = PyUnicode_AsUTF8AndSize(o, &len);
-    if (s == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    return k.tag('S') && k.i64(len) && k.put(s, static_cast<size_t>(len));
-  }
-  if (PyTuple_Check(o) || type == &PyList_Type) {  // torch.Size is a tuple
-    const Py_ssize_t len = PySequence_Fast_GET_SIZE(o);
-    PyObject** items = PySequence_Fast_ITEMS(o);
-    if (!k.tag('Q') || !k.i64(len)) return false;
-    for (Py_ssize_t i = 0; i < len; ++i)
-      if (!PyLong_CheckExact(items[i]) || !put_int(k, items[i])) return false;
-    return true;
-  }
-  if (THPVariableClass != nullptr && PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass)))
-    return put_tensor(k, o, asked);
-  if (THPDtype_Check(o)) return k.tag('D') && k.tag(static_cast<char>(reinterpret_cast<THPDtype*>(o)->scalar_type));
-  return false;
-}
-
-// The key of (op, *args) in k; false where an argument cannot be encoded.
-bool fill(KeyBuffer& k, PyObject* const* args, Py_ssize_t nargs) {
-  k.tag(c10::GradMode::is_enabled() ? 1 : 0);
-  bool asked = false;
-  for (Py_ssize_t i = 0; i < nargs; ++i)
-    if (!put_arg(k, args[i], asked)) return false;
-  return true;
-}
 
 // The function cached in `table` under k's bytes (a new reference), or nullptr: not there (then *key, where asked,
 // holds the key made, a new reference) or an error set.
@@ -191,6 +76,7 @@ PyObject* call_cached(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
 
 // A function given the fast path: what its hot path reads, bound once.
 constexpr Py_ssize_t kMaxParams = 16;
+constexpr size_t kEncoded = 160;
 struct Fast {  // what every hit reads first, then the defaults, then the names (read only for keywords)
   PyObject* func = nullptr;  // the references below are owned (released when the fast path is taken away)
   vectorcallfunc own = nullptr;  // the function's own vectorcall
@@ -198,6 +84,11 @@ struct Fast {  // what every hit reads first, then the defaults, then the names 
   PyObject* op = nullptr;
   PyObject* flags = nullptr;  // the compiler module's __dict__
   Py_ssize_t nparams = 0, npositional = 0;  // all, and those before the keyword-only ones
+  // The key's bytes of the op's name, encoded[0, at[0]), and of default i, encoded[at[i], at[i + 1]) where it was
+  // encoded once (an immutable value of an encoded type; empty: read from defaults[i] on each call), so a hit does
+  // not read those objects.
+  uint16_t at[kMaxParams + 1] = {};
+  char encoded[kEncoded] = {};
   PyObject* defaults[kMaxParams] = {};  // nullptr: required
   PyObject* names[kMaxParams] = {};
 };
@@ -209,6 +100,45 @@ Fast* find_fast(PyObject* func) {
   for (const auto& [fn, f] : fast_functions)
     if (fn == func) return f;
   return nullptr;
+}
+
+// The key of a call bound to f's parameters (arg[i] nullptr: parameter i takes its default): the bytes fill() makes
+// of (op, every argument), the op's and the defaults' from f's encoding where it has them.
+bool fill_bound(KeyBuffer& k, const Fast* f, PyObject* const* arg) {
+  if (!k.tag(c10::GradMode::is_enabled() ? 1 : 0) || !k.put(f->encoded, f->at[0])) return false;
+  bool asked = false;
+  for (Py_ssize_t i = 0; i < f->nparams; ++i) {
+    if (arg[i] != nullptr) {
+      if (!put_arg(k, arg[i], asked)) return false;
+    } else if (f->at[i + 1] > f->at[i]) {
+      if (!k.put(f->encoded + f->at[i], f->at[i + 1] - f->at[i])) return false;
+    } else if (f->defaults[i] == nullptr || !put_arg(k, f->defaults[i], asked)) {
+      return false;  // a required parameter not given: the function's own code raises
+    }
+  }
+  return true;
+}
+
+// f's encoding of its op's name and of each default that is an immutable value of an encoded type; false where the
+// name does not fit (the fast path is then not given).
+bool encode_once(Fast* f) {
+  KeyBuffer k;
+  bool asked = false;
+  if (!put_arg(k, f->op, asked) || k.n > kEncoded) return false;
+  std::memcpy(f->encoded, k.data, k.n);
+  size_t n = f->at[0] = static_cast<uint16_t>(k.n);
+  for (Py_ssize_t i = 0; i < f->nparams; ++i) {
+    PyObject* d = f->defaults[i];
+    KeyBuffer one;
+    const bool fixed = d != nullptr && (d == Py_None || PyBool_Check(d) || PyLong_CheckExact(d) ||
+                                        PyFloat_CheckExact(d) || PyUnicode_CheckExact(d) || THPDtype_Check(d));
+    if (fixed && put_arg(one, d, asked) && n + one.n <= kEncoded) {
+      std::memcpy(f->encoded + n, one.data, one.n);
+      n += one.n;
+    }
+    f->at[i + 1] = static_cast<uint16_t>(n);
+  }
+  return true;
 }
 
 // Whether dynamo traces: the compiler module's flag, from the cache where it holds it, else read.
@@ -242,24 +172,22 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
     ++given;
     --nargs;
   }
-  // bound as the function binds them: full[0] the op, then each parameter
-  PyObject* full[kMaxParams + 1] = {f->op};
+  // bound as the function binds them: arg[i] what parameter i is given (nullptr: its default)
+  PyObject* arg[kMaxParams] = {};
   bool bound = nargs <= f->npositional;
-  for (Py_ssize_t i = 0; bound && i < nargs; ++i) full[1 + i] = given[i];
+  for (Py_ssize_t i = 0; bound && i < nargs; ++i) arg[i] = given[i];
   const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   for (Py_ssize_t j = 0; bound && j < nkw; ++j) {
     PyObject* name = PyTuple_GET_ITEM(kwnames, j);
     Py_ssize_t at = -1;
     for (Py_ssize_t i = 0; i < f->nparams && at < 0; ++i)
       if (f->names[i] == name || PyUnicode_Compare(f->names[i], name) == 0) at = i;
-    bound = at >= 0 && full[1 + at] == nullptr;
-    if (bound) full[1 + at] = given[nargs + j];
+    bound = at >= 0 && arg[at] == nullptr;
+    if (bound) arg[at] = given[nargs + j];
   }
-  for (Py_ssize_t i = 0; bound && i < f->nparams; ++i)
-    if (full[1 + i] == nullptr) bound = (full[1 + i] = f->defaults[i]) != nullptr;
   KeyBuffer k;
   PyObject* fn = nullptr;
-  if (bound && fill(k, full, f->nparams + 1)) {
+  if (bound && fill_bound(k, f, arg)) {
     uint64_t hash = 0;
     fn = call_cache::find(table, k.data, k.n, &hash);
     if (fn != nullptr) {
@@ -340,6 +268,10 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
     PyObject* d = PyTuple_GET_ITEM(args[4], i);
     f->names[i] = Py_NewRef(PyTuple_GET_ITEM(args[3], i));
     f->defaults[i] = d == args[5] ? nullptr : Py_NewRef(d);
+  }
+  if (!encode_once(f)) {
+    release(f);
+    Py_RETURN_FALSE;
   }
   fast_functions.emplace_back(func, f);
   call_cache::start(f->flags, compiling_flag);

@@ -222,6 +222,22 @@ def test_a_hit_runs_no_python_frame_of_the_public_function(in_use, extension):
         assert callers_then == ["<tiered_ops.rms_norm>"], callers_then
 
 
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm", "gelu", "muladd", "cross_entropy",
+                                "fused_add_rms_norm", "segment_sum"])
+def test_a_hit_with_every_default_omitted(in_use, op):
+    """The fast path encodes each op's defaults once (int, float, str, None, bool): a call that omits them all hits
+    the function planted under the key of the same call with every default given."""
+    spec = tiered_ops.get_op(op)
+    inp = spec.make_inputs(spec.edge_problems()[0], torch.float32, torch.device("cpu"), 0)
+    required = [p for p in inspect.signature(spec.reference).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind != p.KEYWORD_ONLY]
+    a = tuple(inp.args[:len(required)])
+    callers, _ = _caller_of_planted(op, a, _hot)
+    with torch.no_grad():
+        assert getattr(tiered_ops, op)(*a) is a[0]
+    assert callers == [sys._getframe().f_code.co_filename], callers
+
+
 @pytest.mark.parametrize("call", [
     lambda x, w: tiered_ops.rms_norm(x, (64,), w, None, 0.0),  # a keyword-only argument given by position
     lambda x, w: tiered_ops.rms_norm(x, (64,), w, bogus=1),
