@@ -99,6 +99,13 @@ PY
       run_for "$(left)" $PY -m pytest ${TEST_ARGS:--n 8 -m gpu tests --timeout=120} -q -rfE --durations=15 \
         -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      # The C++ call key's own tests under this host's Python (3.12: the vectorcall on every call site and the C-side
+      # cache, which a CPU machine on 3.11 never runs), unless TEST_ARGS chose the selection.
+      if [ -z "${TEST_ARGS:-}" ]; then
+        run_for "$(left)" $PY -m pytest tests/test_call_key.py -q -rfE -p no:cacheprovider 2>&1 \
+          | tee "$OUT/pytest_call_key.log" | tail -3
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      fi
       ;;
     bench)
       echo "== bench (default sweep, every mode unless BENCH_ARGS says otherwise)"
