@@ -3,9 +3,8 @@
 // A hit looked its function up in a Python dict (dispatch.py's _hot, or a select_backend callable's _seen: key
 // bytes -> function): a bytes object made for the call, hashed with SipHash, then the dict's index, its entry and the
 // stored key compared. After an implementation whose own work evicts the CPU caches (a few ATen ops do), each of those
-// is a miss: on a CPU here, a stubbed call's dispatch cost 0.2 us warm and 2 us with 16 MB streamed between calls.
-// This cache holds (table, key bytes) -> function in one array (one slot: one contiguous line run), and the compiler
-// module's _is_compiling_flag as one int.
+// is a miss (benchmarks/PERF_LOG.md has the figures). This cache holds (table, key bytes) -> function in one array (a
+// slot: one contiguous run of lines), and the compiler module's _is_compiling_flag as one int.
 //
 // Exactness comes from dict watchers (Python 3.12+): every table a slot came from is watched, and any change to a
 // watched table (an entry added, replaced, deleted, the dict cleared or freed) makes every slot stale before the change
