@@ -112,9 +112,11 @@ def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: b
     return out
 
 
-def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: torch.Tensor, cuda: bool) -> list[float]:
+def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: torch.Tensor | None,
+         cuda: bool) -> list[float]:
     """(fn - direct) in us of ``pairs`` pairs of single calls, ``evict`` written before each timed call (so what a call
-    reads comes from memory, not the CPU caches); the GPU synchronized before each call, never inside the timing."""
+    reads comes from memory, not the CPU caches; None: nothing written, the calls warm); the GPU synchronized before
+    each call, never inside the timing."""
     clock = time.perf_counter_ns
     out = []
     enabled = gc.isenabled()
@@ -123,7 +125,8 @@ def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: to
         for _ in range(pairs):
             t = []
             for f in (fn, direct):
-                evict.add_(1.0)
+                if evict is not None:
+                    evict.add_(1.0)
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = clock()

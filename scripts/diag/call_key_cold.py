@@ -15,16 +15,14 @@ Python code runs the generated function's frame); the C-side cache is 3.12+ too.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("TIERED_OPS_TUNE", "0")
 
@@ -33,6 +31,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import tiered_ops  # noqa: E402
+from benchmarks.dispatch_overhead import cold  # noqa: E402  (single calls, the caches evicted before each)
 from tiered_ops.decide import dispatch  # noqa: E402
 from tiered_ops.decide.decide import _hot  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
@@ -73,21 +72,6 @@ def stub(*args: Any, **kwargs: Any) -> Any:
     return args[0]
 
 
-def over_direct(public: Callable[[], Any], direct: Callable[[], Any], calls: int, evict: torch.Tensor | None
-                ) -> float:
-    """Median ns of a public call minus median ns of a direct call, each timed alone (after streaming ``evict``)."""
-    clock = time.perf_counter_ns
-    p, d = [], []
-    for _ in range(calls):
-        for fn, out in ((public, p), (direct, d)):
-            if evict is not None:
-                evict.add_(1.0)
-            t0 = clock()
-            fn()
-            out.append(clock() - t0)
-    return statistics.median(p) - statistics.median(d)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="the earlier tree (a git revision)")
@@ -125,13 +109,9 @@ def main() -> int:
                         table = _hot if c == "op" else sel._seen
                         for k in list(table):
                             table[k] = stub
-                        gc.disable()
-                        try:
-                            for kind, ev in (("warm", None), ("cold", evict)):
-                                res[name, c][kind].append(over_direct(lambda: fn(*a), lambda: stub(*a), args.calls,
-                                                                      ev))
-                        finally:
-                            gc.enable()
+                        for kind, ev in (("warm", None), ("cold", evict)):  # (cold() keeps the collector off)
+                            diffs = cold(lambda: fn(*a), lambda: stub(*a), args.calls, ev, False)
+                            res[name, c][kind].append(1e3 * statistics.median(diffs))
             for (name, c), r in res.items():
                 cells = []
                 for kind in ("warm", "cold"):

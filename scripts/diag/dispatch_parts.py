@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import gc
 import inspect
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 os.environ.setdefault("TIERED_OPS_TUNE", "0")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -30,35 +27,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
+from benchmarks.dispatch_overhead import interleaved  # noqa: E402  (its batches and rotated rounds)
 from tiered_ops.decide import dispatch  # noqa: E402
 from tiered_ops.decide.decide import _hot  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
-
-
-def batch_us(fn: Callable[[], Any], calls: int) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
-
-
-def rounds_of(fns: dict[str, Callable[[], Any]], calls: int, rounds: int) -> dict[str, list[float]]:
-    names = list(fns)
-    for f in fns.values():
-        for _ in range(30):
-            f()
-    out: dict[str, list[float]] = {n: [] for n in names}
-    gc.disable()
-    try:
-        for r in range(rounds):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
-                out[n].append(batch_us(fns[n], calls))
-    finally:
-        gc.enable()
-    return out
 
 
 def main() -> int:
@@ -100,7 +72,7 @@ def main() -> int:
                     fns = {"direct": lambda: impl(*a), "public": lambda: public(*a),
                            "direct+query": lambda: (impl(*a), query()),
                            "direct+ckey": lambda: (impl(*a), ckey(op, *full))}
-                    r = rounds_of(fns, args.calls, args.rounds)
+                    r = interleaved(fns, args.calls, args.rounds, True)
                 d = r["direct"]
                 row = dict(op=op, tier=tier, stream=where, direct_us=round(statistics.median(d), 3))
                 for name in ("public", "direct+query", "direct+ckey"):
@@ -112,7 +84,7 @@ def main() -> int:
                 print(f"{op:<14} {tier:<8} {where:<8} direct {row['direct_us']:8.2f} us   over it: public "
                       f"{row['public_over_direct_us']:6.2f}  capture query {row['direct+query_over_direct_us']:6.2f}"
                       f"  C++ key {row['direct+ckey_over_direct_us']:6.2f}")
-    alone = rounds_of({"query": query}, args.calls, 10)["query"]
+    alone = interleaved({"query": query}, args.calls, 10, True)["query"]
     print(f"capture query alone: {statistics.median(alone):.3f} us per call")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
