@@ -39,11 +39,13 @@ def call_key(extension):
 
 @pytest.fixture
 def in_use(extension, private_decisions):
+    before = dispatch._ckey, dispatch._cached, dispatch._fast, dispatch._python_key
     dispatch.use_call_key(extension.call_key, extension.call_cached, extension.fast_path)
     try:
         yield extension.call_key
-    finally:
-        dispatch.use_call_key(None)
+    finally:  # as before: a later test (the CUDA extension's) loads its own key where none was asked for
+        dispatch.use_call_key(*before[:3])
+        dispatch._python_key = before[3]
 
 
 def _x(*shape, dtype=torch.float32, grad=False):
