@@ -3,12 +3,15 @@
 // A hit looked its function up in a Python dict (dispatch.py's _hot, or a select_backend callable's _seen: key
 // bytes -> function): a bytes object made for the call, hashed with SipHash, then the dict's index, its entry and the
 // stored key compared. After an implementation whose own work evicts the CPU caches (a few ATen ops do), each of those
-// is a miss (benchmarks/PERF_LOG.md has the figures). This cache holds (table, key bytes) -> function in one array (a
-// slot: one contiguous run of lines), and the compiler module's _is_compiling_flag as one int.
+// is a miss (benchmarks/PERF_LOG.md has the figures). This cache holds (owner, key bytes) -> function in one array (a
+// slot: one contiguous run of lines), and the compiler module's _is_compiling_flag as one int. The owner is the table
+// itself, or for a select_backend callable the callable (so a hit does not read its _seen through the instance).
 //
-// Exactness comes from dict watchers (Python 3.12+): every table a slot came from is watched, and any change to a
-// watched table (an entry added, replaced, deleted, the dict cleared or freed) makes every slot stale before the change
-// takes effect, so a slot's borrowed function is always one its table still holds. The flag is updated from the
+// Exactness comes from dict watchers (Python 3.12+): every table a slot came from is watched, and so is the __dict__ of
+// every callable that owns a slot; any change to a watched dict (an entry added, replaced, deleted, the dict cleared or
+// freed) makes every slot stale before the change takes effect, so a slot's borrowed function is always one its table
+// still holds, and an owner's slot never outlives its _seen binding or the owner itself. (Not caught: a callable's
+// __dict__ replaced while the old one is kept alive elsewhere.) The flag is updated from the
 // compiler module's dict the same way; it is "unknown" (the dict is read) after anything but an assignment. Before
 // 3.12, with no watcher free, or in a free-threaded build (the state here relies on the GIL), nothing is cached: every
 // call reads the dicts as before.
@@ -31,8 +34,8 @@ constexpr size_t kKeyBytes = 216;  // a longer key is not cached (the dict serve
 struct alignas(64) Slot {
   uint64_t gen = 0;  // the generation it was filled in (stale when the state's has moved on)
   uint64_t hash = 0;
-  PyObject* table = nullptr;  // borrowed
-  PyObject* fn = nullptr;  // borrowed: held by table for as long as the generation holds
+  PyObject* owner = nullptr;  // borrowed: the table, or the callable whose _seen it is
+  PyObject* fn = nullptr;  // borrowed: held by the table for as long as the generation holds
   uint64_t n = 0;
   char key[kKeyBytes];
 };
@@ -119,27 +122,32 @@ inline int compiling(PyObject* flags) {
   return s.flags == flags ? s.compiling : -1;
 }
 
-// The function cached for (table, key) (borrowed), or nullptr; *hash: what put() takes for the same pair.
-inline PyObject* find(PyObject* table, const char* key, size_t n, uint64_t* hash) {
+// The function cached for (owner, key) (borrowed), or nullptr; *hash: what put() takes for the same pair.
+inline PyObject* find(PyObject* owner, const char* key, size_t n, uint64_t* hash) {
   State& s = state();
   if (s.watcher < 0 || n > kKeyBytes) return nullptr;
-  const uint64_t h = hash_bytes(key, n) ^ (reinterpret_cast<uintptr_t>(table) * 0x9E3779B97F4A7C15ull);
+  const uint64_t h = hash_bytes(key, n) ^ (reinterpret_cast<uintptr_t>(owner) * 0x9E3779B97F4A7C15ull);
   *hash = h;
   for (size_t probe = 0; probe < 2; ++probe) {
     const Slot& slot = s.slots[(h + probe) & (kSlots - 1)];
-    if (slot.gen == s.gen && slot.hash == h && slot.table == table && slot.n == n &&
+    if (slot.gen == s.gen && slot.hash == h && slot.owner == owner && slot.n == n &&
         std::memcmp(slot.key, key, n) == 0)
       return slot.fn;
   }
   return nullptr;
 }
 
-// Keep fn (found in table under key, hash from find()) for the next calls; table is watched from now on.
-inline void put(PyObject* table, const char* key, size_t n, uint64_t hash, PyObject* fn) {
+// Keep fn (found in table under key, hash from find() for (owner, key)) for the next calls. The table is watched from
+// now on, and where the owner is a callable (not the table), its __dict__ too (made where its attributes were inline).
+inline void put(PyObject* owner, PyObject* table, const char* key, size_t n, uint64_t hash, PyObject* fn) {
 #ifdef TIERED_OPS_CALL_CACHE
   State& s = state();
   if (s.watcher < 0 || n > kKeyBytes) return;
-  if (PyDict_Watch(s.watcher, table) < 0) {
+  PyObject* attrs = owner == table ? nullptr : PyObject_GenericGetDict(owner, nullptr);  // a new reference
+  const bool watched = PyDict_Watch(s.watcher, table) == 0 &&
+                       (owner == table || (attrs != nullptr && PyDict_Watch(s.watcher, attrs) == 0));
+  Py_XDECREF(attrs);  // the owner holds it
+  if (!watched) {
     PyErr_Clear();
     return;
   }
@@ -147,12 +155,12 @@ inline void put(PyObject* table, const char* key, size_t n, uint64_t hash, PyObj
   if (slot->gen == s.gen) slot = &s.slots[(hash + 1) & (kSlots - 1)];  // the second way, replaced when both are live
   slot->gen = s.gen;
   slot->hash = hash;
-  slot->table = table;
+  slot->owner = owner;
   slot->fn = fn;
   slot->n = n;
   std::memcpy(slot->key, key, n);
 #else
-  (void)table, (void)key, (void)n, (void)hash, (void)fn;
+  (void)owner, (void)table, (void)key, (void)n, (void)hash, (void)fn;
 #endif
 }
 

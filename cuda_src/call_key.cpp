@@ -12,7 +12,8 @@
 // Python path decides (the functions in a table never return bytes or None).
 //
 // fast_path(func, table, op, params, defaults, required, kwnames, compiler) gives the Python function `func` (the
-// generated tiered_ops.<op>, or a select_backend class's __call__ where table is None: its self._seen is the table) a
+// generated tiered_ops.<op>, or a select_backend class's __call__ where table is that class: self._seen is the table,
+// and the class's instances are called straight into it) a
 // C vectorcall that does what its hot path does, without its frame: the compiler module's _is_compiling_flag false,
 // the arguments bound to `params` (defaults[i] where not given; `required` marks none) for the key, then call_cached's
 // lookup, and what it finds called with the arguments as given; anything else (a miss, a trace, arguments that do not
@@ -81,6 +82,7 @@ struct Fast {  // what every hit reads first, then the defaults, then the names 
   PyObject* func = nullptr;  // the references below are owned (released when the fast path is taken away)
   vectorcallfunc own = nullptr;  // the function's own vectorcall
   PyObject* table = nullptr;  // nullptr: self._seen of a method's first argument
+  PyObject* cls = nullptr;  // a method's class, whose instances' calls come here directly (class_call)
   PyObject* op = nullptr;
   PyObject* flags = nullptr;  // the compiler module's __dict__
   Py_ssize_t nparams = 0, npositional = 0;  // all, and those before the keyword-only ones
@@ -93,6 +95,8 @@ struct Fast {  // what every hit reads first, then the defaults, then the names 
   PyObject* names[kMaxParams] = {};
 };
 std::vector<std::pair<PyObject*, Fast*>> fast_functions;  // (func, its Fast): one contiguous run to scan
+std::vector<std::pair<PyObject*, Fast*>> fast_classes;  // (a method's class, its Fast)
+ternaryfunc python_call = nullptr;  // what a Python class's tp_call was (CPython's __call__ slot) before class_call
 PyObject* compiling_flag = nullptr;  // "_is_compiling_flag"
 PyObject* seen_name = nullptr;  // "_seen"
 
@@ -150,25 +154,16 @@ bool compiling_now(PyObject* flags) {
   return flag != Py_False;
 }
 
-PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  const Fast* f = find_fast(callable);
-  if (f == nullptr) {  // taken away while a caller held a vectorcall pointer: the generic path
-    return _PyFunction_Vectorcall(callable, args, nargsf, kwnames);
-  }
+// f's hot path for a call of its function (callable) with args.
+PyObject* hot_call(const Fast* f, PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   if (compiling_now(f->flags)) return f->own(callable, args, nargsf, kwnames);
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   PyObject* const* given = args;
   PyObject* table = f->table;
-  PyObject* seen = nullptr;  // owned where read
-  if (table == nullptr) {  // a method: self first
+  PyObject* self = nullptr;  // a method's first argument: its self._seen is the table, read only on a miss
+  if (table == nullptr) {
     if (nargs < 1) return f->own(callable, args, nargsf, kwnames);
-    seen = PyObject_GetAttr(args[0], seen_name);
-    if (seen == nullptr || !PyDict_Check(seen)) {
-      PyErr_Clear();
-      Py_XDECREF(seen);
-      return f->own(callable, args, nargsf, kwnames);
-    }
-    table = seen;
+    self = args[0];
     ++given;
     --nargs;
   }
@@ -188,15 +183,18 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   KeyBuffer k;
   PyObject* fn = nullptr;
   if (bound && fill_bound(k, f, arg)) {
+    PyObject* owner = self != nullptr ? self : table;
     uint64_t hash = 0;
-    fn = call_cache::find(table, k.data, k.n, &hash);
+    fn = call_cache::find(owner, k.data, k.n, &hash);
     if (fn != nullptr) {
       Py_INCREF(fn);  // the call may drop the table's entry
-    } else if ((fn = lookup(table, k)) != nullptr) {
-      call_cache::put(table, k.data, k.n, hash, fn);
+    } else {
+      PyObject* seen = self != nullptr ? PyObject_GetAttr(self, seen_name) : Py_NewRef(table);
+      if (seen != nullptr && PyDict_Check(seen) && (fn = lookup(seen, k)) != nullptr)
+        call_cache::put(owner, seen, k.data, k.n, hash, fn);
+      Py_XDECREF(seen);
     }
   }
-  Py_XDECREF(seen);
   if (fn == nullptr) {
     PyErr_Clear();
     return f->own(callable, args, nargsf, kwnames);
@@ -208,7 +206,37 @@ PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   return out;
 }
 
+PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  const Fast* f = find_fast(callable);
+  if (f == nullptr) {  // taken away while a caller held a vectorcall pointer: the generic path
+    return _PyFunction_Vectorcall(callable, args, nargsf, kwnames);
+  }
+  return hot_call(f, callable, args, nargsf, kwnames);
+}
+
+// An instance of a fast method's class called: what CPython's __call__ slot would do (find __call__ on the type, put
+// self before the arguments, call it), without the lookup; keyword arguments take that slot.
+PyObject* class_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  const Fast* f = nullptr;
+  for (const auto& [c, cf] : fast_classes)
+    if (c == reinterpret_cast<PyObject*>(Py_TYPE(self))) f = cf;
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  if (f == nullptr || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0) || n >= kMaxParams)
+    return python_call(self, args, kwargs);
+  PyObject* stack[kMaxParams + 1];
+  stack[0] = self;
+  for (Py_ssize_t i = 0; i < n; ++i) stack[i + 1] = PyTuple_GET_ITEM(args, i);
+  return hot_call(f, f->func, stack, static_cast<size_t>(n + 1), nullptr);
+}
+
 void release(Fast* f) {
+  if (f->cls != nullptr) {
+    auto* type = reinterpret_cast<PyTypeObject*>(f->cls);
+    if (type->tp_call == class_call) type->tp_call = python_call;
+    const auto at = std::find(fast_classes.begin(), fast_classes.end(), std::make_pair(f->cls, f));
+    if (at != fast_classes.end()) fast_classes.erase(at);
+    Py_DECREF(f->cls);
+  }
   Py_XDECREF(f->func);
   Py_XDECREF(f->table);
   Py_XDECREF(f->op);
@@ -228,11 +256,27 @@ void set_vectorcall(PyObject* func, vectorcallfunc v) {
 #endif
 }
 
+// The class's instances called through class_call, where the class's __call__ is f's function and its call slot is
+// CPython's own (the first such class tells which that is).
+void give_class_call(Fast* f, PyObject* cls) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls);
+  PyObject* call = PyObject_GetAttrString(cls, "__call__");
+  const bool own = call == f->func && (python_call == nullptr || type->tp_call == python_call);
+  Py_XDECREF(call);
+  PyErr_Clear();
+  if (!own || type->tp_call == nullptr || type->tp_call == class_call || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE)) return;
+  python_call = type->tp_call;
+  f->cls = Py_NewRef(cls);
+  fast_classes.emplace_back(cls, f);
+  type->tp_call = class_call;
+}
+
 // fast_path(func, None) or fast_path(func, table, op, params, defaults, required, kwnames, compiler) -> bool: whether
-// func now has the fast path.
+// func now has the fast path. table: a dict, or the class whose __call__ func is (self._seen is the table; the class's
+// instances are then called through class_call, where the class still has CPython's own __call__ slot).
 PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 2 || !PyFunction_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "fast_path(func: function, table: dict | None, ...)");
+    PyErr_SetString(PyExc_TypeError, "fast_path(func: function, table: dict | type | None, ...)");
     return nullptr;
   }
   PyObject* func = args[0];
@@ -242,12 +286,12 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
     release(old);
   }
   if (nargs == 2 && args[1] == Py_None) Py_RETURN_FALSE;
-  if (nargs != 8 || !(args[1] == Py_None || PyDict_Check(args[1])) || !PyUnicode_Check(args[2]) ||
+  if (nargs != 8 || !(PyType_Check(args[1]) || PyDict_Check(args[1])) || !PyUnicode_Check(args[2]) ||
       !PyTuple_Check(args[3]) || !PyTuple_Check(args[4]) || !PyTuple_Check(args[6]) || !PyModule_Check(args[7]) ||
       PyTuple_GET_SIZE(args[3]) != PyTuple_GET_SIZE(args[4]) || PyTuple_GET_SIZE(args[3]) > kMaxParams ||
       PyTuple_GET_SIZE(args[6]) > PyTuple_GET_SIZE(args[3])) {
     PyErr_SetString(PyExc_TypeError,
-                    "fast_path(func, table: dict | None, op: str, params: tuple[str], defaults: tuple (aligned), "
+                    "fast_path(func, table: dict | type, op: str, params: tuple[str], defaults: tuple (aligned), "
                     "required: object, kwnames: tuple[str] (the tail of params), compiler: module)");
     return nullptr;
   }
@@ -259,7 +303,8 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   auto* f = new Fast;
   f->own = reinterpret_cast<PyFunctionObject*>(func)->vectorcall;
   f->func = Py_NewRef(func);
-  f->table = args[1] == Py_None ? nullptr : Py_NewRef(args[1]);
+  const bool method = PyType_Check(args[1]);
+  f->table = method ? nullptr : Py_NewRef(args[1]);
   f->op = Py_NewRef(args[2]);
   f->flags = Py_NewRef(PyModule_GetDict(args[7]));
   f->nparams = PyTuple_GET_SIZE(args[3]);
@@ -276,6 +321,7 @@ PyObject* fast_path(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   fast_functions.emplace_back(func, f);
   call_cache::start(f->flags, compiling_flag);
   set_vectorcall(func, fast_call);
+  if (method) give_class_call(f, args[1]);
   Py_RETURN_TRUE;
 }
 

@@ -272,7 +272,8 @@ def _planted(result):
 def test_a_changed_table_is_never_served_from_a_stale_hit(in_use):
     """The fast path keeps hits in a C-side cache (Python 3.12+, kept exact by dict watchers): a function replaced
     under its key, the key deleted, the table cleared, each is seen by the next call; a select_backend callable's
-    table likewise. (Star-calls: before 3.12 only a call through C takes the fast path.)"""
+    table likewise, and its table rebound, or the callable freed and another made (its hits are cached by callable).
+    (Star-calls: before 3.12 only a call through C takes the fast path.)"""
     if dispatch._fast is None:
         pytest.skip("no C fast path with this torch (no torch.compiler._is_compiling_flag)")
     x, w = _x(4, 64), _x(64)
@@ -297,8 +298,18 @@ def test_a_changed_table_is_never_served_from_a_stale_hit(in_use):
         assert [sel(*(x, -1)) for _ in range(2)] == ["one"] * 2
         sel._seen[skey] = _planted("two")
         assert sel(*(x, -1)) == "two"
-        sel._seen = {skey: _planted("three")}  # another table: read from the instance on every call
-        assert sel(*(x, -1)) == "three"
+        kept = sel._seen  # the old table stays alive: no event on it; the callable's own attributes are watched
+        sel._seen = {skey: _planted("three")}
+        assert sel(*(x, -1)) == "three" and kept[skey]() == "two"
+        made = type(sel).__mro__[1], sel.fn, sel.impl, sel.record
+        del sel, kept  # a callable freed: one made next (often at the same address) is served its own table
+        at = []
+        for result in ("four", "five", "six"):
+            sel = made[0](*made[1:])
+            sel._seen[skey] = _planted(result)
+            assert [sel(*(x, -1)) for _ in range(2)] == [result] * 2
+            at.append(id(sel))
+            del sel
 
 
 def test_the_compiling_flag_is_read_on_every_call(in_use, monkeypatch):

@@ -192,7 +192,7 @@ class _Generated:
 
     ns: dict[str, Any]
     fn: Callable[..., Any]
-    table: dict | None  # None: a method's self._seen
+    table: dict | type  # a type: a method of that class (self._seen is the table)
     op: str
     params: tuple[str, ...]
     defaults: tuple
@@ -236,9 +236,10 @@ def use_call_key(key: Callable[..., bytes | None] | None, cached: Callable[..., 
     _hot.clear()
 
 
-def _generated(ns: dict[str, Any], fn: Callable[..., Any], table: dict | None, spec: OpSpec,
+def _generated(ns: dict[str, Any], fn: Callable[..., Any], table: dict | type, spec: OpSpec,
                kwnames: tuple[str, ...]) -> None:
-    """Keep ``fn`` (generated in ``ns``: the op's parameters, after ``self`` where ``table`` is None) for
+    """Keep ``fn`` (generated in ``ns``: the op's parameters, after ``self`` where ``table`` is the class whose
+    ``__call__`` it is) for
     ``use_call_key``, and give it the C fast path at once where the extension is loaded."""
     params = tuple(inspect.signature(spec.reference).parameters.values())
     g = _Generated(ns, fn, table, spec.name, tuple(p.name for p in params), tuple(p.default for p in params), kwnames)
@@ -368,8 +369,9 @@ def bind_selection(sel: Selection) -> type | None:
         exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
         call = ns["__call__"]
         call.__source__, call.__qualname__ = src, f"Selection.{spec.name}.__call__"
-        _generated(ns, call, None, spec, g.kwnames)
-        _BINDERS[op, id(spec)] = (spec, type("Selection", (Selection,), dict(__call__=call, __module__=__name__)))
+        cls = type("Selection", (Selection,), dict(__call__=call, __module__=__name__))
+        _generated(ns, call, cls, spec, g.kwnames)
+        _BINDERS[op, id(spec)] = (spec, cls)
     sel._seen = {}
     return _BINDERS[op, id(spec)][1]
 
