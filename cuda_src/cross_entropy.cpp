@@ -9,6 +9,11 @@ namespace tiered_ops {
 cudaError_t cross_entropy_fwd(const void* x, const int64_t* target, float* loss, float* lse, int64_t rows, int64_t n,
                               int64_t stride, int64_t ignore_index, float smoothing, DType dtype, cudaStream_t stream);
 
+// loss[N] (float32) to one value of out_dtype at `out`: its sum, or with `mean` the sum over the count of targets not
+// ignore_index (NaN where there is none). Any N, 0 included.
+cudaError_t cross_entropy_reduce(const float* loss, const int64_t* target, void* out, int64_t rows,
+                                 int64_t ignore_index, bool mean, DType out_dtype, cudaStream_t stream);
+
 // cross_entropy backward: contiguous dx[r, :] = (exp(x - lse[r]) - s / n - (1 - s) [j == t]) * g[r * g_stride],
 // zeros for an ignored row (g_stride 0: one scale for every row).
 cudaError_t cross_entropy_bwd(const void* x, const int64_t* target, const float* lse, const float* g, int64_t g_stride,
@@ -65,9 +70,11 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, 
     check_launch(cross_entropy_fwd(xc.data_ptr(), tc.data_ptr<int64_t>(), loss.data_ptr<float>(), lse.data_ptr<float>(),
                                    rows, n, xc.stride(0), ignore_index, (float)label_smoothing,
                                    dtype_of(logits, op, "logits"), stream()), op);
-  if (red == 2) loss = loss.sum();
-  if (red == 1) loss = loss.sum() / tc.ne(ignore_index).sum();  // 0 / 0 = NaN when every target is ignored
-  return {loss.to(out), lse};
+  if (red == 0) return {loss.to(out), lse};
+  at::Tensor total = at::empty({}, logits.options().dtype(out));
+  check_launch(cross_entropy_reduce(loss.data_ptr<float>(), tc.data_ptr<int64_t>(), total.data_ptr(), rows, ignore_index,
+                                    red == 1, dtype_of(total, op, "dtype"), stream()), op);
+  return {total, lse};
 }
 
 at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
