@@ -193,13 +193,15 @@ PY
       # tiered_ops.<op> and a select_backend callable minus the chosen implementation called directly, per op at its
       # launch-bound shape (target: <= 1 us on the GPU host).
       # The chosen implementations called (keyed in C++: the extension is built; each bucket tuned first where the
-      # store has none; 300 rounds: their host time varies by more than the difference measured), then a stub in their
-      # place (the dispatch's own cost, warm and with 16 MB streamed through the CPU caches before each call), then the
-      # stub keyed in Python (a process without the extension).
+      # store has none; 300 rounds, and more while a median's 95% interval is wider than +-0.1 us, for at most 60 s per
+      # op: their host time varies by more than the difference measured), then a stub in their place (the dispatch's own
+      # cost, warm and with 16 MB streamed through the CPU caches before each call), then the stub keyed in Python (a
+      # process without the extension).
       echo "== dispatch: per-call overhead"
-      for v in ":--tune --rounds 300" "_stub:--stub --evict 16" "_stub_python_key:--stub --python-key"; do
+      for v in ":--tune --rounds 300 --until-ci 0.1 --max-s 60" "_stub:--stub --evict 16" \
+               "_stub_python_key:--stub --python-key"; do
         run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead${v%%:*}.csv" ${v#*:} 2>&1 \
-          | grep -v -E "UserWarning|warn_once" | tail -9
+          | grep -v -E "UserWarning|warn_once" | tail -16
       done
       ;;
     dispatchparts)
