@@ -264,7 +264,8 @@ void give_class_call(Fast* f, PyObject* cls) {
   const bool own = call == f->func && (python_call == nullptr || type->tp_call == python_call);
   Py_XDECREF(call);
   PyErr_Clear();
-  if (!own || type->tp_call == nullptr || type->tp_call == class_call || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE)) return;
+  if (!own || type->tp_call == nullptr || type->tp_call == class_call || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE))
+    return;
   python_call = type->tp_call;
   f->cls = Py_NewRef(cls);
   fast_classes.emplace_back(cls, f);

@@ -72,8 +72,9 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, 
                                    dtype_of(logits, op, "logits"), stream()), op);
   if (red == 0) return {loss.to(out), lse};
   at::Tensor total = at::empty({}, logits.options().dtype(out));
-  check_launch(cross_entropy_reduce(loss.data_ptr<float>(), tc.data_ptr<int64_t>(), total.data_ptr(), rows, ignore_index,
-                                    red == 1, dtype_of(total, op, "dtype"), stream()), op);
+  check_launch(cross_entropy_reduce(loss.data_ptr<float>(), tc.data_ptr<int64_t>(), total.data_ptr(), rows,
+                                    ignore_index, red == 1, dtype_of(total, op, "dtype"), stream()),
+               op);
   return {total, lse};
 }
 
