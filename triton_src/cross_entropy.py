@@ -1,8 +1,10 @@
 """cross_entropy, Triton tier: per row of logits [N, V], lse = log sum exp(x) by an online softmax (one pass: a
-running max and sum of exp per lane, combined once at the end), loss = lse - (1 - s) x[t] - s / V sum(x); the
-reduction over rows (sum, or sum / count of non-ignored targets) on the [N] float32 losses. Backward:
+running max and sum of exp per lane, combined once at the end), loss = lse - (1 - s) x[t] - s / V sum(x), the [N]
+losses in float32. Backward:
 dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g from the saved lse; an ignored row 0, NaN where its lse is not
-finite (torch's 0 * softmax).
+finite (torch's 0 * softmax). The reductions ('sum'; 'mean': over the count of rows whose target is not ignore_index,
+0 / 0 = NaN where every row is ignored) are one more launch of one program that sums the losses in a fixed order and
+writes the scalar in the output dtype.
 
 Bytes: forward 1 read of the logits (+ the target's logit, one cached line) + 8 N (targets) + 8 N (loss and lse,
 float32); no [N, V] intermediate. Backward 1 read + 1 write of [N, V] (+ targets, lse, the output gradient).
@@ -95,6 +97,26 @@ def _ce_bwd(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, stride, igno
             tl.store(dx_row + start + cols, d.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _ce_reduce(loss_ptr, t_ptr, out_ptr, rows, ignore_index, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.float32)
+    count = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, rows, BLOCK):
+        mask = start + offs < rows
+        total += tl.load(loss_ptr + start + offs, mask=mask, other=0.0)
+        if MEAN:
+            t = tl.load(t_ptr + start + offs, mask=mask, other=ignore_index)
+            count += (t != ignore_index).to(tl.int64)
+    out = tl.sum(total, axis=0)
+    if MEAN:
+        out = out / tl.sum(count, axis=0).to(tl.float32)  # a float32 sum over an int64 count, as torch divides
+    tl.store(out_ptr, out.to(out_ptr.dtype.element_ty))
+
+
+REDUCE_BLOCK = 1024  # losses one iteration of the reduction loads (fixed: the rows stay symbolic under compile)
+
+
 def _check(op: str, logits: torch.Tensor, target: torch.Tensor, reduction: str, label_smoothing: float) -> None:
     check_float(op, "logits", logits)
     if logits.dim() != 2 or logits.shape[1] < 1:
@@ -136,6 +158,7 @@ class Plan(NamedTuple):
     ints: tuple  # the kernel's int arguments after the pointers (V and the logits' row stride)
     rows: int
     n: int
+    reduce: Step | None = None  # the forward's reduction to a scalar ('sum', 'mean'); None: 'none'
 
 
 def _plan(logits: torch.Tensor, kernel: object, **consts: object) -> Plan:
@@ -154,7 +177,8 @@ def plan_fwd(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_s
     if dtype not in (None, torch.float32, logits.dtype):
         raise ValueError(f"cross_entropy_triton: dtype must be None, torch.float32 or the logits' dtype "
                          f"({logits.dtype}), got {dtype}")
-    return _plan(logits, _ce_fwd, SMOOTH=label_smoothing > 0)
+    reduce = None if reduction == "none" else Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=reduction == "mean")
+    return _plan(logits, _ce_fwd, SMOOTH=label_smoothing > 0)._replace(reduce=reduce)
 
 
 def plan_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, reduction: str,
@@ -177,13 +201,14 @@ def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, i
     _check_targets(target, plan.n, ignore_index)
     loss = logits.new_empty((plan.rows,), dtype=torch.float32)
     lse = logits.new_empty((plan.rows,), dtype=torch.float32)
+    tc = target.contiguous()
     if plan.step is not None:
-        plan.step(direct, _rows_of(logits), target.contiguous(), loss, lse, *plan.ints, ignore_index, label_smoothing)
-    if reduction == "sum":
-        loss = loss.sum()
-    elif reduction == "mean":
-        loss = loss.sum() / (target != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
-    return loss.to(dtype or logits.dtype), lse
+        plan.step(direct, _rows_of(logits), tc, loss, lse, *plan.ints, ignore_index, label_smoothing)
+    if plan.reduce is None:
+        return loss.to(dtype or logits.dtype), lse
+    out = logits.new_empty((), dtype=dtype or logits.dtype)
+    plan.reduce(direct, loss, tc, out, plan.rows, ignore_index)
+    return out, lse
 
 
 def _bwd(plan: Plan, direct: bool, grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
