@@ -9,10 +9,11 @@ namespace tiered_ops {
 cudaError_t cross_entropy_fwd(const void* x, const int64_t* target, float* loss, float* lse, int64_t rows, int64_t n,
                               int64_t stride, int64_t ignore_index, float smoothing, DType dtype, cudaStream_t stream);
 
-// loss[N] (float32) to one value of out_dtype at `out`: its sum, or with `mean` the sum over the count of targets not
-// ignore_index (NaN where there is none). Any N, 0 included.
-cudaError_t cross_entropy_reduce(const float* loss, const int64_t* target, void* out, int64_t rows,
-                                 int64_t ignore_index, bool mean, DType out_dtype, cudaStream_t stream);
+// One value of out_dtype at `out`: the sum of num[:rows] (sum_rows; the forward's float32 losses) or num[0] (the
+// backward's output gradient), with `mean` over the count of targets not ignore_index (NaN for 0 / 0). Any rows, 0
+// included.
+cudaError_t cross_entropy_reduce(const void* num, DType num_dtype, bool sum_rows, const int64_t* target, void* out,
+                                 DType out_dtype, int64_t rows, int64_t ignore_index, bool mean, cudaStream_t stream);
 
 // cross_entropy backward: contiguous dx[r, :] = (exp(x - lse[r]) - s / n - (1 - s) [j == t]) * g[r * g_stride],
 // zeros for an ignored row (g_stride 0: one scale for every row).
@@ -72,8 +73,8 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_cuda(const at::Tensor& logits, 
                                    dtype_of(logits, op, "logits"), stream()), op);
   if (red == 0) return {loss.to(out), lse};
   at::Tensor total = at::empty({}, logits.options().dtype(out));
-  check_launch(cross_entropy_reduce(loss.data_ptr<float>(), tc.data_ptr<int64_t>(), total.data_ptr(), rows,
-                                    ignore_index, red == 1, dtype_of(total, op, "dtype"), stream()),
+  check_launch(cross_entropy_reduce(loss.data_ptr(), DType::F32, true, tc.data_ptr<int64_t>(), total.data_ptr(),
+                                    dtype_of(total, op, "dtype"), rows, ignore_index, red == 1, stream()),
                op);
   return {total, lse};
 }
@@ -99,12 +100,18 @@ at::Tensor cross_entropy_bwd_cuda(const at::Tensor& grad, const at::Tensor& logi
               shape_str(lse.sizes()));
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor xc = ce_rows(logits), tc = target.contiguous(), lc = lse.contiguous();
-  at::Tensor scale = grad.to(at::kFloat);
-  if (red == 1) scale = scale / tc.ne(ignore_index).sum();
-  scale = scale.reshape({-1}).contiguous();
   at::Tensor dx = at::empty({rows, n}, logits.options());
-  if (rows > 0)
-    check_launch(cross_entropy_bwd(xc.data_ptr(), tc.data_ptr<int64_t>(), lc.data_ptr<float>(), scale.data_ptr<float>(),
+  if (rows == 0) return dx;
+  at::Tensor scale;
+  if (red == 1) {  // the output gradient over the count of rows not ignored, in one launch
+    scale = f32_empty(logits, {1});
+    check_launch(cross_entropy_reduce(grad.data_ptr(), dtype_of(grad, op, "grad"), false, tc.data_ptr<int64_t>(),
+                                      scale.data_ptr(), DType::F32, rows, ignore_index, true, stream()),
+                 op);
+  } else {
+    scale = grad.to(at::kFloat).reshape({-1}).contiguous();
+  }
+  check_launch(cross_entropy_bwd(xc.data_ptr(), tc.data_ptr<int64_t>(), lc.data_ptr<float>(), scale.data_ptr<float>(),
                                    red == 0 ? 1 : 0, dx.data_ptr(), rows, n, xc.stride(0), ignore_index,
                                    (float)label_smoothing, dtype_of(logits, op, "logits"),
                                    stream()), op);

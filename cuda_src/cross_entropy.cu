@@ -2,10 +2,11 @@
 // Forward, per row: lse = m + log(sum exp(x - m)) by an online softmax (each thread keeps a running max m and a sum
 // of exp(x - m) over its elements, rescaled when m grows; the block combines the pairs once), then
 // loss = lse - (1 - s) x[t] - s / V sum(x), s = label_smoothing; an ignored row (t == ignore_index) writes loss 0
-// without reading its logits. Writes float32 loss[N] and lse[N]. The reductions ('sum', 'mean': the sum over the rows
-// whose target is not ignore_index, 0 / 0 = NaN where every row is ignored) take one more launch of one block, which
+// without reading its logits. Writes float32 loss[N] and lse[N]. The reductions ('sum', 'mean': the sum over the count of
+// rows whose target is not ignore_index, 0 / 0 = NaN where every row is ignored) take one more launch of one block, which
 // sums loss in a fixed order (the same bits every run) and writes the scalar in the output dtype.
-// Backward, per row: dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g[row * g_stride] (g_stride 0: one scalar);
+// Backward, per row: dx = (exp(x - lse) - s / V - (1 - s) [j == t]) * g[row * g_stride] (g_stride 0: one scalar, for
+// 'mean' the output gradient over that count, from the same one-block kernel);
 // an ignored row 0, NaN where its lse is not finite (torch's 0 * softmax: its logits are read for that).
 //
 // Bytes: forward 1 read of the logits + 16 N (targets, loss, lse); nothing [N, V] is written. Backward 1 read of
@@ -119,22 +120,24 @@ __global__ void __launch_bounds__(1024) ce_bwd_v1_kernel(const T* __restrict__ x
   }
 }
 
-// loss[N] to one value of type O: its sum, or with `mean` that sum over the count of rows not ignored (as a float,
-// like torch's float32 sum divided by an int64 count). One block: each thread sums rows in a stride, then the block.
-template <typename O>
-__global__ void __launch_bounds__(1024) ce_reduce_kernel(const float* __restrict__ loss,
-                                                         const int64_t* __restrict__ target, O* __restrict__ out,
-                                                         int64_t rows, int64_t ignore_index, bool mean) {
+// One value of type O: the sum of num[:rows] (sum_rows: the forward's losses) or num[0] (the backward's output
+// gradient), with `mean` over the count of rows whose target is not ignore_index (as a float, like torch's float32
+// sum divided by an int64 count). One block: each thread sums rows in a stride, then the block.
+template <typename I, typename O>
+__global__ void __launch_bounds__(1024) ce_reduce_kernel(const I* __restrict__ num, const int64_t* __restrict__ target,
+                                                         O* __restrict__ out, int64_t rows, int64_t ignore_index,
+                                                         bool mean, bool sum_rows) {
   __shared__ float smem[32];
   __shared__ unsigned long long counted;
   if (threadIdx.x == 0) counted = 0;
   float s = 0.f;
   unsigned long long c = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    s += loss[r];
+    if (sum_rows) s += to_f(num[r]);
     c += mean && target[r] != ignore_index;
   }
-  s = block_sum(s, smem);  // (its barriers also order the count's start before the adds)
+  s = sum_rows ? block_sum(s, smem) : to_f(num[0]);
+  __syncthreads();  // the count's start before the adds
   if (mean) atomicAdd(&counted, c);
   __syncthreads();
   if (threadIdx.x == 0) out[0] = from_f<O>(mean ? s / (float)counted : s);
@@ -176,12 +179,14 @@ cudaError_t cross_entropy_fwd(const void* x, const int64_t* target, float* loss,
   return cudaSuccess;
 }
 
-cudaError_t cross_entropy_reduce(const float* loss, const int64_t* target, void* out, int64_t rows,
-                                 int64_t ignore_index, bool mean, DType out_dtype, cudaStream_t stream) {
+cudaError_t cross_entropy_reduce(const void* num, DType num_dtype, bool sum_rows, const int64_t* target, void* out,
+                                 DType out_dtype, int64_t rows, int64_t ignore_index, bool mean, cudaStream_t stream) {
   const int threads = (int)std::min<int64_t>(1024, std::max<int64_t>(32, (rows + 31) / 32 * 32));
-  TIERED_OPS_DISPATCH(out_dtype, O,
-                      ce_reduce_kernel<O><<<1, threads, 0, stream>>>(loss, target, static_cast<O*>(out), rows,
-                                                                     ignore_index, mean));
+  TIERED_OPS_DISPATCH(num_dtype, I,
+                      TIERED_OPS_DISPATCH(out_dtype, O,
+                                          ce_reduce_kernel<I, O><<<1, threads, 0, stream>>>(
+                                              static_cast<const I*>(num), target, static_cast<O*>(out), rows,
+                                              ignore_index, mean, sum_rows)));
   return cudaGetLastError();
 }
 

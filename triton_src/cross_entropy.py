@@ -98,17 +98,24 @@ def _ce_bwd(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, stride, igno
 
 
 @triton.jit
-def _ce_reduce(loss_ptr, t_ptr, out_ptr, rows, ignore_index, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+def _ce_reduce(num_ptr, t_ptr, out_ptr, rows, ignore_index, BLOCK: tl.constexpr, MEAN: tl.constexpr,
+               SUM_ROWS: tl.constexpr):
+    # out = the sum of num[:rows] (SUM_ROWS: the forward's losses) or num[0] (the backward's output gradient), over
+    # the count of targets not ignore_index where MEAN
     offs = tl.arange(0, BLOCK)
     total = tl.zeros([BLOCK], tl.float32)
     count = tl.zeros([BLOCK], tl.int64)
     for start in range(0, rows, BLOCK):
         mask = start + offs < rows
-        total += tl.load(loss_ptr + start + offs, mask=mask, other=0.0)
+        if SUM_ROWS:
+            total += tl.load(num_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
         if MEAN:
             t = tl.load(t_ptr + start + offs, mask=mask, other=ignore_index)
             count += (t != ignore_index).to(tl.int64)
-    out = tl.sum(total, axis=0)
+    if SUM_ROWS:
+        out = tl.sum(total, axis=0)
+    else:
+        out = tl.load(num_ptr).to(tl.float32)
     if MEAN:
         out = out / tl.sum(count, axis=0).to(tl.float32)  # a float32 sum over an int64 count, as torch divides
     tl.store(out_ptr, out.to(out_ptr.dtype.element_ty))
@@ -158,7 +165,7 @@ class Plan(NamedTuple):
     ints: tuple  # the kernel's int arguments after the pointers (V and the logits' row stride)
     rows: int
     n: int
-    reduce: Step | None = None  # the forward's reduction to a scalar ('sum', 'mean'); None: 'none'
+    reduce: Step | None = None  # the forward's reduction to a scalar ('sum', 'mean'), the backward's scale ('mean')
 
 
 def _plan(logits: torch.Tensor, kernel: object, **consts: object) -> Plan:
@@ -177,7 +184,8 @@ def plan_fwd(logits: torch.Tensor, target: torch.Tensor, reduction: str, label_s
     if dtype not in (None, torch.float32, logits.dtype):
         raise ValueError(f"cross_entropy_triton: dtype must be None, torch.float32 or the logits' dtype "
                          f"({logits.dtype}), got {dtype}")
-    reduce = None if reduction == "none" else Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=reduction == "mean")
+    reduce = None if reduction == "none" else Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=reduction == "mean",
+                                                   SUM_ROWS=True)
     return _plan(logits, _ce_fwd, SMOOTH=label_smoothing > 0)._replace(reduce=reduce)
 
 
@@ -193,7 +201,8 @@ def plan_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse
         raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
     if lse.dtype != torch.float32 or tuple(lse.shape) != (rows,):
         raise ValueError(f"{op}: lse must be a float32 [N] = [{rows}] tensor, got {lse.dtype} {list(lse.shape)}")
-    return _plan(logits, _ce_bwd)
+    scale = None if reduction != "mean" else Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)
+    return _plan(logits, _ce_bwd)._replace(reduce=scale)
 
 
 def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
@@ -213,15 +222,18 @@ def _fwd(plan: Plan, direct: bool, logits: torch.Tensor, target: torch.Tensor, i
 
 def _bwd(plan: Plan, direct: bool, grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
          ignore_index: int, reduction: str, label_smoothing: float) -> torch.Tensor:
-    scale = grad.float()
-    if reduction == "mean":
-        scale = scale / (target != ignore_index).sum()
-    scale = scale.reshape(-1).contiguous()
     dx = logits.new_empty((plan.rows, plan.n))
-    if plan.step is not None:
-        n, stride = plan.ints
-        plan.step(direct, _rows_of(logits), target.contiguous(), lse.contiguous(), scale,
-                  1 if reduction == "none" else 0, dx, n, stride, ignore_index, label_smoothing)
+    if plan.step is None:
+        return dx
+    tc = target.contiguous()
+    if plan.reduce is not None:  # 'mean': the output gradient over the count of rows not ignored, one launch
+        scale = logits.new_empty((1,), dtype=torch.float32)
+        plan.reduce(direct, grad, tc, scale, plan.rows, ignore_index)
+    else:
+        scale = grad.float().reshape(-1).contiguous()
+    n, stride = plan.ints
+    plan.step(direct, _rows_of(logits), tc, lse.contiguous(), scale, 1 if reduction == "none" else 0, dx, n, stride,
+              ignore_index, label_smoothing)
     return dx
 
 
