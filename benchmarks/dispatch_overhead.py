@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import inspect
 import os
 import statistics
@@ -56,6 +55,7 @@ import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
 from tiered_ops.decide import dispatch  # noqa: E402
+from tiered_ops.measure.timing import no_gc  # noqa: E402  (the harness's window without collections)
 from tiered_ops.tiers import cuda_ext  # noqa: E402
 
 
@@ -79,16 +79,11 @@ def interleaved(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, cuda
         for _ in range(50):
             f()
     out: dict[str, list[float]] = {n: [] for n in names}
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():
         for r in range(rounds):
             k = r % len(names)
             for n in names[k:] + names[:k]:
                 out[n].append(batch_us(fns[n], calls, cuda))
-    finally:
-        if enabled:
-            gc.enable()
     return out
 
 
@@ -97,9 +92,7 @@ def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: b
     alternating (synchronized before and after on a GPU, never between calls)."""
     clock = time.perf_counter_ns
     out = []
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():
         if cuda:
             torch.cuda.synchronize()
         for i in range(pairs):
@@ -112,9 +105,6 @@ def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: b
             out.append(((t1 - t0) - (t2 - t1)) / 1e3 * (1 if i % 2 == 0 else -1))
         if cuda:
             torch.cuda.synchronize()
-    finally:
-        if enabled:
-            gc.enable()
     return out
 
 
@@ -125,9 +115,7 @@ def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: to
     each call, never inside the timing."""
     clock = time.perf_counter_ns
     out = []
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():
         for _ in range(pairs):
             t = []
             for f in (fn, direct):
@@ -139,9 +127,6 @@ def cold(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, evict: to
                 f()
                 t.append(clock() - t0)
             out.append((t[0] - t[1]) / 1e3)
-    finally:
-        if enabled:
-            gc.enable()
     return out
 
 
@@ -251,8 +236,8 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         with torch.no_grad():
             k = dispatch._ckey(op, *bound.arguments.values())
         ckey = "none" if k is None else k in tiered_ops.decide.decide._hot
-    pub, sb = spread(_diffs(t, "public")), spread(_diffs(t, "select"))
-    pub_ci, sb_ci = median_ci(_diffs(t, "public")), median_ci(_diffs(t, "select"))
+    d_pub, d_sb = _diffs(t, "public"), _diffs(t, "select")
+    pub, sb, pub_ci, sb_ci = spread(d_pub), spread(d_sb), median_ci(d_pub), median_ci(d_sb)
     return dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."), device=dev.type,
                 chosen=(chosen or sel).name, direct_us=round(statistics.median(t["direct"]), 3),
                 public_us=round(statistics.median(t["public"]), 3), public_overhead_us=round(pub[0], 3),
