@@ -5,7 +5,7 @@ dynamo's counters (graphs, breaks, recompiles), the kernels launched per call (t
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
-        [--ops layer_norm]
+        [--ops layer_norm] [--stock-copy] [--kernels N]
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ops", help="comma-separated ops patch swaps in (default: all it can)")
+    ap.add_argument("--stock-copy", action="store_true",
+                    help="also a deep copy of the stock model, unpatched: what a second copy costs by itself")
+    ap.add_argument("--kernels", type=int, default=14, help="kernel names listed per variant")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     from torch._dynamo.utils import counters
@@ -94,7 +97,8 @@ def main() -> int:
         for c in rep.calls:
             print(f"  decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} ({c.tier}) - {c.reason[:300]}")
         fns: dict[str, Callable[[], Any]] = {}
-        for vname, model in (("stock", base), ("tiered", tiered), ("tiered-compile-tier", None)):
+        variants = [("stock", base)] + ([("stock-copy", copy.deepcopy(base))] if args.stock_copy else [])
+        for vname, model in variants + [("tiered", tiered), ("tiered-compile-tier", None)]:
             if vname == "tiered-compile-tier":
                 print(f"  forced {force_compile_tier()} compiled decisions to the compile tier")
                 model = copy.deepcopy(tiered)
@@ -118,9 +122,9 @@ def main() -> int:
             k = kernels(fn)
             print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
                   f"{sum(k.values())} kernels/call")
-            for kname, n in k.most_common(14):
+            for kname, n in k.most_common(args.kernels):
                 print(f"      {n:4d}  {kname}")
-        del fns, tiered, base
+        del fns, tiered, base, variants
         torch.cuda.empty_cache()
     return 0
 
