@@ -158,6 +158,9 @@ def cases(dev: torch.device) -> dict[str, tuple[tuple, dict]]:
     x, r, w = (torch.randn(rows, n, device=dev, dtype=dt) for _ in range(3))
     w = w[0]
     t = torch.randint(0, n, (rows,), device=dev)
+    # segment_sum: 16 rows of 256 in 4 segments (a gather-side call of a few rows, launch-bound as the others)
+    vals = torch.randn(16, 256, device=dev, dtype=dt)
+    offsets = torch.tensor([0, 3, 8, 8, 16], device=dev)
     return {
         "rms_norm": ((x, (n,), w, 1e-6), dict(normalized_shape=(n,))),
         "fused_add_rms_norm": ((x, r, (n,), w, 1e-6), dict(normalized_shape=(n,))),
@@ -165,6 +168,8 @@ def cases(dev: torch.device) -> dict[str, tuple[tuple, dict]]:
         "softmax": ((x, -1), dict(dim=-1)),
         "gelu": ((x,), dict(bias=False)),  # select_backend's problem defaults to a bias
         "cross_entropy": ((x, t), {}),
+        "muladd": ((x, r, w.expand(rows, n).contiguous()), {}),
+        "segment_sum": ((vals, offsets), dict(segments=4)),
     }
 
 

@@ -201,7 +201,7 @@ PY
       for v in ":--tune --rounds 300 --until-ci 0.1 --max-s 60" "_stub:--stub --evict 16" \
                "_stub_python_key:--stub --python-key"; do
         run_for "$(left)" $PY benchmarks/dispatch_overhead.py --csv "$OUT/dispatch_overhead${v%%:*}.csv" ${v#*:} 2>&1 \
-          | grep -v -E "UserWarning|warn_once" | tail -16
+          | grep -v -E "UserWarning|warn_once" | tail -20
       done
       ;;
     dispatchparts)
