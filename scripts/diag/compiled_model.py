@@ -1,7 +1,8 @@
 """Why a patched model under torch.compile(fullgraph=True) is slower than stock: for each (model, workload) asked, the
 stock model, the patched one as tuned for the compiled context, and the patched one with every compiled-context
 decision forced to the compile tier (the op's eager code traced into the caller's graph), each compiled once; then
-dynamo's counters (graphs, breaks, recompiles), the kernels launched per call (torch.profiler, by name), the host
+dynamo's counters (graphs, breaks, recompiles), the kernels launched per call (torch.profiler, by name, with their
+GPU time and where it differs from stock's), the host
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
@@ -40,8 +41,8 @@ def force_compile_tier() -> int:
     return n
 
 
-def kernels(fn: Callable[[], Any], calls: int = 3) -> collections.Counter:
-    """Kernel names launched per call (torch.profiler over ``calls`` calls)."""
+def kernels(fn: Callable[[], Any], calls: int = 10) -> tuple[collections.Counter, dict[str, float]]:
+    """Kernel names launched per call, and each name's GPU microseconds per call (torch.profiler over ``calls``)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -50,10 +51,12 @@ def kernels(fn: Callable[[], Any], calls: int = 3) -> collections.Counter:
             fn()
         torch.cuda.synchronize()
     names: collections.Counter = collections.Counter()
+    us: dict[str, float] = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             names[e.name[:90]] += 1
-    return collections.Counter({k: v // calls for k, v in names.items()})
+            us[e.name[:90]] += e.time_range.elapsed_us() / calls
+    return collections.Counter({k: v // calls for k, v in names.items()}), dict(us)
 
 
 def host_ms(fn: Callable[[], Any], reps: int = 20) -> float:
@@ -117,13 +120,19 @@ def main() -> int:
         for r in range(args.rounds):
             for v in order[r % len(order):] + order[:r % len(order)]:
                 samples[v] += timed(fns[v], args.reps, True)
+        gpu_us: dict[str, dict[str, float]] = {}
         for v, fn in fns.items():
             p50, p20, p80 = spread(samples[v])
-            k = kernels(fn)
+            k, gpu_us[v] = kernels(fn)
             print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
-                  f"{sum(k.values())} kernels/call")
+                  f"{sum(k.values())} kernels/call, {sum(gpu_us[v].values()):.1f} us of them on the GPU")
             for kname, n in k.most_common(args.kernels):
-                print(f"      {n:4d}  {kname}")
+                print(f"      {n:4d}  {gpu_us[v][kname]:8.1f} us  {kname}")
+            if v != "stock":  # kernels whose GPU time per call differs from stock's by 1 us or more
+                for kname in sorted(set(gpu_us[v]) | set(gpu_us["stock"])):
+                    d = gpu_us[v].get(kname, 0.0) - gpu_us["stock"].get(kname, 0.0)
+                    if abs(d) >= 1.0:
+                        print(f"      {d:+8.1f} us against stock  {kname}")
         del fns, tiered, base, variants
         torch.cuda.empty_cache()
     return 0
