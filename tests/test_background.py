@@ -22,6 +22,7 @@ from tiered_ops.decide import background, contexts
 from tiered_ops.decide import decide as select
 from tiered_ops.decide.dispatch import dispatch, public
 from tiered_ops.registry import Tier
+from tiered_ops.store.rows import ungated
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 
@@ -92,7 +93,9 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
     assert "interpreter and package import" in figures[0]["outcome"] and "compiler warm-up" not in figures[0]["outcome"]
     assert figures[0]["seconds"] > 0 and figures[0]["first_call_s"] is None, figures
     assert "(worker start) took" in said, said
-    figures = figures[1:]
+    gates = [f for f in figures if f["impl"].endswith(background.GATE)]  # a compiled tier gated after its timing
+    assert all(stored[f["impl"].removesuffix(background.GATE)]["ok"] for f in gates), gates
+    figures = [f for f in figures[1:] if f not in gates]
     assert sorted(f["impl"] for f in figures) == sorted(stored), figures
     for f in figures:
         assert f["op"] == "softmax" and f["seconds"] > 0 and f["outcome"], f
@@ -111,44 +114,92 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
 
 def test_a_gated_choice_lands_while_slower_to_gate_candidates_are_measured(bg, private_store, monkeypatch):
     """The first candidate measured (eager: its gate compiles nothing) is handed to the callers before the rest are
-    measured; the next candidate gets the pruning bar from it; the last landing switches to the fastest."""
+    measured; the next candidate gets the pruning bar from it and is timed before its gate, which runs because it
+    would be chosen; the last landing switches to it."""
     _only(monkeypatch, "softmax", "eager", "compile")
-    from tiered_ops.measure.fingerprint import fingerprint
-    from tiered_ops.measure.measure import PRUNE_FACTOR, base_row
+    from tiered_ops.measure.measure import PRUNE_FACTOR
 
-    spec, release, asked = get_op("softmax"), threading.Event(), []
-
-    class Pool:  # the worker's replies, made up: eager 10-12 us, compile 4-5 us once released
-        def start(self):
-            return None  # running already
-
-        def run(self, task, what):
-            _, op, name, problem, dname, mode, kw = task
-            asked.append((name, kw))
-            if name == "compile":
-                assert release.wait(60)
-            lo, hi = (10.0, 12.0) if name == "eager" else (4.0, 5.0)
-            row = base_row(spec, spec.impls[name], problem, torch.float32, mode, fingerprint(CPU))
-            return dict(row, ok=1, p20_us=lo, p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, host_p20_us=lo,
-                        host_p80_us=hi, caller_us=(lo + hi) / 2, first_call_s=0.01, rel_error=0.0), None
-
-    monkeypatch.setattr(background, "_pool_for", lambda me, job: Pool())
+    release, asked = threading.Event(), []
+    monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, {"eager": (10.0, 12.0),
+                                                                              "compile": (4.0, 5.0)}, release))
     x = torch.randn(4, 64)
     tiered_ops.softmax(x, -1)
     deadline = time.monotonic() + 60
     while len(asked) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert [n for n, _ in asked] == ["eager", "compile"], asked
-    assert asked[1][1] == dict(prune_above_us=PRUNE_FACTOR * 12.0, best="eager", gate_first=False), asked
+    assert [(k, n) for k, n, _ in asked] == [("measure", "eager"), ("measure", "compile")], asked
+    assert asked[1][2] == dict(prune_above_us=PRUNE_FACTOR * 12.0, best="eager", gate_first=False, gated=False), asked
     tiered_ops.softmax(x, -1)  # eager landed: this call decides from its row, the bucket still being measured
     sel = _eager_selection("softmax")
     assert sel.name == "eager" and sel.record["tuning"] == "queued for background tuning", sel.record
     assert "fastest correct" in sel.record["reason"] and background.pending() == 1, sel.record
     release.set()
     assert tiered_ops.wait_for_tuning(timeout=60)
+    assert [(k, n) for k, n, _ in asked][2:] == [("gate", "compile")], asked
     tiered_ops.softmax(x, -1)
     sel = _eager_selection("softmax")
     assert sel.name == "compile" and "tuning" not in sel.record, sel.record
+    stored = {r["impl"]: r for r in Store(private_store).rows(op="softmax")}
+    assert stored["compile"]["ok"] == 1 and not ungated(stored["compile"]), stored["compile"]
+
+
+class _FakePool:
+    """The worker's replies, made up: each candidate's p20-p80 in us from ``times``; ``gated=False`` rows come back
+    not ok and not gated (as ``measure`` writes them), and a gate passes but for the names in ``wrong``; a compile
+    candidate waits for ``release``."""
+
+    def __init__(self, asked: list, times: dict, release: threading.Event | None = None, wrong: tuple = ()):
+        self.asked, self.times, self.release, self.wrong = asked, times, release, wrong
+
+    def start(self):
+        return None  # running already
+
+    def run(self, task, what):
+        from tiered_ops.measure.fingerprint import fingerprint
+        from tiered_ops.measure.measure import base_row
+        from tiered_ops.store.rows import UNGATED
+
+        kind, op, name, problem, dname, mode, extra = task
+        self.asked.append((kind, name, extra if kind == "measure" else None))
+        if kind == "gate":
+            if name in self.wrong:
+                return dict(extra, ok=0, rel_error=0.5, reason=f"wrong output at {problem} seed 1"), None
+            return dict(extra, ok=1, rel_error=0.0, reason=None), None
+        if name == "compile" and self.release is not None:
+            assert self.release.wait(60)
+        spec, (lo, hi) = get_op(op), self.times[name]
+        row = base_row(spec, spec.impls[name], problem, torch.float32, mode, fingerprint(CPU))
+        gated = extra.get("gated", True)
+        return dict(row, ok=int(gated), p20_us=lo, p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, host_p20_us=lo,
+                    host_p80_us=hi, caller_us=(lo + hi) / 2, first_call_s=0.01, rel_error=0.0 if gated else None,
+                    reason=None if gated else f"{UNGATED}timed; its gate runs only where it would be chosen"), None
+
+
+def test_only_the_candidate_that_would_be_chosen_is_gated(bg, private_store, monkeypatch):
+    """Triton and compile timed before their gates: the faster one's gate runs; the slower one is stored as never
+    chosen without its gate. Where the faster one fails its gate, the next in line is gated and chosen."""
+    _only(monkeypatch, "softmax", "eager", "triton", "compile")
+    times = {"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}
+    for rows_n, wrong, chosen, gates in ((2, (), "triton", ["triton"]),
+                                         (200, ("triton",), "compile", ["triton", "compile"])):
+        asked: list = []
+        monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, times, wrong=wrong))
+        x = torch.randn(rows_n, 64)  # a bucket of its own per case
+        tiered_ops.softmax(x, -1)
+        assert tiered_ops.wait_for_tuning(timeout=60)
+        assert [n for k, n, _ in asked if k == "gate"] == gates, asked
+        assert all(e["gated"] is False for k, n, e in asked if k == "measure" and n != "eager"), asked
+        stored = {r["impl"]: r for r in Store(private_store).rows(op="softmax")  # the newest row of each
+                  if r["problem"].startswith(f"{rows_n}x")}
+        assert stored[chosen]["ok"] == 1, stored[chosen]
+        for name in {"triton", "compile"} - {chosen}:
+            r = stored[name]
+            assert r["ok"] == 0, r
+            if name in wrong:
+                assert r["reason"].startswith("wrong output"), r
+            else:
+                assert ungated(r) and f"{chosen}, correct, is chosen over it" in r["reason"], r
+        assert select.select_backend("softmax", tuple(x.shape), tune=False).name == chosen
 
 
 def test_the_hottest_queued_bucket_is_measured_first_and_a_nearest_bucket_predicts(bg, private_store, monkeypatch,
@@ -366,3 +417,19 @@ def test_warm_tuning_names_why_its_worker_did_not_start(bg, monkeypatch):
     monkeypatch.setattr(background.Pool, "_ready", broken)
     with pytest.raises(RuntimeError, match="warm_tuning: the measurement worker for cpu could not start: .*planted"):
         tiered_ops.warm_tuning("cpu", wait=True, timeout=60)
+
+
+def test_the_worker_times_a_candidate_before_its_gate_and_gates_it_on_asking():
+    """``measure(gated=False)`` in the worker: timed, not ok, "not gated: ..."; the worker's gate task then passes
+    the same row (its figures kept) as ok with its error, as the gate of a measurement would."""
+    from tiered_ops.measure.worker import Pool
+
+    spec = get_op("softmax")
+    problem = spec.problem((8, 64), dim=-1)
+    with Pool(CPU, [spec.reference.__module__], timeout_s=120, log=lambda s: None) as pool:
+        row, why = pool.run(("measure", "softmax", "eager", problem, "fp32", "fwd_nograd", {"gated": False}), "m")
+        assert why is None and row["ok"] == 0 and ungated(row), row
+        assert row["caller_us"] > 0 and row.get("rel_error") is None, row
+        done, why = pool.run(("gate", "softmax", "eager", problem, "fp32", "fwd_nograd", row), "gate")
+    assert why is None and done["ok"] == 1 and not ungated(done) and done["rel_error"] < 1e-5, done
+    assert done["caller_us"] == row["caller_us"] and done["p50_us"] == row["p50_us"], done

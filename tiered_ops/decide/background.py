@@ -30,60 +30,22 @@ import atexit
 import logging
 import os
 import threading
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
-from ..measure.fingerprint import fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, prune_bar
 from ..measure.worker import Pool
-from ..registry import Impl, OpSpec, Problem, Tier
+from ..registry import Impl, OpSpec, Problem
 from ..store.store import Store
 from ..tiers.catalog import all_ops
-from .choice import _decide
+from .bucket import CANDIDATE, GATE, LANDING, WORKER_START, Job, said_start, tune  # noqa: F401 (the log's keys)
 
 log = logging.getLogger(__name__)
 
 QUEUE_MAX = 64  # buckets waiting at most; a call of another one runs its prediction, not queued (said once)
-TRIES = 2  # a candidate whose worker dies or hangs this many times in a bucket is recorded as crashed or hung
 TIMEOUT_S = 300.0  # per candidate, as a sweep's default
 IDLE_S = 30.0  # the worker process is closed after this long with nothing queued
-
-
-@dataclass(eq=False)
-class Job:
-    """One queued bucket: (op, bucket, dtype name, device key, mode) and the call that asked first (its problem is
-    the one measured, as blocking tuning measures the requested shape)."""
-
-    key: tuple[str, str, str, str, str]
-    spec: OpSpec
-    problem: Problem
-    dtype: torch.dtype
-    device: torch.device
-    mode: str
-    impls: list[str]  # the implementations without a fresh row when it was queued
-    target: str | None  # the store's path or URL for a connection of the thread's own; None: a store in memory
-    landed_hook: Callable[[Job], None]
-    calls: int = 0  # calls through its provisional selection (``counting``): the hottest is measured first
-    deaths: dict[str, int] = field(default_factory=dict)
-    measured: list[dict] = field(default_factory=list)  # every row measured, for a store in memory
-    handed: int = 0  # how many of ``measured`` a landing handed to the caller's store (``unsaved``)
-    landed: bool = False  # the last landing: every candidate measured
-    took_s: float = 0.0
-    landings: int = 0  # decisions handed to the callers so far (the last one when ``landed``)
-    chosen: str | None = None  # what the last landing chose
-    queued_at: float = field(default_factory=time.perf_counter)
-
-    def unsaved(self) -> list[dict]:
-        """The rows measured for a store in memory since the last call: the caller's thread adds them."""
-        new, self.handed = self.measured[self.handed:], len(self.measured)
-        return new
-
-    def __str__(self) -> str:
-        op, _, dname, _, mode = self.key
-        return f"{op} {self.problem} {dname} {mode}"
 
 
 class _Runner:
@@ -100,6 +62,20 @@ class _Runner:
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.close()
+
+    def pool_for(self, job: Job) -> Pool:
+        """The worker pool that measures ``job`` (started where none runs)."""
+        return _pool_for(self, job)
+
+    def requeue(self, job: Job) -> None:
+        """Queue ``job`` again (its worker died during a candidate: a fresh one retries it), unless stopping."""
+        with _s.cond:
+            if not self.stopping:
+                _s.queue[job.key] = job
+
+    def queued(self) -> int:
+        """Buckets waiting behind the one measured."""
+        return len(_s.queue)
 
 
 class _State:
@@ -226,7 +202,7 @@ def _warm_next(me: _Runner, device: str) -> None:
         pool = _pool_on(me, torch.device(device), set(), warm_up=True)
         took = pool.start()
         if took is not None:
-            _said_start(None, pool, took)
+            said_start(None, pool, took)
         outcome: float | str = took if took is not None else 0.0
     except RuntimeError as e:
         log.warning("tiered_ops: background tuning: %s", e)
@@ -313,7 +289,7 @@ def _run(me: _Runner) -> None:
                     me.close_pool()  # outside the lock: a request never waits for a worker to exit
                 continue
             try:
-                _tune(me, job)
+                tune(me, job)
             except Exception as e:  # noqa: BLE001 (a harness or store failure: said, the bucket is not queued again)
                 if not me.stopping:
                     log.warning("tiered_ops: background tuning of %s failed (%s: %s); it keeps its prediction in "
@@ -348,108 +324,3 @@ def _pool_on(me: _Runner, device: torch.device, extra: set[str], warm_up: bool =
         me.pool = Pool(device, modules, TIMEOUT_S, warm_up=warm_up,
                        log=lambda s: me.stopping or log.warning("tiered_ops: background tuning: %s", s))
     return me.pool
-
-
-CANDIDATE = "tiered_ops_candidate"  # the attribute of a candidate's log record that holds its figures (a dict)
-LANDING = "tiered_ops_landing"  # the attribute of a landing's log record: op, problem, impl, seconds, final
-WORKER_START = "(worker start)"  # the ``impl`` of the record that says how long the measurement worker took to start
-# The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
-# choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
-_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
-
-
-def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> None:
-    """Log one candidate's measurement: how long it took in the worker (its first call, compilation included, apart)
-    and its outcome; the figures ride on the record as ``CANDIDATE`` for a handler that collects them."""
-    first = reply.get("first_call_s") if isinstance(reply, dict) else None
-    outcome = why or (reply.get("reason") if isinstance(reply, dict) else None) or "timed"
-    log.info("tiered_ops: background tuning of %s: %s took %.1f s (first call %s): %s", job, name, seconds,
-             "-" if first is None else f"{first:.1f} s", outcome,
-             extra={CANDIDATE: dict(op=job.key[0], problem=str(job.problem), impl=name, seconds=seconds,
-                                    first_call_s=first, outcome=outcome)})
-
-
-def _said_start(job: Job | None, pool: Pool, seconds: float) -> None:
-    """Log the worker's start, part by part (``Pool.start``); for ``job`` where a bucket waited for it."""
-    parts = pool.info.get("start_parts", {}) if isinstance(pool.info, dict) else {}
-    said = ", ".join(f"{k} {v:.1f} s" for k, v in parts.items())
-    if job is not None:
-        _said(job, WORKER_START, seconds, None, f"started ({said})" if said else "started")
-    else:
-        log.info("tiered_ops: background tuning: a measurement worker on %s started in %.1f s (%s), before any "
-                 "bucket was queued", pool.device, seconds, said,
-                 extra={CANDIDATE: dict(op=None, problem=None, impl=WORKER_START, seconds=seconds, first_call_s=None,
-                                        outcome=f"started before any bucket ({said})")})
-
-
-def _tune(me: _Runner, job: Job) -> None:
-    spec, (op, bkey, dname, fkey, mode) = job.spec, job.key
-    store = None
-    if job.target is not None:
-        store = me.stores.get(job.target) or me.stores.setdefault(job.target, Store(job.target))
-        have = {r["impl"] for r in store.latest(op, bkey, dname, fkey, mode) if spec.fresh_impl(r) is not None}
-    else:
-        have = {r["impl"] for r in job.measured}
-    todo = sorted((n for n in job.impls if n not in have and n in spec.impls), key=lambda n: _ORDER[spec.impls[n].tier])
-    log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
-             job.device, ", ".join(todo) or "nothing (measured meanwhile)", len(_s.queue))
-    t0 = time.perf_counter()
-    started = _pool_for(me, job).start() if todo else None  # said apart: not the first candidate's time
-    if started is not None:
-        _said_start(job, me.pool, started)
-    for name in todo:
-        if me.stopping:
-            return
-        t1 = time.perf_counter()
-        bar = prune_bar(_rows(job, store), PRUNE_FACTOR)
-        kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
-        reply, why = _pool_for(me, job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
-        _said(job, name, time.perf_counter() - t1, reply, why)
-        if why:
-            if me.stopping:
-                return
-            job.deaths[name] = job.deaths.get(name, 0) + 1
-            if job.deaths[name] < TRIES:
-                log.warning("tiered_ops: background tuning of %s: %s %s (try %d of %d); the bucket is queued again",
-                            job, name, why, job.deaths[name], TRIES)
-                job.took_s += time.perf_counter() - t0
-                with _s.cond:
-                    if not me.stopping:
-                        _s.queue[job.key] = job
-                return
-            reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fingerprint(job.device)),
-                         reason=f"crashed or hung: {why}")
-        if store is not None:
-            store.add([reply])
-        else:
-            job.measured.append(reply)
-        if name != todo[-1]:
-            _land(job, store, final=False)
-    job.took_s += time.perf_counter() - t0
-    _land(job, store, final=True)
-
-
-def _rows(job: Job, store: Store | None) -> list[dict]:
-    op, bkey, dname, fkey, mode = job.key
-    return list(store.latest(op, bkey, dname, fkey, mode) if store is not None else job.measured)
-
-
-def _land(job: Job, store: Store | None, final: bool) -> None:
-    """Hand the bucket's decision to the callers: at the end (``final``), and before it whenever the rows stored so
-    far choose a correct implementation other than the one landed last (the cheap-to-gate tiers are measured first,
-    so calls leave their prediction within seconds; each landing's choice is gated and timed)."""
-    rows = _rows(job, store)
-    impl, reason, _ = _decide(job.spec, rows, job.dtype, job.device, "fastest", None, store)
-    if not final and (impl.name == job.chosen or not any(r.get("ok") and r["impl"] == impl.name for r in rows)):
-        return
-    job.chosen = impl.name
-    job.landings += 1
-    if final:
-        job.landed = True
-    job.landed_hook(job)
-    seconds = time.perf_counter() - job.queued_at
-    said = (f"landed in {job.took_s:.1f} s ({seconds:.1f} s after it was queued)" if final else
-            f"decided {seconds:.1f} s after it was queued, measuring on")
-    log.info("tiered_ops: background tuning of %s %s: %s (%s) - %s", job, said, impl.name, impl.tier.label, reason,
-             extra={LANDING: dict(op=job.key[0], problem=str(job.problem), impl=impl.name, seconds=seconds,
-                                  final=final)})

@@ -15,7 +15,7 @@ import torch
 from ..buckets import encode
 from ..environment import environment
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
-from ..store.rows import CONTENDED, PRUNED, caller_range, pruned, usable
+from ..store.rows import CONTENDED, PRUNED, UNGATED, caller_range, pruned, usable
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, gate, gate_problem, grad_output, with_grad
@@ -81,7 +81,7 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
-            best: str = "", gate_first: bool = True) -> dict[str, Any]:
+            best: str = "", gate_first: bool = True, gated: bool = True) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -91,7 +91,9 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
     decision may read it, and it never wins against ``best``: its whole range lies above best's p80.
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
-    problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``."""
+    problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
+    ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
+    ``gate_row`` runs the gate where the row would be chosen."""
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -115,18 +117,12 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     if prune_above_us is not None and not gate_first and not impl.timeable(device):
         if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
             return row
-    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
-    row["rel_error"] = err if math.isfinite(err) else None
-    if why:
-        row["reason"] = why
-        if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
-            row["env"] = environment()
-        return row
-    row["ok"] = 1
-    sample_note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
-    if sample_note:
-        row["reason"] = f"correct ({sample_note})"
-    not_timeable = impl.timeable(device)
+    sample_note, not_timeable = None, impl.timeable(device)
+    if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
+        gate_row(spec, impl, problem, dtype, device, mode, row)
+        if not row["ok"]:
+            return row
+        sample_note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
     if not_timeable:
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
@@ -151,8 +147,26 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
                host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
+    if not gated:
+        row["reason"] = f"{UNGATED}timed; its gate runs only where it would be chosen"
     if busy:
         flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
+    return row
+
+
+def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+             row: dict[str, Any]) -> dict[str, Any]:
+    """The gate of ``row``'s implementation at ``problem`` in ``mode``, written into the row: ok and its relative
+    error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why."""
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+    row["rel_error"] = err if math.isfinite(err) else None
+    if why:
+        row.update(ok=0, reason=why)
+        if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
+            row["env"] = environment()
+        return row
+    note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
+    row.update(ok=1, reason=f"correct ({note})" if note else None)
     return row
 
 

@@ -357,6 +357,12 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         _, op, impl, problem, dtype, mode, *kw = task  # kw: measure's keywords (the pruning bar), when any
         spec = OPS[op]
         return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
+    if kind == "gate":  # a row timed without its gate (measure's gated=False): the row back, gated
+        from .measure import gate_row
+
+        _, op, impl, problem, dtype, mode, row = task
+        spec = OPS[op]
+        return gate_row(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, dict(row))
     if kind == "meta":
         from .meta import collect
 

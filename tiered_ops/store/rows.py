@@ -1,5 +1,6 @@
 """What a stored row says beyond its columns: the p20-p80 range a caller sees, when two such ranges tie, and the
-reasons that keep a row out of every decision (timed on a busy machine, pruned after a short timing). Read by the
+reasons that keep a row out of every decision (timed on a busy machine, pruned after a short timing, timed but not
+gated). Read by the
 decisions and the analysis alike; nothing here measures."""
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from typing import Any
 
 PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
 CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
+# the reason of a row timed before its gate ran (background tuning gates a compiled tier only where it would be chosen):
+# not ok until a later row of it says the gate passed; never chosen while it says this
+UNGATED = "not gated: "
 
 
 def _num(v: object) -> float | None:
@@ -47,6 +51,12 @@ def pruned(row: Any) -> bool:
     """Whether a stored row was stopped after a short timing, clearly slower than another candidate of its case."""
     reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
     return isinstance(reason, str) and reason.startswith(PRUNED)
+
+
+def ungated(row: Any) -> bool:
+    """Whether a stored row was timed without its gate (it waits for it, or another candidate was chosen over it)."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(UNGATED)
 
 
 def usable(row: Any) -> bool:
