@@ -433,3 +433,23 @@ def test_the_worker_times_a_candidate_before_its_gate_and_gates_it_on_asking():
         done, why = pool.run(("gate", "softmax", "eager", problem, "fp32", "fwd_nograd", row), "gate")
     assert why is None and done["ok"] == 1 and not ungated(done) and done["rel_error"] < 1e-5, done
     assert done["caller_us"] == row["caller_us"] and done["p50_us"] == row["p50_us"], done
+
+
+def test_a_sweep_measures_again_what_background_tuning_left_ungated(private_store):
+    """A row timed without its gate (never chosen) is not a sweep's evidence: the sweep's own look at the store skips
+    it, and takes the same implementation's gated row."""
+    from tiered_ops.measure.fingerprint import fingerprint
+    from tiered_ops.measure.measure import base_row
+    from tiered_ops.store.rows import UNGATED
+    from tiered_ops.sweep.bench import _fresh
+
+    spec, store = get_op("softmax"), Store(private_store)
+    problem, fp = spec.problem((4, 64), dim=-1), fingerprint(CPU)
+    timed = dict(p20_us=4.0, p50_us=4.5, p80_us=5.0, host_us=4.0, caller_us=4.5)
+    store.add([dict(base_row(spec, spec.impls[n], problem, torch.float32, "fwd_nograd", fp), **timed, ok=0,
+                    reason=f"{UNGATED}timed; eager, correct, is chosen over it: its gate never ran (never chosen)")
+               for n in ("compile", "triton")])
+    store.add([dict(base_row(spec, spec.impls["eager"], problem, torch.float32, "fwd_nograd", fp), **timed, ok=1)])
+    assert set(_fresh(store, spec, problem, torch.float32, fp.key, "fwd_nograd")) == {"eager"}
+    store.add([dict(base_row(spec, spec.impls["compile"], problem, torch.float32, "fwd_nograd", fp), **timed, ok=1)])
+    assert set(_fresh(store, spec, problem, torch.float32, fp.key, "fwd_nograd")) == {"eager", "compile"}

@@ -26,7 +26,7 @@ from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
-from ..store.rows import contended
+from ..store.rows import contended, ungated
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
 
@@ -37,12 +37,13 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
            since: float = -math.inf, busy_since: float = math.inf, **where: str) -> dict:
     """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns.
     A row timed on a busy machine (contended) counts only when taken at ``busy_since`` or later: by a sweep that
-    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again."""
+    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again. A row that
+    background tuning timed without its gate (``rows.ungated``) is measured again: a sweep's rows are all gated."""
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
                       **where)
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins
-        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and (
+        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and not ungated(r) and (
                 not contended(r) or r["timestamp"] >= busy_since):
             out[r["impl"]] = r
     return out
