@@ -56,8 +56,8 @@ def _eager_selection(op: str):
 
 
 def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, private_store, monkeypatch, caplog):
-    monkeypatch.setattr(select, "measure", _no_measuring)
-    monkeypatch.setattr(contexts, "measure", _no_measuring)
+    monkeypatch.setattr(select, "measure_kept", _no_measuring)
+    monkeypatch.setattr(contexts, "measure_kept", _no_measuring)
     caplog.set_level(logging.INFO, logger="tiered_ops")
     x = torch.randn(4, 64)
     y = tiered_ops.softmax(x, -1)
@@ -159,7 +159,7 @@ class _FakePool:
         from tiered_ops.measure.measure import base_row
         from tiered_ops.store.rows import UNGATED
 
-        kind, op, name, problem, dname, mode, extra = task
+        kind, op, name, problem, dname, mode, extra, *_ = task
         self.asked.append((kind, name, extra if kind == "measure" else None))
         if kind == "gate":
             if name in self.wrong:

@@ -346,7 +346,8 @@ def _select_json(tmp_path, capsys, *extra: str) -> dict:
 
 def test_tiered_ops_tune_0_is_honoured_by_select(quick_softmax, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TIERED_OPS_TUNE", "0")
-    monkeypatch.setattr(tiered_ops.decide.decide, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
+    monkeypatch.setattr(tiered_ops.decide.decide, "measure_kept",
+                        lambda *a, **k: pytest.fail("measured with tuning off"))
     record = _select_json(tmp_path, capsys)
     assert record["chosen"] == "eager" and "tuning off" in record["reason"]
 

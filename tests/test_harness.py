@@ -91,7 +91,7 @@ def test_store_keeps_rows_and_decision_survives_a_new_process(planted, private_s
     assert len(Store(private_store).rows(op="softmax")) == len(planted)
     # A new process: empty caches, fresh Store object. Measuring again would raise.
     sel_mod.use_store(str(private_store))
-    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("re-measured a stored bucket"))
+    monkeypatch.setattr(sel_mod, "measure_kept", lambda *a, **k: pytest.fail("re-measured a stored bucket"))
     again = tiered_ops.select_backend("softmax", (50, 300), "fp32", "cpu")  # 50 rows: same bucket as 64
     assert again.name == first.name and again.record["bucket"] == first.record["bucket"] == "[64,300,true]"
 

@@ -373,7 +373,7 @@ def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, tm
 def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path))  # a directory
     monkeypatch.setattr(sel_mod, "_store", None)  # first use in a new process
-    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
+    monkeypatch.setattr(sel_mod, "measure_kept", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
     x = torch.randn(64, 300)
     with caplog.at_level(logging.WARNING, logger="tiered_ops"):
         y = tiered_ops.softmax(x)
@@ -407,7 +407,7 @@ def test_model_code_runs_eager_on_a_store_it_cannot_use_and_warns_once(abuse, wh
     abuse(path)
     monkeypatch.setenv("TIERED_OPS_DB", str(path))
     monkeypatch.setattr(sel_mod, "_store", None)  # first use in a new process
-    monkeypatch.setattr(sel_mod, "measure", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
+    monkeypatch.setattr(sel_mod, "measure_kept", lambda *a, **k: pytest.fail("measured with nowhere to keep it"))
     with caplog.at_level(logging.WARNING, logger="tiered_ops"):
         for shape in ((64, 300), (8, 16)):
             x = torch.randn(*shape)

@@ -50,6 +50,19 @@ def test_rows_latest_buckets_and_metadata(store_target):
         store.rows(colour="red")
 
 
+def test_a_passed_edge_gate_is_kept_per_source_dtype_device_and_versions(store_target):
+    store = Store(store_target)
+    key = ("x", "a", "h", "bf16", "d", 1, "2.11", "3.6")
+    assert store.edge_gate(key) is None and store.count("edge_gates") == 0
+    store.put_edge_gate(key, 1e-3)
+    store.put_edge_gate(key, 2e-3)  # replaces
+    assert store.edge_gate(key) == 2e-3 and store.count("edge_gates") == 1
+    for i, other in enumerate(("y", "b", "h2", "fp16", "d2", 0, "2.12", "3.7")):  # any part differs: not that gate
+        assert store.edge_gate(key[:i] + (other,) + key[i + 1:]) is None, i
+    with pytest.raises(ValueError, match="key has 3 values"):
+        store.put_edge_gate(key[:3], 0.0)
+
+
 def test_an_add_is_all_or_nothing(store_target):
     store = Store(store_target)
     with pytest.raises(STORE_ERRORS):

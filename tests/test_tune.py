@@ -46,7 +46,7 @@ def test_tune_measures_the_recorded_calls_and_the_first_real_call_measures_nothi
     chosen = report.calls[0].chosen
     assert chosen in {r["impl"] for r in stored if r["ok"]} | {"eager"}
 
-    monkeypatch.setattr(select, "measure", _no_measuring)
+    monkeypatch.setattr(select, "measure_kept", _no_measuring)
     tiered_ops.clear_cache()
     with torch.no_grad():
         model(ids)
@@ -59,7 +59,7 @@ def test_tune_measures_the_recorded_calls_and_the_first_real_call_measures_nothi
 
 @needs_hf
 def test_a_training_step_records_fwd_bwd_calls_and_leaves_the_gradients(monkeypatch):
-    monkeypatch.setattr(select, "measure", _no_measuring)
+    monkeypatch.setattr(select, "measure_kept", _no_measuring)
     model = tiny("gemma")
     tiered_ops.patch(model)
     calls = tune_mod.record_step(model, (torch.randint(0, 128, (2, 8)),), train=True, context="compiled")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, prune_bar
+from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, keep_edges, prune_bar, stored_edges
 from ..measure.worker import Pool
 from ..registry import OpSpec, Problem, Tier
 from ..store.rows import UNGATED, ungated
@@ -120,6 +120,7 @@ def tune(me: Runner, job: Job) -> None:
     else:
         have = {r["impl"] for r in job.measured}
     todo = sorted((n for n in job.impls if n not in have and n in spec.impls), key=lambda n: _ORDER[spec.impls[n].tier])
+    fp = fingerprint(job.device)
     log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
              job.device, ", ".join(todo) or "nothing (measured meanwhile)", me.queued())
     t0 = time.perf_counter()
@@ -134,6 +135,9 @@ def tune(me: Runner, job: Job) -> None:
         kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
         if spec.impls[name].tier in _GATED_LAST:
             kw["gated"] = False
+        edges = stored_edges(store, spec, spec.impls[name], job.dtype, fp, mode) if store is not None else None
+        if edges is not None:
+            kw["edges"] = edges  # a pass the store recorded: the worker does not check the edge problems again
         reply, why = me.pool_for(job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
         _said(job, name, time.perf_counter() - t1, reply, why)
         if why:
@@ -158,10 +162,13 @@ def tune(me: Runner, job: Job) -> None:
 
 
 def _keep(job: Job, store: Store | None, row: dict) -> None:
-    """Store ``row``, the newest of its implementation (kept with the job where the store is in memory)."""
+    """Store ``row``, the newest of its implementation (kept with the job where the store is in memory), and its
+    implementation's edge gate where the row says it passed."""
     if store is not None:
-        store.add([row])
+        store.add([keep_edges(store, job.spec, job.spec.impls[row["impl"]], job.dtype, fingerprint(job.device),
+                              job.mode, row)])
     else:
+        row.pop(EDGES, None)
         job.measured[:] = [r for r in job.measured if r["impl"] != row["impl"]] + [row]
 
 
@@ -188,8 +195,9 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
                                               "never ran (never chosen)"))
             return True
         t1 = time.perf_counter()
-        reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name]),
-                                            f"{job} {impl.name} gate")
+        edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
+        reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name], edges),
+                                          f"{job} {impl.name} gate")
         took, outcome = time.perf_counter() - t1, why or ("passed" if reply.get("ok") else reply.get("reason"))
         log.info("tiered_ops: background tuning of %s: %s%s took %.1f s: %s", job, impl.name, GATE, took, outcome,
                  extra={CANDIDATE: dict(op=op, problem=str(job.problem), impl=impl.name + GATE, seconds=took,

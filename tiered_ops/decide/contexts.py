@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from ..measure.measure import measure
+from ..measure.measure import measure_kept
 from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
 from ..store.store import Store
 
@@ -26,7 +26,8 @@ def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     if missing and measure_missing:
         log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
                  problem, dname, mode, len(missing))
-        store.add([measure(spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+        store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled")
+                   for impl in missing])
         rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
         missing = []
     return rows if not missing else []

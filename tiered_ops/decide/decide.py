@@ -38,7 +38,7 @@ import torch
 
 from .. import envs
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, check_fits, measure
+from ..measure.measure import bucket_str, check_fits, measure_kept
 from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -257,7 +257,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             for impl in missing:
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(spec, impl, problem, dtype, device, mode))
+                new.append(measure_kept(store, spec, impl, problem, dtype, device, mode))
             store.add(new)
             tuned_s = time.perf_counter() - t0
             rows = store.latest(spec.name, bkey, dname, fp.key, mode)

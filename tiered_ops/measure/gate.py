@@ -2,7 +2,8 @@
 
 Gate: before an implementation is timed at a problem it must match the float64 reference on fresh
 random inputs (two seeds) at that problem, and on the op's edge problems (checked once per
-implementation, dtype and device in a process). The error ||out-ref||/||ref|| must stay under the
+implementation, dtype and device in a process; a pass the store recorded is not checked again, ``edges_known``).
+The error ||out-ref||/||ref|| must stay under the
 dtype's bound and NaN/Inf must appear exactly where the reference has them. In the modes that run a
 backward (fwd, bwd, fwd+bwd) every gradient is also compared with float64 autograd of the reference,
 for a random output gradient. A NaN-filled block of the
@@ -257,13 +258,30 @@ def gate_problem(spec: OpSpec, problem: Problem, device: torch.device, grad: boo
                    f"{need / 2**20:.0f} MiB, over TIERED_OPS_GATE_BYTES={budget / 2**20:.0f} MiB)")
 
 
+def _edge_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool) -> tuple:
+    return (spec.name, impl.name, impl.source_hash, dtype, str(device), grad)
+
+
+def edges_passed(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool) -> float | None:
+    """The worst relative error over the edge problems where this process checked them and they passed, else None."""
+    ok, worst, _ = _edge_results.get(_edge_key(spec, impl, dtype, device, grad), (False, 0.0, None))
+    return worst if ok else None
+
+
+def edges_known(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
+                rel_error: float) -> None:
+    """The edge problems passed, as recorded by an earlier process (the store's ``edge_gates``): ``gate`` does not
+    check them again here."""
+    _edge_results.setdefault(_edge_key(spec, impl, dtype, device, grad), (True, rel_error, None))
+
+
 def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
          grad: bool = False) -> tuple[float, str | None]:
     """Worst relative error over the seeds at ``problem`` and the edge problems (and ``check_defaults`` at the first
     edge problem); reason on failure.
 
     With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate)."""
-    key = (spec.name, impl.name, impl.source_hash, dtype, str(device), grad)
+    key = _edge_key(spec, impl, dtype, device, grad)
     if key not in _edge_results:
         worst = 0.0
         for edge in spec.edge_problems():

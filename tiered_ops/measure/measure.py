@@ -16,9 +16,10 @@ from ..buckets import encode
 from ..environment import environment
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
 from ..store.rows import CONTENDED, PRUNED, UNGATED, caller_range, pruned, usable
+from ..store.store import Store
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
-from .gate import _short, gate, gate_problem, grad_output, with_grad
+from .gate import _short, edges_known, edges_passed, gate, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, copy_bandwidth_gbps, sync, time_call
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
-            best: str = "", gate_first: bool = True, gated: bool = True) -> dict[str, Any]:
+            best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None
+            ) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -93,7 +95,29 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
     problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
-    ``gate_row`` runs the gate where the row would be chosen."""
+    ``gate_row`` runs the gate where the row would be chosen.
+
+    ``edges``: the worst error of the edge problems' pass that the store recorded (``stored_edges``): not checked
+    again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
+    ``keep_edges`` records it in the store and drops it from the row)."""
+    grad = mode in GRAD_MODES
+    if edges is not None:
+        edges_known(spec, impl, dtype, device, grad, edges)
+    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated)
+    return _with_edges(spec, impl, dtype, device, grad, row)
+
+
+def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
+                row: dict[str, Any]) -> dict[str, Any]:
+    passed = edges_passed(spec, impl, dtype, device, grad)
+    if passed is not None:
+        row[EDGES] = passed
+    return row
+
+
+def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+             context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool
+             ) -> dict[str, Any]:
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -167,6 +191,42 @@ def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
         return row
     note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
+    return _with_edges(spec, impl, dtype, device, mode in GRAD_MODES, row)
+
+
+EDGES = "edges_rel_error"  # a row's field (not a store column): its implementation passed the edge problems
+
+
+def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str) -> tuple:
+    """The store's key (``EDGE_KEY``) of ``impl``'s edge gate at ``dtype`` on the device ``fp`` names in ``mode``."""
+    return (spec.name, impl.name, impl.source_hash, DTYPE_NAMES[dtype], fp.key, int(mode in GRAD_MODES),
+            fp.torch or "", fp.triton or "")
+
+
+def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
+                 ) -> float | None:
+    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure``'s
+    ``edges``), else None."""
+    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
+
+
+def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+                 mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
+    """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
+    pass is recorded in it; the row back, ready to be added."""
+    fp = fingerprint(device)
+    row = measure(spec, impl, problem, dtype, device, mode, edges=stored_edges(store, spec, impl, dtype, fp, mode),
+                  **kw)
+    return keep_edges(store, spec, impl, dtype, fp, mode, row)
+
+
+def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
+               row: dict[str, Any]) -> dict[str, Any]:
+    """Record in the store that ``row``'s implementation passed its edge problems (where the row says so and the
+    store has it not yet); the row back, without that field."""
+    passed = row.pop(EDGES, None)
+    if passed is not None and stored_edges(store, spec, impl, dtype, fp, mode) is None:
+        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
     return row
 
 

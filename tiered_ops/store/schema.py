@@ -12,7 +12,7 @@ from ..registry import Context
 # as the store imports this module).
 OpenStore = Any
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def _buckets_as_json(store: OpenStore) -> None:
@@ -68,7 +68,15 @@ MIGRATIONS: dict[int, list[str | Callable[[OpenStore], None]]] = {
     5: ["ALTER TABLE measurements ADD COLUMN context TEXT", "ALTER TABLE measurements ADD COLUMN peak_bytes REAL"],
     # 7: the context NOT NULL, older rows' 'eager'.
     6: [_context_not_null],
+    # 8: an implementation's edge problems passed at a dtype on a device (with these torch and Triton), so a later
+    # process (a resumed sweep, a restarted server) does not compile and check them again.
+    7: ["CREATE TABLE IF NOT EXISTS edge_gates (op TEXT NOT NULL, impl TEXT NOT NULL, source_hash TEXT NOT NULL, "
+        "dtype TEXT NOT NULL, device_key TEXT NOT NULL, grad INTEGER NOT NULL, torch_version TEXT NOT NULL, "
+        "triton_version TEXT NOT NULL, rel_error REAL NOT NULL, timestamp REAL NOT NULL, "
+        "PRIMARY KEY (op, impl, source_hash, dtype, device_key, grad, torch_version, triton_version))"],
 }
+# What one passed edge gate is for: an implementation's source at a dtype on a device, with or without gradients.
+EDGE_KEY = ("op", "impl", "source_hash", "dtype", "device_key", "grad", "torch_version", "triton_version")
 # What one claim is for: a candidate measurement (one row of ``measurements``).
 CLAIM_KEY = ("op", "impl", "problem", "dtype", "mode", "device_key", "source_hash")
 # Two rows with these equal are one measurement (merging rows from elsewhere adds each once).
@@ -87,4 +95,4 @@ COLUMNS: list[tuple[str, str]] = [
 ]
 LOOKUP_INDEX = "CREATE INDEX IF NOT EXISTS m_lookup ON measurements (op, bucket, dtype, device_key, mode)"
 COLUMN_NAMES = [c for c, _ in COLUMNS]
-TABLES = ("measurements", "impl_meta", "claims", "meta")
+TABLES = ("measurements", "impl_meta", "claims", "meta", "edge_gates")

@@ -39,6 +39,7 @@ from .schema import (  # noqa: F401  (the schema, imported from here)
     CLAIM_KEY,
     COLUMN_NAMES,
     COLUMNS,
+    EDGE_KEY,
     LOOKUP_INDEX,
     MIGRATIONS,
     ROW_KEY,
@@ -285,6 +286,23 @@ class Store:
         row = self._exec("SELECT meta FROM impl_meta WHERE op=? AND impl=? AND device_key=? AND source_hash=?",
                          (op, impl, device_key, source_hash)).fetchone()
         return json.loads(row["meta"]) if row else None
+
+    def put_edge_gate(self, key: tuple, rel_error: float, timestamp: float | None = None) -> None:
+        """Record that an implementation passed its edge problems (``key``: ``EDGE_KEY``'s values; ``rel_error``: the
+        worst relative error among them). Only passes are kept: a failure is checked again by the next process."""
+        if len(key) != len(EDGE_KEY):
+            raise ValueError(f"put_edge_gate: key has {len(key)} values, expected {len(EDGE_KEY)}: "
+                             f"{', '.join(EDGE_KEY)}")
+        self._write(lambda: self._exec(
+            f"INSERT INTO edge_gates VALUES ({', '.join('?' * (len(EDGE_KEY) + 2))}) ON CONFLICT "
+            f"({', '.join(EDGE_KEY)}) DO UPDATE SET rel_error = excluded.rel_error, timestamp = excluded.timestamp",
+            (*key, float(rel_error), timestamp or time.time())))
+
+    def edge_gate(self, key: tuple) -> float | None:
+        """The worst relative error of a passed edge gate stored under ``key`` (``EDGE_KEY``'s values), else None."""
+        row = self._exec(f"SELECT rel_error FROM edge_gates WHERE {' AND '.join(f'{k}=?' for k in EDGE_KEY)}",
+                         tuple(key)).fetchone()
+        return None if row is None else float(row["rel_error"])
 
     def meta_rows(self) -> list[dict[str, Any]]:
         """Every implementation's stored cost metadata: op, impl, device_key, source_hash, timestamp, meta (a dict),

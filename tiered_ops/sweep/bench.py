@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, measure, prune_bar
+from ..measure.measure import PRUNE_FACTOR, base_row, keep_edges, measure, prune_bar, stored_edges
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
@@ -203,6 +203,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     return done, False
                 what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
                 kw = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
+                edges = stored_edges(store, spec, impl, dtype, fp, mode)  # a pass recorded earlier: not checked again
+                if edges is not None:
+                    kw["edges"] = edges
                 if pool is None:
                     done = measure(spec, impl, problem, dtype, device, mode, **kw)
                 else:
@@ -211,7 +214,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     if why:
                         done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
-                store.add([done])
+                store.add([keep_edges(store, spec, impl, dtype, fp, mode, done)])
                 if contended(done):
                     say(f"{what}: {done['reason']}: stored, excluded from decisions")
                 return done, True
