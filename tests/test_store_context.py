@@ -42,7 +42,8 @@ def schema_6(target: str, contexts: list[str | None], version: int = 6) -> None:
 def test_a_schema_6_store_is_migrated_its_rows_without_context_eager(store_target):
     schema_6(store_target, [None, "compiled", None, "graphed"])
     store = Store(store_target)
-    assert store._version() == SCHEMA_VERSION == 7
+    assert store._version() == SCHEMA_VERSION == 8
+    assert store.count("edge_gates") == 0  # schema 8's table, made by the migration
     everything = store.rows(context="*")
     assert [(r["id"], r["impl"], r["context"]) for r in everything] == [
         (1, "i0", "eager"), (2, "i1", "compiled"), (3, "i2", "eager"), (4, "i3", "graphed")]  # ids kept
