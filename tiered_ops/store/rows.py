@@ -41,22 +41,25 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[1] >= b[0] and b[1] >= a[0]
 
 
+def _says(row: Any, prefix: str) -> bool:
+    """Whether a stored row's reason (a dict or attributes) begins with ``prefix``."""
+    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
+    return isinstance(reason, str) and reason.startswith(prefix)
+
+
 def contended(row: Any) -> bool:
     """Whether a stored row (a dict or attributes) was flagged as timed on a busy machine."""
-    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
-    return isinstance(reason, str) and reason.startswith(CONTENDED)
+    return _says(row, CONTENDED)
 
 
 def pruned(row: Any) -> bool:
     """Whether a stored row was stopped after a short timing, clearly slower than another candidate of its case."""
-    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
-    return isinstance(reason, str) and reason.startswith(PRUNED)
+    return _says(row, PRUNED)
 
 
 def ungated(row: Any) -> bool:
     """Whether a stored row was timed without its gate (it waits for it, or another candidate was chosen over it)."""
-    reason = row.get("reason") if isinstance(row, dict) else getattr(row, "reason", None)
-    return isinstance(reason, str) and reason.startswith(UNGATED)
+    return _says(row, UNGATED)
 
 
 def usable(row: Any) -> bool:
