@@ -90,7 +90,10 @@ def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> N
     """Log one candidate's measurement: how long it took in the worker (its first call, compilation included, apart)
     and its outcome; the figures ride on the record as ``CANDIDATE`` for a handler that collects them."""
     first = reply.get("first_call_s") if isinstance(reply, dict) else None
-    outcome = why or (reply.get("reason") if isinstance(reply, dict) else None) or "timed"
+    _say(job, name, seconds, first, why or (reply.get("reason") if isinstance(reply, dict) else None) or "timed")
+
+
+def _say(job: Job, name: str, seconds: float, first: float | None, outcome: str) -> None:
     log.info("tiered_ops: background tuning of %s: %s took %.1f s (first call %s): %s", job, name, seconds,
              "-" if first is None else f"{first:.1f} s", outcome,
              extra={CANDIDATE: dict(op=job.key[0], problem=str(job.problem), impl=name, seconds=seconds,
@@ -152,7 +155,7 @@ def tune(me: Runner, job: Job) -> None:
                 return
             reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fingerprint(job.device)),
                          reason=f"crashed or hung: {why}")
-        _keep(job, store, reply)
+        _keep(job, store, reply, edges)
         if name != todo[-1]:
             _land(job, store, final=False)
     if not _gate_winner(me, job, store):
@@ -161,12 +164,12 @@ def tune(me: Runner, job: Job) -> None:
     _land(job, store, final=True)
 
 
-def _keep(job: Job, store: Store | None, row: dict) -> None:
+def _keep(job: Job, store: Store | None, row: dict, edges: float | None = None) -> None:
     """Store ``row``, the newest of its implementation (kept with the job where the store is in memory), and its
-    implementation's edge gate where the row says it passed."""
+    implementation's edge gate where the row says it passed and ``edges`` (what the store held before) is None."""
     if store is not None:
         store.add([keep_edges(store, job.spec, job.spec.impls[row["impl"]], job.dtype, fingerprint(job.device),
-                              job.mode, row)])
+                              job.mode, row, edges)])
     else:
         row.pop(EDGES, None)
         job.measured[:] = [r for r in job.measured if r["impl"] != row["impl"]] + [row]
@@ -198,10 +201,8 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
         reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name], edges),
                                           f"{job} {impl.name} gate")
-        took, outcome = time.perf_counter() - t1, why or ("passed" if reply.get("ok") else reply.get("reason"))
-        log.info("tiered_ops: background tuning of %s: %s%s took %.1f s: %s", job, impl.name, GATE, took, outcome,
-                 extra={CANDIDATE: dict(op=op, problem=str(job.problem), impl=impl.name + GATE, seconds=took,
-                                        first_call_s=None, outcome=outcome)})
+        _say(job, impl.name + GATE, time.perf_counter() - t1, None,
+             why or ("passed" if reply.get("ok") else reply.get("reason")))
         if why:
             if me.stopping:
                 return False
@@ -212,7 +213,7 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
                 me.requeue(job)
                 return False
             reply = dict(waiting[impl.name], ok=0, reason=f"gate crashed or hung: {why}")
-        _keep(job, store, dict(reply, timestamp=time.time()))
+        _keep(job, store, dict(reply, timestamp=time.time()), edges)
     return False
 
 

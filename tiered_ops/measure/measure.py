@@ -143,10 +143,9 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
             return row
     sample_note, not_timeable = None, impl.timeable(device)
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        gate_row(spec, impl, problem, dtype, device, mode, row)
+        sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
         if not row["ok"]:
             return row
-        sample_note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
     if not_timeable:
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
@@ -179,19 +178,30 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
 
 
 def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-             row: dict[str, Any]) -> dict[str, Any]:
+             row: dict[str, Any], edges: float | None = None) -> dict[str, Any]:
     """The gate of ``row``'s implementation at ``problem`` in ``mode``, written into the row: ok and its relative
-    error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why."""
+    error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why. ``edges``
+    and the row's ``EDGES`` as in ``measure``."""
+    grad = mode in GRAD_MODES
+    if edges is not None:
+        edges_known(spec, impl, dtype, device, grad, edges)
+    _gate_into(spec, impl, problem, dtype, device, mode, row)
+    return _with_edges(spec, impl, dtype, device, grad, row)
+
+
+def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+               row: dict[str, Any]) -> str | None:
+    """``gate_row``'s work on the row; what the gate sampled of ``problem`` where it passed (None: all of it)."""
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row.update(ok=0, reason=why)
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
             row["env"] = environment()
-        return row
+        return None
     note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
-    return _with_edges(spec, impl, dtype, device, mode in GRAD_MODES, row)
+    return note
 
 
 EDGES = "edges_rel_error"  # a row's field (not a store column): its implementation passed the edge problems
@@ -215,17 +225,17 @@ def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype
     """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
     pass is recorded in it; the row back, ready to be added."""
     fp = fingerprint(device)
-    row = measure(spec, impl, problem, dtype, device, mode, edges=stored_edges(store, spec, impl, dtype, fp, mode),
-                  **kw)
-    return keep_edges(store, spec, impl, dtype, fp, mode, row)
+    edges = stored_edges(store, spec, impl, dtype, fp, mode)
+    row = measure(spec, impl, problem, dtype, device, mode, edges=edges, **kw)
+    return keep_edges(store, spec, impl, dtype, fp, mode, row, edges)
 
 
 def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
-               row: dict[str, Any]) -> dict[str, Any]:
-    """Record in the store that ``row``'s implementation passed its edge problems (where the row says so and the
-    store has it not yet); the row back, without that field."""
+               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
+    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
+    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
     passed = row.pop(EDGES, None)
-    if passed is not None and stored_edges(store, spec, impl, dtype, fp, mode) is None:
+    if passed is not None and stored is None:
         store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
     return row
 

@@ -358,15 +358,11 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         spec = OPS[op]
         return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
     if kind == "gate":  # a row timed without its gate (measure's gated=False): the row back, gated
-        from ..registry import GRAD_MODES
-        from .gate import edges_known
         from .measure import gate_row
 
         _, op, impl, problem, dtype, mode, row, *edges = task  # edges: a pass the store recorded, when any
         spec = OPS[op]
-        if edges and edges[0] is not None:
-            edges_known(spec, spec.impls[impl], DTYPES[dtype], device, mode in GRAD_MODES, edges[0])
-        return gate_row(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, dict(row))
+        return gate_row(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, dict(row), *edges)
     if kind == "meta":
         from .meta import collect
 

@@ -214,7 +214,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     if why:
                         done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
-                store.add([keep_edges(store, spec, impl, dtype, fp, mode, done)])
+                store.add([keep_edges(store, spec, impl, dtype, fp, mode, done, edges)])
                 if contended(done):
                     say(f"{what}: {done['reason']}: stored, excluded from decisions")
                 return done, True
