@@ -311,3 +311,20 @@ def test_the_gate_calls_each_optional_argument_omitted(dtype):
     assert why is not None and "eps omitted" in why and "defaults" in why, why
     for name in ("eager", "triton"):
         assert check_defaults(spec, spec.impls[name], edge, dtype, dev, grad=True)[1] is None
+
+
+def test_a_timing_window_neither_collects_nor_lets_a_collection_run(monkeypatch):
+    """A timed window disables the collector and restores it after; it never runs a full collection first (one took
+    longer than the timing itself in a process with Inductor loaded)."""
+    import gc
+
+    from tiered_ops.measure import timing
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    assert gc.isenabled()
+    with timing.no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled() and calls == []
+    t = timing.time_call(lambda: torch.ones(64).sum(), torch.device("cpu"))
+    assert t.p50_us > 0 and calls == [] and gc.isenabled()
