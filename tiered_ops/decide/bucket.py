@@ -190,7 +190,7 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
         if not waiting:
             return True
         if_correct = [dict(r, ok=1) if r["impl"] in waiting else r for r in rows]
-        impl = _decide(spec, if_correct, job.dtype, job.device, "fastest", None, store)[0]
+        impl, named_by, _ = _decide(spec, if_correct, job.dtype, job.device, "fastest", None, store)
         if impl.name not in waiting:
             for r in waiting.values():
                 _keep(job, store, dict(r, timestamp=time.time(),
@@ -201,8 +201,9 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
         reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name], edges),
                                           f"{job} {impl.name} gate")
+        timed = ", ".join(f"{n} {r['caller_us']:.1f} us" for n, r in sorted(waiting.items()))
         _say(job, impl.name + GATE, time.perf_counter() - t1, None,
-             why or ("passed" if reply.get("ok") else reply.get("reason")))
+             f"{why or ('passed' if reply.get('ok') else reply.get('reason'))} (named: {named_by}; waiting: {timed})")
         if why:
             if me.stopping:
                 return False
