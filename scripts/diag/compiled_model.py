@@ -6,7 +6,7 @@ GPU time and where it differs from stock's), the host
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
-        [--ops layer_norm] [--stock-copy] [--kernels N]
+        [--ops layer_norm] [--stock-copy] [--kernels N] [--timeline CALLS]
 """
 
 from __future__ import annotations
@@ -59,6 +59,46 @@ def kernels(fn: Callable[[], Any], calls: int = 10) -> tuple[collections.Counter
     return collections.Counter({k: v // calls for k, v in names.items()}), dict(us)
 
 
+def timeline(fn: Callable[[], Any], calls: int = 20) -> dict[str, float]:
+    """Where one call's time goes, medians over ``calls`` (torch.profiler, CPU and GPU on one clock; the GPU idle
+    before each call, as the models benchmark's events see it), in us from the call's start: ``host`` until the call
+    returns, ``first`` the first kernel's start, ``last_launch`` the last kernel's start, ``end`` the last kernel's end
+    (what the benchmark's events measure, less the event's own latency), ``busy`` the GPU's kernel time (union) and
+    ``gaps`` its idle time between the first kernel's start and the last one's end."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    mark = "tiered_ops_diag_call"
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            with record_function(mark):
+                fn()
+            torch.cuda.synchronize()
+    evs = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in evs
+                   if e.name == mark and e.device_type == torch.autograd.DeviceType.CPU)
+    kern = sorted((e.time_range.start, e.time_range.end) for e in evs
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    for i, (s, e) in enumerate(spans):
+        nxt = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        ks = [(a, b) for a, b in kern if s <= a < nxt]
+        if not ks:
+            continue
+        busy, cur_a, cur_b = 0.0, ks[0][0], ks[0][1]
+        for a, b in ks[1:]:
+            if a > cur_b:
+                busy, cur_a, cur_b = busy + cur_b - cur_a, a, b
+            else:
+                cur_b = max(cur_b, b)
+        busy += cur_b - cur_a
+        end = max(b for _, b in ks)
+        for k, v in (("host", e - s), ("first", ks[0][0] - s), ("last_launch", ks[-1][0] - s), ("end", end - s),
+                     ("busy", busy), ("gaps", end - ks[0][0] - busy)):
+            per[k].append(v)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
 def host_ms(fn: Callable[[], Any], reps: int = 20) -> float:
     """Host time of one call (the caller's Python and launches), the median over ``reps``, not waiting on the GPU."""
     out = []
@@ -80,6 +120,8 @@ def main() -> int:
     ap.add_argument("--stock-copy", action="store_true",
                     help="also a deep copy of the stock model, unpatched: what a second copy costs by itself")
     ap.add_argument("--kernels", type=int, default=14, help="kernel names listed per variant")
+    ap.add_argument("--timeline", type=int, default=0, metavar="CALLS",
+                    help="also where a call's time goes (host, first kernel, GPU busy and idle, end), medians of CALLS")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64
     from torch._dynamo.utils import counters
@@ -121,11 +163,18 @@ def main() -> int:
             for v in order[r % len(order):] + order[:r % len(order)]:
                 samples[v] += timed(fns[v], args.reps, True)
         gpu_us: dict[str, dict[str, float]] = {}
+        tl: dict[str, dict[str, float]] = {}
         for v, fn in fns.items():
             p50, p20, p80 = spread(samples[v])
             k, gpu_us[v] = kernels(fn)
             print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
                   f"{sum(k.values())} kernels/call, {sum(gpu_us[v].values()):.1f} us of them on the GPU")
+            if args.timeline:
+                tl[v] = timeline(fn, args.timeline)
+                figs = ", ".join(f"{k} {x:.1f}" for k, x in tl[v].items())
+                print(f"      timeline (us from the call's start): {figs}"
+                      + ("" if v == "stock" else "; against stock: " + ", ".join(
+                          f"{k} {x - tl['stock'][k]:+.1f}" for k, x in tl[v].items() if k in tl["stock"])))
             for kname, n in k.most_common(args.kernels):
                 print(f"      {n:4d}  {gpu_us[v][kname]:8.1f} us  {kname}")
             if v != "stock":  # kernels whose GPU time per call differs from stock's by 1 us or more
