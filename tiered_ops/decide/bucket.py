@@ -17,9 +17,8 @@ from ..measure.fingerprint import fingerprint
 from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, keep_edges, prune_bar, stored_edges
 from ..measure.worker import Pool
 from ..registry import OpSpec, Problem, Tier
-from ..store.rows import UNGATED, ungated
 from ..store.store import Store
-from .choice import _decide
+from .choice import GATED_LAST, _decide, never_chosen, next_gate
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
 
@@ -81,9 +80,6 @@ GATE = " (gate)"  # appended to a candidate's name in the record of its gate run
 # The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
 # choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
 _ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
-# The tiers timed before their gate, which then runs only where the candidate would be chosen (``_gate_winner``): their
-# gate compiles a kernel per edge problem, seconds that a candidate slower than another correct one never needs.
-_GATED_LAST = {Tier.TRITON, Tier.COMPILE}
 
 
 def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> None:
@@ -136,7 +132,7 @@ def tune(me: Runner, job: Job) -> None:
         t1 = time.perf_counter()
         bar = prune_bar(_rows(job, store), PRUNE_FACTOR)
         kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
-        if spec.impls[name].tier in _GATED_LAST:
+        if spec.impls[name].tier in GATED_LAST:
             kw["gated"] = False
         edges = stored_edges(store, spec, spec.impls[name], job.dtype, fp, mode) if store is not None else None
         if edges is not None:
@@ -176,7 +172,7 @@ def _keep(job: Job, store: Store | None, row: dict, edges: float | None = None) 
 
 
 def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
-    """Gate the candidates timed without it (``_GATED_LAST``) in the order the decision would choose them: while the
+    """Gate the candidates timed without it (``GATED_LAST``) in the order the decision would choose them: while the
     fastest-correct choice, counting each of them as correct, names one, its gate runs in the worker and its row is
     stored again, ok or failed. Once the choice names a gated row, each still waiting is stored as never chosen. The
     bucket's decision is then the one a gate of every candidate would give, and only the winner's gate (and those of
@@ -184,18 +180,12 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
     worker)."""
     spec, (op, _, dname, _, mode) = job.spec, job.key
     while not me.stopping:
-        rows = _rows(job, store)
-        waiting = {r["impl"]: r for r in rows if ungated(r) and r.get("caller_us") is not None
-                   and spec.fresh_impl(r) is not None}
-        if not waiting:
+        impl, named_by, waiting = next_gate(spec, _rows(job, store), job.dtype, job.device, store)
+        if impl is None:
             return True
-        if_correct = [dict(r, ok=1) if r["impl"] in waiting else r for r in rows]
-        impl, named_by, _ = _decide(spec, if_correct, job.dtype, job.device, "fastest", None, store)
         if impl.name not in waiting:
             for r in waiting.values():
-                _keep(job, store, dict(r, timestamp=time.time(),
-                                       reason=f"{UNGATED}timed; {impl.name}, correct, is chosen over it: its gate "
-                                              "never ran (never chosen)"))
+                _keep(job, store, dict(never_chosen(r, impl.name), timestamp=time.time()))
             return True
         t1 = time.perf_counter()
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None

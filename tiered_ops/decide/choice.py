@@ -9,7 +9,7 @@ import torch
 
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import caller_range
+from ..store.rows import UNGATED, caller_range, ungated
 from ..store.store import Store
 from .policy import choose
 
@@ -65,3 +65,35 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
         impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget)
     gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
     return impl, f"{reason}; {gated}", cands
+
+
+# The tiers timed before their gate, which then runs only where a choice would name the candidate (``next_gate``):
+# their gate compiles a kernel per edge problem, seconds that a candidate slower than another correct one never needs.
+GATED_LAST = {Tier.TRITON, Tier.COMPILE}
+
+
+def next_gate(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, store: Store,
+              policies: tuple[str, ...] = ("fastest",)) -> tuple[Impl | None, str, dict[str, dict]]:
+    """Which gate runs next among one case's newest ``rows``, counting each row timed without its gate as correct:
+    (the first choice among ``policies`` that names one of those, its reason, the rows timed without their gate).
+    Where no policy names one, the first policy's choice (a gated row, so nothing to gate); (None, "", {}) where no
+    row waits for its gate."""
+    waiting = {r["impl"]: r for r in rows if ungated(r) and r.get("caller_us") is not None
+               and spec.fresh_impl(r) is not None}
+    if not waiting:
+        return None, "", waiting
+    if_correct = [dict(r, ok=1) if r["impl"] in waiting else r for r in rows]
+    first: tuple[Impl, str] | None = None
+    for policy in policies:
+        impl, reason, _ = _decide(spec, if_correct, dtype, device, policy, None, store)
+        if impl.name in waiting:
+            return impl, reason, waiting
+        first = first or (impl, reason)
+    assert first is not None, "next_gate: no policy given"
+    return first[0], first[1], waiting
+
+
+def never_chosen(row: dict, chosen: str) -> dict:
+    """``row`` (timed without its gate) as stored once a choice passed it over: not ok, never gated."""
+    return dict(row, ok=0, reason=f"{UNGATED}timed; {chosen}, correct, is chosen over it: its gate never ran "
+                                  "(never chosen)")

@@ -15,7 +15,7 @@ import torch
 from ..buckets import encode
 from ..environment import environment
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
-from ..store.rows import CONTENDED, PRUNED, UNGATED, caller_range, pruned, usable
+from ..store.rows import CONTENDED, PRUNED, WAITING, caller_range, pruned, usable
 from ..store.store import Store
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
@@ -171,7 +171,7 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
                host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
     if not gated:
-        row["reason"] = f"{UNGATED}timed; its gate runs only where it would be chosen"
+        row["reason"] = WAITING
     if busy:
         flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
     return row

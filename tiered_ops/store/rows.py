@@ -12,6 +12,7 @@ CONTENDED = "contended: "  # the reason of a row timed while the machine was bus
 # the reason of a row timed before its gate ran (background tuning gates a compiled tier only where it would be chosen):
 # not ok until a later row of it says the gate passed; never chosen while it says this
 UNGATED = "not gated: "
+WAITING = UNGATED + "timed; its gate runs only where it would be chosen"  # an ungated row no choice has looked at yet
 
 
 def _num(v: object) -> float | None:
@@ -60,6 +61,12 @@ def pruned(row: Any) -> bool:
 def ungated(row: Any) -> bool:
     """Whether a stored row was timed without its gate (it waits for it, or another candidate was chosen over it)."""
     return _says(row, UNGATED)
+
+
+def waits_for_gate(row: Any) -> bool:
+    """Whether a stored row was timed without its gate and no choice has looked at it since (``WAITING``); an
+    ungated row a choice passed over says so instead (never chosen)."""
+    return _says(row, WAITING)
 
 
 def usable(row: Any) -> bool:
