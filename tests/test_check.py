@@ -99,6 +99,21 @@ def test_eager_is_no_competitor_but_the_best_compiler_tier_is():
     assert f.kind == "defends" and "1.20x against a bar of 1.12x" in f.text  # Triton's 120 us, not eager's 200
 
 
+def test_a_compiler_tier_timed_but_never_gated_is_still_a_rival_and_a_failed_one_is_not():
+    """A sweep gates a compiled tier only where a choice would take it: a Triton row it timed and passed over (not
+    gated, never chosen) or pruned without its gate still sets the bar; one that failed its gate does not."""
+    never = "not gated: timed; cuda, correct, is chosen over it: its gate never ran (never chosen)"
+    df = _frame(cuda_us=100.0, compile_us=300.0, triton_us=105.0)
+    df.loc[df.impl == "triton", ["ok", "reason"]] = [0, never]
+    f = _only(_run(df), territory="softmax.small")
+    assert f.fails and f.kind != "defends", f.text  # 1.05x against Triton's timing: below the bar
+    df.loc[df.impl == "triton", "reason"] = "pruned: a short timing's caller p20 ... ; not gated either (never chosen)"
+    assert _only(_run(df), territory="softmax.small").fails
+    df.loc[df.impl == "triton", "reason"] = "wrong output at 1x4096 seed 1: rel error 5e-01 > bound 1e-02"
+    f = _only(_run(df), territory="softmax.small")
+    assert f.kind == "defends" and "3.00x against a bar of 1.12x" in f.text  # compile's 300 us is the rival left
+
+
 def test_no_cuda_rows_for_a_held_territory_fail():
     df = _frame()
     f = _only(_run(df[df.impl != "cuda"]), territory="softmax.small")

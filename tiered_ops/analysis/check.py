@@ -31,6 +31,7 @@ import pandas as pd
 
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
+from ..store.rows import PRUNED, UNGATED
 from ..tiers.catalog import get_op
 from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
 
@@ -88,14 +89,17 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     """Every fresh CUDA row of ``specs`` (default: the ops in ``df``) judged against the best compiler tier of its
     case: rows, row length, the kernel's and the best compiler tier's time, ratio (theirs over the kernel's),
     the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
-    not pass its gate or has no time) or "no-compiler" (no correct compiler-tier row to compare with), and the
+    not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), and the
     compiler-tier implementations it was compared with."""
     df = _with_context(df)
     specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
     m = margins()["cuda"]
     latest = _latest(df)
-    ok = latest[(latest.ok == 1) & latest.caller_us.notna()]
-    comp = ok[ok.tier.isin(COMPILER_TIERS)]
+    # The compiler tiers' rivals: each one timed, correct or never gated (a sweep times them before their gate and
+    # gates them only where a choice would take them), so a CUDA kernel is measured against them all.
+    why = (latest["reason"] if "reason" in latest else pd.Series("", index=latest.index)).fillna("").astype(str)
+    rival = latest.caller_us.notna() & ((latest.ok == 1) | why.str.startswith(UNGATED) | why.str.startswith(PRUNED))
+    comp = latest[rival & latest.tier.isin(COMPILER_TIERS)]
     best = comp.loc[comp.groupby(CASE, sort=False).caller_us.idxmin()].set_index(CASE) if len(comp) else None
     timed = comp.groupby(CASE, sort=False).impl.agg(lambda s: ",".join(sorted(s))) if len(comp) else {}
     out = []
