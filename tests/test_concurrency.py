@@ -27,7 +27,7 @@ SIZES = [(64 * 2**i,) for i in range(8)]
 MODES = ["fwd_nograd", "fwd+bwd"]
 IMPLS = ["eager", "compile"]
 
-def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
+def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd", **kw):
     """A stand-in for measure: a fixed row after a pause (the claiming is under test, not the timing; a CPU timing
     taken on a busy machine may be flagged as contended and rightly redone)."""
     import time
@@ -52,7 +52,7 @@ def _counts(store):
     return Counter((r["impl"], r["problem"], r["mode"]) for r in store.rows())
 
 
-def busy_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
+def busy_measure(spec, impl, problem, dtype, device, mode="fwd_nograd", **kw):
     """fake_measure on a machine two sweeps keep busy: every timing is flagged as contended."""
     from tiered_ops.measure.measure import flag_contended
 

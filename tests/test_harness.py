@@ -328,3 +328,55 @@ def test_a_timing_window_neither_collects_nor_lets_a_collection_run(monkeypatch)
     assert gc.isenabled() and calls == []
     t = timing.time_call(lambda: torch.ones(64).sum(), torch.device("cpu"))
     assert t.p50_us > 0 and calls == [] and gc.isenabled()
+
+
+def test_a_sweep_gates_a_compiled_tier_only_where_a_choice_would_take_it(private_store, monkeypatch):
+    """The Triton and compile tiers are timed without their gate; once the case is stored, the gate runs for the one a
+    choice would name (the next in line where it fails), the rest are stored as never chosen, a resumed sweep
+    measures nothing again, and ``gate_all`` gates every candidate as it is measured."""
+    from tiered_ops.measure.fingerprint import fingerprint
+    from tiered_ops.measure.measure import base_row
+    from tiered_ops.store.rows import WAITING
+    from tiered_ops.sweep import bench
+
+    fake = lambda x, dim=-1: torch.softmax(x, dim)  # noqa: E731
+    monkeypatch.setattr(SOFTMAX, "impls", {
+        "eager": SOFTMAX.impls["eager"], "fast_wrong": Impl("fast_wrong", Tier.TRITON, fake, (SOFTMAX.source,)),
+        "next": Impl("next", Tier.COMPILE, fake, (SOFTMAX.source,)),
+        "slow": Impl("slow", Tier.COMPILE, fake, (SOFTMAX.source,))})
+    times = {"eager": 10.0, "fast_wrong": 4.0, "next": 6.0, "slow": 20.0}
+    asked: list = []
+
+    def fake_measure(spec, impl, problem, dtype, device, mode, **kw):
+        asked.append(("measure", impl.name, kw.get("gated", True)))
+        t, gated = times[impl.name], kw.get("gated", True)
+        return dict(base_row(spec, impl, problem, dtype, mode, fingerprint(device)), ok=int(gated), p20_us=t,
+                    p50_us=t, p80_us=t * 1.05, host_us=t / 2, host_p20_us=t / 2, host_p80_us=t / 2, caller_us=t,
+                    first_call_s=0.01, rel_error=0.0 if gated else None, reason=None if gated else WAITING)
+
+    def fake_gate(spec, impl, problem, dtype, device, mode, row, edges=None):
+        asked.append(("gate", impl.name, None))
+        if impl.name == "fast_wrong":
+            return dict(row, ok=0, rel_error=0.5, reason=f"wrong output at {problem} seed 1")
+        return dict(row, ok=1, rel_error=0.0, reason=None)
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "gate_row", fake_gate)
+    store, problems = Store(private_store), {"softmax": [SOFTMAX.problem((64, 64), dim=-1)]}
+
+    def run(**kw):
+        asked.clear()
+        return sweep([SOFTMAX], problems, [torch.float32], CPU, store, progress=False, log=lambda s: None,
+                     modes=["fwd_nograd"], cost_metadata=False, prune=None, **kw)
+
+    df = run().set_index("impl")
+    assert [a for a in asked if a[0] == "measure"] == [("measure", "eager", True), ("measure", "fast_wrong", False),
+                                                       ("measure", "next", False), ("measure", "slow", False)]
+    assert [a[1] for a in asked if a[0] == "gate"] == ["fast_wrong", "next"]
+    assert df.loc["next", "ok"] == 1 and df.loc["fast_wrong", "ok"] == 0 and "wrong" in df.loc["fast_wrong", "reason"]
+    assert df.loc["slow", "ok"] == 0 and "next, correct, is chosen over it" in df.loc["slow", "reason"]
+    assert tiered_ops.select_backend("softmax", (64, 64), "fp32", "cpu", tune=False).name == "next"
+    run()
+    assert asked == []  # resumed: every row stored is taken, the never-chosen one included
+    run(force=True, gate_all=True)
+    assert {a[2] for a in asked if a[0] == "measure"} == {True} and not [a for a in asked if a[0] == "gate"]

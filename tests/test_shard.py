@@ -61,7 +61,7 @@ def test_spreading_over_gpus_deals_each_case_to_one_gpu():
 
 
 def test_a_sweep_of_one_shard_measures_only_its_cases(monkeypatch, tmp_path):
-    def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
+    def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd", **kw):
         return dict(base_row(spec, impl, problem, dtype, mode, fingerprint(device)), ok=1, p50_us=1.0, caller_us=1.0)
 
     monkeypatch.setattr(bench, "measure", fake_measure)

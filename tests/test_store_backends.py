@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 MULADD = get_op("muladd")
 
 
-def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd"):
+def fake_measure(spec, impl, problem, dtype, device, mode="fwd_nograd", **kw):
     """A stand-in for measure (the store is under test, not the timing)."""
     return dict(base_row(spec, impl, problem, dtype, mode, fingerprint(device)), ok=1, p50_us=1.0, caller_us=1.0)
 

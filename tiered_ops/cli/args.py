@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-meta", action="store_true",
                    help="skip the cost metadata (graph breaks, lines of code, build seconds) after the measurements")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
+    s.add_argument("--gate-all", action="store_true",
+                   help="gate every candidate (default: the Triton and compile tiers are timed first and gated only "
+                        "where a choice would name them; the others are stored as never chosen)")
     s.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one candidate may take (first call, checks and timing) before it is killed "
                         "and recorded as timed out (default 300)")

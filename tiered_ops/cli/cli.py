@@ -97,7 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
                    impls=args.impls.split(",") if args.impls else None, cost_metadata=not args.no_meta,
-                   shard=args.shard, devices=devices)
+                   shard=args.shard, devices=devices, gate_all=args.gate_all)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)

@@ -20,13 +20,14 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 import torch
 
+from ..decide.choice import GATED_LAST, never_chosen, next_gate
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, keep_edges, measure, prune_bar, stored_edges
+from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, keep_edges, measure, prune_bar, stored_edges
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
-from ..store.rows import contended, ungated
+from ..store.rows import contended, waits_for_gate
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
 
@@ -34,19 +35,24 @@ CLAIM_POLL_S = 0.5  # how often a sweep looks again at candidates another sweep 
 
 
 def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device_key: str, mode: str,
-           since: float = -math.inf, busy_since: float = math.inf, **where: str) -> dict:
+           since: float = -math.inf, busy_since: float = math.inf, waiting: bool = False, **where: str) -> dict:
     """The newest fresh row per implementation of one case (taken at ``since`` or later); ``where``: more columns.
     A row timed on a busy machine (contended) counts only when taken at ``busy_since`` or later: by a sweep that
-    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again. A row that
-    background tuning timed without its gate (``rows.ungated``) is measured again: a sweep's rows are all gated."""
+    ran beside this one, whose busy machine was likely the two sweeps; an older one is measured again. A row timed
+    without its gate that no choice has looked at yet (``rows.waits_for_gate``: a run stopped between the timing and
+    the gates) is measured again unless ``waiting``; one a choice passed over (never chosen) counts."""
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
                       **where)
     out: dict[str, dict] = {}
     for r in rows:  # ordered by id: the last fresh row per implementation wins
-        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and not ungated(r) and (
+        if spec.fresh_impl(r) is not None and r["timestamp"] >= since and (waiting or not waits_for_gate(r)) and (
                 not contended(r) or r["timestamp"] >= busy_since):
             out[r["impl"]] = r
     return out
+
+
+# The choices a sweep's report shows: where one of them would name a candidate timed without its gate, the gate runs.
+GATED_FOR = ("fastest", "cost-aware", "cold-start")
 
 
 def _meta(store: Store, spec: OpSpec, impl: Impl, device: torch.device, fp: Fingerprint, pool: Pool | None) -> dict:
@@ -132,7 +138,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 metas: dict[tuple[str, str], dict] | None = None, modes: Iterable[str] = MODES,
                 isolate: bool = False, timeout_s: float = 300.0, impls: Iterable[str] | None = None,
                 cost_metadata: bool = True, stop: threading.Event | None = None,
-                prune: float | None = PRUNE_FACTOR) -> pd.DataFrame:
+                prune: float | None = PRUNE_FACTOR, gate_all: bool = False) -> pd.DataFrame:
     """Measure every implementation of each (op, problem, dtype) case in each mode; one row per measurement.
 
     With ``isolate`` each candidate runs in a worker process (``tiered_ops.worker``): one that crashes or
@@ -151,6 +157,10 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     being timed in full (it cannot win: its range lies above the winner's). ``None`` times every candidate in full.
     A row another sweep stored as contended while this one ran is taken as it is, not measured again at once: the
     busy machine was likely the two sweeps (an idle rerun measures it again).
+    The Triton and compile tiers (``choice.GATED_LAST``) are timed before their gate, unless ``gate_all``: once a
+    case's candidates are all stored, the gate runs for each of them that a choice (``GATED_FOR``) would name if it
+    were correct, the next in line where one fails; the others are stored as never chosen (not gated). Their gates
+    compile a kernel per edge problem, most of the sweep's compilation, for candidates no choice takes.
     """
     from ..progress import Progress
 
@@ -202,7 +212,9 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 if done is not None:  # another sweep stored it between our look and our claim
                     return done, False
                 what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
-                kw = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
+                kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
+                if not gate_all and impl.tier in GATED_LAST:
+                    kw.update(gated=False, gate_first=False)  # gated in ``settle`` where a choice would name it
                 edges = stored_edges(store, spec, impl, dtype, fp, mode)  # a pass recorded earlier: not checked again
                 if edges is not None:
                     kw["edges"] = edges
@@ -221,6 +233,46 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             finally:
                 store.release(key)
 
+        def settle(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str) -> None:
+            """Gate each candidate of the case timed without its gate that a choice would name, in turn; store the
+            rest as never chosen."""
+            nonlocal gates
+            while not gate_all:
+                rows = list(_fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since,
+                                   waiting=True).values())
+                impl, _, waiting = next_gate(spec, rows, dtype, device, store, GATED_FOR)
+                if impl is None:
+                    return
+                if impl.name not in waiting:
+                    store.add([dict(never_chosen(r, impl.name), timestamp=time.time())
+                               for r in waiting.values() if waits_for_gate(r)])
+                    return
+                row, edges = waiting[impl.name], stored_edges(store, spec, impl, dtype, fp, mode)
+                if pool is None:
+                    done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
+                else:
+                    what = f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode} gate"
+                    done, why = pool.run(("gate", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode, row, edges),
+                                         what)
+                    if why:
+                        done = dict(row, ok=0, reason=f"gate crashed or hung: {why}")
+                        broken[(spec.name, impl.name)] = why
+                store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
+                gates += 1
+
+        def settled(case: tuple) -> None:
+            """``settle`` the case, then this sweep's rows of it replaced by the newest (gated, or never chosen)."""
+            spec, problem, dtype, mode, _ = todo[index_of[case][0]]
+            settle(spec, problem, dtype, mode)
+            newest = _fresh(store, spec, problem, dtype, fp.key, mode, waiting=True)
+            for k in index_of[case]:
+                if results[k] is not None and todo[k][4].name in newest:
+                    results[k] = newest[todo[k][4].name]
+
+        gates = 0
+        index_of: dict[tuple, list[int]] = {}  # the candidates of each (op, problem, dtype, mode), in sweep order
+        for n, (spec, problem, dtype, mode, _) in enumerate(todo):
+            index_of.setdefault((spec.name, str(problem), dtype, mode), []).append(n)
         results: list[dict | None] = [None] * len(todo)
         waiting: list[int] = []  # candidates another sweep holds
         fresh: dict[tuple, dict] = {}  # one store query per (op, problem, dtype, mode), not per implementation
@@ -249,7 +301,10 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     waiting.append(n)
             results[n] = done
             of_case.setdefault(case, []).append(done)
+            if n == index_of[case][-1]:
+                settled(case)
         bar.close()
+        claimed = {(todo[n][0].name, str(todo[n][1]), todo[n][2], todo[n][3]) for n in waiting}
         if waiting:
             log(f"{len(waiting)} candidate(s) claimed by another sweep on this store: taking them from the store once "
                 "it has stored them, or measuring them here if its claims expire")
@@ -265,6 +320,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     waiting.remove(n)
             if waiting:
                 time.sleep(CLAIM_POLL_S)
+        for case in claimed:  # their rows are all stored now
+            settled(case)
         for spec, impl in with_progress([(s, i) for s in specs if cost_metadata for i in chosen(s)], progress):
             if (spec.name, impl.name) in broken:  # it would crash or hang again
                 why = broken[spec.name, impl.name]
@@ -277,6 +334,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         if pool is not None:
             pool.close()
     log(f"{measured} measured now, {len(results) - measured} taken from the store (same source, same device)"
+        + (f"; {gates} gate(s) run after their candidate's timing" if gates else "")
         + (f"; {pool.started} worker process(es) used" if pool else ""))
     if shared_busy:
         log(f"{shared_busy} row(s) another sweep on this store took while the machine was busy (reason 'contended: "
