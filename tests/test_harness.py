@@ -380,3 +380,8 @@ def test_a_sweep_gates_a_compiled_tier_only_where_a_choice_would_take_it(private
     assert asked == []  # resumed: every row stored is taken, the never-chosen one included
     run(force=True, gate_all=True)
     assert {a[2] for a in asked if a[0] == "measure"} == {True} and not [a for a in asked if a[0] == "gate"]
+    # a gate whose row is not fresh here (it failed to build, in another environment) is not asked again and again
+    monkeypatch.setattr(bench, "gate_row", lambda *a, **k: (asked.append(("gate", a[1].name, None)), dict(
+        a[6], ok=0, reason="raised at 1x1 seed 1: a build error", env="another machine's environment"))[1])
+    run(force=True)
+    assert [a[1] for a in asked if a[0] == "gate"] == ["fast_wrong"]

@@ -179,14 +179,16 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
     faster ones that failed) ran. False where the thread stops or the bucket was queued again (a gate killed its
     worker)."""
     spec, (op, _, dname, _, mode) = job.spec, job.key
+    tried: set[str] = set()
     while not me.stopping:
         impl, named_by, waiting = next_gate(spec, _rows(job, store), job.dtype, job.device, store)
-        if impl is None:
+        if impl is None or (impl.name in tried and impl.name in waiting):  # gated, yet its row is not fresh here
             return True
         if impl.name not in waiting:
             for r in waiting.values():
                 _keep(job, store, dict(never_chosen(r, impl.name), timestamp=time.time()))
             return True
+        tried.add(impl.name)
         t1 = time.perf_counter()
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
         reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name], edges),

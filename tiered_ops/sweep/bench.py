@@ -237,17 +237,19 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             """Gate each candidate of the case timed without its gate that a choice would name, in turn; store the
             rest as never chosen."""
             nonlocal gates
+            tried: set[str] = set()
             while not gate_all:
                 rows = list(_fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since,
                                    waiting=True).values())
-                impl, _, waiting = next_gate(spec, rows, dtype, device, store, GATED_FOR)
-                if impl is None:
+                impl, _, untested = next_gate(spec, rows, dtype, device, store, GATED_FOR)
+                if impl is None or (impl.name in tried and impl.name in untested):  # gated, yet not fresh here
                     return
-                if impl.name not in waiting:
+                if impl.name not in untested:
                     store.add([dict(never_chosen(r, impl.name), timestamp=time.time())
-                               for r in waiting.values() if waits_for_gate(r)])
+                               for r in untested.values() if waits_for_gate(r)])
                     return
-                row, edges = waiting[impl.name], stored_edges(store, spec, impl, dtype, fp, mode)
+                tried.add(impl.name)
+                row, edges = untested[impl.name], stored_edges(store, spec, impl, dtype, fp, mode)
                 if pool is None:
                     done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
                 else:
