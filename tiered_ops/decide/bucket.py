@@ -16,9 +16,9 @@ import torch
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, keep_edges, prune_bar, stored_edges
 from ..measure.worker import Pool
-from ..registry import OpSpec, Problem, Tier
+from ..registry import Impl, OpSpec, Problem, Tier
 from ..store.store import Store
-from .choice import GATED_LAST, _decide, never_chosen, next_gate
+from .choice import GATED_LAST, _decide, gate_in_turn
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
 
@@ -179,19 +179,11 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
     faster ones that failed) ran. False where the thread stops or the bucket was queued again (a gate killed its
     worker)."""
     spec, (op, _, dname, _, mode) = job.spec, job.key
-    tried: set[str] = set()
-    while not me.stopping:
-        impl, named_by, waiting = next_gate(spec, _rows(job, store), job.dtype, job.device, store)
-        if impl is None or (impl.name in tried and impl.name in waiting):  # gated, yet its row is not fresh here
-            return True
-        if impl.name not in waiting:
-            for r in waiting.values():
-                _keep(job, store, dict(never_chosen(r, impl.name), timestamp=time.time()))
-            return True
-        tried.add(impl.name)
+
+    def run_gate(impl: Impl, row: dict, named_by: str, waiting: dict[str, dict]) -> bool:
         t1 = time.perf_counter()
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
-        reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, waiting[impl.name], edges),
+        reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, row, edges),
                                           f"{job} {impl.name} gate")
         timed = ", ".join(f"{n} {r['caller_us']:.1f} us" for n, r in sorted(waiting.items()))
         _say(job, impl.name + GATE, time.perf_counter() - t1, None,
@@ -205,9 +197,12 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
                             "again", job, impl.name, why, job.deaths[impl.name], TRIES)
                 me.requeue(job)
                 return False
-            reply = dict(waiting[impl.name], ok=0, reason=f"gate crashed or hung: {why}")
+            reply = dict(row, ok=0, reason=f"gate crashed or hung: {why}")
         _keep(job, store, dict(reply, timestamp=time.time()), edges)
-    return False
+        return True
+
+    return gate_in_turn(spec, lambda: _rows(job, store), run_gate, lambda r: _keep(job, store, r), job.dtype,
+                        job.device, store, stopping=lambda: me.stopping)
 
 
 def _rows(job: Job, store: Store | None) -> list[dict]:

@@ -4,12 +4,14 @@ dtype's measurements before it is returned."""
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
 
 import torch
 
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNGATED, caller_range, ungated
+from ..store.rows import UNGATED, caller_range, ungated, waits_for_gate
 from ..store.store import Store
 from .policy import choose
 
@@ -97,3 +99,27 @@ def never_chosen(row: dict, chosen: str) -> dict:
     """``row`` (timed without its gate) as stored once a choice passed it over: not ok, never gated."""
     return dict(row, ok=0, reason=f"{UNGATED}timed; {chosen}, correct, is chosen over it: its gate never ran "
                                   "(never chosen)")
+
+
+def gate_in_turn(spec: OpSpec, rows: Callable[[], list[dict]], run_gate: Callable[[Impl, dict, str, dict], bool],
+                 keep: Callable[[dict], None], dtype: torch.dtype, device: torch.device, store: Store,
+                 policies: tuple[str, ...] = ("fastest",), stopping: Callable[[], bool] = lambda: False) -> bool:
+    """Gate, in turn, each candidate timed without its gate that a choice among ``policies`` would name if it were
+    correct (``next_gate`` over ``rows()``, read again after each gate): ``run_gate(impl, row, named_by, waiting)``
+    gates and stores it, False to stop (the caller gave up on the case). Once every choice names a gated row, each
+    row still waiting is passed to ``keep`` as never chosen. A candidate is gated once: a gated row that comes back not
+    fresh here (built in another environment) is not asked for again. True when done, False when stopped."""
+    tried: set[str] = set()
+    while not stopping():
+        impl, named_by, waiting = next_gate(spec, rows(), dtype, device, store, policies)
+        if impl is None or (impl.name in tried and impl.name in waiting):
+            return True
+        if impl.name not in waiting:
+            for r in waiting.values():
+                if waits_for_gate(r):
+                    keep(dict(never_chosen(r, impl.name), timestamp=time.time()))
+            return True
+        tried.add(impl.name)
+        if not run_gate(impl, waiting[impl.name], named_by, waiting):
+            return False
+    return False

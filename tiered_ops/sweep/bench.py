@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 import torch
 
-from ..decide.choice import GATED_LAST, never_chosen, next_gate
+from ..decide.choice import GATED_LAST, gate_in_turn
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, keep_edges, measure, prune_bar, stored_edges
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
@@ -235,21 +235,11 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
 
         def settle(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str) -> None:
             """Gate each candidate of the case timed without its gate that a choice would name, in turn; store the
-            rest as never chosen."""
-            nonlocal gates
-            tried: set[str] = set()
-            while not gate_all:
-                rows = list(_fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since,
-                                   waiting=True).values())
-                impl, _, untested = next_gate(spec, rows, dtype, device, store, GATED_FOR)
-                if impl is None or (impl.name in tried and impl.name in untested):  # gated, yet not fresh here
-                    return
-                if impl.name not in untested:
-                    store.add([dict(never_chosen(r, impl.name), timestamp=time.time())
-                               for r in untested.values() if waits_for_gate(r)])
-                    return
-                tried.add(impl.name)
-                row, edges = untested[impl.name], stored_edges(store, spec, impl, dtype, fp, mode)
+            rest as never chosen (``choice.gate_in_turn``)."""
+
+            def run_gate(impl: Impl, row: dict, _named_by: str, _waiting: dict) -> bool:
+                nonlocal gates
+                edges = stored_edges(store, spec, impl, dtype, fp, mode)
                 if pool is None:
                     done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
                 else:
@@ -261,6 +251,12 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                         broken[(spec.name, impl.name)] = why
                 store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
                 gates += 1
+                return True
+
+            if not gate_all:
+                gate_in_turn(spec, lambda: list(_fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since,
+                                                       waiting=True).values()),
+                             run_gate, lambda r: store.add([r]), dtype, device, store, GATED_FOR)
 
         def settled(case: tuple) -> None:
             """``settle`` the case, then this sweep's rows of it replaced by the newest (gated, or never chosen)."""
