@@ -155,13 +155,14 @@ PY
       ;;
     sanitize)
       # Every CUDA kernel, fwd and bwd, edge + default problems, 3 dtypes, under each compute-sanitizer tool, one
-      # log. SAN_MAX_<TOOL> caps the elements per problem (racecheck tracks every shared-memory access: slow).
+      # log. SAN_MAX_<TOOL> caps the elements per problem (racecheck tracks every shared-memory access: slow); SAN_ARGS
+      # adds to scripts/sanitize.py's arguments (e.g. --ops segment_sum,cross_entropy).
       : > "$OUT/sanitizer.log"
       for tool in ${SANITIZERS:-memcheck racecheck initcheck}; do
         cap_var=SAN_MAX_${tool^^}; cap=${!cap_var:-$((1 << 26))}
         echo "== compute-sanitizer --tool $tool (problems up to $cap elements)" | tee -a "$OUT/sanitizer.log"
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SAN_TIMEOUT:-900}" compute-sanitizer --tool "$tool" \
-          --error-exitcode 1 --print-limit 20 $PY scripts/sanitize.py --max-elements "$cap" >> "$OUT/sanitizer.log" 2>&1
+          --error-exitcode 1 --print-limit 20 $PY scripts/sanitize.py --max-elements "$cap" ${SAN_ARGS:-} >> "$OUT/sanitizer.log" 2>&1
         r=$?; echo "== $tool exit $r" | tee -a "$OUT/sanitizer.log"; [ $r = 0 ] || rc=1
         grep -E "ERROR SUMMARY|cases ran" "$OUT/sanitizer.log" | tail -2
       done
