@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from tiered_ops.accuracy import as_outputs
 from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.registry import DTYPES, Tier
 from tiered_ops.tiers.catalog import all_ops
@@ -58,8 +59,8 @@ def main() -> int:
                     inp, pos = with_grad(spec, spec.make_inputs(problem, dtype, dev, 0))
                     with torch.no_grad():
                         impl.fn(*inp.args, **inp.kwargs)
-                    out = impl.fn(*inp.args, **inp.kwargs)
-                    if out.requires_grad and out.numel():
+                    out = as_outputs(impl.fn(*inp.args, **inp.kwargs))  # fused_add_rms_norm returns two tensors
+                    if all(o.requires_grad for o in out) and sum(o.numel() for o in out):
                         torch.autograd.grad(out, [inp.args[i] for i in pos], grad_output(out, 0), allow_unused=True)
                     torch.cuda.synchronize()
                     cases += 1
