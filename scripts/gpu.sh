@@ -139,10 +139,11 @@ PY
       echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
       t=$(left); [ -n "${TARGETS_TIMEOUT:-}" ] && [ "$TARGETS_TIMEOUT" -lt "$t" ] && t=$TARGETS_TIMEOUT
       run_for "$t" $PY -m tiered_ops --db "$TIERED_OPS_DB" targets --live \
-        --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" --results "$OUT/results.csv" \
+        --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" \
+        $([ -f "$OUT/results.csv" ] && echo --results "$OUT/results.csv") \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-      rm -f "$OUT/targets/grid.sqlite"*
+      rm -f "$OUT/targets/grid.sqlite"* "$OUT/targets/tuned.sqlite"*
       ;;
     pack)
       pack  # also done on exit

@@ -15,7 +15,7 @@ from tiered_ops.cli.cli import main
 from tiered_ops.store.store import Store
 from tiered_ops.sweep import live
 from tiered_ops.sweep.bench import sweep
-from tiered_ops.tiers.catalog import get_op
+from tiered_ops.tiers.catalog import all_ops, get_op
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,8 @@ GRID, SPEC = ROOT / "benchmarks" / "grid.csv", ROOT / "benchmarks" / "targets.js
 
 def test_the_committed_grid_spans_rows_columns_and_dtypes_off_the_default_problems():
     points = live.load_grid(GRID)
-    assert len(points) >= 30
+    assert len(points) >= 40
+    assert {p.op for p in points} == {s.name for s in all_ops()}  # every op has points
     rows = [p.shape[0] for p in points]
     cols = [p.shape[-1] for p in points]
     assert min(rows) == 1 and max(rows) == 65536 and min(cols) == 7 and max(cols) == 400000
@@ -75,11 +76,20 @@ def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_pa
     store.close()
     points = [live.GridPoint("muladd", (50, 100), "fp32", "fwd_nograd", {}),
               live.GridPoint("muladd", (3, 5), "bf16", "fwd_nograd", {})]
-    picks = live.live_grid(CPU, str(main_db), str(tmp_path / "grid.sqlite"), points, log=lambda s: None,
-                              isolate=False)
+    said: list[str] = []
+    picks = live.live_grid(CPU, str(main_db), str(tmp_path / "grid.sqlite"), points, log=said.append,
+                           isolate=False, tuned_db=str(tmp_path / "tuned.sqlite"),
+                           picks_csv=str(tmp_path / "picks.csv"))
     assert "nearest measured bucket" in picks.reason[0]  # fp32 was measured, bf16 (no fp16 either) was not
     assert picks.selected[1] == "eager" and "no stored decision" in picks.reason[1]
     assert list(picks["mode"]) == ["fwd_nograd", "fwd_nograd"]
+    # tuning on: each point's bucket measured in its own store (holding the main store's rows), not the grid's
+    assert all("no stored decision" not in r and "tuning off" not in r for r in picks.tuned_reason), picks
+    assert set(picks.tuned) <= {"eager", "eager_addcmul", "compile", "triton"}
+    tuned = pd.DataFrame(Store(tmp_path / "tuned.sqlite").rows())
+    assert {"64x64", "50x100", "3x5"} <= set(tuned.problem)
+    assert any(line.startswith("tuned 2/2: muladd 3x5 bf16") for line in said), said
+    assert list(pd.read_csv(tmp_path / "picks.csv").tuned) == list(picks.tuned)
     gstore = Store(tmp_path / "grid.sqlite")
     grid = pd.DataFrame(gstore.rows())
     assert {"eager", "eager_addcmul"} <= set(grid.impl)
@@ -88,8 +98,9 @@ def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_pa
     r = grid.iloc[0]
     assert gstore.get_meta("muladd", r.impl, r.device_key, r.source_hash) is None
     gstore.close()
-    n, geo, worst = targets.regret_summary(grid, picks)
-    assert n == 2 and 1.0 <= geo <= worst  # the selected one is never faster than the best measured
+    for tuned in (False, True):
+        n, geo, worst = targets.regret_summary(grid, picks, tuned=tuned)
+        assert n == 2 and 1.0 <= geo <= worst  # the selected one is never faster than the best measured
 
 
 def _row(op, impl, tier, problem, dtype, mode, us, frac=0.5):
@@ -150,6 +161,19 @@ def test_render_regret_and_dispatch():
                           targets.load_spec(SPEC), grid, picks, disp)
     assert "| gelu | 1x7 | bf16 | 6.0 (eager) | 5.0 (eager) | 1.20 | 20.0 | NOT met |" in text
     assert "geomean 1.549 (target <= 1.03)" in text and "NOT met" in text.split("Regret over")[1]
+    # with tuning on: both figures, the target's verdict on the tuned one; a pick with no correct timing is counted
+    grid = pd.concat([grid, pd.DataFrame([_row("gelu", "triton", "triton", "9x9", "bf16", "fwd_nograd", 4.2)])])
+    picks = picks.assign(tuned=["eager", "triton"])
+    picks.loc[len(picks)] = dict(op="gelu", problem="5x5", dtype="bf16", selected="eager", reason="r", tuned="cuda")
+    assert targets.regret_summary(grid, picks, tuned=True)[:1] == (2,)
+    assert math.isclose(targets.regret_summary(grid, picks, tuned=True)[2], 1.05)
+    text = targets.render(pd.DataFrame([_row("gelu", "eager", "eager", "1x7", "bf16", "fwd_nograd", 5.0)]),
+                          targets.load_spec(SPEC), grid, picks, disp)
+    assert "| gelu | 9x9 | bf16 | 8.0 (eager) | 4.2 (triton) | 4.0 (liger) | 2.000 | 1.050 |" in text
+    on = text.split("**Regret with tuning on over 2 points (1 of 3 without a correct timing of the pick):")[1]
+    assert on.split("\n")[0] == " geomean 1.025 (target <= 1.03), max 1.050 (target <= 1.10): met.**"
+    assert "**Regret with tuning off over 2 points (1 of 3 without a correct timing of the pick): geomean 1.549" in text
+    assert "(stated, not the target's figure)" in text
 
 
 def test_the_commands_render_the_targets_only_when_asked(tmp_path, capsys):

@@ -148,20 +148,40 @@ def _dispatch(t: dict, dispatch: pd.DataFrame) -> list[str]:
 
 
 def _regret(t: dict, grid: pd.DataFrame, picks: pd.DataFrame) -> list[str]:
-    lines = [f"Selection regret on shapes no sweep tuned on ({t['mode']})", "",
-             "Selected: what `select_backend` picks there with tuning off (the nearest measured bucket of the "
-             "default sweep); best: the fastest correct implementation measured at the point, peers included.", "",
-             "| op | shape | dtype | selected us (impl) | best us (impl) | regret |", "|---|---|---|---|---|---|"]
     rs = regrets(grid, picks, t["mode"])
+    on = "tuned" in picks.columns
+    lines = [f"Selection regret on shapes no sweep tuned on ({t['mode']})", "",
+             "Tuning off: what `select_backend` picks there from the default sweep's store (the nearest measured "
+             "bucket)" + ("; tuning on: what it picks once a call has tuned the point's bucket (its own "
+                          "measurement, not the grid's)" if on else "") + "; best: the fastest correct "
+             "implementation measured at the point, peers included. Every time is the grid's measurement.", ""]
+    if on:
+        lines += ["| op | shape | dtype | tuning off us (impl) | tuning on us (impl) | best us (impl) | regret off | "
+                  "regret on |", "|---|---|---|---|---|---|---|---|"]
+    else:
+        lines += ["| op | shape | dtype | selected us (impl) | best us (impl) | regret |", "|---|---|---|---|---|---|"]
     for r in rs:
-        lines.append(f"| {r['op']} | {_short(r['problem'])} | {r['dtype']} | {_f(r['selected_us'], '.1f')} "
-                     f"({r['selected']}) | {_f(r['best_us'], '.1f')} ({r['best']}) | {_f(r['regret'], '.3f')} |")
-    n, geo, worst = _summary(rs)
-    if n:
+        row = (f"| {r['op']} | {_short(r['problem'])} | {r['dtype']} | {_f(r['selected_us'], '.1f')} "
+               f"({r['selected']}) | ")
+        if on:
+            row += f"{_f(r['tuned_us'], '.1f')} ({r['tuned']}) | "
+        row += f"{_f(r['best_us'], '.1f')} ({r['best']}) | {_f(r['regret'], '.3f')} |"
+        lines.append(row + (f" {_f(r['regret_tuned'], '.3f')} |" if on else ""))
+    lines.append("")
+    for label, col in (("tuning on", "regret_tuned"), ("tuning off", "regret")) if on else (("", "regret"),):
+        n, geo, worst = _summary(rs, col)
+        gaps = len(rs) - n
+        if not n:
+            lines.append(f"**Regret{' with ' + label if label else ''}: no point has a correct timing of its pick.**")
+            continue
         met = "met" if geo <= t["geomean_at_most"] and worst <= t["max_at_most"] else "NOT met"
-        lines += ["", f"**Regret over {n} points: geomean {geo:.3f} (target <= {t['geomean_at_most']:.2f}), max "
-                  f"{worst:.3f} (target <= {t['max_at_most']:.2f}): {met}.**"]
-    return lines
+        verdict = f": {met}" if col == ("regret_tuned" if on else "regret") else " (stated, not the target's figure)"
+        lines.append(f"**Regret{' with ' + label if label else ''} over {n} points"
+                     f"{f' ({gaps} of {len(rs)} without a correct timing of the pick)' if gaps else ''}: geomean "
+                     f"{geo:.3f} (target <= {t['geomean_at_most']:.2f}), max {worst:.3f} (target <= "
+                     f"{t['max_at_most']:.2f}){verdict}.**")
+        lines.append("")
+    return lines[:-1]
 
 
 def render(results: pd.DataFrame, spec: dict[str, Any], grid: pd.DataFrame | None = None,
@@ -190,28 +210,34 @@ def render(results: pd.DataFrame, spec: dict[str, Any], grid: pd.DataFrame | Non
 
 
 def regrets(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd") -> list[dict[str, Any]]:
-    """Per grid point in ``mode``: the selected implementation's time over the best measured (ours and peers);
-    regret is NaN where the selected one has no correct timing there."""
+    """Per grid point in ``mode``: the picked implementation's time over the best measured (ours and peers), for
+    the pick with tuning off (``selected``: ``regret``) and, where picks has it, with tuning on (``tuned``:
+    ``regret_tuned``); a regret is NaN where its pick has no correct timing there."""
     out = []
     picks = picks if "mode" in picks.columns else picks.assign(mode=mode)
     for r in picks[picks["mode"] == mode].itertuples():
         g = grid[(grid.op == r.op) & (grid.problem == r.problem) & (grid.dtype == r.dtype) & (grid["mode"] == mode)]
         best = _best(g, ("eager", "compile", "triton", "cuda", "peer"))
-        sel = g[(g.impl == r.selected) & (g.ok == 1) & g.caller_us.notna()]
-        sel_us = sel.caller_us.iloc[-1] if len(sel) else math.nan
-        out.append(dict(op=r.op, problem=r.problem, dtype=r.dtype, selected=r.selected, selected_us=sel_us,
-                        best=None if best is None else best.impl, best_us=math.nan if best is None else best.caller_us,
-                        regret=sel_us / best.caller_us if best is not None else math.nan))
+        best_us = math.nan if best is None else best.caller_us
+        row = dict(op=r.op, problem=r.problem, dtype=r.dtype, best=None if best is None else best.impl,
+                   best_us=best_us)
+        for col, key in (("selected", "regret"), ("tuned", "regret_tuned")):
+            impl = getattr(r, col, None)
+            sel = g[(g.impl == impl) & (g.ok == 1) & g.caller_us.notna()]
+            us = sel.caller_us.iloc[-1] if len(sel) else math.nan
+            row.update({col: impl if isinstance(impl, str) else None, f"{col}_us": us, key: us / best_us})
+        out.append(row)
     return out
 
 
-def regret_summary(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd") -> tuple[int, float, float]:
-    """(points with a regret, geomean, max) of the selection regret in ``mode``, for the command's output."""
-    return _summary(regrets(grid, picks, mode))
+def regret_summary(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd",
+                   tuned: bool = False) -> tuple[int, float, float]:
+    """(points with a regret, geomean, max) of the selection regret in ``mode`` with tuning off (``tuned``: on)."""
+    return _summary(regrets(grid, picks, mode), "regret_tuned" if tuned else "regret")
 
 
-def _summary(rs: list[dict[str, Any]]) -> tuple[int, float, float]:
-    vals = [r["regret"] for r in rs if not math.isnan(r["regret"])]
+def _summary(rs: list[dict[str, Any]], col: str = "regret") -> tuple[int, float, float]:
+    vals = [r[col] for r in rs if not math.isnan(r[col])]
     if not vals:
         return 0, math.nan, math.nan
     return len(vals), math.exp(sum(math.log(v) for v in vals) / len(vals)), max(vals)

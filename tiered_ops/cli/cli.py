@@ -286,7 +286,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         if points is not None:
             try:
                 live.live_grid(dev, main_db, str(out / "grid.sqlite"), points, timeout_s=args.timeout,
-                                  picks_csv=str(out / "picks.csv"))
+                               picks_csv=str(out / "picks.csv"), tuned_db=str(out / "tuned.sqlite"))
             except KeyboardInterrupt:
                 print("grid interrupted: the points measured so far are kept")
             finally:
@@ -303,10 +303,12 @@ def cmd_targets(args: argparse.Namespace) -> int:
     if t["grid"] is not None and t["picks"] is not None:
         reg = targets.target(spec, "regret")
         for mode in dict.fromkeys(t["picks"]["mode"] if "mode" in t["picks"] else ["fwd_nograd"]):
-            n, geo, worst = targets.regret_summary(t["grid"], t["picks"], mode)
-            bar = f" (targets {reg['geomean_at_most']:.2f} / {reg['max_at_most']:.2f})" if reg and \
-                reg["mode"] == mode else ""
-            print(f"selection regret over {n} grid points ({mode}): geomean {geo:.3f}, max {worst:.3f}{bar}")
+            for tuned in (True, False) if "tuned" in t["picks"] else (False,):
+                n, geo, worst = targets.regret_summary(t["grid"], t["picks"], mode, tuned=tuned)
+                bar = f" (targets {reg['geomean_at_most']:.2f} / {reg['max_at_most']:.2f})" if reg and \
+                    reg["mode"] == mode else ""
+                print(f"selection regret with tuning {'on' if tuned else 'off'} over {n} grid points ({mode}): "
+                      f"geomean {geo:.3f}, max {worst:.3f}{bar}")
     if results is not None:
         if spec is None:
             print("error: rendering the targets needs --spec FILE (e.g. benchmarks/targets.json)", file=sys.stderr)

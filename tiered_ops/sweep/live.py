@@ -1,14 +1,16 @@
 """Measuring for the speed targets on the local GPU (``tiered-ops targets --live``): ``live_grid`` measures every
 implementation at each point of a grid file (``load_grid``, e.g. ``benchmarks/grid.csv``; peers included, into their
 own store), with the implementation selection picks there from the main store with tuning off (the nearest measured
-bucket); ``live_dispatch`` the per-call host time of ``tiered_ops.<op>`` against each tier's callable at
-launch-bound shapes. ``targets.render`` reads what they return.
+bucket) and with tuning on (each point's bucket tuned as a call would tune it); ``live_dispatch`` the per-call host
+time of ``tiered_ops.<op>`` against each tier's callable at launch-bound shapes. ``targets.render`` reads what they
+return.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -80,11 +82,13 @@ def grid_problem(op: str, shape: tuple[int, ...], params: dict[str, Any] | None 
 
 def live_grid(device: torch.device, main_db: str, grid_db: str, points: list[GridPoint],
               log: Callable[[str], None] = print, isolate: bool = True, timeout_s: float = 300.0,
-              picks_csv: str | None = None) -> pd.DataFrame:
-    """Measure every implementation at each point into ``grid_db``; return one row per point with the
-    implementation selection picks there from ``main_db`` with tuning off (written to ``picks_csv`` before the
-    grid is measured, so an interrupted grid still has them)."""
-
+              picks_csv: str | None = None, tuned_db: str | None = None) -> pd.DataFrame:
+    """Measure every implementation at each point into ``grid_db`` (every candidate gated: a regret needs the
+    picked one's correct timing wherever a choice took it); return one row per point with what selection picks
+    there from ``main_db`` with tuning off (the nearest measured bucket: ``selected``) and, given ``tuned_db``, with
+    tuning on (``tuned``: the point tuned as a call would tune it, into a store holding the main store's rows, so
+    its measurement is not the grid's). ``picks_csv`` is written before the grid is measured and after each tuned
+    point, so an interrupted run keeps what it decided."""
     picks = []
     sel.use_store(main_db)
     try:
@@ -98,15 +102,46 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, points: list[Gri
         sel.use_store(None)
     if picks_csv:
         pd.DataFrame(picks).to_csv(picks_csv, index=False)
+    if tuned_db is not None:
+        _tune_points(device, main_db, tuned_db, points, picks, log, picks_csv)
     store = Store(grid_db)
     try:  # one sweep per mode, so one worker gates and compiles each implementation once for all its points
         for mode in dict.fromkeys(pt.mode for pt in points):
             sweep_cases([(get_op(pt.op), grid_problem(pt.op, pt.shape, pt.params), DTYPES[pt.dtype])
                          for pt in points if pt.mode == mode], device, store, progress=False, log=log, modes=[mode],
-                        isolate=isolate, timeout_s=timeout_s, cost_metadata=False)
+                        isolate=isolate, timeout_s=timeout_s, cost_metadata=False, gate_all=True)
     finally:
         store.close()
     return pd.DataFrame(picks)
+
+
+def _tune_points(device: torch.device, main_db: str, tuned_db: str, points: list[GridPoint], picks: list[dict],
+                 log: Callable[[str], None], picks_csv: str | None) -> None:
+    """Each point's pick with tuning on: its bucket tuned (blocking) in a store that starts as the main store's
+    rows, as a user's process with the default sweep's store would tune it. A point whose tuning fails keeps its
+    error as the pick's reason (no pick: its regret is missing, and the summary counts it)."""
+    tuned = Store(tuned_db)
+    if not tuned.rows():
+        main = Store(main_db)
+        tuned.add(main.rows())
+        main.close()
+    sel.use_store(tuned)
+    try:
+        for k, (pt, pick) in enumerate(zip(points, picks), start=1):
+            p = grid_problem(pt.op, pt.shape, pt.params)
+            t0 = time.perf_counter()
+            try:
+                s = sel.select_problem(get_op(pt.op), p, DTYPES[pt.dtype], device, tune=True, policy="fastest",
+                                       mode=pt.mode)
+                pick.update(tuned=s.name, tuned_reason=s.record["reason"])
+            except Exception as e:  # noqa: BLE001 - one point's failure is recorded with the point, the rest go on
+                pick.update(tuned=None, tuned_reason=f"tuning failed: {type(e).__name__}: {e}")
+            log(f"tuned {k}/{len(points)}: {pt.op} {p} {pt.dtype} {pt.mode} in {time.perf_counter() - t0:.1f} s: "
+                f"{pick['tuned']} (tuning off: {pick['selected']})")
+            if picks_csv:
+                pd.DataFrame(picks).to_csv(picks_csv, index=False)
+    finally:
+        sel.use_store(None)
 
 
 def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes: list[str],
