@@ -293,7 +293,11 @@ def cmd_targets(args: argparse.Namespace) -> int:
                 grid_store = Store(out / "grid.sqlite")
                 pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
                 grid_store.close()
-            print(f"wrote {out}/grid.csv, picks.csv")
+                if (out / "tuned.sqlite").exists():  # the tuning's own measurements of the points, beside the grid's
+                    tuned = pd.DataFrame(Store(out / "tuned.sqlite").rows())
+                    asked = {(p.op, str(live.grid_problem(p.op, p.shape, p.params))) for p in points}
+                    tuned[[k in asked for k in zip(tuned.op, tuned.problem)]].to_csv(out / "tuned.csv", index=False)
+            print(f"wrote {out}/grid.csv, picks.csv{', tuned.csv' if (out / 'tuned.csv').exists() else ''}")
         args.results = args.results or []
     t = _read_targets(args.out_dir)
     results = read_results(args.results) if args.results else None
