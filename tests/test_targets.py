@@ -90,6 +90,8 @@ def test_live_grid_selects_from_the_nearest_bucket_and_regret_is_measured(tmp_pa
     assert {"64x64", "50x100", "3x5"} <= set(tuned.problem)
     assert any(line.startswith("tuned 2/2: muladd 3x5 bf16") for line in said), said
     assert list(pd.read_csv(tmp_path / "picks.csv").tuned) == list(picks.tuned)
+    assert live.export_grid(tmp_path, points) == ["grid.csv", "tuned.csv"]
+    assert set(pd.read_csv(tmp_path / "tuned.csv").problem) == {"50x100", "3x5"}  # the points' own, not 64x64's
     gstore = Store(tmp_path / "grid.sqlite")
     grid = pd.DataFrame(gstore.rows())
     assert {"eager", "eager_addcmul"} <= set(grid.impl)

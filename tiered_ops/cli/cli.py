@@ -252,9 +252,6 @@ def _read_targets(folder: str | None) -> dict:
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-
     spec = targets.load_spec(args.spec) if args.spec else None
     points = live.load_grid(args.grid) if args.grid else None
     if args.live:
@@ -290,14 +287,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 print("grid interrupted: the points measured so far are kept")
             finally:
-                grid_store = Store(out / "grid.sqlite")
-                pd.DataFrame(grid_store.rows()).to_csv(out / "grid.csv", index=False)
-                grid_store.close()
-                if (out / "tuned.sqlite").exists():  # the tuning's own measurements of the points, beside the grid's
-                    tuned = pd.DataFrame(Store(out / "tuned.sqlite").rows())
-                    asked = {(p.op, str(live.grid_problem(p.op, p.shape, p.params))) for p in points}
-                    tuned[[k in asked for k in zip(tuned.op, tuned.problem)]].to_csv(out / "tuned.csv", index=False)
-            print(f"wrote {out}/grid.csv, picks.csv{', tuned.csv' if (out / 'tuned.csv').exists() else ''}")
+                wrote = live.export_grid(out, points)
+            print(f"wrote {', '.join(f'{out}/{name}' for name in ('picks.csv', *wrote))}")
         args.results = args.results or []
     t = _read_targets(args.out_dir)
     results = read_results(args.results) if args.results else None
@@ -307,10 +298,11 @@ def cmd_targets(args: argparse.Namespace) -> int:
     if t["grid"] is not None and t["picks"] is not None:
         reg = targets.target(spec, "regret")
         for mode in dict.fromkeys(t["picks"]["mode"] if "mode" in t["picks"] else ["fwd_nograd"]):
-            for tuned in (True, False) if "tuned" in t["picks"] else (False,):
+            both = "tuned" in t["picks"]
+            for tuned in (True, False) if both else (False,):
                 n, geo, worst = targets.regret_summary(t["grid"], t["picks"], mode, tuned=tuned)
                 bar = f" (targets {reg['geomean_at_most']:.2f} / {reg['max_at_most']:.2f})" if reg and \
-                    reg["mode"] == mode else ""
+                    reg["mode"] == mode and tuned == both else ""  # the targets judge the tuned picks where measured
                 print(f"selection regret with tuning {'on' if tuned else 'off'} over {n} grid points ({mode}): "
                       f"geomean {geo:.3f}, max {worst:.3f}{bar}")
     if results is not None:

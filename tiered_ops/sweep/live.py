@@ -115,6 +115,27 @@ def live_grid(device: torch.device, main_db: str, grid_db: str, points: list[Gri
     return pd.DataFrame(picks)
 
 
+def export_grid(out: Path, points: list[GridPoint]) -> list[str]:
+    """Write ``out``/grid.csv from the grid's store and, where the points were tuned, ``out``/tuned.csv: the tuning's
+    own measurements of the points (not the main store's rows it started from), to read beside the grid's. Returns the
+    file names written."""
+    grid = Store(out / "grid.sqlite")
+    try:
+        pd.DataFrame(grid.rows()).to_csv(out / "grid.csv", index=False)
+    finally:
+        grid.close()
+    if not (out / "tuned.sqlite").exists():
+        return ["grid.csv"]
+    tuned_store = Store(out / "tuned.sqlite")
+    try:
+        tuned = pd.DataFrame(tuned_store.rows())
+    finally:
+        tuned_store.close()
+    asked = {(p.op, str(grid_problem(p.op, p.shape, p.params))) for p in points}
+    tuned[[k in asked for k in zip(tuned.op, tuned.problem)]].to_csv(out / "tuned.csv", index=False)
+    return ["grid.csv", "tuned.csv"]
+
+
 def _tune_points(device: torch.device, main_db: str, tuned_db: str, points: list[GridPoint], picks: list[dict],
                  log: Callable[[str], None], picks_csv: str | None) -> None:
     """Each point's pick with tuning on: its bucket tuned (blocking) in a store that starts as the main store's
