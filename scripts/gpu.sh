@@ -248,7 +248,7 @@ PY
       # Decisions of a compiled caller: each implementation measured inside a compiled function (between pointwise
       # ops) at the launch-bound shapes, bf16, inference; the rows land in the store with context 'compiled'.
       echo "== compiled: decisions per context"
-      for op in ${COMPILED_OPS:-softmax rms_norm layer_norm gelu muladd}; do
+      for op in ${COMPILED_OPS:-$($PY -c "from tiered_ops.tiers.catalog import all_ops; print(*(s.name for s in all_ops()))")}; do
         for shape in ${COMPILED_SHAPES:-1x4096 32x4096 16384x4096}; do
           for ctx in eager compiled graphed; do
             timeout 300 $PY -m tiered_ops select "$op" "$shape" --dtype bf16 --context $ctx 2>&1 | head -1
