@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU job: install without deps, build the CUDA extension once, run every test (gpu-marked
 # included) and the default benchmark sweep, print each implementation's cost metadata, write
-# everything under $OUT (at most 8 files come back from the device tool: keep it so). The store itself comes
+# everything under $OUT (keep it to at most 8 files: a job that brings back more may lose them). The store itself comes
 # back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
@@ -13,8 +13,9 @@
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 decoder and models (model-level benchmarks),
 #                 compiled (decisions per call context))
-# Peers: wheels under .whl/ (carry it; scripts/fetch_peers.sh downloads Liger-Kernel) are installed into /tmp/site
-# first, so the sweep measures them beside ours.
+# Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
+# under .whl-cutlass/), downloaded by scripts/fetch_peers.sh, are installed into /tmp/site first, so the sweep measures
+# them beside ours.
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 # Time: DEADLINE (s, default 540) is when the whole call must have packed its files (a device call is cut at 600 s):
 # each long stage runs under `timeout` until DEADLINE minus RESERVE (default 45 s: exporting the results and packing),
@@ -66,9 +67,22 @@ PY=python3
 rc=0
 # The default sweep: inference and training steps, bf16 and fp32 (BENCH_ARGS adds to or overrides it).
 SWEEP_ARGS=${SWEEP_ARGS:---mode fwd_nograd,fwd+bwd --dtype bf16,fp32}
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH && echo "peers installed: $(ls .whl)"
+# Peer trees packed as .tar.xz under .whl-cutlass/ (the CUTLASS DSL's CUDA 13 library, 92 MB as a wheel: packed, it
+# travels on its own) are unpacked under /tmp/peer_trees, which stays for the next job on the same machine.
+mkdir -p /tmp/peer_trees
+for t in .whl*/*.tar.xz; do
+  [ -f "$t" ] || continue
+  d=/tmp/peer_trees/$(basename "$t" .tar.xz)
+  [ -d "$d" ] || { mkdir -p "$d.part" && tar xJf "$t" -C "$d.part" && mv "$d.part" "$d" && echo "peer tree unpacked: $t"; }
+done
+wheels=$(ls .whl/*.whl .whl-quack/*.whl 2>/dev/null)
+if [ -n "$wheels" ] || ls -d /tmp/peer_trees/*/ > /dev/null 2>&1; then
+  [ -z "$wheels" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site $wheels && echo "peers installed: $(basename -a $wheels | tr '\n' ' ')"; }
+  for d in /tmp/peer_trees/*/; do [ -d "$d" ] && cp -a "$d". /tmp/site/; done
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # the path the CUTLASS DSL's .pth file adds in a site directory (a --target folder on PYTHONPATH reads no .pth)
+  [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 fi
 {
   echo "# $(date -u +%FT%TZ) scripts/gpu.sh $STAGES  (git $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty))"

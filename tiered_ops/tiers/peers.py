@@ -13,6 +13,10 @@ logits' gradient over its input during a forward that requires grad: the peer gi
 (the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
 fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma" mode: the
 sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight.
+
+quack (``quack``, CuTe DSL kernels; sm80 and newer): softmax over the last dim, rms_norm and fused_add_rms_norm
+(``rmsnorm`` with a residual and ``prenorm``) over one trailing dim, cross_entropy without label smoothing. Its
+import needs the CUTLASS DSL libraries: where they are missing the peer is unavailable, with the import's error.
 """
 
 from __future__ import annotations
@@ -46,10 +50,10 @@ def liger_available(device: torch.device) -> str | None:
     return None
 
 
-def _one_dim(op: str, normalized_shape: int | Sequence[int]) -> int:
+def _one_dim(op: str, normalized_shape: int | Sequence[int], peer: str = "Liger") -> int:
     ns = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     if len(ns) != 1:
-        raise NotImplementedError(f"{op} (Liger peer): a single normalized dim only, got normalized_shape {ns}")
+        raise NotImplementedError(f"{op} ({peer} peer): a single normalized dim only, got normalized_shape {ns}")
     return ns[0]
 
 
@@ -112,6 +116,79 @@ def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalize
     return y.view(x.shape), s.view(x.shape)
 
 
+QUACK = "quack"
+
+
+def _quack_files(*modules: str) -> tuple[Path, ...]:
+    spec = importlib.util.find_spec(QUACK)
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return tuple(p for p in (root / f"{m}.py" for m in (*modules, "reduction_base", "utils")) if p.exists())
+
+
+def quack_available(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "quack runs on CUDA devices only"
+    if importlib.util.find_spec(QUACK) is None:
+        return "quack is not installed (a peer: pip install quack-kernels, or carry its wheels as scripts/gpu.sh does)"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "quack needs compute capability 8.0 or newer"
+    try:
+        importlib.import_module(QUACK)
+    except Exception as e:  # noqa: BLE001 - an import that fails (the CUTLASS DSL libraries) makes the peer unavailable
+        return f"quack did not import: {type(e).__name__}: {e}"
+    return None
+
+
+def _quack_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    if dim not in (-1, x.dim() - 1):
+        raise NotImplementedError(f"softmax (quack peer): the last dim only, got dim={dim} for {x.dim()}-d x")
+    from quack import softmax
+
+    return softmax(_rows(x, x.shape[-1])).view(x.shape) if x.numel() else torch.empty_like(x)
+
+
+def _quack_rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+                    eps: float | None = None) -> torch.Tensor:
+    n = _one_dim("rms_norm", normalized_shape, "quack")
+    from quack import rmsnorm
+
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    return rmsnorm(_rows(x, n), weight, eps=e).view(x.shape)
+
+
+def _quack_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalized_shape: int | Sequence[int],
+                              weight: torch.Tensor | None = None, eps: float | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    n = _one_dim("fused_add_rms_norm", normalized_shape, "quack")
+    from quack import rmsnorm
+
+    e = torch.finfo(x.dtype).eps if eps is None else float(eps)
+    y, s = rmsnorm(_rows(x, n), weight, residual=_rows(residual, n), residual_dtype=x.dtype, eps=e, prenorm=True)
+    return y.view(x.shape), s.view(x.shape)
+
+
+def _quack_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None
+                         ) -> torch.Tensor:
+    if label_smoothing:
+        raise NotImplementedError(f"cross_entropy (quack peer): no label smoothing, got {label_smoothing}")
+    from quack import cross_entropy
+
+    loss = cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    if reduction == "mean":  # torch's mean is NaN when every target is ignored
+        loss = torch.where((target != ignore_index).any(), loss, torch.nan)
+    return loss.to(dtype or logits.dtype)
+
+
+QUACK_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
+    "softmax": (_quack_softmax, "softmax"),
+    "rms_norm": (_quack_rms_norm, "rmsnorm"),
+    "fused_add_rms_norm": (_quack_fused_add_rms_norm, "rmsnorm"),
+    "cross_entropy": (_quack_cross_entropy, "cross_entropy"),
+}
+
 LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "softmax": (_liger_softmax, "softmax"),
     "rms_norm": (_liger_rms_norm, "rms_norm"),
@@ -122,12 +199,13 @@ LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
 
 
 def register(specs: Sequence[OpSpec] | None = None) -> list[Impl]:
-    """Add the ``liger`` peer to each op it covers (idempotent); returns the impls added."""
+    """Add the ``liger`` and ``quack`` peers to each op they cover (idempotent); returns the impls added."""
     added = []
-    for op, (fn, module) in LIGER_OPS.items():
-        spec = OPS.get(op) if specs is None else next((s for s in specs if s.name == op), None)
-        if spec is None or "liger" in spec.impls:
-            continue
-        added.append(spec.add(Impl("liger", Tier.PEER, fn, _liger_files(module), devices=("cuda",),
-                                   available=liger_available)))
+    for name, table, files, available in (("liger", LIGER_OPS, _liger_files, liger_available),
+                                          ("quack", QUACK_OPS, _quack_files, quack_available)):
+        for op, (fn, module) in table.items():
+            spec = OPS.get(op) if specs is None else next((s for s in specs if s.name == op), None)
+            if spec is None or name in spec.impls:
+                continue
+            added.append(spec.add(Impl(name, Tier.PEER, fn, files(module), devices=("cuda",), available=available)))
     return added
