@@ -12,7 +12,7 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="needs a CUDA device: run scripts/gpu.sh on the lent GPU")
+    skip = pytest.mark.skip(reason="needs a CUDA device: run scripts/gpu.sh on a GPU machine")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
