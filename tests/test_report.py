@@ -133,3 +133,25 @@ def test_the_report_shows_peak_memory_where_the_results_carry_it(tmp_path):
     df.drop(columns=["peak_bytes"]).to_csv(csv, index=False)
     assert main(["report", "--results", str(csv), "--out", str(tmp_path / "without"), "--command", "x"]) == 0
     assert "peak MiB" not in (tmp_path / "without" / "README.md").read_text()
+
+
+def test_a_runner_up_timed_but_never_gated_is_shown_as_such(tmp_path):
+    """Under the sweep's lazy gates a compiled tier that no choice would take is timed but never gated: it is still
+    the runner-up when it is faster than the next correct row (so the margin is not measured against eager), marked
+    (not gated) or (pruned); it never wins, and a failed row is never a runner-up."""
+    def row(impl, tier, us, ok=1, reason=""):
+        return dict(op="muladd", impl=impl, tier=tier, mode="fwd_nograd", problem="64x64", dtype="fp32", ok=ok,
+                    reason=reason, p20_us=us * 0.99, p50_us=us, p80_us=us * 1.01, host_us=1.0, host_p20_us=1.0,
+                    host_p80_us=1.0, caller_us=us)
+
+    df = pd.DataFrame([row("cuda", "cuda", 10.0), row("eager", "eager", 40.0),
+                       row("triton", "triton", 5.0, 0, "not gated: timed; its gate runs only where it would be chosen"),
+                       row("compile", "compile", 6.0, 0, "wrong output: rel error 1.0")])
+    assert winners(df).iloc[0].winner == "cuda"  # an ungated row never wins, however fast
+    df = df.assign(caller_us=[10.0, 40.0, 15.0, 6.0], p50_us=[10.0, 40.0, 15.0, 6.0])
+    w = winners(df).iloc[0]
+    assert (w.winner, w.runner_up, w.runner_unchecked, w.margin) == ("cuda", "triton", "not gated", 1.5)
+    pruned = df.assign(reason=["", "", "pruned: a short timing's caller p20 is above the bar", "wrong output"])
+    assert winners(pruned).iloc[0].runner_unchecked == "pruned"
+    gated = df.assign(ok=[1, 1, 1, 0])
+    assert winners(gated).iloc[0].runner_unchecked is None

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..decide.policy import DEFAULT_CALLS, choose
 from ..registry import DTYPES, GRAD_MODES
-from ..store.rows import caller_range, contended, overlap
+from ..store.rows import PRUNED, UNGATED, caller_range, contended, overlap
 from ..tiers.catalog import get_op
 
 
@@ -17,22 +17,32 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
     and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
     (``p20``/``p80``, ``runner_p20``/``runner_p80``), ``tie`` when those ranges overlap, the
-    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time."""
-    ok = df[(df.ok == 1) & df.caller_us.notna()]
+    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time.
+
+    The runner-up may be a row timed but never gated (a sweep gates a compiled tier only where a choice would take
+    it) or pruned after a short timing: ``runner_unchecked`` then says which ("not gated", "pruned"), as the
+    report shows it; the winner is always a row that passed its gate."""
+    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
+    unchecked = why.str.startswith(UNGATED).map({True: "not gated"}).fillna(
+        why.str.startswith(PRUNED).map({True: "pruned"})).where(df.ok != 1)
+    timed = df.assign(unchecked=unchecked)[df.caller_us.notna() & ((df.ok == 1) | unchecked.notna())]
     out = []
-    for (op, problem, dtype, mode), g in ok.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        peers = g[g.tier == "peer"].sort_values("caller_us")
+    for (op, problem, dtype, mode), g in timed.groupby(["op", "problem", "dtype", "mode"], sort=False):
+        peers = g[(g.tier == "peer") & (g.ok == 1)].sort_values("caller_us")
         g = g[g.tier != "peer"].sort_values("caller_us")
-        if g.empty:
+        correct = g[g.ok == 1]
+        if correct.empty:
             continue
-        best = g.iloc[0]
-        second = g.iloc[1] if len(g) > 1 else None
-        eager = g[g.tier == "eager"].caller_us.min()
+        best = correct.iloc[0]
+        rest = g.drop(index=best.name)
+        second = rest.iloc[0] if len(rest) else None
+        eager = correct[correct.tier == "eager"].caller_us.min()
         # the p20-p80 ranges as a caller sees them (timing.caller_range: the kernel's spread, and the host batches'
         # where the launch path sets the time); overlapping ranges are a tie
         spread = [caller_range(best), caller_range(second) if second is not None else (math.nan, math.nan)]
         out.append(dict(op=op, problem=problem, dtype=dtype, mode=mode, winner=best.impl, tier=best.tier,
                         caller_us=best.caller_us, runner_up=None if second is None else second.impl,
+                        runner_unchecked=None if second is None or second.ok == 1 else second.unchecked,
                         margin=math.nan if second is None else second.caller_us / best.caller_us,
                         tie=bool(second is not None and overlap(*spread)),
                         p20=spread[0][0], p80=spread[0][1], runner_p20=spread[1][0], runner_p80=spread[1][1],

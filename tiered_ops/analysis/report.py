@@ -65,6 +65,10 @@ def _f(v: object, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def _said(v: object) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
 def _breaks(meta: dict) -> str:
     d = (meta.get("graph_breaks") or {}).get("registered") or {}
     return "-" if d.get("breaks") is None else str(d["breaks"])
@@ -86,7 +90,8 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
         "",
         "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges as a caller sees "
-        "them overlap (the kernel's and, where the launch path sets the time, the host's: fastest batch to p80). "
+        "them overlap (the kernel's and, where the launch path sets the time, the host's: fastest batch to p80); a "
+        "runner-up marked (not gated) or (pruned) was timed but its gate never ran, as no choice would take it. "
         f"A speed-up over eager above {FLAG_SPEEDUP:.0f}x is flagged: check for an artefact (inputs in L2, zeros, "
         "skipped work) before believing it.",
     ]
@@ -122,7 +127,8 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
             dr = dec.iloc[0] if len(dec) else None
             margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
             lines.append(f"| {r.problem} | {r.dtype} | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} | "
-                         f"{r.runner_up or '-'} | {_f(r.p20, '.1f')}-{_f(r.p80, '.1f')} / "
+                         f"{r.runner_up or '-'}{f' ({r.runner_unchecked})' if _said(r.runner_unchecked) else ''} | "
+                         f"{_f(r.p20, '.1f')}-{_f(r.p80, '.1f')} / "
                          f"{_f(r.runner_p20, '.1f')}-{_f(r.runner_p80, '.1f')} | "
                          f"{dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
