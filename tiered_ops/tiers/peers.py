@@ -127,6 +127,9 @@ def _quack_files(*modules: str) -> tuple[Path, ...]:
     return tuple(p for p in (root / f"{m}.py" for m in (*modules, "reduction_base", "utils")) if p.exists())
 
 
+_QUACK_IMPORT: list[str | None] = []  # the import's outcome, once per process: a failed import is not cached by Python
+
+
 def quack_available(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "quack runs on CUDA devices only"
@@ -134,11 +137,13 @@ def quack_available(device: torch.device) -> str | None:
         return "quack is not installed (a peer: pip install quack-kernels, or carry its wheels as scripts/gpu.sh does)"
     if torch.cuda.get_device_capability(device) < (8, 0):
         return "quack needs compute capability 8.0 or newer"
-    try:
-        importlib.import_module(QUACK)
-    except Exception as e:  # noqa: BLE001 - an import that fails (the CUTLASS DSL libraries) makes the peer unavailable
-        return f"quack did not import: {type(e).__name__}: {e}"
-    return None
+    if not _QUACK_IMPORT:
+        try:
+            importlib.import_module(QUACK)
+            _QUACK_IMPORT.append(None)
+        except Exception as e:  # noqa: BLE001 - an import that fails (the CUTLASS DSL libraries): the peer is unavailable
+            _QUACK_IMPORT.append(f"quack did not import: {type(e).__name__}: {e}")
+    return _QUACK_IMPORT[0]
 
 
 def _quack_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
