@@ -2,6 +2,8 @@
 not support is refused before its library is imported. Their kernels run on the GPU only (the sweep gates and times
 them there)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -41,3 +43,10 @@ def test_a_peer_says_why_it_cannot_run_here(monkeypatch):
 def test_what_quack_does_not_support_is_refused_before_it_is_imported(call, match):
     with pytest.raises(NotImplementedError, match=match):  # not ImportError: quack is not installed here
         call()
+
+
+def test_a_peer_s_source_hash_covers_its_installed_files_and_nothing_when_absent():
+    import pandas
+
+    assert peers._package_files("pandas", ("__init__", "no_such_module")) == (Path(pandas.__file__),)
+    assert peers._package_files("no_such_package_here", ("x",)) == ()

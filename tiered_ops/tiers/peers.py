@@ -33,12 +33,18 @@ from ..registry import OPS, Impl, OpSpec, Tier
 LIGER = "liger_kernel"
 
 
-def _liger_files(*modules: str) -> tuple[Path, ...]:
-    spec = importlib.util.find_spec(LIGER)
+def _package_files(package: str, modules: tuple[str, ...], folder: str = "") -> tuple[Path, ...]:
+    """The files of ``package``'s ``modules`` (under ``folder``) that exist, for a peer's source hash; none where it
+    is not installed."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return ()
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return tuple(p for p in (root / "ops" / f"{m}.py" for m in (*modules, "utils")) if p.exists())
+    root = Path(next(iter(spec.submodule_search_locations))) / folder
+    return tuple(p for p in (root / f"{m}.py" for m in modules) if p.exists())
+
+
+def _liger_files(*modules: str) -> tuple[Path, ...]:
+    return _package_files(LIGER, (*modules, "utils"), "ops")
 
 
 def liger_available(device: torch.device) -> str | None:
@@ -120,11 +126,7 @@ QUACK = "quack"
 
 
 def _quack_files(*modules: str) -> tuple[Path, ...]:
-    spec = importlib.util.find_spec(QUACK)
-    if spec is None or not spec.submodule_search_locations:
-        return ()
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return tuple(p for p in (root / f"{m}.py" for m in (*modules, "reduction_base", "utils")) if p.exists())
+    return _package_files(QUACK, (*modules, "reduction_base", "utils"))
 
 
 _QUACK_IMPORT: list[str | None] = []  # the import's outcome, once per process: a failed import is not cached by Python
