@@ -13,6 +13,15 @@ from ..store.rows import PRUNED, UNGATED, caller_range, contended, overlap
 from ..tiers.catalog import get_op
 
 
+def unchecked(df: pd.DataFrame) -> pd.Series:
+    """Per row, "not gated" or "pruned" where the row was timed but its gate never ran (a sweep gates a compiled tier
+    only where a choice would take it; successive halving stops a slower one after a short timing), else None: a row
+    that passed its gate, or one that failed. Such rows still count as rivals of a winner or of a CUDA kernel."""
+    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
+    kind = why.map(lambda w: "not gated" if w.startswith(UNGATED) else "pruned" if w.startswith(PRUNED) else None)
+    return kind.where(df.ok != 1, None)
+
+
 def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
     and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
@@ -22,10 +31,8 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     The runner-up may be a row timed but never gated (a sweep gates a compiled tier only where a choice would take
     it) or pruned after a short timing: ``runner_unchecked`` then says which ("not gated", "pruned"), as the
     report shows it; the winner is always a row that passed its gate."""
-    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
-    unchecked = why.str.startswith(UNGATED).map({True: "not gated"}).fillna(
-        why.str.startswith(PRUNED).map({True: "pruned"})).where(df.ok != 1)
-    timed = df.assign(unchecked=unchecked)[df.caller_us.notna() & ((df.ok == 1) | unchecked.notna())]
+    late = unchecked(df)
+    timed = df.assign(unchecked=late)[df.caller_us.notna() & ((df.ok == 1) | late.notna())]
     out = []
     for (op, problem, dtype, mode), g in timed.groupby(["op", "problem", "dtype", "mode"], sort=False):
         peers = g[(g.tier == "peer") & (g.ok == 1)].sort_values("caller_us")

@@ -31,8 +31,8 @@ import pandas as pd
 
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
-from ..store.rows import PRUNED, UNGATED
 from ..tiers.catalog import get_op
+from .analysis import unchecked
 from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
 
 COMPILER_TIERS = ("compile", "triton")
@@ -97,8 +97,7 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     latest = _latest(df)
     # The compiler tiers' rivals: each one timed, correct or never gated (a sweep times them before their gate and
     # gates them only where a choice would take them), so a CUDA kernel is measured against them all.
-    why = (latest["reason"] if "reason" in latest else pd.Series("", index=latest.index)).fillna("").astype(str)
-    rival = latest.caller_us.notna() & ((latest.ok == 1) | why.str.startswith(UNGATED) | why.str.startswith(PRUNED))
+    rival = latest.caller_us.notna() & ((latest.ok == 1) | unchecked(latest).notna())
     comp = latest[rival & latest.tier.isin(COMPILER_TIERS)]
     best = comp.loc[comp.groupby(CASE, sort=False).caller_us.idxmin()].set_index(CASE) if len(comp) else None
     timed = comp.groupby(CASE, sort=False).impl.agg(lambda s: ",".join(sorted(s))) if len(comp) else {}
