@@ -6,7 +6,7 @@ GPU time and where it differs from stock's), the host
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
-        [--ops layer_norm] [--stock-copy] [--kernels N] [--timeline CALLS]
+        [--ops layer_norm] [--stock-copy] [--kernels N] [--timeline CALLS] [--fuse-residual]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
-from benchmarks.models import models, own_compile, spread, step_fn, timed  # noqa: E402
+from benchmarks.models import models, own_compile, peak_mib, spread, step_fn, timed  # noqa: E402
 from tiered_ops.decide import decide  # noqa: E402
 from tiered_ops.decide.decide import Selection  # noqa: E402
 
@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--stock-copy", action="store_true",
                     help="also a deep copy of the stock model, unpatched: what a second copy costs by itself")
     ap.add_argument("--kernels", type=int, default=14, help="kernel names listed per variant")
+    ap.add_argument("--fuse-residual", action="store_true", help="patch with fuse_residual=True")
     ap.add_argument("--timeline", type=int, default=0, metavar="CALLS",
                     help="also where a call's time goes (host, first kernel, GPU busy and idle, end), medians of CALLS")
     args = ap.parse_args()
@@ -134,11 +135,16 @@ def main() -> int:
             base = cls(cfg).to(torch.bfloat16).eval()
         if getattr(base, "loss_type", None) is None:
             base.loss_type = "ForCausalLM"
+        train = workload == "train"
+        if train:
+            base.train()
         ids = torch.randint(0, cfg.vocab_size, (1, 1 if workload == "decode" else args.seq), device="cuda")
         tiered = copy.deepcopy(base)
-        print(f"== {name} {workload}: {tiered_ops.patch(tiered, ops=args.ops.split(',') if args.ops else None)}",
-              flush=True)
-        rep = tiered_ops.tune(tiered, dict(input_ids=ids, use_cache=False), context="compiled")
+        patched = tiered_ops.patch(tiered, ops=args.ops.split(",") if args.ops else None,
+                                   fuse_residual=args.fuse_residual)
+        print(f"== {name} {workload}: {patched}", flush=True)
+        kw = dict(input_ids=ids, use_cache=False) | (dict(labels=ids) if train else {})
+        rep = tiered_ops.tune(tiered, kw, train=train, context="compiled")
         for c in rep.calls:
             print(f"  decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} ({c.tier}) - {c.reason[:300]}")
         fns: dict[str, Callable[[], Any]] = {}
@@ -167,8 +173,9 @@ def main() -> int:
         for v, fn in fns.items():
             p50, p20, p80 = spread(samples[v])
             k, gpu_us[v] = kernels(fn)
+            peak = f"; peak {peak_mib(fn, torch.device('cuda'))} MiB" if train else ""
             print(f"  {v:22s} {p50:8.3f} ms ({p20:.3f}-{p80:.3f}); host {host_ms(fn):.3f} ms/call; "
-                  f"{sum(k.values())} kernels/call, {sum(gpu_us[v].values()):.1f} us of them on the GPU")
+                  f"{sum(k.values())} kernels/call, {sum(gpu_us[v].values()):.1f} us of them on the GPU{peak}")
             if args.timeline:
                 tl[v] = timeline(fn, args.timeline)
                 figs = ", ".join(f"{k} {x:.1f}" for k, x in tl[v].items())
