@@ -188,6 +188,26 @@ def test_a_trace_reads_no_cpp_key(in_use):
     assert [k[-1] for k in _calls if k[0] == "softmax"] == [0, 1]  # the eager call cached both; the trace nothing
 
 
+def test_a_trace_compiles_once_with_the_cpp_key_in_use(in_use):
+    """The hot path asks whether to try the C++ key in a way dynamo folds: a trace guards no flag of torch.compiler,
+    so the compiled caller's next calls run its graph (a guard on the flag's value while tracing failed at each call
+    where dynamo sets it: a recompile per call)."""
+    from torch._dynamo.utils import counters
+
+    x = _x(4, 64)
+    tiered_ops.softmax(x, -1)  # decided and cached under its C++ key
+
+    def caller(t):
+        return tiered_ops.softmax(t, -1) * 2
+
+    torch._dynamo.reset()
+    counters.clear()
+    traced = torch.compile(caller, fullgraph=True, backend="eager")
+    for _ in range(4):
+        torch.testing.assert_close(traced(x), 2 * torch.softmax(x, -1))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["recompiles"])
+
+
 def _caller_of_planted(op, args, where):
     """Plant a function under the C++ key of ``op(*args)`` (grad off) in ``where``; it records its caller's code."""
     callers = []

@@ -274,9 +274,10 @@ _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_c
 _DYNAMO = getattr(torch.compiler, "is_dynamo_compiling", None)
 _FLAG = _DYNAMO is not None and isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool)
 _COMPILING = "_dynamo() or _tc._is_compiling_flag" if _FLAG else "_compiling()"
-# Where the C++ key is tried: not while a trace runs the code for real (non-strict export); dynamo reads ``_cached``
-# as a call that finds nothing (``_traceable``).
-_EAGER = "not _tc._is_compiling_flag" if _FLAG else "not _compiling()"
+# Where the C++ key is tried: not while dynamo traces (asked first: folded to True there, so the trace reads no flag
+# and guards none; a torch whose dynamo sets the flag while tracing would otherwise guard it True and recompile at
+# each call), nor while a trace runs the code for real (non-strict export).
+_EAGER = "not _dynamo() and not _tc._is_compiling_flag" if _FLAG else "not _compiling()"
 
 
 def public(name: str) -> Callable[..., Any]:
