@@ -260,16 +260,26 @@ PY
       ;;
     compiled)
       # Decisions of a compiled caller: each implementation measured inside a compiled function (between pointwise
-      # ops) at the launch-bound shapes, bf16, inference; the rows land in the store with context 'compiled'.
+      # ops) at the launch-bound shapes, bf16, inference; the rows land in the store with context 'compiled'. One
+      # process for every case (a process per case spent most of a call importing and compiling), under DEADLINE.
       echo "== compiled: decisions per context"
-      for op in ${COMPILED_OPS:-$($PY -c "from tiered_ops.tiers.catalog import all_ops; print(*(s.name for s in all_ops()))")}; do
-        for shape in ${COMPILED_SHAPES:-1x4096 32x4096 16384x4096}; do
-          for ctx in eager compiled graphed; do
-            timeout 300 $PY -m tiered_ops select "$op" "$shape" --dtype bf16 --context $ctx 2>&1 | head -1
-          done
-        done
-      done | tee "$OUT/contexts.txt"
-      $PY -m tiered_ops export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
+      run_for "$(left)" $PY - <<'PY' 2>&1 | tee "$OUT/contexts.txt" || rc=1
+import os
+from tiered_ops import select_backend
+from tiered_ops.tiers.catalog import all_ops
+ops = os.environ.get("COMPILED_OPS", "").split() or [s.name for s in all_ops()]
+for op in ops:
+    for shape in os.environ.get("COMPILED_SHAPES", "1x4096 32x4096 16384x4096").split():
+        for ctx in ("eager", "compiled", "graphed"):
+            try:
+                sel = select_backend(op, tuple(map(int, shape.split("x"))), "bf16", "cuda", context=ctx)
+            except Exception as e:  # a case that fails is a result: said, and the next one goes on
+                print(f"{op} {shape} bf16 fwd_nograd {ctx}: failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"{op} {shape} bf16 fwd_nograd {ctx} [{sel.record['policy']}]: {sel.name} ({sel.tier.label}) - "
+                  f"{sel.record['reason']}", flush=True)
+PY
+      timeout 120 $PY -m tiered_ops export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
       ;;
     diag)
       # Where the Triton tier's per-call host time goes, layer by layer.
