@@ -99,6 +99,28 @@ def timeline(fn: Callable[[], Any], calls: int = 20) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in per.items()}
 
 
+def guard_us(compiled: Callable[..., Any], kwargs: dict[str, Any], train: bool, reps: int = 2000) -> str:
+    """The compiled caller's guards: their lines, and the microseconds one check of them takes on this host (the
+    first cache entry of ``own_compile``'s code, checked with the locals a call of it has, in the call's grad mode)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    orig = compiled._torchdynamo_orig_callable
+    entries = _debug_get_cache_entry_list(orig.__code__)
+    if not entries:
+        return "no cache entry"
+    gm = entries[0].guard_manager
+    loc = {"args": (), "kwargs": kwargs} | {n: c.cell_contents for n, c in zip(orig.__code__.co_freevars,
+                                                                               orig.__closure__ or ())}
+    with torch.set_grad_enabled(train):
+        if not gm.check(loc):
+            return f"{len(entries)} cache entries; the first one's guards do not pass these locals"
+        t = time.perf_counter()
+        for _ in range(reps):
+            gm.check(loc)
+        us = (time.perf_counter() - t) / reps * 1e6
+    return f"{len(entries)} cache entries; guards: {str(gm).count(chr(10))} lines, {us:.1f} us per check"
+
+
 def host_ms(fn: Callable[[], Any], reps: int = 20) -> float:
     """Host time of one call (the caller's Python and launches), the median over ``reps``, not waiting on the GPU."""
     out = []
@@ -156,12 +178,16 @@ def main() -> int:
             torch._dynamo.reset() if vname == "stock" else None
             counters.clear()
             t0 = time.perf_counter()
-            fn = step_fn(own_compile(model, vname), workload, ids)
+            compiled = own_compile(model, vname)
+            fn = step_fn(compiled, workload, ids)
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
             stats = {k: dict(v) for k, v in counters.items() if k in ("stats", "graph_break", "recompiles")}
-            print(f"  {vname}: compiled+warm {time.perf_counter() - t0:.1f} s; dynamo {stats}", flush=True)
+            call_kw = dict(input_ids=ids, labels=ids) if train else dict(input_ids=ids)
+            call_kw["use_cache"] = False  # the order of step_fn's call: its kwargs are guarded
+            print(f"  {vname}: compiled+warm {time.perf_counter() - t0:.1f} s; dynamo {stats}; "
+                  f"{guard_us(compiled, call_kw, train)}", flush=True)
             fns[vname] = fn
         samples: dict[str, list[float]] = {v: [] for v in fns}
         order = list(fns)
