@@ -12,7 +12,8 @@
 #                 dispatchparts (that cost part by part: the capture query, the C++ key),
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 decoder and models (model-level benchmarks),
-#                 compiled (decisions per call context))
+#                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
+#                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
 # under .whl-cutlass/), downloaded by scripts/fetch_peers.sh, are installed into /tmp/site first, so the sweep measures
 # them beside ours.
@@ -280,6 +281,15 @@ for op in ops:
                   f"{sel.record['reason']}", flush=True)
 PY
       timeout 120 $PY -m tiered_ops export --context compiled --csv "$OUT/results-compiled.csv" || rc=1
+      ;;
+    sol)
+      # Each speed-of-light case measured with every implementation (gated), into the store (a cut run goes on from
+      # it), then the verdicts: sol/speed_of_light.{md,csv}.
+      echo "== speed of light"
+      mkdir -p "$OUT/sol"
+      run_for "$(left)" $PY benchmarks/speed_of_light.py --out-dir "$OUT/sol" --db "$TIERED_OPS_DB" ${SOL_ARGS:-} 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tee "$OUT/sol/sol.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     diag)
       # Where the Triton tier's per-call host time goes, layer by layer.

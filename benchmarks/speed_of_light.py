@@ -1,0 +1,135 @@
+"""Where the kernels stand against the speed of light: each case of ``benchmarks/speed_of_light.json`` (the training
+steps of the norms, softmax and layer_norm over giant rows, segment_sum with power-law lengths, cross_entropy's
+training step) measured with every implementation (ours, eager, compile, the peers that install), each gated against
+float64, then per case the best of ours (the case's ``ours`` tiers): its fraction of the copy bandwidth measured in
+the same run (bytes: the op's declared bytes of that mode), its speed-up over eager and over the best of compile and
+Triton where the case sets a bar, and whether each bar holds.
+
+    python benchmarks/speed_of_light.py [--cases benchmarks/speed_of_light.json] [--out-dir DIR] [--db store.sqlite]
+        [--only rms_norm,softmax]
+
+Writes ``speed_of_light.csv`` (every measurement) and ``speed_of_light.md`` (the verdicts) under --out-dir, and
+prints the table. A case whose best of ours is not correct, or not measured, fails its bars and says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiered_ops.registry import DTYPES  # noqa: E402
+from tiered_ops.store.store import Store  # noqa: E402
+from tiered_ops.sweep.bench import sweep_cases  # noqa: E402
+from tiered_ops.sweep.live import grid_problem, load_grid  # noqa: E402
+from tiered_ops.tiers.catalog import get_op  # noqa: E402
+
+COMPILERS = ("compile", "triton")
+
+
+def best(rows: pd.DataFrame, tiers: tuple[str, ...] | list[str]) -> pd.Series | None:
+    """The fastest correct, fully timed row of these tiers (caller time), or None."""
+    r = rows[rows.tier.isin(list(tiers)) & (rows.ok == True) & rows.caller_us.notna()]  # noqa: E712 (pandas)
+    r = r[~r.reason.fillna("").str.startswith("pruned")]
+    return None if r.empty else r.loc[r.caller_us.idxmin()]
+
+
+def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
+    """One case's figures and bars (True/False per bar; why where a figure is missing)."""
+    out: dict[str, Any] = dict(case=case["case"], op=case["op"], shape=case["shape"], dtype=case["dtype"],
+                               mode=case["mode"])
+    ours = best(rows, case["ours"])
+    if ours is None:
+        return dict(out, why=f"no correct timing of {'/'.join(case['ours'])}", holds=False)
+    out.update(best=ours.impl, best_us=round(float(ours.caller_us), 1),
+               copy=None if pd.isna(ours.frac_copy) else round(float(ours.frac_copy), 3))
+    bars = []
+    if "copy_at_least" in case:
+        bars.append(out["copy"] is not None and out["copy"] >= case["copy_at_least"])
+    for key, tiers in (("vs_eager_at_least", ("eager",)), ("vs_compilers_at_least", COMPILERS)):
+        if key not in case:
+            continue
+        other = best(rows[rows.impl != ours.impl], tiers)
+        name = key.removesuffix("_at_least")
+        if other is None:
+            out[name], out["why"] = None, f"no correct timing of {'/'.join(tiers)}"
+            bars.append(False)
+            continue
+        out[name] = round(float(other.caller_us / ours.caller_us), 3)
+        out[f"{name}_impl"] = other.impl
+        bars.append(out[name] >= case[key])
+    out["holds"] = all(bars)
+    return out
+
+
+def table(verdicts: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
+    lines = ["| case | shape | dtype | mode | best of ours | us | copy (bar) | x eager (bar) "
+             "| x compile/Triton (bar) | holds |", "|---|---|---|---|---|---:|---|---|---|---|"]
+    for v, c in zip(verdicts, cases):
+        def fig(name: str, bar: str) -> str:
+            if bar not in c:
+                return ""
+            val = v.get(name)
+            who = f" ({v[name + '_impl']})" if v.get(name + "_impl") else ""
+            return f"{'-' if val is None else val}{who} ({c[bar]})"
+        lines.append(f"| {v['case']} | {v['shape']} | {v['dtype']} | {v['mode']} | {v.get('best', '-')} | "
+                     f"{v.get('best_us', '-')} | {fig('copy', 'copy_at_least')} "
+                     f"| {fig('vs_eager', 'vs_eager_at_least')} | {fig('vs_compilers', 'vs_compilers_at_least')} "
+                     f"| {'yes' if v['holds'] else 'no'}"
+                     f"{' (' + v['why'] + ')' if v.get('why') else ''} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=str(Path(__file__).with_suffix(".json")))
+    ap.add_argument("--only", help="comma-separated ops: only their cases")
+    ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--db", help="the store to measure into (default: a new one in a temporary folder)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--in-process", action="store_true", help="measure in this process (no isolated worker)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one candidate may take (isolated)")
+    args = ap.parse_args(argv)
+    cases = json.loads(Path(args.cases).read_text())
+    points = load_grid(args.cases)  # validates op, shape, dtype, mode and params, naming the entry
+    keep = [i for i, c in enumerate(cases) if not args.only or c["op"] in args.only.split(",")]
+    cases, points = [cases[i] for i in keep], [points[i] for i in keep]
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(args.db or str(Path(tmp) / "speed_of_light.sqlite"))
+        frames = []
+        try:
+            for c, pt in zip(cases, points):
+                problem = grid_problem(pt.op, pt.shape, pt.params)
+                print(f"== {c['case']}: {pt.op} {problem} {pt.dtype} {pt.mode}", flush=True)
+                df = sweep_cases([(get_op(pt.op), problem, DTYPES[pt.dtype])], device, store, progress=False,
+                                 modes=[pt.mode], isolate=not args.in_process, timeout_s=args.timeout,
+                                 cost_metadata=False, gate_all=True, prune=None)
+                frames.append(df.assign(case=c["case"]))
+        finally:
+            store.close()
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    rows.to_csv(out / "speed_of_light.csv", index=False)
+    verdicts = [verdict(c, rows[rows.case == c["case"]]) for c in cases]
+    md = table(verdicts, cases)
+    (out / "speed_of_light.md").write_text(
+        f"# Speed of light ({rows.gpu_name.iloc[0] if len(rows) and 'gpu_name' in rows else args.device})\n\n"
+        f"`python benchmarks/speed_of_light.py {' '.join(argv if argv is not None else sys.argv[1:])}`. Caller "
+        "time of the best correct implementation of ours (the case's tiers), its fraction of the copy bandwidth "
+        "measured in the same run, and its speed-up over the best correct eager and compile/Triton rows.\n\n"
+        + md + "\n")
+    print(md)
+    return 0 if all(v["holds"] for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

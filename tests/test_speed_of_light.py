@@ -1,0 +1,64 @@
+"""benchmarks/speed_of_light.py: its cases are valid problems of the ops, its verdicts read the right rows, and it runs
+end to end on the CPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import speed_of_light as sol  # noqa: E402
+from tiered_ops.sweep.live import grid_problem, load_grid  # noqa: E402
+
+
+def _rows(*rows):
+    return pd.DataFrame([dict(impl=i, tier=t, ok=ok, caller_us=us, frac_copy=f, reason=r)
+                         for i, t, ok, us, f, r in rows])
+
+
+CASE = dict(case="c", op="rms_norm", shape="8x8", dtype="bf16", mode="fwd+bwd", ours=["triton", "cuda"],
+            copy_at_least=0.75, vs_eager_at_least=1.3)
+
+
+def test_every_committed_case_is_a_problem_of_its_op_with_a_bar():
+    cases = json.loads((ROOT / "benchmarks" / "speed_of_light.json").read_text())
+    points = load_grid(ROOT / "benchmarks" / "speed_of_light.json")
+    assert len(points) == len(cases) >= 8
+    for c, pt in zip(cases, points):
+        grid_problem(pt.op, pt.shape, pt.params)  # raises on a shape or parameter the op does not take
+        assert c["ours"] and any(k.endswith("_at_least") for k in c), c["case"]
+
+
+def test_the_best_correct_row_of_ours_is_judged():
+    rows = _rows(("triton", "triton", True, 100.0, 0.8, ""), ("cuda", "cuda", False, 50.0, 0.9, "wrong"),
+                 ("eager", "eager", True, 140.0, 0.5, ""), ("compile", "compile", True, 120.0, 0.6, ""))
+    v = sol.verdict(CASE, rows)
+    assert (v["best"], v["copy"], v["vs_eager"], v["holds"]) == ("triton", 0.8, 1.4, True)
+
+
+def test_a_bar_missed_or_a_rival_pruned_or_missing_is_said():
+    rows = _rows(("triton", "triton", True, 100.0, 0.7, ""), ("eager", "eager", True, 140.0, 0.5, ""))
+    assert sol.verdict(CASE, rows)["holds"] is False  # 70 % of copy against a bar of 75 %
+    rows = _rows(("cuda", "cuda", True, 100.0, 0.9, ""), ("eager", "eager", True, 20.0, 0.5, "pruned: short"))
+    v = sol.verdict(CASE, rows)
+    assert v["holds"] is False and "eager" in v["why"]
+    v = sol.verdict(CASE, _rows(("eager", "eager", True, 20.0, 0.5, "")))
+    assert v["holds"] is False and "triton/cuda" in v["why"]
+
+
+@pytest.mark.slow
+def test_it_runs_end_to_end_on_the_cpu(tmp_path):
+    cases = [dict(case="tiny softmax", op="softmax", shape="4x64", dtype="fp32", mode="fwd_nograd", params={},
+                  ours=["eager"], copy_at_least=0.0)]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    rc = sol.main(["--cases", str(tmp_path / "cases.json"), "--out-dir", str(tmp_path), "--in-process",
+                   "--device", "cpu"])
+    md = (tmp_path / "speed_of_light.md").read_text()
+    assert "| tiny softmax | 4x64 | fp32 | fwd_nograd | eager |" in md
+    assert rc == (0 if "| yes" in md else 1)
+    assert set(pd.read_csv(tmp_path / "speed_of_light.csv").impl) >= {"eager"}
