@@ -14,7 +14,12 @@ start, part by part. One worker serves the process. By default it is started bef
 (``tiered_ops.warm_tuning``, as an application would at start-up) and its seconds are said apart; with ``--cold``
 the first op's call starts it, and its start counts in that op's seconds (``worker_start_s``).
 
+Then (unless --no-vs-blocking) the same bucket tuned blocking in a store of its own: what it picks, and the caller
+time of background tuning's pick over that pick's, both from the blocking tuning's measurements (the regret of tuning
+in the background against tuning on the call; target: no worse).
+
     python benchmarks/first_call.py [--ops softmax,rms_norm] [--csv out.csv] [--timeout 120] [--cold]
+        [--no-vs-blocking]
 """
 
 from __future__ import annotations
@@ -89,12 +94,35 @@ def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> d
                 landed=landed, chosen=sel.name, reason=str(sel.record.get("reason", ""))[:120])
 
 
+def vs_blocking(op: str, dev: torch.device, store_dir: Path, background_pick: str) -> dict[str, Any]:
+    """The same bucket tuned blocking, in a store of its own: what that picks, how long it took, and the caller time
+    of background tuning's pick over the blocking pick's, both from the blocking tuning's measurements (one run:
+    the regret of tuning in the background against tuning on the call)."""
+    spec = tiered_ops.get_op(op)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    problem = spec.default_problems(dev.type)[0]
+    tiered_ops.use_store(str(store_dir / f"{op}-blocking.sqlite"))
+    tiered_ops.set_tuning("blocking")
+    try:
+        t = time.perf_counter()
+        sel = select_problem(spec, problem, _as_dtype(dtype), dev, mode="fwd_nograd")
+        took = time.perf_counter() - t
+    finally:
+        tiered_ops.set_tuning(None)
+    us = {c["impl"]: c["caller_us"] for c in sel.record.get("candidates", [])}
+    mine, theirs = us.get(background_pick), us.get(sel.name)
+    return dict(blocking_chosen=sel.name, blocking_s=round(took, 3),
+                vs_blocking=round(mine / theirs, 3) if mine and theirs else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", help="comma-separated ops (default: every catalogued op)")
     p.add_argument("--csv", help="write the table here too")
     p.add_argument("--out-dir", help="where the per-op stores go (default: a temporary directory)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one bucket's decision")
+    p.add_argument("--no-vs-blocking", dest="vs_blocking", action="store_false",
+                   help="skip tuning each bucket blocking as well (the regret of background tuning against it)")
     p.add_argument("--cold", action="store_true",
                    help="do not start background tuning's worker before the first op (its start counts in that op's)")
     args = p.parse_args(argv)
@@ -119,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             seen, seen_landings = len(candidates.rows), len(candidates.landings)  # the warm start's row stays first
             rows.append(measure_op(op, dev, store_dir, args.timeout))
             r = rows[-1]
+            if args.vs_blocking:
+                r.update(vs_blocking(op, dev, store_dir, r["chosen"]))
             first = next(iter(candidates.landings[seen_landings:]), None)
             r["first_landing_s"] = None if first is None else round(first["seconds"], 3)
             r["first_landing_impl"] = None if first is None else first["impl"]
@@ -126,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             r["worker_start_s"] = round(start[0], 3) if start else None  # the first op's, where the worker starts
             stored = "not within the timeout" if r["decision_s"] is None else f"{r['decision_s']:.2f} s"
             early = "" if first is None else f"first gated choice after {first['seconds']:.2f} s ({first['impl']}), "
+            blocking = "" if not args.vs_blocking else (
+                f"; blocking tuning: {r['blocking_chosen']} in {r['blocking_s']:.2f} s, the background pick at "
+                f"{'-' if r['vs_blocking'] is None else format(r['vs_blocking'], '.3f')}x its caller time")
             print(f"{op:<20} {r['problem'][:40]:<40} eager first {r['eager_first_ms']:9.2f} ms, background first "
                   f"{r['background_first_ms']:9.2f} ms, {early}every candidate stored after {stored}: "
-                  f"{r['chosen']}", flush=True)
+                  f"{r['chosen']}{blocking}", flush=True)
             for c in candidates.rows[seen:]:
                 first = "-" if c["first_call_s"] is None else f"{c['first_call_s']:.2f} s"
                 print(f"    {c['impl']:<16} {c['seconds']:6.2f} s in the worker, first call {first}: "
@@ -142,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
           + f"; every candidate measured and the decision stored: {len(landed)} of {len(rows)}"
           + (f", median {statistics.median(landed):.2f} s, max {max(landed):.2f} s" if landed else "")
           + " (targets <= 3 s median, <= 8 s max)")
+    ratios = [r["vs_blocking"] for r in rows if r.get("vs_blocking") is not None]
+    if args.vs_blocking:
+        print(f"background tuning's pick against blocking tuning's (caller time, the blocking tuning's measurements): "
+              f"{len(ratios)} of {len(rows)}" + (f", geomean {statistics.geometric_mean(ratios):.3f}, max "
+                                                f"{max(ratios):.3f}" if ratios else ""))
     if args.csv and rows:
         pd.DataFrame(rows).to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")

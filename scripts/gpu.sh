@@ -236,9 +236,12 @@ PY
     firstcall)
       # A first call with an empty store under background tuning: its latency beside eager's first call, and the
       # seconds until its bucket's decision is stored (targets: <= eager + 50 ms; <= 3 s median, <= 8 s max).
-      echo "== firstcall: background tuning from an empty store"
-      run_for "$(left)" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" 2>&1 \
-        | grep -v -E "UserWarning|warn_once" | tail -12
+      # FIRSTCALL_COLD=1: Triton's and Inductor's caches empty too (new folders), as on a machine that never compiled.
+      echo "== firstcall: background tuning from an empty store${FIRSTCALL_COLD:+, empty compile caches}"
+      cold_env=()
+      [ -z "${FIRSTCALL_COLD:-}" ] || cold_env=(env TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
+      run_for "$(left)" "${cold_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tail -14
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
