@@ -6,7 +6,7 @@ GPU time and where it differs from stock's), the host
 time per call, and interleaved timing (median, p20-p80).
 
     python scripts/diag/compiled_model.py --cases llama-8b-dims-2l:decode,gpt2-small:prefill [--rounds 8 --reps 10]
-        [--ops layer_norm] [--stock-copy] [--kernels N] [--timeline CALLS] [--fuse-residual]
+        [--ops layer_norm] [--stock-copy] [--kernels N] [--timeline CALLS] [--fuse-residual] [--with-fused]
 """
 
 from __future__ import annotations
@@ -143,6 +143,8 @@ def main() -> int:
                     help="also a deep copy of the stock model, unpatched: what a second copy costs by itself")
     ap.add_argument("--kernels", type=int, default=14, help="kernel names listed per variant")
     ap.add_argument("--fuse-residual", action="store_true", help="patch with fuse_residual=True")
+    ap.add_argument("--with-fused", action="store_true",
+                    help="also a variant patched with fuse_residual=True beside the one patched as asked")
     ap.add_argument("--timeline", type=int, default=0, metavar="CALLS",
                     help="also where a call's time goes (host, first kernel, GPU busy and idle, end), medians of CALLS")
     args = ap.parse_args()
@@ -171,7 +173,13 @@ def main() -> int:
             print(f"  decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} ({c.tier}) - {c.reason[:300]}")
         fns: dict[str, Callable[[], Any]] = {}
         variants = [("stock", base)] + ([("stock-copy", copy.deepcopy(base))] if args.stock_copy else [])
-        for vname, model in variants + [("tiered", tiered), ("tiered-compile-tier", None)]:
+        variants.append(("tiered", tiered))
+        if args.with_fused:
+            fused = copy.deepcopy(base)
+            tiered_ops.patch(fused, ops=args.ops.split(",") if args.ops else None, fuse_residual=True)
+            tiered_ops.tune(fused, kw, train=train, context="compiled")
+            variants.append(("tiered-fused", fused))
+        for vname, model in variants + [("tiered-compile-tier", None)]:
             if vname == "tiered-compile-tier":
                 print(f"  forced {force_compile_tier()} compiled decisions to the compile tier")
                 model = copy.deepcopy(tiered)
