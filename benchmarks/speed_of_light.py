@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     points = load_grid(args.cases)  # validates op, shape, dtype, mode and params, naming the entry
     keep = [i for i, c in enumerate(cases) if not args.only or c["op"] in args.only.split(",")]
     cases, points = [cases[i] for i in keep], [points[i] for i in keep]
+    if not cases:
+        ap.error(f"--only {args.only}: no case of those ops in {args.cases} (its ops: "
+                 f"{', '.join(dict.fromkeys(c['op'] for c in json.loads(Path(args.cases).read_text())))})")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)

@@ -62,3 +62,10 @@ def test_it_runs_end_to_end_on_the_cpu(tmp_path):
     assert "| tiny softmax | 4x64 | fp32 | fwd_nograd | eager |" in md
     assert rc == (0 if "| yes" in md else 1)
     assert set(pd.read_csv(tmp_path / "speed_of_light.csv").impl) >= {"eager"}
+
+
+def test_an_only_that_matches_no_case_is_an_error_naming_the_ops(capsys):
+    with pytest.raises(SystemExit):
+        sol.main(["--only", "sofmax", "--in-process", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert "--only sofmax" in err and "rms_norm" in err and "softmax" in err
