@@ -1,5 +1,6 @@
 """One page per GPU from the per-model results of benchmarks/models.py: every (model, workload, context) row of the
-tiered variants with its verdict against stock, the rows slower than stock, Liger beside it, and training memory.
+tiered variants with its verdict against stock, the rows slower than stock, Liger beside it, and training memory
+(every variant's peak, and the tiered variants' peaks above stock's).
 
     python benchmarks/models_summary.py reports/nvidia-h100     # reads models/*.csv there, writes models.md there
 """
@@ -32,8 +33,9 @@ def summary(folder: Path) -> str:
            "verdict: faster/slower where each median lies outside the other's p20-p80, else tie.", "",
            *_trees(folder), "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
-           " train peak MiB stock / tiered / liger |", "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
-    slower, missing = [], []
+           " train peak MiB stock / tiered / tiered-fused / liger |",
+           "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
+    slower, missing, heavier = [], [], []
     for (model, wl, ctx), g in ran.groupby(["model", "workload", "context"], sort=False):
         v = {r["variant"]: r for _, r in g.iterrows()}
         if "stock" not in v:
@@ -51,14 +53,20 @@ def summary(folder: Path) -> str:
         t, tv = cell("tiered")
         f, fv = cell("tiered-fused")
         lig = f"{v['liger']['ms_p50']:.3f} ({s / v['liger']['ms_p50']:.2f}x)" if "liger" in v else ""
-        mem = " / ".join(f"{v[n]['peak_mib']:.0f}" if n in v and pd.notna(v[n]["peak_mib"]) else "-"
-                         for n in ("stock", "tiered", "liger")) if wl == "train" else ""
+        peaks = {n: v[n]["peak_mib"] for n in ("stock", "tiered", "tiered-fused", "liger")
+                 if n in v and pd.notna(v[n]["peak_mib"])}
+        mem = " / ".join(f"{peaks[n]:.1f}" if n in peaks else "-" for n in ("stock", "tiered", "tiered-fused", "liger")
+                         ) if wl == "train" else ""
+        heavier += [f"{model} {wl} {ctx} {n}: {peaks[n]:.1f} MiB against stock's {peaks['stock']:.1f}"
+                    for n in ("tiered", "tiered-fused") if n in peaks and peaks[n] > peaks.get("stock", peaks[n])]
         ratio = f"{s / v['tiered']['ms_p50']:.2f}x" if "tiered" in v else ""
         out.append(f"| {model} | {wl} | {ctx} | {s:.3f} | {t} | {ratio} | {tv} | {f} | {fv} | {lig} | {mem} |")
     for _, r in df[df["ms_p50"].isna() & df["variant"].str.startswith("tiered")].iterrows():
         missing.append(f"{r['model']} {r['workload']} {r['context']} {r['variant']}: {r['note']}")
     out += ["", f"Rows of a tiered variant slower than stock: {len(slower)}" + (":" if slower else "."),
-            *[f"- {x}" for x in slower]]
+            *[f"- {x}" for x in slower],
+            "", f"Training peaks of a tiered variant above stock's: {len(heavier)}" + (":" if heavier else "."),
+            *[f"- {x}" for x in heavier]]
     if missing:
         out += ["", "Rows without a figure:", *[f"- {x}" for x in missing]]
     return "\n".join(out) + "\n"
