@@ -1,0 +1,31 @@
+"""benchmarks/models_summary.py: the per-GPU page lists every tiered row slower than stock and every tiered training
+peak above stock's, from the per-model CSVs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import models_summary  # noqa: E402
+
+
+def _row(variant, workload, ms, verdict="", peak=None):
+    return dict(model="m", variant=variant, workload=workload, context="compile", ms_p50=ms, verdict=verdict,
+                peak_mib=peak, note="", device="GPU X")
+
+
+def test_slower_rows_and_heavier_peaks_are_listed(tmp_path):
+    (tmp_path / "models").mkdir()
+    pd.DataFrame([_row("stock", "decode", 1.0), _row("tiered", "decode", 1.2, "slower"),
+                  _row("tiered-fused", "decode", 1.0, "tie"),
+                  _row("stock", "train", 10.0, peak=100.0), _row("tiered", "train", 9.0, "faster", 99.9),
+                  _row("tiered-fused", "train", 9.0, "faster", 100.4)]).to_csv(tmp_path / "models" / "m.csv",
+                                                                              index=False)
+    page = models_summary.summary(tmp_path)
+    assert "Rows of a tiered variant slower than stock: 1:\n- m decode compile tiered: 0.83x" in page
+    assert ("Training peaks of a tiered variant above stock's: 1:\n"
+            "- m train compile tiered-fused: 100.4 MiB against stock's 100.0") in page
+    assert "| 100.0 / 99.9 / 100.4 / - |" in page
