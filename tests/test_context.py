@@ -21,11 +21,22 @@ def test_graphed_and_compiled_callers_pay_kernel_time_and_eager_pays_the_launch_
     rows = [_row("triton", p50=10.0, host=60.0), _row("eager", p50=30.0, host=12.0)]
     eager, why = in_context(rows, "eager")
     assert eager is rows and why == ""
-    for ctx in ("graphed", "compiled"):
-        priced, why = in_context(rows, ctx)
-        assert [r["caller_us"] for r in priced] == [10.0, 30.0] and ctx in why
-        assert all(r["host_us"] is None for r in priced)  # the tie range is the kernel's alone
+    priced, why = in_context(rows, "graphed")
+    assert [r["caller_us"] for r in priced] == [10.0, 30.0] and "graphed" in why
+    assert all(r["host_us"] is None for r in priced)  # the tie range is the kernel's alone
     assert [r["caller_us"] for r in rows] == [60.0, 30.0]  # the stored rows are left as measured
+
+
+def test_a_compiled_caller_without_its_own_measurement_takes_a_traced_tier():
+    """A kernel tier's time alone says nothing of what Inductor's fusion of the op with its neighbours saves (measured
+    inside compiled callers a traced tier is the fastest nearly everywhere): without such a measurement the traced
+    tiers' rows are the candidates, by kernel time; where none has a row, every row."""
+    rows = [_row("triton", p50=10.0, host=60.0), _row("eager", p50=30.0, host=12.0), _row("compile", 25.0, 40.0)]
+    priced, why = in_context(rows, "compiled")
+    assert [(r["impl"], r["caller_us"]) for r in priced] == [("eager", 30.0), ("compile", 25.0)]
+    assert "traced into its graph" in why
+    priced, why = in_context(rows[:1], "compiled")
+    assert [r["impl"] for r in priced] == ["triton"] and "kernel times" in why
 
 
 def test_a_cpu_row_keeps_its_time_in_every_context():

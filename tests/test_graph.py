@@ -25,8 +25,9 @@ def _decide(store_path, op, problem, winner, device, mode="fwd_nograd", dtype=to
     spec, fp = get_op(op), fingerprint(device)
     rows = [dict(op=op, impl=i.name, tier=i.tier.label, mode=mode, problem=str(problem),
                  bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[dtype], device_key=fp.key, ok=1,
-                 caller_us=1.0 if i.name == winner else 9.0, source_hash=i.source_hash, timestamp=time.time())
-            for i in spec.impls.values()]
+                 caller_us=1.0 if i.name == winner else 9.0, source_hash=i.source_hash, timestamp=time.time(),
+                 context=ctx)
+            for i in spec.impls.values() for ctx in ("eager", "compiled")]  # a compiled caller's own rows too
     Store(store_path).add(rows)
 
 
@@ -48,9 +49,10 @@ def _compiled_public_op(private_store, op, tier, full_compile, train=False, para
     sel_mod.set_tuning(False)
     try:
         eager_out = model(*args)  # decides outside the compiled region
-        key = next(k for k in sel_mod._calls if k[0] == op)
-        assert sel_mod._calls[key].name == tier and sel_mod._calls[key].record["mode"] == (
-            "fwd+bwd" if train else "fwd_nograd")
+        for ctx in (0, 1):  # the eager call's selection, and the one it cached for a compiled caller
+            key = next(k for k in sel_mod._calls if k[0] == op and k[-1] == ctx)
+            assert sel_mod._calls[key].name == tier and sel_mod._calls[key].record["mode"] == (
+                "fwd+bwd" if train else "fwd_nograd")
         torch._dynamo.reset()
         e = torch._dynamo.explain(model)(*args)
         assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons

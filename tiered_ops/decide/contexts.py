@@ -33,14 +33,28 @@ def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     return rows if not missing else []
 
 
+# The tiers whose code a compiled caller's graph takes in (Inductor fuses it with the op's neighbours there); the
+# kernel tiers are opaque to Inductor, a launch of their own between the neighbours' kernels.
+TRACED = (Tier.EAGER, Tier.COMPILE)
+
+
 def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
     """The rows as a caller in ``context`` pays them, and what that means for the record. ``eager``: the larger of
     kernel and host time (the launch path from Python), as measured. ``graphed`` (inside CUDA-graph capture or
     reduce-overhead): nothing is launched from Python on replay, so the kernel time with its p20-p80. ``compiled``
-    (traced into a caller's torch.compile graph): Inductor launches the op; without a measurement of the op
-    between pointwise neighbours in a compiled function, the kernel time is the figure, and the record says so."""
+    (traced into a caller's torch.compile graph) without a measurement of the op between pointwise neighbours in a
+    compiled function: the traced tiers' rows alone (``TRACED``: a kernel tier's own time says nothing of what
+    Inductor's fusion of the op with its neighbours saves, and measured there a traced tier is the fastest nearly
+    everywhere), priced by their kernel time; every row where none of them has one. The record says which."""
     if context == "eager" or not rows:
         return rows, ""
+    why = ("graphed caller (CUDA-graph replay): kernel times; " if context == "graphed" else
+           "compiled caller: kernel times (no compiled-context measurement stored); ")
+    if context == "compiled":
+        traced = [r for r in rows if r.get("tier") in {t.label for t in TRACED}]
+        if traced:
+            rows, why = traced, ("compiled caller, no compiled-context measurement stored: the tiers traced into its "
+                                 "graph (eager, compile), by kernel time; ")
     out = []
     for r in rows:
         kernel = r.get("kernel_us") if r.get("predicted") else r.get("p50_us")
@@ -48,6 +62,4 @@ def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
             out.append(r)  # a CPU row: its time is the call's, there is no launch path apart from it
             continue
         out.append(dict(r, caller_us=kernel, host_us=None, host_p80_us=None))
-    why = ("graphed caller (CUDA-graph replay): kernel times; " if context == "graphed" else
-           "compiled caller: kernel times (no compiled-context measurement stored); ")
     return out, why
