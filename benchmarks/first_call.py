@@ -69,11 +69,15 @@ def first_call_ms(fn: Callable[[], Any], cuda: bool) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> dict[str, Any]:
+def default_case(op: str, dev: torch.device) -> tuple[Any, Any, torch.dtype]:
+    """(spec, problem, dtype) of an op's first default problem: bf16 on a GPU, fp32 on a CPU."""
     spec = tiered_ops.get_op(op)
+    return spec, spec.default_problems(dev.type)[0], torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> dict[str, Any]:
+    spec, problem, dtype = default_case(op, dev)
     cuda = dev.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    problem = spec.default_problems(dev.type)[0]
     tiered_ops.use_store(str(store_dir / f"{op}.sqlite"))
     tiered_ops.set_tuning("background")
     try:
@@ -98,9 +102,7 @@ def vs_blocking(op: str, dev: torch.device, store_dir: Path, background_pick: st
     """The same bucket tuned blocking, in a store of its own: what that picks, how long it took, and the caller time
     of background tuning's pick over the blocking pick's, both from the blocking tuning's measurements (one run:
     the regret of tuning in the background against tuning on the call)."""
-    spec = tiered_ops.get_op(op)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    problem = spec.default_problems(dev.type)[0]
+    spec, problem, dtype = default_case(op, dev)
     tiered_ops.use_store(str(store_dir / f"{op}-blocking.sqlite"))
     tiered_ops.set_tuning("blocking")
     try:

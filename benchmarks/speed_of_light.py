@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiered_ops.registry import DTYPES  # noqa: E402
+from tiered_ops.store.rows import PRUNED  # noqa: E402
 from tiered_ops.store.store import Store  # noqa: E402
 from tiered_ops.sweep.bench import sweep_cases  # noqa: E402
 from tiered_ops.sweep.live import grid_problem, load_grid  # noqa: E402
@@ -37,7 +38,7 @@ COMPILERS = ("compile", "triton")
 def best(rows: pd.DataFrame, tiers: tuple[str, ...] | list[str]) -> pd.Series | None:
     """The fastest correct, fully timed row of these tiers (caller time), or None."""
     r = rows[rows.tier.isin(list(tiers)) & (rows.ok == True) & rows.caller_us.notna()]  # noqa: E712 (pandas)
-    r = r[~r.reason.fillna("").str.startswith("pruned")]
+    r = r[~r.reason.fillna("").str.startswith(PRUNED)]
     return None if r.empty else r.loc[r.caller_us.idxmin()]
 
 
@@ -97,30 +98,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-process", action="store_true", help="measure in this process (no isolated worker)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one candidate may take (isolated)")
     args = ap.parse_args(argv)
-    cases = json.loads(Path(args.cases).read_text())
+    every = json.loads(Path(args.cases).read_text())
     points = load_grid(args.cases)  # validates op, shape, dtype, mode and params, naming the entry
-    keep = [i for i, c in enumerate(cases) if not args.only or c["op"] in args.only.split(",")]
-    cases, points = [cases[i] for i in keep], [points[i] for i in keep]
+    keep = [i for i, c in enumerate(every) if not args.only or c["op"] in args.only.split(",")]
+    cases, points = [every[i] for i in keep], [points[i] for i in keep]
     if not cases:
         ap.error(f"--only {args.only}: no case of those ops in {args.cases} (its ops: "
-                 f"{', '.join(dict.fromkeys(c['op'] for c in json.loads(Path(args.cases).read_text())))})")
+                 f"{', '.join(dict.fromkeys(c['op'] for c in every))})")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(args.db or str(Path(tmp) / "speed_of_light.sqlite"))
         frames = []
-        try:
-            for c, pt in zip(cases, points):
-                problem = grid_problem(pt.op, pt.shape, pt.params)
-                print(f"== {c['case']}: {pt.op} {problem} {pt.dtype} {pt.mode}", flush=True)
-                df = sweep_cases([(get_op(pt.op), problem, DTYPES[pt.dtype])], device, store, progress=False,
-                                 modes=[pt.mode], isolate=not args.in_process, timeout_s=args.timeout,
-                                 cost_metadata=False, gate_all=True, prune=None)
-                frames.append(df.assign(case=c["case"]))
+        problems = [grid_problem(pt.op, pt.shape, pt.params) for pt in points]
+        of_case = {(pt.op, str(p), pt.dtype, pt.mode): c["case"] for c, pt, p in zip(cases, points, problems)}
+        try:  # one sweep per mode, so one worker gates and compiles each implementation once for all its cases
+            for mode in dict.fromkeys(pt.mode for pt in points):
+                print(f"== {mode}: " + "; ".join(c["case"] for c, pt in zip(cases, points) if pt.mode == mode),
+                      flush=True)
+                frames.append(sweep_cases([(get_op(pt.op), p, DTYPES[pt.dtype]) for pt, p in zip(points, problems)
+                                           if pt.mode == mode], device, store, progress=False, modes=[mode],
+                                          isolate=not args.in_process, timeout_s=args.timeout, cost_metadata=False,
+                                          gate_all=True, prune=None))
         finally:
             store.close()
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(rows):
+        rows["case"] = [of_case.get(k) for k in zip(rows.op, rows.problem, rows.dtype, rows["mode"])]
     rows.to_csv(out / "speed_of_light.csv", index=False)
     verdicts = [verdict(c, rows[rows.case == c["case"]]) for c in cases]
     md = table(verdicts, cases)

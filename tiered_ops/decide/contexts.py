@@ -36,6 +36,7 @@ def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
 # The tiers whose code a compiled caller's graph takes in (Inductor fuses it with the op's neighbours there); the
 # kernel tiers are opaque to Inductor, a launch of their own between the neighbours' kernels.
 TRACED = (Tier.EAGER, Tier.COMPILE)
+_TRACED_LABELS = frozenset(t.label for t in TRACED)
 
 
 def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
@@ -51,7 +52,7 @@ def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
     why = ("graphed caller (CUDA-graph replay): kernel times; " if context == "graphed" else
            "compiled caller: kernel times (no compiled-context measurement stored); ")
     if context == "compiled":
-        traced = [r for r in rows if r.get("tier") in {t.label for t in TRACED}]
+        traced = [r for r in rows if r.get("tier") in _TRACED_LABELS]
         if traced:
             rows, why = traced, ("compiled caller, no compiled-context measurement stored: the tiers traced into its "
                                  "graph (eager, compile), by kernel time; ")
