@@ -274,7 +274,7 @@ from tiered_ops.tiers.catalog import all_ops
 ops = os.environ.get("COMPILED_OPS", "").split() or [s.name for s in all_ops()]
 for op in ops:
     for shape in os.environ.get("COMPILED_SHAPES", "1x4096 32x4096 16384x4096").split():
-        for ctx in ("eager", "compiled", "graphed"):
+        for ctx in ("compiled", "eager", "graphed"):  # compiled first: a decision makes every context's at once
             try:
                 sel = select_backend(op, tuple(map(int, shape.split("x"))), "bf16", "cuda", context=ctx)
             except Exception as e:  # a case that fails is a result: said, and the next one goes on
