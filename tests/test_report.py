@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tiered_ops.analysis.analysis import winners
+from tiered_ops.analysis.analysis import latest, winners
 from tiered_ops.cli.cli import main
 from tiered_ops.store.store import COLUMN_NAMES
 
@@ -155,3 +155,25 @@ def test_a_runner_up_timed_but_never_gated_is_shown_as_such(tmp_path):
     assert winners(pruned).iloc[0].runner_unchecked == "pruned"
     gated = df.assign(ok=[1, 1, 1, 0])
     assert winners(gated).iloc[0].runner_unchecked is None
+
+
+def test_a_resumed_store_reports_each_case_from_its_newest_rows(tmp_path):
+    """A sweep resumed after a kernel changed exports the stale rows beside the fresh ones: the report's figures and
+    plots read each case's newest row per implementation (two rows of one case used to break the plots)."""
+    df = pd.read_csv(ROOT / "reports/nvidia-h100/tree-dab8732/results.csv")  # real GPU rows, one per case and impl
+    assert len(latest(df)) == len(df)
+    w = winners(df)
+    case = w[~w.tie].iloc[0]
+    old = df[(df.op == case["op"]) & (df.problem == case["problem"]) & (df.dtype == case["dtype"])
+             & (df["mode"] == case["mode"]) & (df.impl == case["winner"])]
+    slower = old.assign(timestamp=old.timestamp + 1, gbps=old.gbps / 100,
+                        **{c: old[c] * 100 for c in ("caller_us", "p20_us", "p50_us", "p80_us")})
+    resumed = pd.concat([df, slower], ignore_index=True)
+    assert winners(latest(resumed)).set_index(["op", "problem", "dtype", "mode"]).loc[
+        (case["op"], case["problem"], case["dtype"], case["mode"])].winner != case["winner"]
+    csv = tmp_path / "resumed.csv"
+    resumed.to_csv(csv, index=False)
+    out = tmp_path / "report"
+    assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
+    assert f"; {len(df)} measurements;" in (out / "README.md").read_text()
+    assert (out / f"{case['op']}-gbps.png").stat().st_size > 0

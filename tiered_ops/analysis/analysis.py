@@ -12,6 +12,22 @@ from ..registry import DTYPES, GRAD_MODES
 from ..store.rows import PRUNED, UNGATED, caller_range, contended, overlap
 from ..tiers.catalog import get_op
 
+# A measured case: one row per implementation of it in ``latest``.
+CASE = ["device_key", "op", "problem", "dtype", "mode", "context"]
+
+
+def with_context(df: pd.DataFrame) -> pd.DataFrame:
+    """Results without a ``context`` column (or with an empty cell) were measured in the eager context."""
+    ctx = df["context"].fillna("eager") if "context" in df.columns else "eager"
+    return df.assign(context=ctx)
+
+
+def latest(df: pd.DataFrame) -> pd.DataFrame:
+    """The newest row per (device, op, impl, problem, dtype, mode, context): CSV order, then timestamp. A store
+    resumed after a source changed holds the stale rows of a case beside the fresh ones; every view reads this."""
+    df = with_context(df).reset_index(drop=True).assign(_order=lambda d: range(len(d)))
+    return df.sort_values(["timestamp", "_order"]).groupby([*CASE, "impl"], sort=False).tail(1).drop(columns="_order")
+
 
 def unchecked(df: pd.DataFrame) -> pd.Series:
     """Per row, "not gated" or "pruned" where the row was timed but its gate never ran (a sweep gates a compiled tier

@@ -32,11 +32,10 @@ import pandas as pd
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
 from ..tiers.catalog import get_op
-from .analysis import unchecked
+from .analysis import CASE, latest, unchecked, with_context
 from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
 
 COMPILER_TIERS = ("compile", "triton")
-CASE = ["device_key", "op", "problem", "dtype", "mode", "context"]
 
 
 @dataclass
@@ -55,18 +54,6 @@ class Finding:
     @property
     def fails(self) -> bool:
         return self.kind in ("stale", "broken", "loses", "ties", "no-evidence")
-
-
-def _with_context(df: pd.DataFrame) -> pd.DataFrame:
-    """Results without a ``context`` column (or with an empty cell) were measured in the eager context."""
-    ctx = df["context"].fillna("eager") if "context" in df.columns else "eager"
-    return df.assign(context=ctx)
-
-
-def _latest(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest row per (device, op, impl, problem, dtype, mode, context): CSV order, then timestamp."""
-    df = df.reset_index(drop=True).assign(_order=lambda d: range(len(d)))
-    return df.sort_values(["timestamp", "_order"]).groupby([*CASE, "impl"], sort=False).tail(1)
 
 
 def _num(v: object) -> float | None:
@@ -91,21 +78,21 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
     not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), and the
     compiler-tier implementations it was compared with."""
-    df = _with_context(df)
+    df = with_context(df)
     specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
     m = margins()["cuda"]
-    latest = _latest(df)
+    newest = latest(df)
     # The compiler tiers' rivals: each one timed, correct or never gated (a sweep times them before their gate and
     # gates them only where a choice would take them), so a CUDA kernel is measured against them all.
-    rival = latest.caller_us.notna() & ((latest.ok == 1) | unchecked(latest).notna())
-    comp = latest[rival & latest.tier.isin(COMPILER_TIERS)]
+    rival = newest.caller_us.notna() & ((newest.ok == 1) | unchecked(newest).notna())
+    comp = newest[rival & newest.tier.isin(COMPILER_TIERS)]
     best = comp.loc[comp.groupby(CASE, sort=False).caller_us.idxmin()].set_index(CASE) if len(comp) else None
     timed = comp.groupby(CASE, sort=False).impl.agg(lambda s: ",".join(sorted(s))) if len(comp) else {}
     out = []
     for spec in specs:
         for impl in (i for i in spec.impls.values() if i.tier == Tier.CUDA):
-            mine = latest[(latest.op == spec.name) & (latest.impl == impl.name)
-                          & (latest.source_hash == impl.source_hash)]
+            mine = newest[(newest.op == spec.name) & (newest.impl == impl.name)
+                          & (newest.source_hash == impl.source_hash)]
             for r in mine.itertuples():
                 rows, n = rows_and_len(spec.name, r.problem)
                 key = tuple(getattr(r, k) for k in CASE)
@@ -204,15 +191,15 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
     territories = list(TERRITORIES if territories is None else territories)
     retired = RETIRED if retired is None else retired
     validate(territories, retired)
-    df = _with_context(df)
+    df = with_context(df)
     if specs is None:
         specs = [get_op(o) for o in dict.fromkeys([*df.op, *(t.op for t in territories)])]
     names = {s.name for s in specs}
     territories = [t for t in territories if t.op in names]
-    latest = _latest(df)
+    newest = latest(df)
     judged = cases(df, specs)
     devices = list(dict.fromkeys(df.device_key))
-    out: list[Finding] = [f for spec in specs for f in _stale(latest, spec)]
+    out: list[Finding] = [f for spec in specs for f in _stale(newest, spec)]
     placed = pd.Series(False, index=judged.index)
     measured_ops = set(df.op)
     for t in territories:
@@ -234,8 +221,8 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
                                f"{t.op} in this evidence" + (f"; declared on: {t.claimed}" if t.claimed else ""),
                                t.name))
             continue
-        stale = latest[(latest.op == t.op) & (latest.impl == t.impl)
-                       & (latest.source_hash != get_op(t.op).impls[t.impl].source_hash)]
+        stale = newest[(newest.op == t.op) & (newest.impl == t.impl)
+                       & (newest.source_hash != get_op(t.op).impls[t.impl].source_hash)]
         stale_inside = sum(t.contains(*rows_and_len(t.op, r.problem), r.dtype, r.mode, r.context, r.problem)
                            for r in stale.itertuples())
         out.append(_held(t, inside, devices, stale_inside))

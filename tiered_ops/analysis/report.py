@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..store.store import COLUMN_NAMES
-from .analysis import decisions, winners
+from .analysis import decisions, latest, winners
 from .targets import render as render_targets
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
@@ -239,6 +239,8 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
         df[cols].to_csv(csv, index=False)
         written.append(csv)
     readme = out / "README.md"
+    df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
+    again = latest(again) if again is not None else None
     text = markdown(df, metas, command, rendered_by, again)
     if targets_spec is not None:
         t = targets or {}
@@ -252,6 +254,7 @@ def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
     """``reports/README.md``: per (op, problem, dtype, mode) the winner on each GPU, where they differ, and the
     speed ratio between GPUs (winner's time on the first GPU over the other's); a "what we learned" section
     computed from the same tables."""
+    frames = {g: latest(df) for g, df in frames.items()}
     names = list(frames)
     wins = {g: winners(df).set_index(["op", "problem", "dtype", "mode"]) for g, df in frames.items()}
     keys = [k for k in wins[names[0]].index if all(k in w.index for w in wins.values())]
