@@ -26,7 +26,9 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
     """The newest row per (device, op, impl, problem, dtype, mode, context): CSV order, then timestamp. A store
     resumed after a source changed holds the stale rows of a case beside the fresh ones; every view reads this."""
     df = with_context(df).reset_index(drop=True).assign(_order=lambda d: range(len(d)))
-    return df.sort_values(["timestamp", "_order"]).groupby([*CASE, "impl"], sort=False).tail(1).drop(columns="_order")
+    order = [c for c in ("timestamp", "_order") if c in df.columns]  # a hand-made frame may have no timestamps
+    keys = [c for c in (*CASE, "impl") if c in df.columns]
+    return df.sort_values(order).groupby(keys, sort=False, dropna=False).tail(1).drop(columns="_order")
 
 
 def unchecked(df: pd.DataFrame) -> pd.Series:

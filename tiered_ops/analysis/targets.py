@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from .analysis import latest
+
 LABELS = {"eager": "eager", "compile": "torch.compile", "triton": "Triton", "cuda": "CUDA", "peer": "the peers"}
 KINDS: dict[str, tuple[str, ...]] = {  # each kind of target and the keys its entry must carry
     "copy_fraction": ("mode", "min_bytes", "ours", "compare", "at_least"),
@@ -190,7 +192,7 @@ def render(results: pd.DataFrame, spec: dict[str, Any], grid: pd.DataFrame | Non
            picks: pd.DataFrame | None = None, dispatch: pd.DataFrame | None = None) -> str:
     """The targets of ``spec`` as Markdown, each with its figure and met / NOT met; a target measured by
     ``targets --live`` (dispatch, regret) appears when its measurements are given."""
-    df = results.copy()
+    df = latest(results)  # each case's newest row per implementation (a resumed sweep keeps the stale ones too)
     df["shape"] = df.problem.map(_short)
     df["bytes"] = df.gbps * df.p50_us * 1e3
     lines = [f"## {spec.get('title', 'Speed targets')}"]
