@@ -50,3 +50,28 @@ def test_a_peer_s_source_hash_covers_its_installed_files_and_nothing_when_absent
 
     assert peers._package_files("pandas", ("__init__", "no_such_module")) == (Path(pandas.__file__),)
     assert peers._package_files("no_such_package_here", ("x",)) == ()
+
+
+def test_a_sweep_where_a_peer_is_not_installed_keeps_its_earlier_rows(private_store, monkeypatch):
+    """A sweep resumed on a machine without a peer's package keeps the peer's rows measured where it was installed
+    instead of storing "not installed" rows over them; where nothing of it is stored, the reason is stored as before."""
+    from tiered_ops.measure.fingerprint import fingerprint
+    from tiered_ops.measure.measure import base_row
+    from tiered_ops.store.store import Store
+    from tiered_ops.sweep.bench import sweep
+
+    cpu = torch.device("cpu")
+    spec = get_op("softmax")
+    monkeypatch.setattr(spec, "impls", {k: spec.impls[k] for k in ("eager", "liger")})
+    kept, fresh = spec.problem((8, 64)), spec.problem((4, 32))
+    store = Store(private_store)
+    earlier = dict(base_row(spec, spec.impls["liger"], kept, torch.float32, "fwd_nograd", fingerprint(cpu)),
+                   ok=1, p20_us=9.0, p50_us=10.0, p80_us=11.0, caller_us=10.0, source_hash="installed")
+    store.add([earlier])
+    said = []
+    sweep([spec], {"softmax": [kept, fresh]}, [torch.float32], cpu, store, progress=False, log=said.append,
+          modes=["fwd_nograd"], cost_metadata=False)
+    liger = [r for r in store.rows(op="softmax", impl="liger")]
+    assert [(r["problem"], r["ok"]) for r in liger if r["problem"] == str(kept)] == [(str(kept), 1)]
+    assert [r["reason"] for r in liger if r["problem"] == str(fresh)] == ["unavailable: runs on cuda only, not cpu"]
+    assert any("liger: runs on cuda only, not cpu; its rows stored where it was installed are kept" in s for s in said)

@@ -26,7 +26,7 @@ from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, keep_edges, meas
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
-from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem
+from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem, Tier
 from ..store.rows import contended, waits_for_gate
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
@@ -49,6 +49,16 @@ def _fresh(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dev
                 not contended(r) or r["timestamp"] >= busy_since):
             out[r["impl"]] = r
     return out
+
+
+def _kept_peer_row(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device_key: str,
+                   mode: str) -> dict | None:
+    """A peer's newest row of a case measured where it was installed: a sweep on a machine without it keeps that row
+    rather than storing a newer "not installed" one over it."""
+    rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
+                      impl=impl.name)
+    kept = [r for r in rows if not str(r.get("reason") or "").startswith("unavailable:")]
+    return kept[-1] if kept else None
 
 
 # The choices a sweep's report shows: where one of them would name a candidate timed without its gate, the gate runs.
@@ -198,11 +208,20 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         # a contended row taken since this sweep started is from a sweep running beside it
         busy_since = wall_start
         shared_busy = 0  # contended rows another sweep stored while this one ran, taken as they are
+        peers_kept: set[str] = set()  # peers not installed here whose earlier rows are kept
 
         def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl,
                  bar: tuple[float, str] | None = None, waited: bool = False) -> tuple[dict | None, bool]:
             """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it. ``waited``:
             another sweep held it earlier, so a contended row it stored since is taken as it is."""
+            if impl.tier == Tier.PEER and impl.why_not(device, dtype):
+                kept = _kept_peer_row(store, spec, impl, problem, dtype, fp.key, mode)
+                if kept is not None:  # measured where the peer was installed: kept, not measured over
+                    if impl.name not in peers_kept:
+                        peers_kept.add(impl.name)
+                        say(f"{impl.name}: {impl.why_not(device, dtype)}; its rows stored where it was installed are "
+                            "kept, not measured again")
+                    return kept, False
             key = (spec.name, impl.name, str(problem), DTYPE_NAMES[dtype], mode, fp.key, impl.source_hash)
             if not store.claim(key, ttl):
                 return None, False
