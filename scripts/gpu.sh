@@ -125,9 +125,10 @@ PY
         run_for "$(left)" $PY -m pytest tests/test_call_key.py -q -rfE -p no:cacheprovider 2>&1 \
           | tee "$OUT/pytest_call_key.log" | tail -3
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-        # The unmarked tests that take another branch where there is a GPU (they read HAS_CUDA): -m gpu leaves them
-        # out, and the CPU suite runs their other branch.
-        mapfile -t branching < <(grep -l "HAS_CUDA" tests/test_*.py)
+        # The unmarked tests that take another branch where there is a GPU (they read HAS_CUDA, or run each tier on
+        # device_for(tier): the GPU here, the interpreter on the CPU): -m gpu leaves them out, and the CPU suite runs
+        # their other branch.
+        mapfile -t branching < <(grep -l -E "HAS_CUDA|device_for" tests/test_*.py)
         run_for "$(left)" $PY -m pytest -n 8 -m "not gpu" "${branching[@]}" --timeout=180 -q -rfE -p no:cacheprovider \
           2>&1 | tee "$OUT/pytest_cuda_branches.log" | tail -3
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
