@@ -78,10 +78,9 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
     not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), and the
     compiler-tier implementations it was compared with."""
-    df = with_context(df)
     specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
     m = margins()["cuda"]
-    newest = latest(df)
+    newest = latest(df)  # (with the eager context where a row names none)
     # The compiler tiers' rivals: each one timed, correct or never gated (a sweep times them before their gate and
     # gates them only where a choice would take them), so a CUDA kernel is measured against them all.
     rival = newest.caller_us.notna() & ((newest.ok == 1) | unchecked(newest).notna())

@@ -15,7 +15,7 @@ import torch
 from ..buckets import encode
 from ..environment import environment
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
-from ..store.rows import CONTENDED, PRUNED, WAITING, caller_range, pruned, usable
+from ..store.rows import CONTENDED, PRUNED, UNAVAILABLE, WAITING, caller_range, pruned, usable
 from ..store.store import Store
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
@@ -125,7 +125,7 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
-        row.update(reason=f"unavailable: {why}", env=environment())  # failures that may be the environment's
+        row.update(reason=UNAVAILABLE + why, env=environment())  # failures that may be the environment's
         return row
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()

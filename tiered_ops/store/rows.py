@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
+UNAVAILABLE = "unavailable: "  # the reason of a row of an implementation that cannot run here (package, device)
 CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
 # the reason of a row timed before its gate ran (background tuning gates a compiled tier only where it would be chosen):
 # not ok until a later row of it says the gate passed; never chosen while it says this

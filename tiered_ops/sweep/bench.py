@@ -27,7 +27,7 @@ from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import contended, waits_for_gate
+from ..store.rows import UNAVAILABLE, contended, waits_for_gate
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
 
@@ -57,7 +57,7 @@ def _kept_peer_row(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dty
     rather than storing a newer "not installed" one over it."""
     rows = store.rows(op=spec.name, problem=str(problem), dtype=DTYPE_NAMES[dtype], device_key=device_key, mode=mode,
                       impl=impl.name)
-    kept = [r for r in rows if not str(r.get("reason") or "").startswith("unavailable:")]
+    kept = [r for r in rows if not str(r.get("reason") or "").startswith(UNAVAILABLE)]
     return kept[-1] if kept else None
 
 
@@ -214,14 +214,13 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                  bar: tuple[float, str] | None = None, waited: bool = False) -> tuple[dict | None, bool]:
             """(row, measured here) under this sweep's claim; (None, False) while another sweep holds it. ``waited``:
             another sweep held it earlier, so a contended row it stored since is taken as it is."""
-            if impl.tier == Tier.PEER and impl.why_not(device, dtype):
-                kept = _kept_peer_row(store, spec, impl, problem, dtype, fp.key, mode)
-                if kept is not None:  # measured where the peer was installed: kept, not measured over
-                    if impl.name not in peers_kept:
-                        peers_kept.add(impl.name)
-                        say(f"{impl.name}: {impl.why_not(device, dtype)}; its rows stored where it was installed are "
-                            "kept, not measured again")
-                    return kept, False
+            absent = impl.why_not(device, dtype) if impl.tier == Tier.PEER else None
+            kept = _kept_peer_row(store, spec, impl, problem, dtype, fp.key, mode) if absent else None
+            if kept is not None:  # measured where the peer was installed: kept, not measured over
+                if impl.name not in peers_kept:
+                    peers_kept.add(impl.name)
+                    say(f"{impl.name}: {absent}; its rows stored where it was installed are kept, not measured again")
+                return kept, False
             key = (spec.name, impl.name, str(problem), DTYPE_NAMES[dtype], mode, fp.key, impl.source_hash)
             if not store.claim(key, ttl):
                 return None, False
