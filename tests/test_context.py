@@ -169,25 +169,3 @@ def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(privat
         torch.testing.assert_close(compiled(x), f(x))
     assert counters["stats"]["unique_graphs"] == 0  # no recompile
     assert {k[0] for k in decide._decisions} >= {"rms_norm", "softmax"}  # the first tune's decisions kept
-
-
-def test_asked_to_tune_a_compiled_caller_measures_inside_one_after_an_eager_decision(tmp_path, monkeypatch):
-    """An eager call decides every context at once, the compiled one from the traced tiers' rows without measuring
-    inside a compiled caller; select_backend(context="compiled", tune=True) then measures there and decides again,
-    while a plain compiled query keeps the cached decision (no measuring on the hot path)."""
-    monkeypatch.setenv("TIERED_OPS_DB", str(tmp_path / "compiled.sqlite"))
-    monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
-    store = decide.use_store(None)
-    try:
-        tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu")
-        cached = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu", context="compiled")
-        assert cached.record["unmeasured_context"] and "no compiled-context measurement" in cached.record["reason"]
-        assert not store.rows(op="gelu", context="compiled")
-        tuned = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu", context="compiled", tune=True)
-        assert "compiled caller (measured between pointwise ops" in tuned.record["reason"]
-        assert not tuned.record["unmeasured_context"]
-        assert {r["impl"] for r in store.rows(op="gelu", context="compiled") if r["ok"]} >= {"eager", "compile"}
-        again = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu", context="compiled")
-        assert again.record["reason"] == tuned.record["reason"]
-    finally:
-        decide.use_store(None)

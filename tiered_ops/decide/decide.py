@@ -104,20 +104,13 @@ def _landed(job: background.Job) -> None:
         new = job.unsaved()
         if new:
             _unsaved.append(new)
-        _forget(lambda r: _bucket_key(r) == job.key or str(r.get("tuning", "")).startswith(_FULL))
-
-
-def _bucket_key(record: dict) -> tuple:
-    return record.get("op"), record.get("bucket"), record.get("dtype"), record.get("device"), record.get("mode")
-
-
-def _forget(match: Callable[[dict], bool]) -> None:
-    """Drop every cached selection whose record ``match``es (the caller holds ``_lock``)."""
-    _hot.clear()  # learnt again from the Python keys kept
-    for cache in (_decisions, _calls, _selects):
-        for k, sel in list(cache.items()):
-            if match(sel.record):
-                cache.pop(k, None)
+        _hot.clear()  # learnt again from the Python keys kept
+        for cache in (_decisions, _calls, _selects):
+            for k, sel in list(cache.items()):
+                r = sel.record
+                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == job.key
+                        or str(r.get("tuning", "")).startswith(_FULL)):
+                    cache.pop(k, None)
 
 
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
@@ -228,10 +221,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     key = (spec.name, bucket, dtype, device, policy, calls, budget, mode, context)
     sel = _decisions.get(key)
     if sel is not None:
-        if not (tune and sel.record.get("unmeasured_context")):
-            return sel
-        with _lock:  # asked to tune: a compiled decision made without measuring inside a compiled caller is made again
-            _forget(lambda r, b=_bucket_key(sel.record): _bucket_key(r) == b)
+        return sel
     if torch.compiler.is_compiling():
         # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
         # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
@@ -306,8 +296,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                           context=ctx, policy=policy, budget=budget,
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
-                          chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands,
-                          unmeasured_context=ctx == "compiled" and not compiled)
+                          chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
             if provisional:
                 record["tuning"] = tuning
                 if job is not None and ctx == "eager":
