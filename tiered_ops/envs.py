@@ -66,3 +66,13 @@ def gate_bytes(device_type: str) -> int:
     64 MiB on the CPU, 4 GiB on a GPU); a larger row-wise problem is checked on a sample of its rows."""
     v = os.environ.get("TIERED_OPS_GATE_BYTES")
     return int(float(v)) if v else (64 << 20 if device_type == "cpu" else 4 << 30)
+
+
+def gate_helpers(device_type: str) -> int:
+    """TIERED_OPS_GATE_HELPERS: how many extra worker processes background tuning keeps on a device to split a gate's
+    edge checks with its measuring worker (each holds a CUDA context of its own). Default: on a GPU, a quarter of the
+    host's cores, at most 3; on the CPU none (they would take the cores that the CPU tiers run on)."""
+    v = os.environ.get("TIERED_OPS_GATE_HELPERS")
+    if v:
+        return max(0, int(v))
+    return min(3, (os.cpu_count() or 1) // 4) if device_type == "cuda" else 0

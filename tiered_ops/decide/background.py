@@ -30,16 +30,19 @@ import atexit
 import logging
 import os
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
+from .. import envs
 from ..measure.worker import Pool
 from ..registry import Impl, OpSpec, Problem
 from ..store.store import Store
 from ..tiers.catalog import all_ops
-from .bucket import CANDIDATE, GATE, LANDING, WORKER_START, Job, said_start, tune  # noqa: F401 (the log's keys)
+from .bucket import CANDIDATE, EDGE_SHARES, GATE, LANDING, WORKER_START, Job, said_start, tune  # noqa: F401 (log keys)
+from .helpers import Helpers
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +58,30 @@ class _Runner:
     def __init__(self) -> None:
         self.stopping = False
         self.pool: Pool | None = None
+        self.helpers: Helpers | None = None  # beside ``pool``, on its device: they share its gates' edge checks
         self.stores: dict[str, Store] = {}
         self.thread = threading.Thread(target=_run, args=(self,), name="tiered_ops-background-tuning", daemon=True)
 
     def close_pool(self) -> None:
         pool, self.pool = self.pool, None
+        helpers, self.helpers = self.helpers, None
         if pool is not None:
             pool.close()
+        if helpers is not None:
+            helpers.close()
 
     def pool_for(self, job: Job) -> Pool:
         """The worker pool that measures ``job`` (started where none runs)."""
         return _pool_for(self, job)
+
+    def helpers_for(self, job: Job) -> list[Pool]:
+        """The gate helpers up beside ``job``'s pool (none where it has none)."""
+        pool = _pool_for(self, job)
+        helpers = self.helpers if self.helpers is not None and pool is self.pool else None
+        if helpers is None:
+            return []
+        helpers.revive()
+        return helpers.ready()
 
     def requeue(self, job: Job) -> None:
         """Queue ``job`` again (its worker died during a candidate: a fresh one retries it), unless stopping."""
@@ -203,6 +219,11 @@ def _warm_next(me: _Runner, device: str) -> None:
         took = pool.start()
         if took is not None:
             said_start(None, pool, took)
+        if me.helpers is not None:  # started beside it: the first bucket's gate finds them up
+            t = time.perf_counter()
+            up = me.helpers.wait()
+            log.info("tiered_ops: background tuning: %d of %d gate helpers up on %s (%.1f s more)", up,
+                     len(me.helpers.pools), device, time.perf_counter() - t)
         outcome: float | str = took if took is not None else 0.0
     except RuntimeError as e:
         log.warning("tiered_ops: background tuning: %s", e)
@@ -265,6 +286,8 @@ def shutdown(timeout: float = 10.0) -> None:
     worker = runner.pool.worker if runner.pool is not None else None
     if worker is not None:
         worker.kill()  # the thread's wait for its reply ends now
+    if runner.helpers is not None:
+        runner.helpers.kill()
     if runner.thread is not threading.current_thread():
         runner.thread.join(timeout)
 
@@ -321,6 +344,8 @@ def _pool_on(me: _Runner, device: torch.device, extra: set[str], warm_up: bool =
     modules = sorted({s.reference.__module__ for s in all_ops()} | extra)
     if me.pool is None or me.pool.device != str(device) or not set(me.pool.modules) >= set(modules):
         me.close_pool()
-        me.pool = Pool(device, modules, TIMEOUT_S, warm_up=warm_up,
-                       log=lambda s: me.stopping or log.warning("tiered_ops: background tuning: %s", s))
+        say = lambda s: me.stopping or log.warning("tiered_ops: background tuning: %s", s)  # noqa: E731
+        n = envs.gate_helpers(device.type)
+        me.helpers = Helpers(str(device), modules, n, TIMEOUT_S, say) if n else None  # they start at once
+        me.pool = Pool(device, modules, TIMEOUT_S, warm_up=warm_up, log=say)
     return me.pool

@@ -14,11 +14,13 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, keep_edges, prune_bar, stored_edges
+from ..measure.gate import edge_checks
+from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key, keep_edges, prune_bar, stored_edges
 from ..measure.worker import Pool
-from ..registry import Impl, OpSpec, Problem, Tier
+from ..registry import GRAD_MODES, Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from .choice import GATED_LAST, _decide, gate_in_turn
+from .helpers import split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
 
@@ -68,6 +70,8 @@ class Runner(Protocol):
 
     def pool_for(self, job: Job) -> Pool: ...
 
+    def helpers_for(self, job: Job) -> list[Pool]: ...
+
     def requeue(self, job: Job) -> None: ...
 
     def queued(self) -> int: ...
@@ -77,6 +81,7 @@ CANDIDATE = "tiered_ops_candidate"  # the attribute of a candidate's log record 
 LANDING = "tiered_ops_landing"  # the attribute of a landing's log record: op, problem, impl, seconds, final
 WORKER_START = "(worker start)"  # the ``impl`` of the record that says how long the measurement worker took to start
 GATE = " (gate)"  # appended to a candidate's name in the record of its gate run after its timing (``_gate_winner``)
+EDGE_SHARES = " (edge checks)"  # ... and of its edge checks split over the gate helpers (``_split_edges``)
 # The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
 # choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
 _ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
@@ -183,6 +188,8 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
     def run_gate(impl: Impl, row: dict, named_by: str, waiting: dict[str, dict]) -> bool:
         t1 = time.perf_counter()
         edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
+        if edges is None:
+            edges = _split_edges(me, job, impl, store)
         reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, row, edges),
                                           f"{job} {impl.name} gate")
         timed = ", ".join(f"{n} {r['caller_us']:.1f} us" for n, r in sorted(waiting.items()))
@@ -203,6 +210,24 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
 
     return gate_in_turn(spec, lambda: _rows(job, store), run_gate, lambda r: _keep(job, store, r), job.dtype,
                         job.device, store, stopping=lambda: me.stopping)
+
+
+def _split_edges(me: Runner, job: Job, impl: Impl, store: Store | None) -> float | None:
+    """``impl``'s edge checks split over the worker and the gate helpers up beside it, run at once: their worst error
+    where all passed (recorded in the store as the gate's own pass would be), else None (none up, or a share failed:
+    the worker's gate then runs every check, one after another, and records why)."""
+    helpers = me.helpers_for(job)
+    if not helpers:
+        return None
+    spec, (op, _, dname, _, mode) = job.spec, job.key
+    t = time.perf_counter()
+    worst, said = split_edges(me.pool_for(job), helpers, ("edges", op, impl.name, dname, mode in GRAD_MODES),
+                              edge_checks(spec), f"{job} {impl.name} gate")
+    _say(job, impl.name + EDGE_SHARES, time.perf_counter() - t, None,
+         f"passed: {said}" if worst is not None else f"not passed ({said}): the gate runs them in the worker")
+    if worst is not None and store is not None:
+        store.put_edge_gate(edge_store_key(spec, impl, job.dtype, fingerprint(job.device), mode), worst)
+    return worst
 
 
 def _rows(job: Job, store: Store | None) -> list[dict]:

@@ -17,7 +17,7 @@ import inspect
 import logging
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -275,6 +275,34 @@ def edges_known(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
     _edge_results.setdefault(_edge_key(spec, impl, dtype, device, grad), (True, rel_error, None))
 
 
+def edge_checks(spec: OpSpec) -> int:
+    """How many checks ``check_edges`` numbers: one per edge problem, then the defaults' check at the first."""
+    return len(spec.edge_problems()) + 1
+
+
+def check_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
+                which: Iterable[int] | None = None) -> tuple[float, str | None]:
+    """The worst relative error over the edge checks numbered ``which`` (default: all, ``edge_checks``), in order,
+    stopping at the first failure: its error and why ("edge case: ..." or "defaults: ..."). ``gate`` runs them all;
+    background tuning splits them over several worker processes."""
+    edges = spec.edge_problems()
+    worst = 0.0
+    for i in range(len(edges) + 1) if which is None else which:
+        if i == len(edges):
+            err, why = check_defaults(spec, impl, edges[0], dtype, device, grad)
+            if why:
+                return err, f"defaults: {why}"
+            continue
+        err, why = check_one(spec, impl, edges[i], dtype, device, seed=len(edges[i].shape), grad=grad)
+        if why and impl.tier == Tier.PEER and "NotImplementedError" in why:
+            continue  # a case the peer declares it does not cover (e.g. a non-last softmax dim); a wrong answer
+            # or any other error still fails it
+        if why:
+            return err, f"edge case: {why}"
+        worst = max(worst, err)
+    return worst, None
+
+
 def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
          grad: bool = False) -> tuple[float, str | None]:
     """Worst relative error over the seeds at ``problem`` and the edge problems (and ``check_defaults`` at the first
@@ -283,19 +311,8 @@ def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate)."""
     key = _edge_key(spec, impl, dtype, device, grad)
     if key not in _edge_results:
-        worst = 0.0
-        for edge in spec.edge_problems():
-            err, why = check_one(spec, impl, edge, dtype, device, seed=len(edge.shape), grad=grad)
-            if why and impl.tier == Tier.PEER and "NotImplementedError" in why:
-                continue  # a case the peer declares it does not cover (e.g. a non-last softmax dim); a wrong answer
-                # or any other error still fails it
-            worst = max(worst, err)
-            if why:
-                _edge_results[key] = (False, err, f"edge case: {why}")
-                break
-        else:
-            err, why = check_defaults(spec, impl, spec.edge_problems()[0], dtype, device, grad)
-            _edge_results[key] = (True, worst, None) if why is None else (False, err, f"defaults: {why}")
+        worst, why = check_edges(spec, impl, dtype, device, grad)
+        _edge_results[key] = (why is None, worst, why)
     ok, worst, why = _edge_results[key]
     if not ok:
         return worst, why

@@ -167,10 +167,17 @@ class Pool:
             start_timeout_s
         self.log, self.worker, self.info, self.started = log, None, None, 0
         self.warm_up = warm_up  # the first worker's start also compiles a tiny function (Inductor, Triton): see _do
+        self._spawned: Worker | None = None
+
+    def spawn(self) -> None:
+        """Start the worker's process without waiting for its answer (``start`` waits): it is the calling thread's
+        child, and dies with that thread (``PR_SET_PDEATHSIG``), so spawn from a thread that lives as long as it."""
+        if self.worker is None and self._spawned is None:
+            self._spawned = Worker(self.device, self.modules)
 
     def _ready(self) -> Worker:
         if self.worker is None:
-            w = Worker(self.device, self.modules)
+            w, self._spawned = self._spawned or Worker(self.device, self.modules), None
             self.started += 1
             try:
                 self.info = w.call(("hello", self.warm_up and self.started == 1), self.start_timeout_s)[0]
@@ -221,6 +228,9 @@ class Pool:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        spawned, self._spawned = self._spawned, None
+        if spawned is not None:
+            spawned.close()
 
     def close(self) -> None:
         self._drop()
@@ -363,6 +373,12 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         _, op, impl, problem, dtype, mode, row, *edges = task  # edges: a pass the store recorded, when any
         spec = OPS[op]
         return gate_row(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, dict(row), *edges)
+    if kind == "edges":  # a share of an implementation's edge checks (gate.check_edges): (worst error, why)
+        from .gate import check_edges
+
+        _, op, impl, dtype, grad, which = task
+        spec = OPS[op]
+        return check_edges(spec, spec.impls[impl], DTYPES[dtype], device, grad, which)
     if kind == "meta":
         from .meta import collect
 
