@@ -302,7 +302,9 @@ def test_set_tuning_takes_the_modes_and_refuses_others(monkeypatch):
         select.set_tuning("sometimes")
 
 
-def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path):
+@pytest.mark.parametrize("helpers", ["0", "1"])
+def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path, helpers):
+    """With a gate helper beside the worker too: neither outlives the script."""
     db = tmp_path / "exit.sqlite"
     script = textwrap.dedent("""
         import time, torch, tiered_ops
@@ -316,17 +318,20 @@ def test_an_exiting_process_keeps_what_was_stored_and_leaves_no_worker(tmp_path)
         deadline = time.monotonic() + 120
         while background.pending() > 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        print("worker", background._s.runner.pool.info["pid"], "pending", background.pending(), flush=True)
+        h = background._s.runner.helpers
+        print("worker", background._s.runner.pool.info["pid"], "pending", background.pending(), "helpers",
+              0 if h is None else sum(p.worker is not None or p._spawned is not None for p in h.pools), flush=True)
     """)
     tag = f"bg-exit-{os.getpid()}"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, TIERED_OPS_TUNE="background", TIERED_OPS_DB=str(db),
-                                TIERED_OPS_TEST_TAG=tag))
+                                TIERED_OPS_TEST_TAG=tag, TIERED_OPS_GATE_HELPERS=helpers))
     assert r.returncode == 0, r.stderr[-3000:]
     words = r.stdout.split()
     pid, left = int(words[words.index("worker") + 1]), int(words[words.index("pending") + 1])
     assert left >= 1, r.stdout  # exited with a bucket queued or being measured
+    assert words[words.index("helpers") + 1] == helpers, r.stdout  # the helper processes it had
     assert time.monotonic() - t0 < 120
     rows = Store(db).rows(op="softmax")
     assert {(r["bucket"], r["impl"]) for r in rows} >= {("[4,64,true]", "eager"), ("[4,64,true]", "triton")}, rows

@@ -69,11 +69,9 @@ class Helpers:
             self._start(i)
 
     def kill(self) -> None:
-        """Kill every helper's worker now (``shutdown``: a share in flight ends at once)."""
+        """Kill every helper's worker now, started or still starting (``shutdown``: a share in flight ends at once)."""
         for p in self.pools:
-            w = p.worker
-            if w is not None:
-                w.kill()
+            p.kill()
 
     def close(self) -> None:
         with self._lock:

@@ -235,6 +235,12 @@ class Pool:
     def close(self) -> None:
         self._drop()
 
+    def kill(self) -> None:
+        """Kill its worker now, answered or only spawned (a task in flight on another thread ends at once)."""
+        for w in (self.worker, self._spawned):
+            if w is not None:
+                w.kill()
+
     def __enter__(self) -> Pool:
         return self
 
