@@ -283,9 +283,8 @@ def shutdown(timeout: float = 10.0) -> None:
         log.info("tiered_ops: background tuning stopped with %d bucket(s) still queued (not measured)", dropped)
     if runner is None:
         return
-    worker = runner.pool.worker if runner.pool is not None else None
-    if worker is not None:
-        worker.kill()  # the thread's wait for its reply ends now
+    if runner.pool is not None:
+        runner.pool.kill()  # the thread's wait for its reply ends now
     if runner.helpers is not None:
         runner.helpers.kill()
     if runner.thread is not threading.current_thread():
