@@ -85,19 +85,10 @@ def test_public_op_compiles_fullgraph_on_gpu(private_store, op, tier):
     _compiled_public_op(private_store, op, tier, full_compile=True)
 
 
-def _xfail_fp64_eps(request: pytest.FixtureRequest, op: str, tier: str) -> None:
-    """Inductor passes a user kernel's Python float arguments as fp64: rsqrt(mean + eps) in rms_norm's Triton backward
-    is then fp64 and its fp32 dw accumulator is re-assigned fp64, a compile error (strict: passes once the kernels take
-    eps in fp32)."""
-    if HAS_CUDA and (op, tier) == ("rms_norm", "triton"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="eps typed fp64 by Inductor"))
-
-
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("tier", ["triton", pytest.param("cuda", marks=gpu)])
-def test_training_step_compiles_fullgraph_through_registered_backward(request, private_store, op, tier):
+def test_training_step_compiles_fullgraph_through_registered_backward(private_store, op, tier):
     # on the CPU inductor cannot build the interpreter's kernels: dynamo's trace (explain) is checked there
-    _xfail_fp64_eps(request, op, tier)
     _compiled_public_op(private_store, op, tier, full_compile=HAS_CUDA, train=True)
 
 
@@ -105,10 +96,9 @@ def test_training_step_compiles_fullgraph_through_registered_backward(request, p
 @pytest.mark.parametrize("form", [dict(cast_before_weight=True), dict(weight_offset=1.0)], ids=["llama", "gemma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tier", ["triton", pytest.param("cuda", marks=gpu)])
-def test_hf_norm_forms_train_compiled_through_the_registered_backward(request, private_store, op, form, dtype, tier):
+def test_hf_norm_forms_train_compiled_through_the_registered_backward(private_store, op, form, dtype, tier):
     """The Hugging Face forms (the patched models' norms) in a compiled training step: on a GPU, Inductor builds the
     tier's forward and backward kernels of that form; on the CPU, dynamo's trace is checked."""
-    _xfail_fp64_eps(request, op, tier)
     _compiled_public_op(private_store, op, tier, full_compile=HAS_CUDA, train=True, params=form, dtype=dtype)
 
 

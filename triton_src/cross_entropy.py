@@ -33,6 +33,7 @@ REDUCTIONS = ("mean", "sum", "none")
 @triton.jit
 def _ce_fwd(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, stride, ignore_index, smoothing, BLOCK_V: tl.constexpr,
             SMOOTH: tl.constexpr):
+    smoothing = tl.cast(smoothing, tl.float32)  # Inductor passes float arguments as fp64
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     if t == ignore_index:
@@ -68,6 +69,7 @@ def _ce_fwd(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, stride, ignore_index, smoot
 @triton.jit
 def _ce_bwd(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, stride, ignore_index, smoothing,
             BLOCK_V: tl.constexpr):
+    smoothing = tl.cast(smoothing, tl.float32)  # Inductor passes float arguments as fp64
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     cols = tl.arange(0, BLOCK_V)

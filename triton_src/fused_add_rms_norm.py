@@ -44,6 +44,7 @@ BWD = "fused_add_rms_norm_bwd_triton"
 def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows, n_cols, eps, w_offset,
                              HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr,
                              CAST: tl.constexpr):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
@@ -64,6 +65,7 @@ def _fused_add_rms_norm_rows(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_rows
 @triton.jit
 def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_cols, eps, w_offset,
                                HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr, CAST: tl.constexpr):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     row = tl.program_id(0).to(tl.int64)
     base = row * n_cols
     cols = tl.arange(0, BLOCK_N)
@@ -94,6 +96,7 @@ def _fused_add_rms_norm_looped(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, rstd_ptr, n_co
 def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, pw_ptr, n_rows, n_cols, w_offset,
                                  HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                                  OFFSET: tl.constexpr):
+    w_offset = tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     # A persistent program: the row tiles pid, pid + programs, ...; dx tile by tile, and with a weight its tiles' sum
     # of dy * s * r in registers, stored as the program's row of the (programs, n) fp32 dw partials.
     pid = tl.program_id(0)
@@ -122,6 +125,7 @@ def _fused_add_rms_norm_bwd_rows(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr,
 @triton.jit
 def _fused_add_rms_norm_bwd_looped(dy_ptr, ds_ptr, s_ptr, w_ptr, rstd_ptr, dx_ptr, pw_ptr, c_ptr, n_rows, n_cols,
                                    w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr):
+    w_offset = tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     # A persistent program over the rows pid, pid + programs, ... longer than one block: first each row's
     # c = r^2 mean(g * s) (into c_ptr), then block of columns by block of columns, dx of every row and (with a weight)
     # the rows' sum of dy * s * r in registers, stored into the program's row of the partials.

@@ -38,6 +38,7 @@ from .norm_grads import MAX_FUSED_BWD, GradsPlan, partials, persistent_programs,
 @triton.jit
 def _layer_norm_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps, HAS_W: tl.constexpr,
                      HAS_B: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # Inductor passes float arguments as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
@@ -59,6 +60,7 @@ def _layer_norm_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_c
 @triton.jit
 def _layer_norm_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, HAS_W: tl.constexpr,
                        HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # Inductor passes float arguments as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)

@@ -90,6 +90,7 @@ def check_dy(op: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
 @triton.jit
 def _rms_norm_rows(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
                    ROWS: tl.constexpr, OFFSET: tl.constexpr = False, CAST: tl.constexpr = False):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     offs, mask = _rows_tile(rows, cols, n_rows, n_cols)
@@ -107,6 +108,7 @@ def _rms_norm_rows(x_ptr, w_ptr, y_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl
 @triton.jit
 def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, w_offset, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
                      OFFSET: tl.constexpr = False, CAST: tl.constexpr = False):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n_cols
     y_row = y_ptr + row * n_cols
@@ -131,6 +133,7 @@ def _rms_norm_looped(x_ptr, w_ptr, y_ptr, n_cols, eps, w_offset, HAS_W: tl.const
 def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, pw_ptr, n_rows, n_cols, eps, w_offset, HAS_W: tl.constexpr,
                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, OFFSET: tl.constexpr = False,
                        HF: tl.constexpr = False):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     # A persistent program: the row tiles pid, pid + programs, ...; dx tile by tile, and with a weight its tiles' sum
     # of dy * x * r in registers, stored as the program's row of the (programs, n) fp32 dw partials.
     pid = tl.program_id(0)
@@ -163,6 +166,7 @@ def _rms_norm_bwd_rows(dy_ptr, x_ptr, w_ptr, dx_ptr, pw_ptr, n_rows, n_cols, eps
 def _rms_norm_bwd_looped(dy_ptr, x_ptr, w_ptr, dx_ptr, pw_ptr, stats_ptr, n_rows, n_cols, eps, w_offset,
                          HAS_W: tl.constexpr, BLOCK_N: tl.constexpr, OFFSET: tl.constexpr = False,
                          HF: tl.constexpr = False):
+    eps, w_offset = tl.cast(eps, tl.float32), tl.cast(w_offset, tl.float32)  # Inductor passes float arguments as fp64
     # A persistent program over the rows pid, pid + programs, ... longer than one block: first each row's r and
     # c = r^2 mean(g * x) (two floats a row in stats_ptr), then block of columns by block of columns, dx of every row
     # and (with a weight) the rows' sum of dy * x * r in registers, stored into the program's row of the partials.
