@@ -8,9 +8,15 @@
 // Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
+// v3 — rows too long for registers (Hopper, 16-byte aligned rows of a multiple of 16 bytes): a thread-block cluster
+// of 2 to 8 blocks per row, each block holding its share of the row in shared memory (cp.async, eight chunks in
+// flight), the blocks' (max, sum) combined through distributed shared memory: 1 read + 1 write for rows of up to
+// 8 x ~220 KB. v1 does the rest, and any GPU without clusters.
 // Backward: dx = y * (dy - sum(dy * y)); block per row, reads y and dy twice (the second time from L1/L2 for
 // rows up to ~100 KB), writes dx once.
 #include "common.cuh"
+
+#include <cooperative_groups.h>
 
 namespace tiered_ops {
 
@@ -74,15 +80,196 @@ __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict
   });
 }
 
+// ---- v3: a cluster per row ----
+constexpr int kClusterThreads = 512;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Row r of the grid's clusters; each block of the cluster (rank k) holds packs [k * share, (k + 1) * share) of it.
+// Each thread copies, reads and writes only its own packs (j = tid, tid + blockDim, ...), so its cp.async waits
+// are all the ordering pass 1 needs; the cluster barriers order the blocks' (max, sum) exchange.
+template <typename T>
+__global__ void __launch_bounds__(kClusterThreads) softmax_v3_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                     int64_t rows, int64_t n, int share) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int V = Pack<T>::N;
+  constexpr int kChunksInFlight = 8;  // cp.async chunks of blockDim packs each thread keeps outstanding
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Pack<T>* buf = reinterpret_cast<Pack<T>*>(smem_raw);
+  __shared__ float red[32];
+  __shared__ float2 stat;  // this block's (max, sum of exp(x - max)), read by the cluster's blocks
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cs = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t npacks = n / V, p0 = (int64_t)rank * share;
+  const int cnt = (int)max((int64_t)0, min((int64_t)share, npacks - p0));
+  const int chunks = (cnt + nt - 1) / nt;
+  for (int64_t r = blockIdx.x / cs; r < rows; r += gridDim.x / cs) {
+    const Pack<T>* src = reinterpret_cast<const Pack<T>*>(x + r * n) + p0;
+    auto issue = [&](int c) {
+      const int j = c * nt + tid;
+      if (c < chunks && j < cnt) cp_async16(buf + j, src + j);
+      cp_async_commit();  // an empty group where there is nothing to copy: the wait counts stay uniform
+    };
+#pragma unroll
+    for (int c = 0; c < kChunksInFlight; ++c) issue(c);
+    float m = -INFINITY, s = 0.f;  // this thread's running max and sum of exp(x - m)
+    for (int c = 0; c < chunks; ++c) {
+      cp_async_wait<kChunksInFlight - 1>();  // chunk c (this thread's copy of it) has landed
+      const int j = c * nt + tid;
+      if (j < cnt) {
+        const Pack<T> q = buf[j];
+        float mx = to_f(q.v[0]);
+        bool nan = false;
+#pragma unroll
+        for (int k = 0; k < V; ++k) mx = fmaxf(mx, to_f(q.v[k])), nan |= to_f(q.v[k]) != to_f(q.v[k]);
+        if (nan) s = NAN;  // fmaxf drops NaN; a NaN sum makes the whole row NaN, as in torch
+        const float m_new = fmaxf(m, mx);
+        if (m_new != -INFINITY) {
+          s *= __expf(m - m_new);
+#pragma unroll
+          for (int k = 0; k < V; ++k) s += __expf(to_f(q.v[k]) - m_new);
+          m = m_new;
+        }
+      }
+      issue(c + kChunksInFlight);
+    }
+    cp_async_wait<0>();
+    const float mb = block_max(m, red);
+    const float sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
+    if (tid == 0) stat = make_float2(mb, sb);
+    cluster.sync();  // every block's stat is written and visible to the cluster
+    float mr = -INFINITY;
+    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat, k)->x);
+    float sr = 0.f;
+    for (int k = 0; k < cs; ++k) {
+      const float2 o = *cluster.map_shared_rank(&stat, k);
+      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+    }
+    cluster.sync();  // every block has read the stats: they may be written again, or the block may exit
+    const float inv = 1.f / sr;
+    Pack<T>* dst = reinterpret_cast<Pack<T>*>(y + r * n) + p0;
+    for (int j = tid; j < cnt; j += nt) {
+      const Pack<T> q = buf[j];
+      Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = from_f<T>(__expf(to_f(q.v[k]) - mr) * inv);
+      dst[j] = o;
+    }
+  }
+#endif
+}
+
+// The cluster plan of rows of n elements of T: its size (0: v3 does not apply) and the packs per block.
+struct ClusterPlan {
+  int size = 0, share = 0;
+  size_t smem = 0;
+};
+
+struct DeviceFacts {
+  int sms = 0, smem_optin = 0, major = 0;
+};
+
+static DeviceFacts device_facts() {
+  static DeviceFacts facts[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {};
+  DeviceFacts& f = facts[dev];
+  if (f.sms == 0) {  // a benign race: every thread computes the same facts
+    DeviceFacts g;
+    cudaDeviceGetAttribute(&g.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&g.major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, dev);
+    f = g;
+  }
+  return f;
+}
+
+// The smallest cluster whose blocks' shares fit two blocks an SM (loads of one overlap the other's math), else one
+// an SM; a cluster of 8 where the rows are too few to fill the GPU otherwise.
+static ClusterPlan cluster_plan(int64_t rows, int64_t n, int V, bool aligned) {
+  ClusterPlan p;
+  const DeviceFacts f = device_facts();
+  if (f.major < 9 || !aligned || n % V != 0) return p;
+  const int64_t npacks = n / V, reserve = 1024;  // static shared memory and the runtime's share
+  const int64_t two = (f.smem_optin / 2 - reserve) / 16, one = (f.smem_optin - reserve) / 16;  // packs a block holds
+  for (const int64_t fit : {two, one}) {
+    for (int cs = 2; cs <= 8 && !p.size; cs *= 2)
+      if ((npacks + cs - 1) / cs <= fit) p.size = cs;
+    if (p.size) break;
+  }
+  if (!p.size) return p;
+  if (rows * p.size < f.sms && (npacks + 7) / 8 >= kClusterThreads) p.size = 8;
+  p.share = (int)((npacks + p.size - 1) / p.size);
+  p.smem = (size_t)p.share * 16;
+  return p;
+}
+
+template <typename T>
+static cudaError_t launch_softmax_v3(const T* x, T* y, int64_t rows, int64_t n, const ClusterPlan& p,
+                                     cudaStream_t stream) {
+  auto kernel = softmax_v3_kernel<T>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = rows * p.size;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff / p.size * p.size));
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = p.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)p.size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, x, y, rows, n, p.share);
+}
+
+// Whether clusters of this plan can be resident at all (a GPU partition too small for them cannot): asked again
+// only when the device or the plan changes.
+template <typename T>
+static bool cluster_fits(const ClusterPlan& p) {
+  struct Known { int size = 0; size_t smem = 0; bool fits = false; };
+  static Known known[64];  // per device: the last plan asked about (a benign race: the same answer either way)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  Known& k = known[dev];
+  if (k.size != p.size || k.smem != p.smem) {
+    auto kernel = softmax_v3_kernel<T>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p.size), cfg.blockDim = dim3(kClusterThreads), cfg.dynamicSmemBytes = p.smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)p.size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    int clusters = 0;
+    const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem) ==
+                        cudaSuccess &&
+                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // a refused query leaves no error behind for the next launch to report
+    k = Known{p.size, p.smem, ok};
+  }
+  return k.fits;
+}
+
 template <typename T>
 static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
-  const RowsConfig c = rows_config(rows, n, V, aligned16(x) && aligned16(y));
+  const bool aligned = aligned16(x) && aligned16(y);
+  const RowsConfig c = rows_config(rows, n, V, aligned);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P,
                           softmax_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(x, y, rows, (int)n, c.tpr));
     return cudaGetLastError();
   }
+  const ClusterPlan p = cluster_plan(rows, n, V, aligned);
+  if (p.size && cluster_fits<T>(p)) return launch_softmax_v3(x, y, rows, n, p, stream);
   const bool vec = n % V == 0 && aligned16(x) && aligned16(y);
   return launch_block_rows(vec, V, softmax_v1_kernel<T, V>, softmax_v1_kernel<T, 1>, rows, n, stream, x, y, rows, n);
 }

@@ -36,6 +36,16 @@ def test_giant_row(impl, dtype):
     assert_matches("softmax", impl, P((2, 1 << 22)), dtype)
 
 
+@gpu
+@pytest.mark.parametrize("shape", [(3, 65536), (7, 65540), (12, 250000), (2, 393216), (300, 40000), (1, 450000)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_over_a_cluster(dtype, shape):
+    # Aligned rows too long for registers: the CUDA tier's cluster per row (2 to 8 blocks, shares that do not
+    # divide evenly, more rows than the GPU holds at once, one row over eight blocks), else its block per row.
+    assert_matches("softmax", "cuda", P(shape), dtype)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_non_contiguous(impl):
     dev = device_for(impl)
@@ -45,7 +55,7 @@ def test_non_contiguous(impl):
     assert rel(fn.fn(x, -1), truth64("softmax", x, -1)) < 1e-5
 
 
-@pytest.mark.parametrize("n", [100, 20003], ids=["one-block", "looped"])
+@pytest.mark.parametrize("n", [100, 20003, pytest.param(65536, marks=gpu)], ids=["one-block", "looped", "cluster"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_special_values_match_the_math(impl, n):
     # exp(x - max) / sum in IEEE float64: a NaN, a +inf (inf / inf) or an all -inf row (0 / 0) is NaN everywhere,

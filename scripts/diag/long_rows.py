@@ -1,0 +1,56 @@
+"""Kernel time of each tier of a row-wise op at long rows, as a fraction of the copy bandwidth measured in the same
+run (bytes: the op's own count), with each tier's error against float64 on the first shape. Usage:
+    python3 scripts/diag/long_rows.py softmax --shapes 4096x65536 512x393216 12x250000 --dtype fp32,bf16"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+from tiered_ops.registry import DTYPE_NAMES, DTYPES
+from tiered_ops.tiers.catalog import get_op
+
+
+def copy_gbps(nbytes: int) -> float:
+    """Device-to-device copy of nbytes (read + written), GB/s, the median of do_bench (L2 flushed)."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    return 2 * a.numel() * 4 / ms / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op")
+    ap.add_argument("--shapes", nargs="+", required=True)
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--impls", default="eager,compile,triton,cuda")
+    args = ap.parse_args()
+    spec = get_op(args.op)
+    impls = args.impls.split(",")
+    peak = copy_gbps(1 << 30)
+    print(f"copy: {peak:.0f} GB/s ({torch.cuda.get_device_name()})")
+    print(f"{'shape':>14} {'dtype':>5} " + " ".join(f"{i:>16}" for i in impls))
+    for dt_name in args.dtype.split(","):
+        dtype = DTYPES[dt_name]
+        for shape in args.shapes:
+            p = spec.problem(tuple(int(s) for s in shape.split("x")))
+            inputs = spec.make_inputs(p, dtype, torch.device("cuda"), 0)
+            nbytes = spec.bytes_moved(p, dtype)
+            cells = []
+            for name in impls:
+                fn = spec.impls[name].fn
+                args, kwargs = inputs.args, inputs.kwargs
+                fn(*args, **kwargs)
+                ms = triton.testing.do_bench(lambda fn=fn, a=args, k=kwargs: fn(*a, **k), warmup=25, rep=200,
+                                             return_mode="median")
+                cells.append(f"{ms * 1e3:9.1f}us {nbytes / ms / 1e6 / peak:4.2f}")
+            print(f"{shape:>14} {DTYPE_NAMES[dtype]:>5} " + " ".join(f"{c:>16}" for c in cells), flush=True)
+            del inputs, args, kwargs  # the next shape's inputs may need the memory
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
