@@ -7,7 +7,7 @@ loop twice over the row (online max/sum, then normalize): 2 reads + 1 write. Bac
 Limits: any row length (the looped kernel); the dim is moved last and made contiguous first (a copy
 when it was not last). Rows of one program: ROWS short rows per program to fill the block.
 Versions: v1 — fused rows kernel + looped kernel. v2 — the forward keeps rows up to 32768 in registers (32 warps;
-v1 looped from 16384: 4096x32768 read twice).
+v1 looped from 16384: 4096x32768 read twice). The looped kernel keeps a NaN of a lane whose max is still -inf.
 """
 
 from __future__ import annotations
@@ -46,13 +46,18 @@ def _softmax_looped(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
     cols = tl.arange(0, BLOCK_N)
     m = tl.full([BLOCK_N], -float("inf"), tl.float32)  # per-lane running max
     s = tl.zeros([BLOCK_N], tl.float32)  # per-lane sum of exp(x - m)
+    # per-lane: saw a NaN (the GPU's max drops it, and a lane whose max is still -inf adds nothing to its sum, so a
+    # NaN there would be lost)
+    nan = tl.zeros([BLOCK_N], tl.int32)
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         m, s = _online_lse_step(m, s, x)
+        nan |= (x != x).to(tl.int32)
     m_row = tl.max(m, axis=0)
     s_row = tl.sum(tl.where(m != -float("inf"), s * tl.exp(m - tl.where(m_row == -float("inf"), 0.0, m_row)), 0.0),
                    axis=0)
+    s_row = tl.where(tl.max(nan, axis=0) > 0, float("nan"), s_row)  # a NaN anywhere makes the row NaN, as in torch
     m_row = tl.where(m_row == -float("inf"), float("nan"), m_row)  # an all -inf row is NaN (-inf - -inf)
     for start in range(0, n_cols, BLOCK_N):
         mask = start + cols < n_cols
