@@ -42,13 +42,12 @@ def main() -> None:
             cells = []
             for name in impls:
                 fn = spec.impls[name].fn
-                args, kwargs = inputs.args, inputs.kwargs
-                fn(*args, **kwargs)
-                ms = triton.testing.do_bench(lambda fn=fn, a=args, k=kwargs: fn(*a, **k), warmup=25, rep=200,
+                fn(*inputs.args, **inputs.kwargs)
+                ms = triton.testing.do_bench(lambda fn=fn, i=inputs: fn(*i.args, **i.kwargs), warmup=25, rep=200,
                                              return_mode="median")
                 cells.append(f"{ms * 1e3:9.1f}us {nbytes / ms / 1e6 / peak:4.2f}")
             print(f"{shape:>14} {DTYPE_NAMES[dtype]:>5} " + " ".join(f"{c:>16}" for c in cells), flush=True)
-            del inputs, args, kwargs  # the next shape's inputs may need the memory
+            del inputs  # the next shape's inputs may need the memory
             torch.cuda.empty_cache()
 
 
