@@ -4,9 +4,13 @@
 namespace tiered_ops {
 
 // Host launchers (layer_norm.cu).
-// layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out.
+// Bytes of the forward's workspace for these rows (0: it needs none; rows split over blocks need one).
+int64_t layer_norm_fwd_workspace(int64_t rows, int64_t n, DType dtype);
+
+// layer_norm forward: y = (x - mean) * rstd * w + b (w, b may be null), with per-row fp32 mean and rstd out;
+// workspace: layer_norm_fwd_workspace's bytes, on the device.
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
-                           int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream);
+                           int64_t rows, int64_t n, float eps, void* workspace, DType dtype, cudaStream_t stream);
 
 // layer_norm backward from the saved statistics on `blocks` blocks: dx; dw_partial / db_partial ((blocks, n) fp32,
 // may be null) reduced into dw / db (x's dtype) by a second launch, as for rms_norm_bwd.
@@ -28,9 +32,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor&
   at::Tensor y = at::empty_like(xc);
   const int64_t rows = norm_rows(x, normalized_shape);
   at::Tensor mean = f32_empty(x, {rows}), rstd = at::empty_like(mean);
+  const DType dt = dtype_of(x, op, "x");
+  const int64_t ws_bytes = xc.numel() > 0 ? layer_norm_fwd_workspace(rows, n, dt) : 0;
+  const at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
   if (xc.numel() > 0)
     check_launch(layer_norm_fwd(xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), y.data_ptr(), mean.data_ptr<float>(),
-                                rstd.data_ptr<float>(), rows, n, (float)eps, dtype_of(x, op, "x"), stream()), op);
+                                rstd.data_ptr<float>(), rows, n, (float)eps, ws_bytes ? ws.data_ptr() : nullptr, dt,
+                                stream()), op);
   return {y, mean, rstd};
 }
 

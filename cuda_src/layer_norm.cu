@@ -8,11 +8,15 @@
 // row on a persistent grid, x and dy read twice, the second time from L1/L2); dw = sum of dy * xhat and db = sum of
 // dy over rows, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x and
 // dy once more in a column kernel and summed and cast the partials with torch.
-// Limits: any row length; one block per row, so a few giant rows use few SMs (split rows across blocks is not done here).
+// Limits: any row length; v1 gives a block to a row, so a few giant rows use few SMs (v3 splits them).
 // Versions: v1 — block per row, 16-byte loads when rows, w and b are 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
 // reduced with shuffles. v1 does the rest.
+// v3 — rows over 32768 elements split over blocks (aligned rows of a multiple of 16 bytes): pieces of 512 x 4 packs,
+// one a block; launch 1 writes each piece's exact mean and centred sum of squares, launch 2 merges a row's (Chan's
+// formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
+// once, w and b read once for all rows (blocks piece-major).
 #include "norm_grads.cuh"
 
 namespace tiered_ops {
@@ -145,15 +149,161 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
   });
 }
 
+// ---- v3: rows split over blocks, two launches ----
+constexpr int kSplitThreads = 512, kSplitPacks = 4;  // a piece: kSplitThreads * kSplitPacks packs
+constexpr int kSplitPiece = kSplitThreads * kSplitPacks;
+
+// (count, mean, centred sum of squares) of two disjoint parts, merged (Chan et al.).
+__device__ __forceinline__ float3 chan_merge(float3 a, float3 b) {
+  const float n = a.x + b.x;
+  if (n == 0.f) return a;
+  const float d = b.y - a.y, fb = b.x / n;
+  return make_float3(n, a.y + d * fb, a.z + b.z + d * d * a.x * fb);
+}
+
+__device__ __forceinline__ float3 shfl_merge(float3 v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = chan_merge(v, make_float3(__shfl_xor_sync(0xffffffffu, v.x, o), __shfl_xor_sync(0xffffffffu, v.y, o),
+                                  __shfl_xor_sync(0xffffffffu, v.z, o)));
+  return v;
+}
+
+__device__ __forceinline__ float3 block_merge(float3 v, float3* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = shfl_merge(v);
+  __syncthreads();  // smem may still be read from a previous merge
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  return shfl_merge(lane < nwarps ? smem[lane] : make_float3(0.f, 0.f, 0.f));
+}
+
+// The piece `k` (row k / pieces) of the rows as this thread's packs in registers; returns the packs it holds.
+template <typename T>
+__device__ __forceinline__ int load_piece(const T* __restrict__ x, int64_t n, int64_t k, int pieces,
+                                          Pack<T> (&q)[kSplitPacks]) {
+  const int64_t r = k / pieces, first = (k % pieces) * kSplitPiece, npacks = n / Pack<T>::N;
+  const int cnt = (int)min((int64_t)kSplitPiece, npacks - first);
+  const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + r * n) + first;
+#pragma unroll
+  for (int p = 0; p < kSplitPacks; ++p) {
+    const int j = p * kSplitThreads + threadIdx.x;
+    if (j < cnt) q[p] = xr[j];
+  }
+  return cnt;
+}
+
+// Launch 1: each piece's exact (mean, centred sum of squares), one block a piece. Blocks go piece-major (piece 0 of
+// every row, then piece 1, ...): in launch 2 a piece of w and b is then read from DRAM once for all the rows, where
+// normalized over several dims they are as large as a row.
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_stats_kernel(const T* __restrict__ x,
+                                                                            float2* __restrict__ piece_stats,
+                                                                            int64_t n, int pieces) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  Pack<T> q[kSplitPacks];
+  const int64_t rows = gridDim.x / pieces, k = blockIdx.x % rows * pieces + blockIdx.x / rows;  // piece-major blocks
+  const int cnt = load_piece(x, n, k, pieces, q);
+  float s = 0.f;
+#pragma unroll
+  for (int p = 0; p < kSplitPacks; ++p)
+    if (p * kSplitThreads + (int)threadIdx.x < cnt) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) s += to_f(q[p].v[e]);
+    }
+  const float m = block_sum(s, smem) / ((float)cnt * V);
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < kSplitPacks; ++p)
+    if (p * kSplitThreads + (int)threadIdx.x < cnt) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) ss += (to_f(q[p].v[e]) - m) * (to_f(q[p].v[e]) - m);
+    }
+  const float m2 = block_sum(ss, smem);
+  if (threadIdx.x == 0) piece_stats[k] = make_float2(m, m2);
+}
+
+// Launch 2: the row's pieces merged (Chan), then the piece normalized. The pieces go in the reverse order of launch 1,
+// so the first blocks read what launch 1 read last, still in L2.
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_norm_kernel(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+    float* __restrict__ mean_out, float* __restrict__ rstd_out, const float2* __restrict__ piece_stats, int64_t n,
+    int pieces, float eps) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float3 smem[32];
+  __shared__ float2 row_stat;  // the row's (mean, rstd)
+  const int64_t rows = gridDim.x / pieces, g = (int64_t)gridDim.x - 1 - blockIdx.x;  // launch 1's order, reversed
+  const int64_t k = g % rows * pieces + g / rows, r = k / pieces, first = (k % pieces) * kSplitPiece;
+  Pack<T> q[kSplitPacks];
+  const int cnt = load_piece(x, n, k, pieces, q);
+  const int64_t npacks = n / V;
+  float3 acc = make_float3(0.f, 0.f, 0.f);
+  for (int i = threadIdx.x; i < pieces; i += kSplitThreads) {
+    const float2 o = piece_stats[r * pieces + i];
+    acc = chan_merge(acc, make_float3((float)(min((int64_t)kSplitPiece, npacks - (int64_t)i * kSplitPiece) * V), o.x,
+                                      o.y));
+  }
+  acc = block_merge(acc, smem);
+  if (threadIdx.x == 0) row_stat = make_float2(acc.y, rsqrtf(acc.z / (float)n + eps));
+  __syncthreads();
+  const float mean = row_stat.x, rstd = row_stat.y;
+  Pack<T>* yr = reinterpret_cast<Pack<T>*>(y + r * n) + first;
+#pragma unroll
+  for (int p = 0; p < kSplitPacks; ++p) {
+    const int j = p * kSplitThreads + threadIdx.x;
+    if (j < cnt) {
+      const int64_t i = (first + j) * V;  // the pack's first element in the row
+      float pw[V], pb[V];
+      if (w) load_f<T, V>(w, i, pw);
+      if (b) load_f<T, V>(b, i, pb);
+      Pack<T> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float a = (to_f(q[p].v[e]) - mean) * rstd;
+        if (w) a *= pw[e];
+        if (b) a += pb[e];
+        o.v[e] = from_f<T>(a);
+      }
+      yr[j] = o;
+    }
+  }
+  if (k % pieces == 0 && threadIdx.x == 0) mean_out[r] = mean, rstd_out[r] = rstd;
+}
+
+// The pieces of a row for v3 (0: v3 does not apply: rows v2 holds in registers, unaligned rows, a grid too large).
+template <typename T>
+static int split_pieces(int64_t rows, int64_t n, bool vec) {
+  constexpr int V = Pack<T>::N;
+  if (!vec || n <= (int64_t)1024 * max_packs(V) * V) return 0;
+  const int64_t pieces = (n / V + kSplitPiece - 1) / kSplitPiece;
+  return rows * pieces < 0x7fffffff ? (int)pieces : 0;
+}
+
+// Bytes of v3's workspace (the pieces' statistics) for these rows; 0 where v3 does not apply.
+template <typename T>
+static int64_t split_workspace(int64_t rows, int64_t n) {
+  return rows * split_pieces<T>(rows, n, n % Pack<T>::N == 0) * (int64_t)sizeof(float2);
+}
+
 template <typename T>
 static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows,
-                                     int64_t n, float eps, cudaStream_t stream) {
+                                     int64_t n, float eps, void* workspace, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, x, y, w, b);
   const RowsConfig c = rows_config(rows, n, V, vec);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, layer_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
                                              x, w, b, y, mean, rstd, rows, (int)n, eps, c.tpr));
+    return cudaGetLastError();
+  }
+  const int pieces = split_pieces<T>(rows, n, vec);
+  if (pieces && workspace) {
+    float2* stats = static_cast<float2*>(workspace);
+    const unsigned blocks = (unsigned)(rows * pieces);
+    layer_norm_v3_stats_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, stats, n, pieces);
+    layer_norm_v3_norm_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, w, b, y, mean, rstd, stats, n, pieces, eps);
     return cudaGetLastError();
   }
   return launch_block_rows(vec, V, layer_norm_v1_kernel<T, V>, layer_norm_v1_kernel<T, 1>, rows, n, stream, x, w, b,
@@ -176,13 +326,19 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
   return launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
 }
 
+int64_t layer_norm_fwd_workspace(int64_t rows, int64_t n, DType dtype) {
+  if (rows == 0 || n == 0) return 0;
+  TIERED_OPS_DISPATCH(dtype, T, return split_workspace<T>(rows, n));
+  return 0;
+}
+
 cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd,
-                           int64_t rows, int64_t n, float eps, DType dtype, cudaStream_t stream) {
+                           int64_t rows, int64_t n, float eps, void* workspace, DType dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   TIERED_OPS_DISPATCH(dtype, T,
                       return launch_layer_norm(static_cast<const T*>(x), static_cast<const T*>(w),
                                                static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, rows, n, eps,
-                                               stream));
+                                               workspace, stream));
   return cudaSuccess;
 }
 

@@ -42,6 +42,18 @@ def test_giant_rows(impl, grad, shape):
     assert_matches("layer_norm", impl, P(shape, normalized_shape=ns), torch.float32, grad=grad)
 
 
+@gpu
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("shape", [(3, 40000), (300, 65536), (1, 1000000), (4, 64, 256, 256)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_split_over_blocks(dtype, shape, grad):
+    # aligned rows over 32768 elements: the CUDA forward splits them over a cooperative grid (pieces of a row on
+    # distinct blocks, more pieces than one wave, one row of many pieces, three trailing dims); the backward reads
+    # the statistics it wrote
+    ns = shape[1:] if len(shape) > 2 else shape[-1:]
+    assert_matches("layer_norm", "cuda", P(shape, normalized_shape=ns), dtype, grad=grad)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_non_trailing_dim_through_movedim(impl):
     # a normalization over dim 1 of (N, C, L) is layer_norm over the last dim of x.movedim(1, -1): a strided view
@@ -53,7 +65,7 @@ def test_non_trailing_dim_through_movedim(impl):
     assert rel(fn(x, (40,), w, b), truth64("layer_norm", x, (40,), w, b)) < 1e-5
 
 
-@pytest.mark.parametrize("n", [100, 20003], ids=["one-block", "looped"])
+@pytest.mark.parametrize("n", [100, 20003, pytest.param(65536, marks=gpu)], ids=["one-block", "looped", "split"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_special_values_match_the_math(impl, n):
     # (x - mean) / sqrt(var + eps) * w + b in IEEE float64: a NaN makes its row NaN, and so does a +-inf (the mean is

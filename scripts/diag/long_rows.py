@@ -1,6 +1,7 @@
 """Kernel time of each tier of a row-wise op at long rows, as a fraction of the copy bandwidth measured in the same
 run (bytes: the op's own count), with each tier's error against float64 on the first shape. Usage:
-    python3 scripts/diag/long_rows.py softmax --shapes 4096x65536 512x393216 12x250000 --dtype fp32,bf16"""
+    python3 scripts/diag/long_rows.py softmax --shapes 4096x65536 512x393216 12x250000 --dtype fp32,bf16
+    python3 scripts/diag/long_rows.py layer_norm --shapes 16x64x256x256 --trailing 3   (normalized over 3 dims)"""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", required=True)
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--impls", default="eager,compile,triton,cuda")
+    ap.add_argument("--trailing", type=int, help="normalize over this many trailing dims (normalized_shape)")
     args = ap.parse_args()
     spec = get_op(args.op)
     impls = args.impls.split(",")
@@ -36,7 +38,9 @@ def main() -> None:
     for dt_name in args.dtype.split(","):
         dtype = DTYPES[dt_name]
         for shape in args.shapes:
-            p = spec.problem(tuple(int(s) for s in shape.split("x")))
+            dims = tuple(int(s) for s in shape.split("x"))
+            kw = {"normalized_shape": dims[-args.trailing:]} if args.trailing else {}
+            p = spec.problem(dims, **kw)
             inputs = spec.make_inputs(p, dtype, torch.device("cuda"), 0)
             nbytes = spec.bytes_moved(p, dtype)
             cells = []
