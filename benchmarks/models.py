@@ -332,6 +332,10 @@ def write(rows: list[dict], out: Path, head: list[str]) -> None:
 
 
 def _commit() -> str:
+    """The tree measured: TIERED_OPS_TREE where the caller names it (a copied working tree's own git may hold an older
+    base), else git's HEAD here."""
+    if os.environ.get("TIERED_OPS_TREE"):
+        return os.environ["TIERED_OPS_TREE"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()

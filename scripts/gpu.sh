@@ -86,7 +86,8 @@ if [ -n "$wheels" ] || ls -d /tmp/peer_trees/*/ > /dev/null 2>&1; then
   [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 fi
 {
-  echo "# $(date -u +%FT%TZ) scripts/gpu.sh $STAGES  (git $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty))"
+  # TIERED_OPS_TREE: the commit whose tree was copied here, where the copy's own git names an older base
+  echo "# $(date -u +%FT%TZ) scripts/gpu.sh $STAGES  (git ${TIERED_OPS_TREE:-$(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty)})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   nvcc --version | tail -1
