@@ -214,9 +214,13 @@ def torch_gelu_deviation(device: str, approximate: str, value: float) -> str | N
 
 
 @functools.lru_cache(maxsize=None)
-def torch_rms_norm_deviation(device: str) -> str | None:
-    """Why torch's F.rms_norm disagrees with the IEEE evaluation at a row holding +inf on this device, or None."""
-    got = torch.nn.functional.rms_norm(torch.tensor([[math.inf, 1.0]], device=device), (2,))[0, 1].item()
+def torch_rms_norm_deviation(device: str, n: int) -> str | None:
+    """Why torch's F.rms_norm (with a weight) disagrees with the IEEE evaluation at a row of n holding +inf on this
+    device, or None. The probe makes the caller's call: torch's path (fused kernel or composite) depends on the
+    weight and the row, and only some paths deviate."""
+    x = torch.ones(1, n, device=device)
+    x[0, n - 1] = math.inf
+    got = torch.nn.functional.rms_norm(x, (n,), torch.ones(n, device=device))[0, 0].item()
     return None if got == 0.0 else f"torch's {device} rms_norm makes the whole row {got} when it holds an Inf"
 
 
