@@ -1,5 +1,5 @@
-"""Kernel time of each tier of a row-wise op at long rows, as a fraction of the copy bandwidth measured in the same
-run (bytes: the op's own count), with each tier's error against float64 on the first shape. Usage:
+"""Kernel time of each tier of a row-wise op at long rows (do_bench medians), as a fraction of the copy bandwidth
+measured in the same run by the harness (copy_bandwidth_gbps; bytes: the op's own count). Usage:
     python3 scripts/diag/long_rows.py softmax --shapes 4096x65536 512x393216 12x250000 --dtype fp32,bf16
     python3 scripts/diag/long_rows.py layer_norm --shapes 16x64x256x256 --trailing 3   (normalized over 3 dims)"""
 
@@ -10,16 +10,9 @@ import argparse
 import torch
 import triton.testing
 
+from tiered_ops.measure.timing import copy_bandwidth_gbps
 from tiered_ops.registry import DTYPE_NAMES, DTYPES
 from tiered_ops.tiers.catalog import get_op
-
-
-def copy_gbps(nbytes: int) -> float:
-    """Device-to-device copy of nbytes (read + written), GB/s, the median of do_bench (L2 flushed)."""
-    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
-    return 2 * a.numel() * 4 / ms / 1e6
 
 
 def main() -> None:
@@ -32,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = get_op(args.op)
     impls = args.impls.split(",")
-    peak = copy_gbps(1 << 30)
+    peak = copy_bandwidth_gbps(torch.device("cuda"))  # the harness's own: 1 GiB copied, read + written
     print(f"copy: {peak:.0f} GB/s ({torch.cuda.get_device_name()})")
     print(f"{'shape':>14} {'dtype':>5} " + " ".join(f"{i:>16}" for i in impls))
     for dt_name in args.dtype.split(","):
