@@ -373,6 +373,11 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         _, op, impl, problem, dtype, mode, *kw = task  # kw: measure's keywords (the pruning bar), when any
         spec = OPS[op]
         return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
+    if kind == "host":  # launch-bound candidates of one case timed again side by side (recheck.side_by_side)
+        from .recheck import side_by_side
+
+        _, op, names, problem, dtype, mode = task
+        return side_by_side(OPS[op], list(names), problem, DTYPES[dtype], device, mode)
     if kind == "gate":  # a row timed without its gate (measure's gated=False): the row back, gated
         from .measure import gate_row
 

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from ..decide.choice import GATED_LAST, gate_in_turn
+from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, keep_edges, measure, prune_bar, stored_edges
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
@@ -171,6 +172,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
     case's candidates are all stored, the gate runs for each of them that a choice (``GATED_FOR``) would name if it
     were correct, the next in line where one fails; the others are stored as never chosen (not gated). Their gates
     compile a kernel per edge problem, most of the sweep's compilation, for candidates no choice takes.
+    On a GPU, a case whose fastest rows are launch-bound has its correct rows' host times taken again side by side
+    (``measure.recheck``), stored as new rows.
     """
     from ..progress import Progress
 
@@ -280,6 +283,17 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             """``settle`` the case, then this sweep's rows of it replaced by the newest (gated, or never chosen)."""
             spec, problem, dtype, mode, _ = todo[index_of[case][0]]
             settle(spec, problem, dtype, mode)
+            rows = list(_fresh(store, spec, problem, dtype, fp.key, mode, waiting=True).values())
+            again = recheck.candidates(rows) if device.type == "cuda" else []
+            if again and pool is None:  # launch-bound: the case's host times taken again side by side
+                store.add(recheck.here(spec, rows, problem, dtype, device, mode))
+            elif again:
+                what = f"{spec.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
+                hosts, why = pool.run(("host", spec.name, [r["impl"] for r in again], problem, DTYPE_NAMES[dtype],
+                                       mode), f"{what} host side by side")
+                store.add([] if why else recheck.retimed(again, hosts))
+                if why:
+                    say(f"{what}: host side by side {why}: rows kept as timed")
             newest = _fresh(store, spec, problem, dtype, fp.key, mode, waiting=True)
             for k in index_of[case]:
                 if results[k] is not None and todo[k][4].name in newest:

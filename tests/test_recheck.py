@@ -1,0 +1,94 @@
+"""Launch-bound candidates timed again side by side (``measure.recheck``): which rows of a case are taken again, what
+their new rows hold, the interleaved rounds themselves (on the CPU), and a GPU sweep that stores them."""
+
+import pytest
+import torch
+
+from helpers import HAS_CUDA
+from tiered_ops.measure import recheck
+from tiered_ops.store.rows import CONTENDED, PRUNED
+from tiered_ops.store.store import Store
+from tiered_ops.sweep.bench import sweep
+from tiered_ops.tiers.catalog import get_op
+
+CPU = torch.device("cpu")
+
+
+def row(impl, p50, host, **kw):
+    """A GPU row as the store holds it: caller time the larger of kernel and host time, with spread."""
+    return dict(dict(id=7, impl=impl, ok=1, p20_us=p50 * 0.98, p50_us=p50, p80_us=p50 * 1.02, host_us=host,
+                     host_p20_us=host * 1.01, host_p80_us=host * 1.05, caller_us=max(p50, host), context="eager",
+                     reason=None, origin=None), **kw)
+
+
+def test_a_launch_bound_row_near_the_fastest_asks_for_every_usable_row():
+    rows = [row("eager", 9.6, 13.4), row("cuda", 8.9, 22.3), row("triton", 7.6, 15.6),
+            row("compile", 7.0, 51.0, reason=PRUNED + "slower"), row("liger", 7.8, 66.0, reason=CONTENDED + "busy"),
+            row("cuda_c", 8.0, 12.0, context="compiled")]
+    assert [r["impl"] for r in recheck.candidates(rows)] == ["eager", "cuda", "triton"]
+
+
+def test_kernel_bound_cases_and_far_launch_bound_rows_ask_for_nothing():
+    # the fastest is kernel-bound and the launch-bound one is more than WITHIN behind it
+    far = recheck.WITHIN * 50.0 * 1.01
+    assert recheck.candidates([row("triton", 50.0, 20.0), row("compile", 40.0, far)]) == []
+    assert recheck.candidates([row("triton", 50.0, 20.0), row("cuda", 60.0, 15.0)]) == []  # none launch-bound
+    assert recheck.candidates([row("eager", 9.0, 13.0)]) == []  # nothing to compare with
+    # a launch-bound one close behind a kernel-bound fastest asks
+    assert len(recheck.candidates([row("triton", 47.0, 17.0), row("compile", 46.8, 50.0)])) == 2
+
+
+def test_rows_timed_side_by_side_already_are_not_taken_again():
+    done = [row("eager", 9.6, 13.4, origin=recheck.ORIGIN + "cuda"), row("cuda", 8.9, 14.0, origin=recheck.ORIGIN)]
+    assert recheck.candidates(done) == []
+    # one new row beside them (a source changed, measured again): the case is taken again, all of it
+    assert len(recheck.candidates(done[:1] + [row("cuda", 8.9, 22.0)])) == 2
+
+
+def test_retimed_rows_take_their_host_figures_from_the_rounds():
+    rows = [row("eager", 9.6, 21.6), row("cuda", 8.9, 12.3)]
+    hosts = {"eager": [14.9, 14.6, 15.2, 30.0, 14.7], "cuda": [14.5, 14.4, 14.8, 29.0, 14.6]}
+    new = {r["impl"]: r for r in recheck.retimed(rows, hosts)}
+    assert set(new) == {"eager", "cuda"} and all("id" not in r for r in new.values())
+    assert new["eager"]["host_us"] == 14.6 and new["cuda"]["host_us"] == 14.4
+    assert new["eager"]["caller_us"] == 14.6  # launch-bound: the host time
+    assert new["eager"]["host_p20_us"] <= new["eager"]["host_p80_us"] <= 30.0
+    assert new["eager"]["origin"] == recheck.ORIGIN + "cuda" and new["cuda"]["origin"] == recheck.ORIGIN + "eager"
+    assert rows[0]["host_us"] == 21.6  # the rows given are left as they were
+    # a kernel-bound row keeps its kernel time as the caller's
+    (k,) = recheck.retimed([row("triton", 47.0, 17.0)], {"triton": [16.0, 18.0]})
+    assert k["caller_us"] == 47.0 and k["host_us"] == 16.0
+    assert recheck.retimed(rows, {"eager": []}) == []  # nothing timed, nothing new
+
+
+def test_side_by_side_times_each_candidate_once_a_round_on_the_cpu():
+    spec = get_op("muladd")
+    names = ["eager", "eager_addcmul"]
+    out = recheck.side_by_side(spec, names, spec.problem((32, 32)), torch.float32, CPU, "fwd_nograd", rounds=3,
+                               batch_s=0.001)
+    assert set(out) == set(names) and all(len(v) == 3 and min(v) > 0 for v in out.values())
+
+
+def test_nothing_is_taken_again_on_the_cpu():
+    spec = get_op("muladd")
+    rows = [row("eager", 9.6, 13.4), row("eager_addcmul", 8.9, 22.3)]
+    assert recheck.here(spec, rows, spec.problem((32, 32)), torch.float32, CPU, "fwd_nograd") == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+def test_a_gpu_sweep_stores_launch_bound_rows_timed_side_by_side(private_store, monkeypatch):
+    spec = get_op("rms_norm")
+    monkeypatch.setattr(spec, "impls", {n: spec.impls[n] for n in ("eager", "cuda")})
+    store = Store(private_store)
+    problem = spec.problem((1, 2048))
+    kw = dict(progress=False, log=lambda s: None, modes=["fwd_nograd"], cost_metadata=False, isolate=True)
+    sweep([spec], {"rms_norm": [problem]}, [torch.bfloat16], torch.device("cuda"), store, **kw)
+    rows = store.rows(op="rms_norm")
+    again = [r for r in rows if str(r["origin"] or "").startswith(recheck.ORIGIN)]
+    assert {r["impl"] for r in again} == {"eager", "cuda"}  # a 1-row norm is launch-bound on every tier
+    for r in again:
+        assert r["caller_us"] == max(r["p50_us"], r["host_us"]) and r["host_us"] <= r["host_p80_us"]
+    n = len(rows)
+    sweep([spec], {"rms_norm": [problem]}, [torch.bfloat16], torch.device("cuda"), store, **kw)
+    assert len(store.rows(op="rms_norm")) == n  # resumed: nothing measured or timed again

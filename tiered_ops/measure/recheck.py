@@ -1,0 +1,100 @@
+"""Launch-bound candidates of one case timed again side by side, so that their host times compare.
+
+A GPU row's caller time is the larger of its kernel time and its host time per call, and the host time of a
+launch-bound call moves with the state of the host: in fresh processes one after another on an H100 machine, every
+implementation of a case read 1.5-1.7x slower in one process than in the next (and so did all of them while other
+processes kept the cores busy), while their ratios held within a few percent. Candidates timed one after another
+(a sweep, a tuning) can meet the host in different states, and where the host time decides, the choice follows the
+state, not the implementation. When a case's fastest rows are launch-bound, its correct rows are timed again here in
+one process, in interleaved rounds (each round every candidate, in turn; the order rotated), and each gets its host
+figures from these rounds: min, p20 and p80 over them. The rows come back as new rows (``origin`` says so) with
+their caller time again the larger of kernel and host time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..registry import OpSpec, Problem
+from ..store.rows import contended, pruned, usable
+from .contention import quantile
+from .timing import batch_times_us, no_gc, sync
+
+ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
+WITHIN = 1.5  # a launch-bound row this close to the fastest (caller time) asks for the case's rows to be re-timed
+ROUNDS = 7
+BATCH_S = 0.004  # host time of one candidate's batch in a round
+
+
+def _host_bound(r: dict[str, Any]) -> bool:
+    host, p50 = r.get("host_us"), r.get("p50_us")
+    return host is not None and p50 is not None and host >= p50
+
+
+def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of one case (fresh, the newest per implementation) to time again side by side: every usable eager
+    caller's GPU row (timed in full: not pruned, not contended, with host spread), when at least two exist and one
+    that is launch-bound (host time at or above kernel time) lies within ``WITHIN`` of the fastest; else none. None
+    either where they were all timed side by side already (their origin says so)."""
+    rows = [r for r in rows if usable(r) and not pruned(r) and not contended(r) and r.get("host_p80_us") is not None
+            and (r.get("context") or "eager") == "eager"]
+    if len(rows) < 2 or all(str(r.get("origin") or "").startswith(ORIGIN) for r in rows):
+        return []
+    best = min(r["caller_us"] for r in rows)
+    if not any(_host_bound(r) and r["caller_us"] <= WITHIN * best for r in rows):
+        return []
+    return rows
+
+
+def side_by_side(spec: OpSpec, names: list[str], problem: Problem, dtype: torch.dtype, device: torch.device,
+                 mode: str, rounds: int = ROUNDS, batch_s: float = BATCH_S) -> dict[str, list[float]]:
+    """Host time per call (us) of each implementation in ``names``, one batch per round over ``rounds`` interleaved
+    rounds in this process (the call a measurement times, ``measure.timed_call``, on one set of inputs)."""
+    from .measure import timed_call
+
+    inp = spec.make_inputs(problem, dtype, device, 0)
+    calls = {n: timed_call(spec, spec.impls[n], inp, mode) for n in names}
+    for call in calls.values():
+        call()  # warm: a compiled tier's graph, a kernel's first launch
+    sync(device)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    with no_gc():
+        for r in range(rounds):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                out[n] += batch_times_us(calls[n], device, batch_s, batches=1)
+    return out
+
+
+def retimed(rows: list[dict[str, Any]], hosts: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """New rows: each of ``rows`` whose implementation ``hosts`` timed, its host figures (min, p20, p80) from there
+    and its caller time again max(kernel p50, host)."""
+    names = sorted(n for n in hosts if hosts[n])
+    out = []
+    for r in rows:
+        times = sorted(hosts.get(r["impl"]) or [])
+        if not times:
+            continue
+        row = {k: v for k, v in r.items() if k != "id"}
+        row.update(host_us=times[0], host_p20_us=quantile(times, 0.2), host_p80_us=quantile(times, 0.8),
+                   caller_us=max(r["p50_us"], times[0]), timestamp=time.time(),
+                   origin=ORIGIN + ", ".join(n for n in names if n != r["impl"]))
+        out.append(row)
+    return out
+
+
+def here(spec: OpSpec, rows: list[dict[str, Any]], problem: Problem, dtype: torch.dtype, device: torch.device,
+         mode: str) -> list[dict[str, Any]]:
+    """The case's rows that ``candidates`` names (of ``rows``, those of the current sources), timed again side by side
+    in this process: new rows, none on the CPU or where none is named."""
+    again = candidates([r for r in rows if spec.fresh_impl(r) is not None]) if device.type == "cuda" else []
+    return retimed(again, side_by_side(spec, [r["impl"] for r in again], problem, dtype, device, mode)) if again else []
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line: each row's caller time (host time) as re-timed."""
+    return "; ".join(f"{r['impl']} {r['caller_us']:.1f} us (host {r['host_us']:.1f})"
+                     for r in sorted(rows, key=lambda r: r["caller_us"]))
