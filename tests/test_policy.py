@@ -165,3 +165,23 @@ def test_the_memory_budget_is_checked(policy, budget, match):
         check_policy(policy, None, budget)
     with pytest.raises(ValueError, match=match):
         tiered_ops.select_backend("softmax", (4, 8), "fp32", "cpu", policy=policy, budget=budget, tune=False)
+
+
+def _timed(impl, tier, p50, host):
+    return dict(impl=impl, tier=tier, p50_us=p50, host_us=host, caller_us=max(p50, host), first_call_s=0.0)
+
+
+def test_fastest_takes_the_steadiest_of_the_nearly_fastest():
+    """Within 5 % of the fastest, the candidate whose caller time a 1.5x slower host would raise least: a launch-bound
+    call's host time moves that much between processes, its kernel time does not."""
+    bound, steady = _timed("compile", "compile", 46.7, 46.0), _timed("triton", "triton", 47.5, 23.9)
+    best, why, totals = choose([bound, steady], "fastest")
+    assert best is steady and "steadiest" in why and totals == {"compile": 46.7, "triton": 47.5}
+    # beyond 5 % the fastest stays the choice, however launch-bound
+    far = _timed("triton", "triton", 49.5, 23.9)
+    assert choose([bound, far], "fastest")[0] is bound
+    # all launch-bound alike (or no host figure, as rows of the CPU may have): the fastest
+    a, b = _timed("eager", "eager", 9.6, 14.6), _timed("cuda", "cuda", 8.9, 14.9)
+    assert choose([a, b], "fastest") == (a, "fastest correct (14.6 us per call)", {"eager": 14.6, "cuda": 14.9})
+    plain = [dict(impl="x", tier="eager", caller_us=10.0), dict(impl="y", tier="triton", caller_us=10.2)]
+    assert choose(plain, "fastest")[0]["impl"] == "x"

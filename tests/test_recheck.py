@@ -3,8 +3,8 @@ their new rows hold, the interleaved rounds themselves (on the CPU), and a GPU s
 
 import pytest
 import torch
-
 from helpers import HAS_CUDA
+
 from tiered_ops.measure import recheck
 from tiered_ops.store.rows import CONTENDED, PRUNED
 from tiered_ops.store.store import Store
@@ -34,8 +34,11 @@ def test_kernel_bound_cases_and_far_launch_bound_rows_ask_for_nothing():
     assert recheck.candidates([row("triton", 50.0, 20.0), row("compile", 40.0, far)]) == []
     assert recheck.candidates([row("triton", 50.0, 20.0), row("cuda", 60.0, 15.0)]) == []  # none launch-bound
     assert recheck.candidates([row("eager", 9.0, 13.0)]) == []  # nothing to compare with
-    # a launch-bound one close behind a kernel-bound fastest asks
+    # a launch-bound one close behind a kernel-bound fastest asks, and so does one whose host time is within the
+    # swing of its kernel time (kernel-bound here, launch-bound on a slower host)
     assert len(recheck.candidates([row("triton", 47.0, 17.0), row("compile", 46.8, 50.0)])) == 2
+    assert len(recheck.candidates([row("triton", 47.5, 23.9), row("compile", 46.7, 42.7)])) == 2
+    assert not recheck.launch_sensitive(row("compile", 46.7, 46.7 / recheck.HOST_SWING * 0.99))
 
 
 def test_rows_timed_side_by_side_already_are_not_taken_again():

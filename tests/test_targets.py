@@ -179,6 +179,20 @@ def test_render_regret_and_dispatch():
     assert "(stated, not the target's figure)" in text
 
 
+def test_regret_reads_each_implementation_s_newest_row_of_a_point():
+    """A case's launch-bound rows timed again side by side are stored beside their first timing: the newer counts,
+    for the best and for the pick alike (two rows of one implementation once made its own pick a regret of 1.47)."""
+    first = [_row("softmax", "eager", "eager", "1x7", "fp16", "fwd_nograd", 8.6),
+             _row("softmax", "cuda", "cuda", "1x7", "fp16", "fwd_nograd", 9.0)]
+    again = [_row("softmax", "eager", "eager", "1x7", "fp16", "fwd_nograd", 12.6),
+             _row("softmax", "cuda", "cuda", "1x7", "fp16", "fwd_nograd", 12.0)]
+    grid = pd.DataFrame([dict(r, timestamp=t) for t, rows in ((1.0, first), (2.0, again)) for r in rows])
+    picks = pd.DataFrame([dict(op="softmax", problem="1x7", dtype="fp16", selected="eager", reason="r", tuned="cuda")])
+    (r,) = targets.regrets(grid, picks)
+    assert (r["best"], r["best_us"], r["selected_us"], r["tuned_us"]) == ("cuda", 12.0, 12.6, 12.0)
+    assert math.isclose(r["regret"], 12.6 / 12.0) and r["regret_tuned"] == 1.0
+
+
 def test_the_commands_render_the_targets_only_when_asked(tmp_path, capsys):
     csv = tmp_path / "results.csv"
     pd.DataFrame([dict(r, torch_version="t", triton_version="tr", cuda_version="c", gpu_name="GPU", copy_gbps=3000.0,

@@ -216,8 +216,9 @@ def render(results: pd.DataFrame, spec: dict[str, Any], grid: pd.DataFrame | Non
 def regrets(grid: pd.DataFrame, picks: pd.DataFrame, mode: str = "fwd_nograd") -> list[dict[str, Any]]:
     """Per grid point in ``mode``: the picked implementation's time over the best measured (ours and peers), for
     the pick with tuning off (``selected``: ``regret``) and, where picks has it, with tuning on (``tuned``:
-    ``regret_tuned``); a regret is NaN where its pick has no correct timing there."""
-    out = []
+    ``regret_tuned``); a regret is NaN where its pick has no correct timing there. Each implementation's newest row
+    of a point counts (a case's launch-bound rows timed again side by side are newer than their first timing)."""
+    out, grid = [], latest(grid)
     picks = picks if "mode" in picks.columns else picks.assign(mode=mode)
     for r in picks[picks["mode"] == mode].itertuples():
         g = grid[(grid.op == r.op) & (grid.problem == r.problem) & (grid.dtype == r.dtype) & (grid["mode"] == mode)]

@@ -1,6 +1,8 @@
 """Selection policies: which correct implementation to use, given what each costs per call and up front.
 
-- ``fastest`` (default): the lowest per-call time a caller sees.
+- ``fastest`` (default): the lowest per-call time a caller sees; among candidates within 5 % of it, the one whose
+  time would grow least were the host 1.5x slower (a launch-bound call's host time moves that much between
+  processes, its kernel time does not).
 - ``cost-aware``: a tier is chosen only if its best implementation beats the fastest implementation of
   every cheaper tier by the tier's margin (defaults: compile 0 %, Triton 5 %, CUDA 10 %) and outside the noise
   (when candidates carry ``lo``/``hi``, their p20-p80 range as a caller sees it: a tie goes to the cheaper
@@ -19,12 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import envs
+from ..measure.recheck import HOST_SWING
 from ..registry import Tier
 from ..store.rows import overlap
 
 POLICIES = ("fastest", "cost-aware", "cold-start", "memory")
 DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}
 DEFAULT_CALLS = 1000
+NEAR = 0.05  # fastest: among candidates this close to the fastest, the one least slowed by a slower host
 
 
 def margins() -> dict[str, float]:
@@ -47,6 +51,12 @@ def check_policy(policy: str, calls: int | None, budget: int | None = None) -> N
         raise ValueError(f"budget: the memory policy needs a budget in bytes (a whole number >= 0), got {budget!r}")
     if policy != "memory" and budget is not None:
         raise ValueError(f"budget: only the memory policy takes a budget, not {policy!r}")
+
+
+def _steady(c: dict[str, Any]) -> float:
+    """A candidate's caller time were the host ``HOST_SWING`` slower (its kernel time unchanged)."""
+    host, p50 = c.get("host_us"), c.get("p50_us")
+    return c["caller_us"] if host is None or p50 is None else max(p50, host * HOST_SWING)
 
 
 def _rank(tier: str) -> int:
@@ -72,6 +82,10 @@ def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | No
     if policy == "fastest":
         totals = {c["impl"]: c["caller_us"] for c in cands}
         best = min(cands, key=lambda c: c["caller_us"])
+        steady = min((c for c in cands if c["caller_us"] <= best["caller_us"] * (1 + NEAR)), key=_steady)
+        if _steady(steady) < _steady(best):
+            return steady, (f"fastest correct within {NEAR:.0%} ({steady['caller_us']:.1f} us per call; {best['impl']} "
+                            f"{best['caller_us']:.1f}), the steadiest were the host {HOST_SWING:g}x slower"), totals
         return best, f"fastest correct ({best['caller_us']:.1f} us per call)", totals
     if policy == "cold-start":
         n = calls or DEFAULT_CALLS

@@ -24,27 +24,29 @@ from .contention import quantile
 from .timing import batch_times_us, no_gc, sync
 
 ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
-WITHIN = 1.5  # a launch-bound row this close to the fastest (caller time) asks for the case's rows to be re-timed
+HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
+WITHIN = 1.5  # a launch-sensitive row this close to the fastest (caller time) asks for the case's rows to be re-timed
 ROUNDS = 7
 BATCH_S = 0.004  # host time of one candidate's batch in a round
 
 
-def _host_bound(r: dict[str, Any]) -> bool:
+def launch_sensitive(r: dict[str, Any]) -> bool:
+    """Whether a row's caller time would follow its host time were the host ``HOST_SWING`` slower."""
     host, p50 = r.get("host_us"), r.get("p50_us")
-    return host is not None and p50 is not None and host >= p50
+    return host is not None and p50 is not None and host * HOST_SWING >= p50
 
 
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of one case (fresh, the newest per implementation) to time again side by side: every usable eager
     caller's GPU row (timed in full: not pruned, not contended, with host spread), when at least two exist and one
-    that is launch-bound (host time at or above kernel time) lies within ``WITHIN`` of the fastest; else none. None
+    that is launch-sensitive (``launch_sensitive``) lies within ``WITHIN`` of the fastest; else none. None
     either where they were all timed side by side already (their origin says so)."""
     rows = [r for r in rows if usable(r) and not pruned(r) and not contended(r) and r.get("host_p80_us") is not None
             and (r.get("context") or "eager") == "eager"]
     if len(rows) < 2 or all(str(r.get("origin") or "").startswith(ORIGIN) for r in rows):
         return []
     best = min(r["caller_us"] for r in rows)
-    if not any(_host_bound(r) and r["caller_us"] <= WITHIN * best for r in rows):
+    if not any(launch_sensitive(r) and r["caller_us"] <= WITHIN * best for r in rows):
         return []
     return rows
 
