@@ -95,3 +95,25 @@ def test_a_gpu_sweep_stores_launch_bound_rows_timed_side_by_side(private_store, 
     n = len(rows)
     sweep([spec], {"rms_norm": [problem]}, [torch.bfloat16], torch.device("cuda"), store, **kw)
     assert len(store.rows(op="rms_norm")) == n  # resumed: nothing measured or timed again
+
+
+def test_a_candidate_that_raises_side_by_side_is_left_out_and_said(monkeypatch, caplog):
+    spec = get_op("muladd")
+    from tiered_ops.measure import measure as measure_mod
+
+    real = measure_mod.timed_call
+
+    def failing(spec_, impl, inp, mode, context="eager"):
+        if impl.name != "eager_addcmul":
+            return real(spec_, impl, inp, mode, context)
+
+        def boom():
+            raise RuntimeError("out of memory")
+        return boom
+
+    monkeypatch.setattr(measure_mod, "timed_call", failing)
+    with caplog.at_level("WARNING"):
+        out = recheck.side_by_side(spec, ["eager", "eager_addcmul"], spec.problem((32, 32)), torch.float32, CPU,
+                                   "fwd_nograd", rounds=2, batch_s=0.001)
+    assert set(out) == {"eager"} and len(out["eager"]) == 2
+    assert "eager_addcmul raised while timed side by side (RuntimeError: out of memory)" in caplog.text

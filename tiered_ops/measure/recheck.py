@@ -13,8 +13,9 @@ their caller time again the larger of kernel and host time.
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -22,6 +23,8 @@ from ..registry import OpSpec, Problem
 from ..store.rows import contended, pruned, usable
 from .contention import quantile
 from .timing import batch_times_us, no_gc, sync
+
+log = logging.getLogger(__name__)
 
 ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
 HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
@@ -54,20 +57,33 @@ def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def side_by_side(spec: OpSpec, names: list[str], problem: Problem, dtype: torch.dtype, device: torch.device,
                  mode: str, rounds: int = ROUNDS, batch_s: float = BATCH_S) -> dict[str, list[float]]:
     """Host time per call (us) of each implementation in ``names``, one batch per round over ``rounds`` interleaved
-    rounds in this process (the call a measurement times, ``measure.timed_call``, on one set of inputs)."""
+    rounds in this process (the call a measurement times, ``measure.timed_call``, on one set of inputs). One that
+    raises here is left out from then on, with a warning: its row stays as it was timed."""
     from .measure import timed_call
 
     inp = spec.make_inputs(problem, dtype, device, 0)
-    calls = {n: timed_call(spec, spec.impls[n], inp, mode) for n in names}
-    for call in calls.values():
-        call()  # warm: a compiled tier's graph, a kernel's first launch
-    sync(device)
-    out: dict[str, list[float]] = {n: [] for n in names}
+    calls: dict[str, Callable[[], Any]] = {}
+    out: dict[str, list[float]] = {}
+
+    def attempt(n: str, run: Callable[[], Any]) -> None:
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 - one candidate's failure leaves the others' rounds going
+            log.warning("tiered_ops: %s %s %s: %s raised while timed side by side (%s: %s); its row stays as timed",
+                        spec.name, problem, mode, n, type(e).__name__, e)
+            calls.pop(n, None)
+            out.pop(n, None)
+
+    for n in names:
+        calls[n] = timed_call(spec, spec.impls[n], inp, mode)
+        out[n] = []
+        attempt(n, lambda n=n: (calls[n](), sync(device)))  # warm: a compiled tier's graph, a first launch
     with no_gc():
         for r in range(rounds):
             k = r % len(names)
             for n in names[k:] + names[:k]:
-                out[n] += batch_times_us(calls[n], device, batch_s, batches=1)
+                if n in calls:
+                    attempt(n, lambda n=n: out[n].extend(batch_times_us(calls[n], device, batch_s, batches=1)))
     return out
 
 
