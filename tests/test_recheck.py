@@ -75,7 +75,7 @@ def test_side_by_side_times_each_candidate_once_a_round_on_the_cpu():
 def test_nothing_is_taken_again_on_the_cpu():
     spec = get_op("muladd")
     rows = [row("eager", 9.6, 13.4), row("eager_addcmul", 8.9, 22.3)]
-    assert recheck.here(spec, rows, spec.problem((32, 32)), torch.float32, CPU, "fwd_nograd") == []
+    assert recheck.retime(spec, rows, spec.problem((32, 32)), torch.float32, CPU, "fwd_nograd") == ([], None)
 
 
 @pytest.mark.gpu
@@ -117,3 +117,25 @@ def test_a_candidate_that_raises_side_by_side_is_left_out_and_said(monkeypatch, 
                                    "fwd_nograd", rounds=2, batch_s=0.001)
     assert set(out) == {"eager"} and len(out["eager"]) == 2
     assert "eager_addcmul raised while timed side by side (RuntimeError: out of memory)" in caplog.text
+
+
+def test_retime_hands_the_names_to_a_worker_and_keeps_the_rows_when_it_fails(monkeypatch):
+    """The sweep's and background tuning's path: ``run`` (a worker's ``host`` task) times the named candidates; a
+    worker that died or hung leaves no new row and says why. Only the device's type is read here: no GPU needed."""
+    spec = get_op("muladd")
+    monkeypatch.setattr(spec, "fresh_impl", lambda r: spec.impls[r["impl"]])
+    rows = [row("eager", 9.6, 13.4), row("eager_addcmul", 8.9, 22.3)]
+    asked = []
+
+    def worker(names):
+        asked.append(names)
+        return {n: [11.0, 12.0] for n in names}, None
+
+    gpu, problem = torch.device("cuda"), spec.problem((32, 32))
+    new, why = recheck.retime(spec, rows, problem, torch.float32, gpu, "fwd_nograd", worker)
+    assert why is None and asked == [["eager", "eager_addcmul"]]
+    assert {r["impl"]: r["caller_us"] for r in new} == {"eager": 11.0, "eager_addcmul": 11.0}
+    assert recheck.retime(spec, rows, problem, torch.float32, gpu, "fwd_nograd",
+                          lambda names: (None, "the worker died")) == ([], "the worker died")
+    assert recheck.retime(spec, rows[:1], problem, torch.float32, gpu, "fwd_nograd", worker) == ([], None)
+    assert len(asked) == 1  # nothing to compare: no worker task

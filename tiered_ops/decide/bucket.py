@@ -162,14 +162,13 @@ def tune(me: Runner, job: Job) -> None:
             _land(job, store, final=False)
     if not _gate_winner(me, job, store):
         return  # stopping, or the worker died during a gate: the bucket is queued again (its rows are kept)
-    again = recheck.candidates([r for r in _rows(job, store) if spec.fresh_impl(r) is not None])
-    if again and job.device.type == "cuda":  # launch-bound: the bucket's host times taken again side by side
-        t1 = time.perf_counter()
-        names = [r["impl"] for r in again]
-        reply, why = me.pool_for(job).run(("host", op, names, job.problem, dname, mode), f"{job} host side by side")
-        new = [] if why else recheck.retimed(again, reply)
-        for row in new:
-            _keep(job, store, row)
+    t1 = time.perf_counter()
+    new, why = recheck.retime(spec, _rows(job, store), job.problem, job.dtype, job.device, mode,
+                              lambda names: me.pool_for(job).run(("host", op, names, job.problem, dname, mode),
+                                                                 f"{job} host side by side"))
+    for row in new:  # launch-bound: the bucket's host times taken again side by side
+        _keep(job, store, row)
+    if new or why:
         _say(job, "host side by side", time.perf_counter() - t1, None, why or recheck.summary(new))
     job.took_s += time.perf_counter() - t0
     _land(job, store, final=True)

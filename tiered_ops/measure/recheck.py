@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import OpSpec, Problem
-from ..store.rows import contended, pruned, usable
+from ..store.rows import pruned, usable
 from .contention import quantile
 from .timing import batch_times_us, no_gc, sync
 
@@ -41,10 +41,10 @@ def launch_sensitive(r: dict[str, Any]) -> bool:
 
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of one case (fresh, the newest per implementation) to time again side by side: every usable eager
-    caller's GPU row (timed in full: not pruned, not contended, with host spread), when at least two exist and one
+    caller's GPU row (``usable``, timed in full: not pruned, with host spread), when at least two exist and one
     that is launch-sensitive (``launch_sensitive``) lies within ``WITHIN`` of the fastest; else none. None
     either where they were all timed side by side already (their origin says so)."""
-    rows = [r for r in rows if usable(r) and not pruned(r) and not contended(r) and r.get("host_p80_us") is not None
+    rows = [r for r in rows if usable(r) and not pruned(r) and r.get("host_p80_us") is not None
             and (r.get("context") or "eager") == "eager"]
     if len(rows) < 2 or all(str(r.get("origin") or "").startswith(ORIGIN) for r in rows):
         return []
@@ -104,12 +104,18 @@ def retimed(rows: list[dict[str, Any]], hosts: dict[str, list[float]]) -> list[d
     return out
 
 
-def here(spec: OpSpec, rows: list[dict[str, Any]], problem: Problem, dtype: torch.dtype, device: torch.device,
-         mode: str) -> list[dict[str, Any]]:
-    """The case's rows that ``candidates`` names (of ``rows``, those of the current sources), timed again side by side
-    in this process: new rows, none on the CPU or where none is named."""
+def retime(spec: OpSpec, rows: list[dict[str, Any]], problem: Problem, dtype: torch.dtype, device: torch.device,
+           mode: str, run: Callable[[list[str]], tuple[Any, str | None]] | None = None
+           ) -> tuple[list[dict[str, Any]], str | None]:
+    """The case's rows that ``candidates`` names (of ``rows``, those of the current sources; none on the CPU), timed
+    again side by side: (new rows, None), or ([], why) where ``run`` (names -> (hosts, why): a worker's ``host`` task)
+    could not time them. Without ``run``, in this process."""
     again = candidates([r for r in rows if spec.fresh_impl(r) is not None]) if device.type == "cuda" else []
-    return retimed(again, side_by_side(spec, [r["impl"] for r in again], problem, dtype, device, mode)) if again else []
+    if not again:
+        return [], None
+    names = [r["impl"] for r in again]
+    hosts, why = run(names) if run is not None else (side_by_side(spec, names, problem, dtype, device, mode), None)
+    return ([], why) if why else (retimed(again, hosts), None)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:

@@ -283,18 +283,16 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
             """``settle`` the case, then this sweep's rows of it replaced by the newest (gated, or never chosen)."""
             spec, problem, dtype, mode, _ = todo[index_of[case][0]]
             settle(spec, problem, dtype, mode)
-            rows = list(_fresh(store, spec, problem, dtype, fp.key, mode, waiting=True).values())
-            again = recheck.candidates(rows) if device.type == "cuda" else []
-            if again and pool is None:  # launch-bound: the case's host times taken again side by side
-                store.add(recheck.here(spec, rows, problem, dtype, device, mode))
-            elif again:
-                what = f"{spec.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
-                hosts, why = pool.run(("host", spec.name, [r["impl"] for r in again], problem, DTYPE_NAMES[dtype],
-                                       mode), f"{what} host side by side")
-                store.add([] if why else recheck.retimed(again, hosts))
-                if why:
-                    say(f"{what}: host side by side {why}: rows kept as timed")
             newest = _fresh(store, spec, problem, dtype, fp.key, mode, waiting=True)
+            what = f"{spec.name} {problem} {DTYPE_NAMES[dtype]} {mode}"
+            run = None if pool is None else lambda names: pool.run(
+                ("host", spec.name, names, problem, DTYPE_NAMES[dtype], mode), f"{what} host side by side")
+            new, why = recheck.retime(spec, list(newest.values()), problem, dtype, device, mode, run)
+            if why:
+                say(f"{what}: host side by side {why}: rows kept as timed")
+            if new:  # launch-bound: the case's host times taken again side by side
+                store.add(new)
+                newest = _fresh(store, spec, problem, dtype, fp.key, mode, waiting=True)
             for k in index_of[case]:
                 if results[k] is not None and todo[k][4].name in newest:
                     results[k] = newest[todo[k][4].name]
