@@ -7,7 +7,7 @@
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
-#                 diag (the Triton launch paths' host time), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
+#                 diag (the Triton launch paths' host time), floor (a training step's host floor), ncu (Nsight Compute on the CUDA/Triton bf16 forward),
 #                 launch (host us per call per tier and launch layer), dispatch (tiered_ops.<op>'s own per-call cost),
 #                 dispatchparts (that cost part by part: the capture query, the C++ key),
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
@@ -300,6 +300,13 @@ PY
       mkdir -p "$OUT/sol"
       run_for "$(left)" $PY benchmarks/speed_of_light.py --out-dir "$OUT/sol" --db "$TIERED_OPS_DB" ${SOL_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once" | tee "$OUT/sol/sol.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      ;;
+    floor)
+      # The host floor of a training step (a step that launches nothing) beside the norms' own steps.
+      echo "== floor: a training step's host floor"
+      run_for "$(left)" $PY scripts/diag/step_floor.py --rounds "${FLOOR_ROUNDS:-7}" 2>&1 \
+        | grep -v -E "UserWarning|warn_once" | tee "$OUT/step_floor.txt" | tail -20
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     diag)
