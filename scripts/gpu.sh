@@ -161,8 +161,10 @@ PY
     targets)
       echo "== targets: regret grid + dispatch cost, decided from $TIERED_OPS_DB"
       t=$(left); [ -n "${TARGETS_TIMEOUT:-}" ] && [ "$TARGETS_TIMEOUT" -lt "$t" ] && t=$TARGETS_TIMEOUT
+      # TARGETS_GRID=none: the dispatch cost alone
+      grid=${TARGETS_GRID:-benchmarks/grid.csv}
       run_for "$t" $PY -m tiered_ops --db "$TIERED_OPS_DB" targets --live \
-        --grid benchmarks/grid.csv --spec benchmarks/targets.json --out-dir "$OUT/targets" \
+        $([ "$grid" = none ] || echo --grid "$grid") --spec benchmarks/targets.json --out-dir "$OUT/targets" \
         $([ -f "$OUT/results.csv" ] && echo --results "$OUT/results.csv") \
         2>&1 | grep -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/targets.log" | grep -E "regret|NOT met|wrote" 
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1

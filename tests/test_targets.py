@@ -209,3 +209,23 @@ def test_the_commands_render_the_targets_only_when_asked(tmp_path, capsys):
     assert main([*base, "--out", str(tmp_path / "t"), "--targets-spec", str(SPEC)]) == 0
     assert "## Speed targets" in (tmp_path / "t" / "README.md").read_text()
     assert main([*base, "--out", str(tmp_path / "u"), "--targets", str(tmp_path)]) == 2
+
+
+def test_live_dispatch_times_every_candidate_in_interleaved_rounds(tmp_path, monkeypatch):
+    from tiered_ops.sweep import live
+
+    order: list[str] = []
+    real = live.host_time_per_call
+
+    def spy(fn, device, budget_s=0.05):
+        order.append(getattr(fn, "__name__", ""))
+        return real(fn, device, budget_s=0.002)
+
+    monkeypatch.setattr(live, "host_time_per_call", spy)
+    df = live.live_dispatch(torch.device("cpu"), str(tmp_path / "store.sqlite"), ["1x64"], ["fp32"], ops=["gelu"],
+                            rounds=3)
+    impls = list(df.impl)
+    assert impls and "eager" in impls and "peer" not in set(df.impl)
+    assert len(order) == 3 * (len(impls) + 1)  # the public call and each implementation, once per round
+    assert (df.direct_us > 0).all() and df.public_us.nunique() == 1 and (df.rounds == 3).all()
+    assert set(df.chosen) <= set(impls) | {"eager"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -24,6 +25,8 @@ from ..registry import DTYPES, MODES
 from ..store.store import Store
 from ..tiers.catalog import all_ops, get_op
 from .bench import sweep_cases
+
+DISPATCH_ROUNDS = 7  # interleaved rounds of the dispatch cost
 
 
 class GridPoint(NamedTuple):
@@ -166,9 +169,11 @@ def _tune_points(device: torch.device, main_db: str, tuned_db: str, points: list
 
 
 def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes: list[str],
-                  ops: list[str] | None = None) -> pd.DataFrame:
+                  ops: list[str] | None = None, rounds: int = DISPATCH_ROUNDS) -> pd.DataFrame:
     """Per-call host time of ``tiered_ops.<op>`` (the main store's decision) and of every implementation of ours
-    called directly, at ``shapes`` (like "32x4096") and ``dtypes``, in one process."""
+    called directly, at ``shapes`` (like "32x4096") and ``dtypes``, in one process: the median over ``rounds``
+    interleaved rounds (the order rotated each round), as a launch-bound call's host time moves by more than the
+    difference measured from one moment to the next."""
     rows = []
     sel.use_store(main_db)
     try:
@@ -178,15 +183,22 @@ def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes:
                     p = grid_problem(spec.name, _shape(shape, "dispatch shapes"))
                     inp = spec.make_inputs(p, DTYPES[dt], device, 0)
                     public = make_public(spec)
+                    chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
+                    calls = {"": lambda: public(*inp.args, **inp.kwargs)}
+                    calls.update({impl.name: (lambda f=impl.fn: f(*inp.args, **inp.kwargs))
+                                  for impl in spec.impls.values()
+                                  if impl.tier.label != "peer" and not impl.why_not(device, DTYPES[dt])})
+                    names = list(calls)
+                    times: dict[str, list[float]] = {n: [] for n in names}
                     with torch.no_grad():
-                        t_pub = host_time_per_call(lambda: public(*inp.args, **inp.kwargs), device)
-                        chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
-                        for impl in spec.impls.values():
-                            if impl.tier.label == "peer" or impl.why_not(device, DTYPES[dt]):
-                                continue
-                            t = host_time_per_call(lambda: impl.fn(*inp.args, **inp.kwargs), device)
-                            rows.append(dict(op=spec.name, problem=str(p), dtype=dt, impl=impl.name, direct_us=t,
-                                             public_us=t_pub, chosen=chosen))
+                        for fn in calls.values():  # first calls (a Triton kernel's compilation) outside the rounds
+                            fn()
+                        for r in range(rounds):
+                            for n in names[r % len(names):] + names[:r % len(names)]:
+                                times[n].append(host_time_per_call(calls[n], device))
+                    t_pub = statistics.median(times[""])
+                    rows += [dict(op=spec.name, problem=str(p), dtype=dt, impl=n, direct_us=statistics.median(times[n]),
+                                  public_us=t_pub, chosen=chosen, rounds=rounds) for n in names[1:]]
     finally:
         sel.use_store(None)
     return pd.DataFrame(rows)
