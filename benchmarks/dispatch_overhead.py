@@ -55,6 +55,7 @@ import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
 from tiered_ops.decide import dispatch  # noqa: E402
+from tiered_ops.measure import timing  # noqa: E402  (its rotated rounds)
 from tiered_ops.measure.timing import no_gc  # noqa: E402  (the harness's window without collections)
 from tiered_ops.tiers import cuda_ext  # noqa: E402
 
@@ -74,17 +75,11 @@ def batch_us(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
 
 def interleaved(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, cuda: bool) -> dict[str, list[float]]:
     """Per-call times of each of ``fns`` in ``rounds`` rounds, the order rotated each round (ABC, BCA, CAB, ...)."""
-    names = list(fns)
     for f in fns.values():
         for _ in range(50):
             f()
-    out: dict[str, list[float]] = {n: [] for n in names}
     with no_gc():
-        for r in range(rounds):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
-                out[n].append(batch_us(fns[n], calls, cuda))
-    return out
+        return timing.interleaved(fns, rounds, lambda f: batch_us(f, calls, cuda))
 
 
 def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: bool) -> list[float]:

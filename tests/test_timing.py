@@ -255,3 +255,12 @@ def test_the_winner_per_mode_table_says_why_a_cell_is_empty():
     assert modes.loc[("muladd", str(p), "fp32"), "fwd_nograd"] == "eager"
     assert modes.loc[("muladd", str(p), "fp32"), "fwd+bwd"] == "(contended: 2 of 2 timed on a busy machine)"
     assert not modes.isna().any().any()
+
+
+def test_interleaved_rounds_rotate_the_order():
+    from tiered_ops.measure.timing import interleaved, rotated
+
+    assert "".join(rotated(list("abc"), 4)) == "abcbcacababc"
+    seen: list[str] = []
+    out = interleaved({n: (lambda n=n: n) for n in "ab"}, 3, lambda f: seen.append(f()) or float(len(seen)))
+    assert seen == list("abbaab") and out == {"a": [1.0, 4.0, 5.0], "b": [2.0, 3.0, 6.0]}

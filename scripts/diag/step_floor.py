@@ -23,7 +23,7 @@ import torch
 
 from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.measure.measure import timed_call
-from tiered_ops.measure.timing import copy_bandwidth_gbps, time_call
+from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
 from tiered_ops.registry import DTYPES
 from tiered_ops.tiers.catalog import get_op
 
@@ -74,11 +74,8 @@ def main() -> None:
             fn()
         torch.cuda.synchronize()
         kernels = {name: _kernels(fn) for name, fn in calls.items()}
-        rows: dict[str, list] = {name: [] for name in calls}
+        rows = interleaved(calls, args.rounds, lambda f: time_call(f, dev))
         names = list(calls)
-        for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                rows[name].append(time_call(calls[name], dev))
         copy_us = nbytes / (copy * 1e3)
         print(f"\n{op} {'x'.join(map(str, shape))} bf16 fwd+bwd: {nbytes / 1e6:.1f} MB, copy time {copy_us:.1f} us "
               f"(75 % of copy: caller <= {copy_us / 0.75:.1f} us)")

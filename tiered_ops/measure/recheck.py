@@ -22,7 +22,7 @@ import torch
 from ..registry import OpSpec, Problem
 from ..store.rows import pruned, usable
 from .contention import quantile
-from .timing import batch_times_us, no_gc, sync
+from .timing import batch_times_us, no_gc, rotated, sync
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,9 @@ def side_by_side(spec: OpSpec, names: list[str], problem: Problem, dtype: torch.
         out[n] = []
         attempt(n, lambda n=n: (calls[n](), sync(device)))  # warm: a compiled tier's graph, a first launch
     with no_gc():
-        for r in range(rounds):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
-                if n in calls:
-                    attempt(n, lambda n=n: out[n].extend(batch_times_us(calls[n], device, batch_s, batches=1)))
+        for n in rotated(names, rounds):
+            if n in calls:
+                attempt(n, lambda n=n: out[n].extend(batch_times_us(calls[n], device, batch_s, batches=1)))
     return out
 
 

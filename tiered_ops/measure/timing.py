@@ -142,6 +142,23 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
     return timed(n)
 
 
+def rotated(names: list[str], rounds: int) -> Iterator[str]:
+    """``names`` once per round over ``rounds`` rounds, the order rotated each round (ABC, BCA, CAB, ...): a host's
+    drift during the rounds falls on every candidate alike."""
+    for r in range(rounds):
+        k = r % len(names)
+        yield from names[k:] + names[:k]
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, measure: Callable[[Callable[[], object]], float]
+                ) -> dict[str, list[float]]:
+    """``measure`` of each of ``calls`` once per round, in ``rotated`` order: the samples per name."""
+    out: dict[str, list[float]] = {n: [] for n in calls}
+    for n in rotated(list(calls), rounds):
+        out[n].append(measure(calls[n]))
+    return out
+
+
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """No garbage collection inside a timed window (as timeit): a collection pause is the caller's, not the op's.

@@ -20,7 +20,7 @@ import torch
 
 from ..decide import decide as sel
 from ..decide.dispatch import make_public
-from ..measure.timing import host_time_per_call
+from ..measure.timing import host_time_per_call, interleaved
 from ..registry import DTYPES, MODES
 from ..store.store import Store
 from ..tiers.catalog import all_ops, get_op
@@ -187,20 +187,16 @@ def live_dispatch(device: torch.device, main_db: str, shapes: list[str], dtypes:
                     calls.update({impl.name: (lambda f=impl.fn: f(*inp.args, **inp.kwargs))
                                   for impl in spec.impls.values()
                                   if impl.tier.label != "peer" and not impl.why_not(device, DTYPES[dt])})
-                    names = list(calls)
-                    times: dict[str, list[float]] = {n: [] for n in names}
                     with torch.no_grad():
                         # first calls outside the rounds (a Triton kernel's compilation), the public one first: it
                         # decides as a user's first call would (tuning its bucket where the process tunes)
                         for fn in calls.values():
                             fn()
                         chosen = sel.select_problem(spec, p, DTYPES[dt], device, tune=False).name
-                        for r in range(rounds):
-                            for n in names[r % len(names):] + names[:r % len(names)]:
-                                times[n].append(host_time_per_call(calls[n], device))
-                    t_pub = statistics.median(times[""])
-                    rows += [dict(op=spec.name, problem=str(p), dtype=dt, impl=n, direct_us=statistics.median(times[n]),
-                                  public_us=t_pub, chosen=chosen, rounds=rounds) for n in names[1:]]
+                        times = interleaved(calls, rounds, lambda f: host_time_per_call(f, device))
+                    t_pub = statistics.median(times.pop(""))
+                    rows += [dict(op=spec.name, problem=str(p), dtype=dt, impl=n, direct_us=statistics.median(ts),
+                                  public_us=t_pub, chosen=chosen, rounds=rounds) for n, ts in times.items()]
     finally:
         sel.use_store(None)
     return pd.DataFrame(rows)
