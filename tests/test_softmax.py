@@ -37,12 +37,13 @@ def test_giant_row(impl, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(3, 65536), (7, 65540), (12, 250000), (2, 393216), (300, 40000), (1, 450000)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(3, 65536), (7, 65540), (12, 250000), (2, 393216), (300, 40000), (1, 450000),
+                                   (40, 393216), (1, 900000)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rows_over_a_cluster(dtype, shape):
     # Aligned rows too long for registers: the CUDA tier's cluster per row (2 to 8 blocks, shares that do not
-    # divide evenly, more rows than the GPU holds at once, one row over eight blocks), else its block per row.
+    # divide evenly, more rows than the GPU holds at once, several waves of 8-block clusters; 16 blocks where 8
+    # cannot hold the row), else its block per row.
     assert_matches("softmax", "cuda", P(shape), dtype)
 
 

@@ -22,6 +22,8 @@ CASES = [  # (op, impl, shape, dtype)
     ("softmax", "cuda", (4096, 32768), "bf16"),
     ("softmax", "triton", (4096, 32768), "bf16"),
     ("softmax", "cuda", (4096, 32768), "fp32"),
+    ("softmax", "cuda", (512, 393216), "fp32"),  # giant rows: a cluster of 8 blocks a row
+    ("softmax", "cuda", (1, 900000), "fp32"),  # a row only a cluster of 16 holds
     ("rms_norm", "cuda", (4096, 32768), "bf16"),
     ("rms_norm", "triton", (4096, 32768), "bf16"),
     ("layer_norm", "cuda", (16384, 4096), "bf16"),
