@@ -120,11 +120,10 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
     call signature: a trace finds it (its guards: one lookup). A trace caches nothing itself: its miss would fail its
     guard on the key's absence (every patched model recompiled once after tune). Eager calls of the same signature
     between compiled calls change none of its guards."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     decide.clear_cache()
     torch._dynamo.reset()
-    counters.clear()
     x, w = torch.randn(3, 16), torch.randn(16)
 
     def f(t: torch.Tensor) -> torch.Tensor:
@@ -138,11 +137,12 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
         report = tiered_ops.tune(module, (x,), context="compiled")
         assert [c.call.op for c in report.calls] == ["rms_norm"]
     assert [k[-1] for k in decide._calls if k[0] == "rms_norm"] == ([0, 1] if first == "eager call" else [1])
-    counters.clear()  # tune's own measurements compile too
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     for _ in range(3):
         torch.testing.assert_close(compiled(x), f(x))  # f(x): an eager call of the same signature each time
-    assert counters["stats"]["unique_graphs"] == 1
+    # f's own compiled entries, not the process's graph count: tune's measurements (and a worker thread an earlier
+    # test left) compile graphs of their own, which made a global count read 2 in some full-suite runs
+    assert len(_debug_get_cache_entry_list(f.__code__)) == 1
 
 
 def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(private_decisions):
