@@ -148,7 +148,7 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
 def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(private_decisions):
     """tune clears the caches to record its step; the selections whose decision it leaves unchanged come back as the
     same objects, so a caller compiled before it does not recompile (its guards read them)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     decide.clear_cache()
     torch._dynamo.reset()
@@ -164,8 +164,10 @@ def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(privat
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     compiled(x)
     tiered_ops.tune(other, (y,), context="compiled")
-    counters.clear()  # the tune's own measurements compile too
+    assert len(_debug_get_cache_entry_list(f.__code__)) == 1
     for _ in range(2):
         torch.testing.assert_close(compiled(x), f(x))
-    assert counters["stats"]["unique_graphs"] == 0  # no recompile
+    # f's own compiled entries, not the process's graph count: f(x) runs the eager context's choice, which may be the
+    # compile tier where the stored timings favour it (a graph of its own, compiled on its first call)
+    assert len(_debug_get_cache_entry_list(f.__code__)) == 1  # no recompile
     assert {k[0] for k in decide._decisions} >= {"rms_norm", "softmax"}  # the first tune's decisions kept
