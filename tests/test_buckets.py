@@ -59,3 +59,14 @@ def test_a_legacy_bucket_reads_as_typed_values():
     assert buckets.from_legacy("1024|4096|True") == (1024, 4096, True)
     assert buckets.from_legacy("64|0|False|tanh") == (64, 0, False, "tanh")
     assert buckets.from_legacy("-1|None") == (-1, None)
+
+
+def test_flags_apart_counts_named_variants_and_keeps_bools_and_structure_infinitely_far():
+    assert buckets.flags_apart((512, 4096, "sum", False), (512, 4096, "mean", False)) == (1.0, 0.0)
+    assert buckets.flags_apart("[512,4096,\"sum\",false]", (2048, 4096, "mean", False)) == (1.0, pytest.approx(2.0))
+    assert buckets.flags_apart((64, 0, False, "tanh"), (64, 0, False, "tanh")) == (0.0, 0.0)
+    assert buckets.flags_apart(((1, "a"), 8), ((1, "b"), 16)) == (1.0, pytest.approx(1.0))  # nested parts too
+    for a, b in [((64, True), (64, False)),  # a bool says which path runs: never read from the other
+                 ((64, "sum"), (64, 3)), ((64, None), (64, "x")), ((64, "sum"), (64, "sum", 1)),
+                 (((1, True), 8), ((1, False), 8))]:
+        assert buckets.flags_apart(a, b) == (math.inf, math.inf), (a, b)

@@ -45,6 +45,50 @@ def test_tuning_off_never_returns_an_implementation_ungated_at_the_requested_dty
     torch.testing.assert_close(fp16(x, -1), torch.softmax(x, -1))
 
 
+def _ce_rows(problem, figures, dtype=torch.float32):
+    spec = get_op("cross_entropy")
+    rows = []
+    for impl, us in figures:
+        r = measure(spec, spec.impls[impl], problem, dtype, CPU)
+        assert r["ok"] == 1, r["reason"]
+        r.update(p50_us=us, host_us=us, caller_us=us, gbps=1.0)
+        rows.append(r)
+    return rows
+
+
+def _wrong_when_summed(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                                             label_smoothing=label_smoothing)
+    return loss * 1.5 if reduction == "sum" and logits.shape[0] == 16 else loss  # right at every edge problem
+
+
+def test_tuning_off_reads_a_bucket_of_another_variant_and_gates_its_choice_there(private_store, monkeypatch):
+    """Only reduction "mean" is measured; a reduction "sum" call with tuning off reads the nearest "mean" bucket (a
+    named variant: the same kernel with another epilogue) instead of falling back to eager, and gates the choice at
+    the requested problem first: a plant wrong there (and right at every edge problem) is struck, the next fastest
+    chosen. A bool flag apart (label smoothing on) is still not read from those buckets."""
+    spec = get_op("cross_entropy")
+    plant = Impl("plant_sum", Tier.TRITON, _wrong_when_summed, (spec.source,))
+    monkeypatch.setitem(spec.impls, "plant_sum", plant)
+    Store(private_store).add(_ce_rows(spec.problem((8, 64), reduction="mean"),
+                                      (("plant_sum", 1.0), ("compile", 3.0), ("eager", 5.0))))
+    sel_mod.set_tuning(False)
+    try:
+        mean = tiered_ops.select_backend("cross_entropy", (16, 64), "fp32", "cpu", reduction="mean")
+        summed = tiered_ops.select_backend("cross_entropy", (16, 64), "fp32", "cpu", reduction="sum")
+        smoothed = tiered_ops.select_backend("cross_entropy", (16, 64), "fp32", "cpu", reduction="mean",
+                                             label_smoothing=0.1)
+    finally:
+        sel_mod.set_tuning(None)
+    assert mean.name == "plant_sum" and "(other flags)" not in mean.record["reason"]
+    assert summed.name == "compile", summed.record["reason"]
+    assert "(other flags)" in summed.record["reason"] and "plant_sum failed the gate at fp32" in summed.record["reason"]
+    assert smoothed.name == "eager" and "no stored decision" in smoothed.record["reason"]
+    logits, target = torch.randn(16, 64), torch.randint(0, 64, (16,))
+    torch.testing.assert_close(summed(logits, target, -100, "sum"),
+                               torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+
+
 def test_select_backend_fast_path_keys_on_the_resolved_device(monkeypatch):
     """device=None means the current device: after the current device changes, the decision is made for the new
     one, not returned from the fast path of the old one."""

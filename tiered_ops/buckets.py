@@ -4,7 +4,8 @@ An op's ``bucket(problem)`` returns a tuple of typed values (leading dims rounde
 exact, flags). The store keeps it as canonical JSON text (``encode``): ints stay ints, bools stay bools (a flag,
 never the number 1), strings and None as themselves, nested tuples as lists; equal tuples give equal text, so the
 text is a key. ``decode`` gives the tuple back. ``distance`` says how far apart two buckets are for the nearest-bucket
-fallback: the sum of |log2| ratios of their numeric parts, infinite when anything else differs.
+fallback: the sum of |log2| ratios of their numeric parts, infinite when anything else differs; ``flags_apart``
+ranks buckets whose named variants differ (a fallback of its own, where no bucket of the same flags is measured).
 
 Stores written before this encoding held ``"a|b|c"`` (``str`` of each part joined by ``|``): ``from_legacy`` reads
 that form (the store's migration converts every stored bucket with it).
@@ -92,3 +93,29 @@ def distance(a: Bucket | str, b: Bucket | str) -> float:
     if len(ta) != len(tb):
         return math.inf
     return sum(_parts_distance(x, y) for x, y in zip(ta, tb))
+
+
+def flags_apart(a: Bucket | str, b: Bucket | str) -> tuple[float, float]:
+    """(how many named variants differ, the ``distance`` of the numeric parts): buckets of the same structure ranked
+    by their variants first. A variant is a string part (cross_entropy's reduction, gelu's approximation): the same
+    kernel with another epilogue, its time a fair guess of the other's. A bool is not: it says which path runs (a
+    softmax over a dim that is not last, a norm without weight), so buckets whose bools differ are (inf, inf) apart,
+    as are those whose lengths differ or whose parts are of different kinds."""
+    ta = decode(a) if isinstance(a, str) else tuple(a)
+    tb = decode(b) if isinstance(b, str) else tuple(b)
+    if len(ta) != len(tb):
+        return math.inf, math.inf
+    flags, apart = 0.0, 0.0
+    for x, y in zip(ta, tb):
+        if _numeric(x) and _numeric(y):
+            apart += _parts_distance(x, y)
+        elif isinstance(x, tuple) and isinstance(y, tuple):
+            f, d = flags_apart(x, y)
+            flags, apart = flags + f, apart + d
+        elif type(x) is type(y) and x == y:
+            continue
+        elif isinstance(x, str) and isinstance(y, str):
+            flags += 1.0
+        else:
+            return math.inf, math.inf
+    return flags, apart

@@ -11,7 +11,8 @@ implementation whose source is unchanged: the correct implementation with the lo
 sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
 persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
 ``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2;
-for fp16 or bf16 with nothing measured in that dtype: of the other one), each candidate's time predicted at
+for fp16 or bf16 with nothing measured in that dtype: of the other one; with nothing of those flags measured:
+the fewest flags apart, its choice gated at the requested problem), each candidate's time predicted at
 the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
 the eager tier when nothing of the op is measured; the record says which. Peers
 (``tiered_ops.peers``) are never measured or chosen here. With ``TIERED_OPS_TUNE=background`` (or
@@ -50,7 +51,7 @@ from .choice import _decide, _gated
 from .contexts import _compiled_rows, in_context
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
-from .predict import nearest_bucket, predict
+from .predict import nearest_rows
 
 log = logging.getLogger(__name__)
 _tune: bool | str | None = None
@@ -265,18 +266,11 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             store.add(again)
             rows = store.latest(spec.name, bkey, dname, fp.key, mode) if again else rows
             tuned_s = time.perf_counter() - t0
-        near, near_dtype = None, dname
-        if not rows and not tune:
-            # the nearest measured bucket of this dtype, else of the other 16-bit dtype (same bytes per element)
-            # (not in the background: another dtype's choice needs a gate at this one, on the calling thread)
-            for dn in (dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []) if not provisional else [])):
-                b = nearest_bucket(store, spec, bkey, dn, fp.key, mode)
-                if b is not None:
-                    near, rows = (b if dn == dname else f"{b} ({dn})"), store.latest(spec.name, b, dn, fp.key, mode)
-                    rows = predict(spec, problem, dtype, mode, rows,
-                                   store.rows(op=spec.name, dtype=dn, device_key=fp.key, mode=mode))
-                    near_dtype = dn
-                    break
+        # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
+        # gate at this problem, on the calling thread)
+        near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
+            not rows and not tune) else None
+        rows = near.rows if near is not None else rows
         made: dict[str, Selection] = {}
         compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
                                    measure_missing=tune and context == "compiled" and near is None)
@@ -290,13 +284,13 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             else:
                 impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
                 from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
-                if near_dtype != dname or from_pack:
+                if (near is not None and near.gate) or from_pack:
                     impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
                                                  (policy, calls, store, budget), (impl, reason, cands))
                 if near is not None:
                     reason = (f"{'tuning in the background' if provisional else 'tuning off'}, nothing measured in "
-                              f"this bucket: from the nearest measured bucket {near}, times predicted at this shape "
-                              f"(launch path, kernel time by bytes moved): {reason}")
+                              f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
+                              f"shape (launch path, kernel time by bytes moved): {reason}")
             record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
                           context=ctx, policy=policy, budget=budget,
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,

@@ -1,13 +1,19 @@
 """Decisions with tuning off: the nearest measured bucket, and each candidate's time predicted at the requested
-shape from its measurements (launch path, kernel time by bytes moved)."""
+shape from its measurements (launch path, kernel time by bytes moved).
+
+The nearest bucket is sought in this order: the same flags and dtype; the same flags and the other 16-bit dtype
+(same bytes per element); then, where no bucket of the same flags is measured, the fewest flags apart (a
+cross_entropy of reduction "sum" read from "mean"), in the same order of dtypes. A choice read from another dtype or
+other flags is gated at the requested problem before it is returned (``Near.gate``)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from ..buckets import distance
+from ..buckets import distance, flags_apart
 from ..measure.measure import bucket_str
 from ..registry import OpSpec, Problem
 from ..store.store import Store
@@ -21,8 +27,8 @@ def _bucket_distance(a: str, b: str) -> float:
 BANDWIDTH_BOUND = 4.0  # a kernel time this many times an implementation's shortest one is read as bandwidth
 
 
-def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near: list[dict], measured: list[dict]
-            ) -> list[dict]:
+def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near: list[dict], measured: list[dict],
+            like: str | None = None) -> list[dict]:
     """The ``near`` rows (the nearest measured bucket's) with each caller time predicted at ``problem`` from every
     fresh measurement of the same implementation at buckets of the same flags (``measured``): the larger of
     its launch path (its fastest host time at any of them: the launch path does not grow with the shape) and its
@@ -30,12 +36,16 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
     reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
     that latency (a launch-bound bucket says nothing of bandwidth). On an H100, taking the nearest
     bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
-    2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path."""
+    2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path.
+
+    ``like``: the bucket whose flags the measurements must share (the nearest one's, where its flags differ from
+    ``problem``'s); by default ``problem``'s own."""
     target, nbytes = bucket_str(spec.bucket(problem)), spec.mode_bytes(problem, dtype, mode)
+    like = like or target
     latest: dict[tuple[str, str], dict] = {}
     for r in measured:  # ordered by id: the newest per (implementation, bucket) wins
         if (r["ok"] and r["p50_us"] and r["gbps"] and r["host_us"] is not None and spec.fresh_impl(r) is not None
-                and _bucket_distance(target, r["bucket"]) < math.inf):
+                and _bucket_distance(like, r["bucket"]) < math.inf):
             latest[(r["impl"], r["bucket"])] = r
     out = []
     for r in near:
@@ -54,8 +64,40 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
     return out
 
 
-def nearest_bucket(store: Store, spec: OpSpec, bucket: str, dtype: str, device_key: str, mode: str) -> str | None:
-    """The measured bucket closest to ``bucket`` (same flags; nearest in log2 of the sizes), or None."""
-    best = min(((_bucket_distance(bucket, b), b) for b in store.buckets(spec.name, dtype, device_key, mode)
-                if b != bucket), default=(math.inf, None))
-    return best[1] if best[0] < math.inf else None
+def nearest_bucket(store: Store, spec: OpSpec, bucket: str, dtype: str, device_key: str, mode: str,
+                   other_flags: bool = False) -> str | None:
+    """The measured bucket closest to ``bucket`` (same flags; nearest in log2 of the sizes), or None. With
+    ``other_flags``: the one whose flags differ least, then nearest in the sizes (``buckets.flags_apart``)."""
+    rank = (lambda b: flags_apart(bucket, b)) if other_flags else (lambda b: (0.0, _bucket_distance(bucket, b)))
+    best = min(((rank(b), b) for b in store.buckets(spec.name, dtype, device_key, mode) if b != bucket),
+               default=((math.inf, math.inf), None))
+    return best[1] if best[0][1] < math.inf else None
+
+
+@dataclass
+class Near:
+    """The rows of the nearest measured bucket, their times predicted at the requested problem."""
+
+    label: str  # the bucket, with its dtype where another's
+    rows: list[dict]
+    dtype: str
+    gate: bool  # read from another dtype or other flags: the choice is gated at the requested problem first
+
+
+def nearest_rows(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, dname: str, device_key: str,
+                 mode: str, other_dtype: bool = True) -> Near | None:
+    """The nearest measured bucket's rows (the order in the module's docstring), or None where nothing of the op is
+    measured in this mode. ``other_dtype``: also read the other 16-bit dtype's and other flags' buckets (a choice
+    that needs a gate at the requested problem, on the calling thread)."""
+    bkey = bucket_str(spec.bucket(problem))
+    dtypes = [dname, *({"fp16": ["bf16"], "bf16": ["fp16"]}.get(dname, []) if other_dtype else [])]
+    for other_flags in (False, True) if other_dtype else (False,):
+        for dn in dtypes:
+            b = nearest_bucket(store, spec, bkey, dn, device_key, mode, other_flags)
+            if b is None:
+                continue
+            rows = predict(spec, problem, dtype, mode, store.latest(spec.name, b, dn, device_key, mode),
+                           store.rows(op=spec.name, dtype=dn, device_key=device_key, mode=mode), like=b)
+            label = b if dn == dname else f"{b} ({dn})"
+            return Near(f"{label} (other flags)" if other_flags else label, rows, dn, dn != dname or other_flags)
+    return None
