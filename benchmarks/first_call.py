@@ -18,8 +18,14 @@ Then (unless --no-vs-blocking) the same bucket tuned blocking in a store of its 
 time of background tuning's pick over that pick's, both from the blocking tuning's measurements (the regret of tuning
 in the background against tuning on the call; target: no worse).
 
+With ``--busy`` the application does not wait idle for the decision: it goes on calling the op (fresh inputs), each
+call beside a 4096x4096x4096 bf16 matrix product on a GPU (a 512-cube in fp32 on a CPU) and one synchronization, as a
+training step would, until the decision is stored (``busy_calls`` says how many). The worker then measures on a
+loaded device, and the comparison with blocking tuning (measured on a quiet one) says what that load costs the
+decision: the evidence for or against background tuning as the default.
+
     python benchmarks/first_call.py [--ops softmax,rms_norm] [--csv out.csv] [--timeout 120] [--cold]
-        [--no-vs-blocking]
+        [--no-vs-blocking] [--busy]
 """
 
 from __future__ import annotations
@@ -75,7 +81,25 @@ def default_case(op: str, dev: torch.device) -> tuple[Any, Any, torch.dtype]:
     return spec, spec.default_problems(dev.type)[0], torch.bfloat16 if dev.type == "cuda" else torch.float32
 
 
-def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> dict[str, Any]:
+def busy_until_landed(call: Callable[[], Any], dev: torch.device, timeout: float) -> tuple[bool, int]:
+    """Call ``call`` beside a matrix product, synchronized each time, until background tuning has nothing queued or
+    measuring, or ``timeout`` s passed: (landed, calls)."""
+    cuda = dev.type == "cuda"
+    n = 4096 if cuda else 512
+    a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16 if cuda else torch.float32) for _ in range(2))
+    calls, end = 0, time.perf_counter() + timeout
+    while not tiered_ops.wait_for_tuning(0.0):
+        if time.perf_counter() > end:
+            return False, calls
+        call()
+        a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        calls += 1
+    return True, calls
+
+
+def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float, busy: bool = False) -> dict[str, Any]:
     spec, problem, dtype = default_case(op, dev)
     cuda = dev.type == "cuda"
     tiered_ops.use_store(str(store_dir / f"{op}.sqlite"))
@@ -87,7 +111,13 @@ def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> d
             eager_ms = first_call_ms(lambda: eager(*eager_in.args, **eager_in.kwargs), cuda)
             t0 = time.perf_counter()
             public_ms = first_call_ms(lambda: getattr(tiered_ops, op)(*public_in.args, **public_in.kwargs), cuda)
-            landed = tiered_ops.wait_for_tuning(timeout)
+            busy_calls = None
+            if busy:
+                more = [spec.make_inputs(problem, dtype, dev, seed) for seed in (3, 4)]
+                landed, busy_calls = busy_until_landed(
+                    lambda: getattr(tiered_ops, op)(*more[0].args, **more[0].kwargs), dev, timeout)
+            else:
+                landed = tiered_ops.wait_for_tuning(timeout)
             decision_s = time.perf_counter() - t0
         sel = select_problem(spec, problem, _as_dtype(dtype), dev, tune=False, mode="fwd_nograd")
     finally:
@@ -95,7 +125,7 @@ def measure_op(op: str, dev: torch.device, store_dir: Path, timeout: float) -> d
     return dict(op=op, problem=str(problem), dtype=str(dtype).removeprefix("torch."), device=dev.type,
                 eager_first_ms=round(eager_ms, 3), background_first_ms=round(public_ms, 3),
                 over_eager_ms=round(public_ms - eager_ms, 3), decision_s=round(decision_s, 3) if landed else None,
-                landed=landed, chosen=sel.name, reason=str(sel.record.get("reason", ""))[:120])
+                landed=landed, busy_calls=busy_calls, chosen=sel.name, reason=str(sel.record.get("reason", ""))[:120])
 
 
 def vs_blocking(op: str, dev: torch.device, store_dir: Path, background_pick: str) -> dict[str, Any]:
@@ -127,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip tuning each bucket blocking as well (the regret of background tuning against it)")
     p.add_argument("--cold", action="store_true",
                    help="do not start background tuning's worker before the first op (its start counts in that op's)")
+    p.add_argument("--busy", action="store_true",
+                   help="keep calling the op beside a matrix product until each decision is stored (a loaded device)")
     args = p.parse_args(argv)
     if args.csv:  # made now: a path that cannot be written fails before the run, not after it
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for op in ops:
             seen, seen_landings = len(candidates.rows), len(candidates.landings)  # the warm start's row stays first
-            rows.append(measure_op(op, dev, store_dir, args.timeout))
+            rows.append(measure_op(op, dev, store_dir, args.timeout, args.busy))
             r = rows[-1]
             if args.vs_blocking:
                 r.update(vs_blocking(op, dev, store_dir, r["chosen"]))
@@ -163,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'-' if r['vs_blocking'] is None else format(r['vs_blocking'], '.3f')}x its caller time")
             print(f"{op:<20} {r['problem'][:40]:<40} eager first {r['eager_first_ms']:9.2f} ms, background first "
                   f"{r['background_first_ms']:9.2f} ms, {early}every candidate stored after {stored}: "
-                  f"{r['chosen']}{blocking}", flush=True)
+                  f"{r['chosen']}{blocking}" + ("" if r["busy_calls"] is None else f"; {r['busy_calls']} busy calls"),
+                flush=True)
             for c in candidates.rows[seen:]:
                 first = "-" if c["first_call_s"] is None else f"{c['first_call_s']:.2f} s"
                 print(f"    {c['impl']:<16} {c['seconds']:6.2f} s in the worker, first call {first}: "

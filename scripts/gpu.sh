@@ -247,10 +247,11 @@ PY
       # A first call with an empty store under background tuning: its latency beside eager's first call, and the
       # seconds until its bucket's decision is stored (targets: <= eager + 50 ms; <= 3 s median, <= 8 s max).
       # FIRSTCALL_COLD=1: Triton's and Inductor's caches empty too (new folders), as on a machine that never compiled.
+      # FIRSTCALL_ARGS adds to the command (--busy: the op keeps being called beside a matrix product while it tunes).
       echo "== firstcall: background tuning from an empty store${FIRSTCALL_COLD:+, empty compile caches}"
       cold_env=()
       [ -z "${FIRSTCALL_COLD:-}" ] || cold_env=(env TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
-      run_for "$(left)" "${cold_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" 2>&1 \
+      run_for "$(left)" "${cold_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" ${FIRSTCALL_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once" | tail -14
       ;;
     decoder)

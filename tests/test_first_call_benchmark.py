@@ -37,3 +37,14 @@ def test_a_pick_without_a_timing_there_has_no_ratio(monkeypatch, tmp_path):
     select, _ = _fake_select("eager", {"eager": None, "compile": 25.0})
     monkeypatch.setattr(first_call, "select_problem", select)
     assert first_call.vs_blocking("gelu", torch.device("cpu"), tmp_path, "compile")["vs_blocking"] is None
+
+
+def test_busy_calls_go_on_until_the_decision_is_stored_or_the_timeout(monkeypatch):
+    answers = iter([False, False, False, True])
+    monkeypatch.setattr(first_call.tiered_ops, "wait_for_tuning", lambda timeout=None: next(answers))
+    calls = []
+    landed, n = first_call.busy_until_landed(lambda: calls.append(1), torch.device("cpu"), timeout=60.0)
+    assert (landed, n, len(calls)) == (True, 3, 3)
+    monkeypatch.setattr(first_call.tiered_ops, "wait_for_tuning", lambda timeout=None: False)
+    landed, n = first_call.busy_until_landed(lambda: None, torch.device("cpu"), timeout=0.05)
+    assert not landed and n >= 1
