@@ -185,3 +185,18 @@ def test_fastest_takes_the_steadiest_of_the_nearly_fastest():
     assert choose([a, b], "fastest") == (a, "fastest correct (14.6 us per call)", {"eager": 14.6, "cuda": 14.9})
     plain = [dict(impl="x", tier="eager", caller_us=10.0), dict(impl="y", tier="triton", caller_us=10.2)]
     assert choose(plain, "fastest")[0]["impl"] == "x"
+
+
+def test_a_time_predicted_at_another_shape_is_steady_by_its_predicted_kernel_time():
+    """With tuning off each time is predicted at the requested shape (``predict``): the tie rule weighs that
+    kernel time, not the measured bucket's. On the H100 grid, softmax 65536x7 bf16 read from 65536x256: eager 8.9 us
+    predicted (kernel 7.0) and the CUDA kernel 9.1 (launch-bound); eager's kernel at 256 columns (35.2 us) made it
+    look the unsteady one and the CUDA kernel, 4.7x slower there, was chosen."""
+    eager = dict(impl="eager", tier="eager", caller_us=8.9, p50_us=35.2, host_us=8.9, kernel_us=7.0, predicted=True,
+                 first_call_s=0.0)
+    cuda = dict(impl="cuda", tier="cuda", caller_us=9.1, p50_us=9.0, host_us=9.1, kernel_us=3.0, predicted=True,
+                first_call_s=0.0)
+    best, why, _ = choose([eager, cuda], "fastest")
+    assert best is eager and why == "fastest correct (8.9 us per call)"
+    # measured rows are judged as before: their own p50
+    assert choose([dict(eager, predicted=False), cuda], "fastest")[0] is cuda

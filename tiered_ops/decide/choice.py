@@ -28,6 +28,8 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
         c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "host_p80_us",
                                    "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s", "peak_bytes")
              } | {"fresh": fresh}
+        if r.get("predicted"):  # a time predicted at another shape: its kernel time there, for the policy's tie rule
+            c |= {"predicted": True, "kernel_us": r.get("kernel_us")}
         if fresh and r["ok"] and r["caller_us"] is not None and not r.get("predicted"):
             c["lo"], c["hi"] = caller_range(r)  # a time predicted at another shape has no measured spread
         if fresh and impl.tier == Tier.CUDA and policy == "cold-start":

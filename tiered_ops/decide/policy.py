@@ -54,9 +54,10 @@ def check_policy(policy: str, calls: int | None, budget: int | None = None) -> N
 
 
 def _steady(c: dict[str, Any]) -> float:
-    """A candidate's caller time were the host ``HOST_SWING`` slower (its kernel time unchanged)."""
-    host, p50 = c.get("host_us"), c.get("p50_us")
-    return c["caller_us"] if host is None or p50 is None else max(p50, host * HOST_SWING)
+    """A candidate's caller time were the host ``HOST_SWING`` slower (its kernel time unchanged). A time predicted at
+    another shape (``predicted``) counts its predicted kernel time, not the measured bucket's."""
+    host, kernel = c.get("host_us"), c.get("kernel_us") if c.get("predicted") else c.get("p50_us")
+    return c["caller_us"] if host is None or kernel is None else max(kernel, host * HOST_SWING)
 
 
 def _rank(tier: str) -> int:

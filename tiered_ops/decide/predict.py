@@ -60,7 +60,8 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
             x = min(bound, key=lambda x: _bucket_distance(target, x["bucket"]))
             moved = x["gbps"] * 1e3 * x["p50_us"]  # bytes: GB/s x us
             kernel = latency + nbytes * (x["p50_us"] - latency) / moved
-        out.append(dict(r, caller_us=max(min(x["host_us"] for x in mine), kernel), kernel_us=kernel, predicted=True))
+        host = min(x["host_us"] for x in mine)
+        out.append(dict(r, caller_us=max(host, kernel), kernel_us=kernel, host_us=host, predicted=True))
     return out
 
 
