@@ -1,5 +1,6 @@
 """select_backend's decisions with tuning off and its per-call fast path."""
 
+import pytest
 import torch
 
 import tiered_ops
@@ -43,6 +44,35 @@ def test_tuning_off_never_returns_an_implementation_ungated_at_the_requested_dty
     assert "plant_fp16 failed the gate at fp16" in fp16.record["reason"] and "(bf16)" in fp16.record["reason"]
     x = torch.randn(8, 100, dtype=torch.float16)
     torch.testing.assert_close(fp16(x, -1), torch.softmax(x, -1))
+
+
+def test_tuning_off_scales_bandwidth_bound_buckets_from_the_devices_launch_latency(private_store):
+    """An implementation measured only where its kernels are bandwidth-bound has no latency of its own: the device's
+    shortest kernel (any op, any tier) stands for it, and its time at a smaller shape is scaled by the bytes. Taking
+    its shortest bandwidth-bound kernel as the latency predicted compile at 2x4096 at most of its 16x4096 time."""
+    spec = get_op("softmax")
+    rows = []
+    # (problem, {impl: (host us, kernel us)}): eager measured launch-bound at 8x64, compile only at bandwidth-bound
+    # buckets, where it moves bytes 1.5x eager's speed
+    for shape, figures in (((8, 64), {"eager": (1.0, 1.0)}),
+                           ((16, 4096), {"eager": (1.0, 30.0), "compile": (2.0, 20.0)}),
+                           ((64, 4096), {"compile": (2.0, 80.0)})):
+        problem = spec.problem(shape)
+        nbytes = spec.mode_bytes(problem, torch.float32, "fwd_nograd")
+        base = measure(spec, spec.impls["eager"], problem, torch.float32, CPU)
+        for impl, (host, kernel) in figures.items():
+            rows.append(dict(base, impl=impl, tier=impl, ok=1, reason=None, p50_us=kernel, host_us=host,
+                             caller_us=max(host, kernel), gbps=nbytes / kernel / 1e3))
+    Store(private_store).add(rows)
+    sel_mod.set_tuning(False)
+    try:
+        sel = tiered_ops.select_backend("softmax", (2, 4096), "fp32", "cpu")
+    finally:
+        sel_mod.set_tuning(None)
+    got = {c["impl"]: c["caller_us"] for c in sel.record["candidates"]}
+    # the device's launch latency is eager's 1.0 us; 2x4096 moves an eighth of 16x4096's bytes
+    assert got["eager"] == pytest.approx(1.0 + 29.0 / 8) and got["compile"] == pytest.approx(1.0 + 19.0 / 8)
+    assert sel.name == "compile" and "[16,4096,true]" in sel.record["reason"]
 
 
 def _ce_rows(problem, figures, dtype=torch.float32):

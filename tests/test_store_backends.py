@@ -48,6 +48,10 @@ def test_rows_latest_buckets_and_metadata(store_target):
     assert [(m["impl"], m["meta"]) for m in store.meta_rows()] == [("a", {"loc": 12})]
     with pytest.raises(ValueError, match="no column named colour"):
         store.rows(colour="red")
+    # the device's shortest correct kernel, any op: the latency a prediction scales bandwidth-bound buckets from
+    store.add([dict(ROW, op="y", p50_us=0.2, ok=0), dict(ROW, op="y", p50_us=0.25),
+               dict(ROW, device_key="e", p50_us=0.01)])
+    assert store.shortest_kernel("d") == 0.25 and store.shortest_kernel("none") is None
 
 
 def test_a_passed_edge_gate_is_kept_per_source_dtype_device_and_versions(store_target):

@@ -28,13 +28,17 @@ BANDWIDTH_BOUND = 4.0  # a kernel time this many times an implementation's short
 
 
 def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near: list[dict], measured: list[dict],
-            like: str | None = None) -> list[dict]:
+            like: str | None = None, launch_us: float | None = None) -> list[dict]:
     """The ``near`` rows (the nearest measured bucket's) with each caller time predicted at ``problem`` from every
     fresh measurement of the same implementation at buckets of the same flags (``measured``): the larger of
     its launch path (its fastest host time at any of them: the launch path does not grow with the shape) and its
     kernel time there, its shortest kernel time (the latency) plus the bytes ``problem`` moves at the bandwidth it
     reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
-    that latency (a launch-bound bucket says nothing of bandwidth). On an H100, taking the nearest
+    that latency (a launch-bound bucket says nothing of bandwidth). Its latency is its shortest kernel time where
+    that is launch-bound (within BANDWIDTH_BOUND x ``launch_us``, the device's shortest kernel of any op), else
+    ``launch_us``: on the H100 grid cross_entropy fp32 was swept at bandwidth-bound buckets only, and 64x262144 had
+    each kernel time predicted as its nearest bucket's (2048x262144: 32x the bytes), the CUDA kernel's 5x its
+    time there. On an H100, taking the nearest
     bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
     2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path.
 
@@ -54,10 +58,12 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
             out.append(r)
             continue
         latency = min(x["p50_us"] for x in mine)
+        if launch_us is not None and latency > BANDWIDTH_BOUND * launch_us:
+            latency = launch_us  # none of its own buckets launch-bound: the device's launch latency instead
         kernel = latency
         bound = [x for x in mine if x["p50_us"] >= BANDWIDTH_BOUND * latency]
         if bound:
-            x = min(bound, key=lambda x: _bucket_distance(target, x["bucket"]))
+            x = min(bound, key=lambda x: flags_apart(target, x["bucket"])[1])
             moved = x["gbps"] * 1e3 * x["p50_us"]  # bytes: GB/s x us
             kernel = latency + nbytes * (x["p50_us"] - latency) / moved
         host = min(x["host_us"] for x in mine)
@@ -98,7 +104,8 @@ def nearest_rows(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtyp
             if b is None:
                 continue
             rows = predict(spec, problem, dtype, mode, store.latest(spec.name, b, dn, device_key, mode),
-                           store.rows(op=spec.name, dtype=dn, device_key=device_key, mode=mode), like=b)
+                           store.rows(op=spec.name, dtype=dn, device_key=device_key, mode=mode), like=b,
+                           launch_us=store.shortest_kernel(device_key))
             label = b if dn == dname else f"{b} ({dn})"
             return Near(f"{label} (other flags)" if other_flags else label, rows, dn, dn != dname or other_flags)
     return None

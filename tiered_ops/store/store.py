@@ -268,6 +268,13 @@ class Store:
                          "ORDER BY id", params)
         return [dict(r) for r in cur.fetchall()]
 
+    def shortest_kernel(self, device_key: str) -> float | None:
+        """The shortest median kernel time of a correct measurement on this device, any op (a launch's latency there),
+        or None where it has none."""
+        row = self._exec("SELECT MIN(p50_us) AS us FROM measurements WHERE device_key=? AND ok=1 AND p50_us > 0",
+                         (device_key,)).fetchone()
+        return None if row is None or row["us"] is None else float(row["us"])
+
     def count(self, table: str = "measurements") -> int:
         """How many rows ``table`` holds (one of ``TABLES``)."""
         if table not in TABLES:
