@@ -21,7 +21,7 @@ from ..measure.worker import Pool
 from ..registry import GRAD_MODES, Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from .choice import GATED_LAST, _decide, gate_in_turn
-from .helpers import split_edges
+from .helpers import FirstCalls, split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
 
@@ -83,6 +83,7 @@ LANDING = "tiered_ops_landing"  # the attribute of a landing's log record: op, p
 WORKER_START = "(worker start)"  # the ``impl`` of the record that says how long the measurement worker took to start
 GATE = " (gate)"  # appended to a candidate's name in the record of its gate run after its timing (``_gate_winner``)
 EDGE_SHARES = " (edge checks)"  # ... and of its edge checks split over the gate helpers (``_split_edges``)
+FIRST_ASIDE = " (first call aside)"  # ... and of its first call made in a gate helper beside the timings
 # The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
 # choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
 _ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
@@ -125,41 +126,20 @@ def tune(me: Runner, job: Job) -> None:
     else:
         have = {r["impl"] for r in job.measured}
     todo = sorted((n for n in job.impls if n not in have and n in spec.impls), key=lambda n: _ORDER[spec.impls[n].tier])
-    fp = fingerprint(job.device)
     log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
              job.device, ", ".join(todo) or "nothing (measured meanwhile)", me.queued())
     t0 = time.perf_counter()
     started = me.pool_for(job).start() if todo else None  # said apart: not the first candidate's time
     if started is not None:
         said_start(job, me.pool, started)
-    for name in todo:
-        if me.stopping:
+    compiled = [n for n in todo if spec.impls[n].tier in GATED_LAST]
+    aside = FirstCalls(me.helpers_for(job) if compiled else [], ("first_call", op), (job.problem, dname, mode),
+                       compiled, str(job))
+    try:
+        if not _time_candidates(me, job, store, todo, aside, t0):
             return
-        t1 = time.perf_counter()
-        bar = prune_bar(_rows(job, store), PRUNE_FACTOR)
-        kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
-        if spec.impls[name].tier in GATED_LAST:
-            kw["gated"] = False
-        edges = stored_edges(store, spec, spec.impls[name], job.dtype, fp, mode) if store is not None else None
-        if edges is not None:
-            kw["edges"] = edges  # a pass the store recorded: the worker does not check the edge problems again
-        reply, why = me.pool_for(job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
-        _said(job, name, time.perf_counter() - t1, reply, why)
-        if why:
-            if me.stopping:
-                return
-            job.deaths[name] = job.deaths.get(name, 0) + 1
-            if job.deaths[name] < TRIES:
-                log.warning("tiered_ops: background tuning of %s: %s %s (try %d of %d); the bucket is queued again",
-                            job, name, why, job.deaths[name], TRIES)
-                job.took_s += time.perf_counter() - t0
-                me.requeue(job)
-                return
-            reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fingerprint(job.device)),
-                         reason=f"crashed or hung: {why}")
-        _keep(job, store, reply, edges)
-        if name != todo[-1]:
-            _land(job, store, final=False)
+    finally:
+        aside.join()  # the helpers serve the gates next
     if not _gate_winner(me, job, store):
         return  # stopping, or the worker died during a gate: the bucket is queued again (its rows are kept)
     t1 = time.perf_counter()
@@ -172,6 +152,47 @@ def tune(me: Runner, job: Job) -> None:
         _say(job, "host side by side", time.perf_counter() - t1, None, why or recheck.summary(new))
     job.took_s += time.perf_counter() - t0
     _land(job, store, final=True)
+
+
+def _time_candidates(me: Runner, job: Job, store: Store | None, todo: list[str], aside: FirstCalls, t0: float
+                     ) -> bool:
+    """Time ``todo`` in the worker, in turn, landing the decision as it changes; False where the thread stops or the
+    bucket was queued again (a candidate killed its worker)."""
+    spec, (op, _, dname, _, mode), fp = job.spec, job.key, fingerprint(job.device)
+    for name in todo:
+        if me.stopping:
+            return False
+        first = aside.wait(name)  # its compilation, made in a helper while the candidates before it were timed
+        if first is not None:
+            _say(job, name + FIRST_ASIDE, first, first, "first call in a gate helper, beside the timings")
+        t1 = time.perf_counter()
+        bar = prune_bar(_rows(job, store), PRUNE_FACTOR)
+        kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
+        if spec.impls[name].tier in GATED_LAST:
+            kw["gated"] = False
+        edges = stored_edges(store, spec, spec.impls[name], job.dtype, fp, mode) if store is not None else None
+        if edges is not None:
+            kw["edges"] = edges  # a pass the store recorded: the worker does not check the edge problems again
+        reply, why = me.pool_for(job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
+        if first is not None and isinstance(reply, dict) and reply.get("first_call_s") is not None:
+            reply["first_call_s"] = max(reply["first_call_s"], first)  # a cold first call's cost, not the cache's
+        _said(job, name, time.perf_counter() - t1, reply, why)
+        if why:
+            if me.stopping:
+                return False
+            job.deaths[name] = job.deaths.get(name, 0) + 1
+            if job.deaths[name] < TRIES:
+                log.warning("tiered_ops: background tuning of %s: %s %s (try %d of %d); the bucket is queued again",
+                            job, name, why, job.deaths[name], TRIES)
+                job.took_s += time.perf_counter() - t0
+                me.requeue(job)
+                return False
+            reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fp),
+                         reason=f"crashed or hung: {why}")
+        _keep(job, store, reply, edges)
+        if name != todo[-1]:
+            _land(job, store, final=False)
+    return True
 
 
 def _keep(job: Job, store: Store | None, row: dict, edges: float | None = None) -> None:

@@ -1,8 +1,9 @@
 """Gate helpers: worker processes beside background tuning's measuring worker on one device, kept warm with it, that
 take shares of a gate's edge checks. A compiled tier's edge gate compiles one kernel per edge problem (on an H100,
 about 0.7 s each, most of it Triton's own compilation, one process at a time): split over the helpers and the worker,
-the checks run at once, and the bucket's decision lands seconds sooner. Nothing runs in them while candidates are
-timed: a gate runs after its bucket's timings."""
+the checks run at once, and the bucket's decision lands seconds sooner. While the worker times a bucket's first
+candidates, the helpers make the first calls of its compiled ones (``FirstCalls``: their compilation, into the
+compilers' on-disk caches, which the worker then reads); nothing else runs in them while candidates are timed."""
 
 from __future__ import annotations
 
@@ -110,3 +111,50 @@ def split_edges(main: Pool, helpers: list[Pool], task: tuple, checks: int, what:
             return None, why
         worst = max(worst, err)
     return worst, f"{checks} edge checks in {len(pools)} processes"
+
+
+class FirstCalls:
+    """The first calls of a bucket's compiled candidates (``names``), started at once in the gate helpers, one helper
+    each in turn: ``task`` + (name,) + ``args`` is the worker's "first_call" task. ``wait(name)`` joins that call and
+    gives its seconds (its compilation, cold: the figure a first call in the worker would have recorded), None where
+    it raised, its helper died or no helper ran it. ``join`` before the helpers take other work (a pool serves one
+    task at a time)."""
+
+    def __init__(self, helpers: list[Pool], task: tuple, args: tuple, names: list[str], what: str):
+        self._seconds: dict[str, float | None] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._threads: list[threading.Thread] = []
+        for k in range(len(helpers)):
+            mine = names[k::len(helpers)]
+            self._done.update((n, threading.Event()) for n in mine)
+            t = threading.Thread(target=self._run, args=(helpers[k], task, args, mine, what), daemon=True,
+                                 name=f"tiered_ops-first-calls-{k}")
+            self._threads.append(t)
+            t.start()
+
+    def _run(self, pool: Pool, task: tuple, args: tuple, names: list[str], what: str) -> None:
+        for name in names:
+            reply: object = None
+            try:
+                reply, died = pool.run((*task, name, *args), f"{what} {name} first call")
+            except RuntimeError:  # it raised there: the worker's own first call meets it again and records why
+                pass
+            except Exception as e:  # never leave a waiter hanging: the worker makes the call itself
+                log.warning("tiered_ops: background tuning: %s %s's first call in a gate helper failed (%s: %s); "
+                            "the worker makes it", what, name, type(e).__name__, e)
+            else:
+                reply = reply if died is None else None
+            finally:
+                self._seconds[name] = reply if isinstance(reply, float) else None
+                self._done[name].set()
+
+    def wait(self, name: str) -> float | None:
+        done = self._done.get(name)
+        if done is None:
+            return None
+        done.wait()
+        return self._seconds.get(name)
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()

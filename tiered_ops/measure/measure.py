@@ -107,6 +107,19 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     return _with_edges(spec, impl, dtype, device, grad, row)
 
 
+def first_call(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str
+               ) -> float:
+    """Seconds of ``impl``'s first call at ``problem`` in ``mode`` (its JIT or torch.compile at this shape, as
+    ``measure`` records it in ``first_call_s``), nothing timed or gated: a gate helper runs it beside the measuring
+    worker, so the kernels are in the compilers' on-disk caches when the worker reaches the candidate. A call that
+    raises raises here (the worker's own first call then meets it and records why)."""
+    inp = spec.make_inputs(problem, dtype, device, 0)
+    t0 = time.perf_counter()
+    timed_call(spec, impl, inp, mode)()
+    sync(device)
+    return time.perf_counter() - t0
+
+
 def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
                 row: dict[str, Any]) -> dict[str, Any]:
     passed = edges_passed(spec, impl, dtype, device, grad)

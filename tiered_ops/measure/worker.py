@@ -373,6 +373,11 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         _, op, impl, problem, dtype, mode, *kw = task  # kw: measure's keywords (the pruning bar), when any
         spec = OPS[op]
         return measure(spec, spec.impls[impl], problem, DTYPES[dtype], device, mode, **(kw[0] if kw else {}))
+    if kind == "first_call":  # a candidate's first call beside the measuring worker (measure.first_call)
+        from .measure import first_call
+
+        _, op, impl, problem, dtype, mode = task
+        return first_call(OPS[op], OPS[op].impls[impl], problem, DTYPES[dtype], device, mode)
     if kind == "host":  # launch-bound candidates of one case timed again side by side (recheck.side_by_side)
         from .recheck import side_by_side
 
