@@ -76,3 +76,9 @@ def gate_helpers(device_type: str) -> int:
     if v:
         return max(0, int(v))
     return min(3, (os.cpu_count() or 1) // 4) if device_type == "cuda" else 0
+
+
+def first_calls_aside() -> bool:
+    """TIERED_OPS_FIRST_CALLS_ASIDE: background tuning's gate helpers make a bucket's compiled candidates' first calls
+    while the worker times the others (default on; 0 leaves them to the worker, as an A/B of what it saves)."""
+    return os.environ.get("TIERED_OPS_FIRST_CALLS_ASIDE", "1").strip().lower() not in OFF

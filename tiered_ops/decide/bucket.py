@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .. import envs
 from ..measure import recheck
 from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
@@ -132,7 +133,7 @@ def tune(me: Runner, job: Job) -> None:
     started = me.pool_for(job).start() if todo else None  # said apart: not the first candidate's time
     if started is not None:
         said_start(job, me.pool, started)
-    compiled = [n for n in todo if spec.impls[n].tier in GATED_LAST]
+    compiled = [n for n in todo if spec.impls[n].tier in GATED_LAST] if envs.first_calls_aside() else []
     aside = FirstCalls(me.helpers_for(job) if compiled else [], ("first_call", op), (job.problem, dname, mode),
                        compiled, str(job))
     try:
