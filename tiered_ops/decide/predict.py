@@ -36,9 +36,9 @@ def predict(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, near:
     reached beyond that latency in the bucket nearest ``problem`` whose kernel time is at least BANDWIDTH_BOUND x
     that latency (a launch-bound bucket says nothing of bandwidth). Its latency is its shortest kernel time where
     that is launch-bound (within BANDWIDTH_BOUND x ``launch_us``, the device's shortest kernel of any op), else
-    ``launch_us``: on the H100 grid cross_entropy fp32 was swept at bandwidth-bound buckets only, and 64x262144 had
-    each kernel time predicted as its nearest bucket's (2048x262144: 32x the bytes), the CUDA kernel's 5x its
-    time there. On an H100, taking the nearest
+    ``launch_us``: on the H100 grid cross_entropy fp32 was swept at bandwidth-bound buckets only, and at 64x262144
+    each kernel time was predicted from its shortest bandwidth-bound one as the latency (the CUDA kernel's 221 us at
+    4096x32000), 4.7x the time the grid measured there. On an H100, taking the nearest
     bucket's times as they were chose a Triton softmax of 98 us per call (launch path) over eager's 27 at
     2048x3000, after the bucket 16384x4096 whose kernels dwarf any launch path.
 
