@@ -18,6 +18,17 @@ def _right_in_bf16_wrong_in_fp16(x: torch.Tensor, dim: int = -1) -> torch.Tensor
     return y * 1.5 if x.dtype == torch.float16 else y
 
 
+def _timed_rows(spec, problem, figures, dtype=torch.float32):
+    """Each implementation measured (gated) at ``problem``, its times set to the figure given."""
+    rows = []
+    for impl, us in figures:
+        r = measure(spec, spec.impls[impl], problem, dtype, CPU)
+        assert r["ok"] == 1, r["reason"]
+        r.update(p50_us=us, host_us=us, caller_us=us, gbps=1.0)
+        rows.append(r)
+    return rows
+
+
 def test_tuning_off_never_returns_an_implementation_ungated_at_the_requested_dtype(private_store, monkeypatch):
     """Nothing stored in fp16; bf16 has a bucket where a planted implementation (correct in bf16, wrong in fp16) is
     the fastest. Tuning off reads the bf16 decision for an fp16 request: the planted one must be gated at fp16
@@ -25,14 +36,9 @@ def test_tuning_off_never_returns_an_implementation_ungated_at_the_requested_dty
     spec = get_op("softmax")
     plant = Impl("plant_fp16", Tier.TRITON, _right_in_bf16_wrong_in_fp16, (spec.source,))
     monkeypatch.setitem(spec.impls, "plant_fp16", plant)
-    problem = spec.problem((8, 64))
-    rows = []
-    for impl, us in (("plant_fp16", 1.0), ("compile", 3.0), ("eager", 5.0)):
-        r = measure(spec, spec.impls[impl], problem, torch.bfloat16, CPU)
-        assert r["ok"] == 1, r["reason"]  # the plant passes the gate in bf16
-        r.update(p50_us=us, host_us=us, caller_us=us, gbps=1.0)
-        rows.append(r)
-    Store(private_store).add(rows)
+    # the plant passes the gate in bf16 (_timed_rows asserts each row correct)
+    Store(private_store).add(_timed_rows(spec, spec.problem((8, 64)),
+                                         (("plant_fp16", 1.0), ("compile", 3.0), ("eager", 5.0)), torch.bfloat16))
     sel_mod.set_tuning(False)
     try:
         bf16 = tiered_ops.select_backend("softmax", (8, 100), "bf16", "cpu")
@@ -75,17 +81,6 @@ def test_tuning_off_scales_bandwidth_bound_buckets_from_the_devices_launch_laten
     assert sel.name == "compile" and "[16,4096,true]" in sel.record["reason"]
 
 
-def _ce_rows(problem, figures, dtype=torch.float32):
-    spec = get_op("cross_entropy")
-    rows = []
-    for impl, us in figures:
-        r = measure(spec, spec.impls[impl], problem, dtype, CPU)
-        assert r["ok"] == 1, r["reason"]
-        r.update(p50_us=us, host_us=us, caller_us=us, gbps=1.0)
-        rows.append(r)
-    return rows
-
-
 def _wrong_when_summed(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
                                              label_smoothing=label_smoothing)
@@ -100,7 +95,7 @@ def test_tuning_off_reads_a_bucket_of_another_variant_and_gates_its_choice_there
     spec = get_op("cross_entropy")
     plant = Impl("plant_sum", Tier.TRITON, _wrong_when_summed, (spec.source,))
     monkeypatch.setitem(spec.impls, "plant_sum", plant)
-    Store(private_store).add(_ce_rows(spec.problem((8, 64), reduction="mean"),
+    Store(private_store).add(_timed_rows(spec, spec.problem((8, 64), reduction="mean"),
                                       (("plant_sum", 1.0), ("compile", 3.0), ("eager", 5.0))))
     sel_mod.set_tuning(False)
     try:

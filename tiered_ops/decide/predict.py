@@ -87,7 +87,6 @@ class Near:
 
     label: str  # the bucket, with its dtype where another's
     rows: list[dict]
-    dtype: str
     gate: bool  # read from another dtype or other flags: the choice is gated at the requested problem first
 
 
@@ -107,5 +106,5 @@ def nearest_rows(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtyp
                            store.rows(op=spec.name, dtype=dn, device_key=device_key, mode=mode), like=b,
                            launch_us=store.shortest_kernel(device_key))
             label = b if dn == dname else f"{b} ({dn})"
-            return Near(f"{label} (other flags)" if other_flags else label, rows, dn, dn != dname or other_flags)
+            return Near(f"{label} (other flags)" if other_flags else label, rows, dn != dname or other_flags)
     return None

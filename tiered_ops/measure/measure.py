@@ -115,9 +115,16 @@ def first_call(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
     raises raises here (the worker's own first call then meets it and records why)."""
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
-    timed_call(spec, impl, inp, mode)()
-    sync(device)
+    _first(spec, impl, inp, mode, "eager", device)
     return time.perf_counter() - t0
+
+
+def _first(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str, device: torch.device) -> Callable[[], Any]:
+    """The call a measurement times, made once (JIT, torch.compile, autotuning) and synchronized."""
+    call = timed_call(spec, impl, inp, mode, context)
+    call()
+    sync(device)
+    return call
 
 
 def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
@@ -143,9 +150,7 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
-        call = timed_call(spec, impl, inp, mode, context)
-        call()  # warm-up: JIT, torch.compile, autotuning; recorded, not timed
-        sync(device)
+        call = _first(spec, impl, inp, mode, context, device)  # warm-up: recorded in first_call_s, not timed
     except Exception as e:
         row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
         return row
