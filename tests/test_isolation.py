@@ -76,7 +76,7 @@ def _workers(tag: str) -> set[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"tiered_ops.measure.worker" in (d / "cmdline").read_bytes() and \
+                if b"tiered_ops.measure.serve" in (d / "cmdline").read_bytes() and \
                         f"TIERED_OPS_TEST_TAG={tag}".encode() in (d / "environ").read_bytes():
                     out.add(int(d.name))
             except OSError:
@@ -98,6 +98,7 @@ def test_an_interrupted_sweep_keeps_its_measurements_and_resumes(private_store, 
         if private_store.exists() and len(Store(private_store).rows()) >= 3:
             break
         time.sleep(0.05)
+    assert _workers(tag), "no measuring worker seen while the sweep ran: the orphan check below would prove nothing"
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     kept = len(Store(private_store).rows())

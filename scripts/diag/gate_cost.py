@@ -10,7 +10,7 @@ import time
 import torch
 
 from tiered_ops.measure.gate import check_defaults, check_one
-from tiered_ops.measure.worker import _warm_up
+from tiered_ops.measure.serve import _warm_up
 from tiered_ops.registry import DTYPES
 from tiered_ops.tiers.catalog import get_op
 
