@@ -11,6 +11,7 @@
 #                 launch (host us per call per tier and launch layer), dispatch (tiered_ops.<op>'s own per-call cost),
 #                 dispatchparts (that cost part by part: the capture query, the C++ key),
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
+#                 firstcalls (firstcall three ways, each into first_call/<way>/: aside, no-aside, busy),
 #                 decoder and models (model-level benchmarks),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it))
@@ -43,8 +44,9 @@ c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db" && rm -f "$db-wal
    mapfile -t loose < <(find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name env.txt ! -name 'results*.csv' \
      ! -name meta.jsonl ! -name 'store.sqlite*' ! -name 'store2.sqlite')
    [ ${#loose[@]} -gt 0 ] || exit 0
-   [ -f logs.tar.gz ] && mkdir -p .packed && tar xzf logs.tar.gz -C .packed  # a second pack keeps the first's logs
-   cp -r "${loose[@]}" .packed/ 2>/dev/null || { mkdir -p .packed && cp -r "${loose[@]}" .packed/; }
+   mkdir -p .packed  # made first: cp of a single folder into a missing .packed/ would become .packed itself
+   [ -f logs.tar.gz ] && tar xzf logs.tar.gz -C .packed  # a second pack keeps the first's logs
+   cp -r "${loose[@]}" .packed/
    tar czf /tmp/logs.tar.gz -C .packed . && mv /tmp/logs.tar.gz logs.tar.gz && rm -rf .packed "${loose[@]}")
   ls "$OUT"
 }
@@ -253,6 +255,24 @@ PY
       [ -z "${FIRSTCALL_COLD:-}" ] || cold_env=(env TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
       run_for "$(left)" "${cold_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" ${FIRSTCALL_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once" | tail -14
+      ;;
+    firstcalls)
+      # The first call three ways, one after another on this machine, each into $OUT/first_call/<way>/: aside (empty
+      # compile caches, first calls made in the gate helpers), no-aside (the same with TIERED_OPS_FIRST_CALLS_ASIDE=0:
+      # what making them aside saves), busy (--busy: the op called beside a matrix product while it tunes; the caches
+      # as the runs before left them). Each way's figures against blocking tuning's are its last lines. FIRSTCALL_ARGS
+      # adds to each (e.g. --ops gelu,muladd).
+      for way in aside no-aside busy; do
+        mkdir -p "$OUT/first_call/$way"
+        fc_env=()
+        [ "$way" = busy ] || fc_env=(TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
+        [ "$way" = no-aside ] && fc_env+=(TIERED_OPS_FIRST_CALLS_ASIDE=0)
+        echo "== firstcalls: $way"
+        run_for "$(left)" env "${fc_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call/$way/first_call.csv" \
+          $([ "$way" = busy ] && echo --busy) ${FIRSTCALL_ARGS:-} 2>&1 | grep -v -E "UserWarning|warn_once" \
+          | tee "$OUT/first_call/$way/first_call.log" | tail -3
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
