@@ -51,6 +51,16 @@ c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db" && rm -f "$db-wal
   ls "$OUT"
 }
 trap pack EXIT
+# first_call DIR COLD [ARGS...]: benchmarks/first_call.py into DIR/first_call.csv, COLD non-empty: Triton's and Inductor's
+# caches empty (new folders), as on a machine that never compiled; its status is the run's.
+first_call() {
+  local dir=$1 cold=$2; shift 2
+  local caches=()
+  [ -z "$cold" ] || caches=(TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
+  run_for "$(left)" env "${caches[@]}" $PY benchmarks/first_call.py --csv "$dir/first_call.csv" "$@" 2>&1 \
+    | grep -v -E "UserWarning|warn_once"
+  return "${PIPESTATUS[0]}"
+}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # Bytecode of every module imported, kept under /tmp: where the Python packages' folders hold no usable .pyc (a profile on
 # an H100 machine compiled 2411 modules from source in one process, 9.7 s), each later process (test workers, the sweep's
@@ -251,10 +261,7 @@ PY
       # FIRSTCALL_COLD=1: Triton's and Inductor's caches empty too (new folders), as on a machine that never compiled.
       # FIRSTCALL_ARGS adds to the command (--busy: the op keeps being called beside a matrix product while it tunes).
       echo "== firstcall: background tuning from an empty store${FIRSTCALL_COLD:+, empty compile caches}"
-      cold_env=()
-      [ -z "${FIRSTCALL_COLD:-}" ] || cold_env=(env TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
-      run_for "$(left)" "${cold_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call.csv" ${FIRSTCALL_ARGS:-} 2>&1 \
-        | grep -v -E "UserWarning|warn_once" | tail -14
+      first_call "$OUT" "${FIRSTCALL_COLD:-}" ${FIRSTCALL_ARGS:-} | tail -14
       ;;
     firstcalls)
       # The first call three ways, one after another on this machine, each into $OUT/first_call/<way>/: aside (empty
@@ -263,16 +270,15 @@ PY
       # as the runs before left them). Each way's figures against blocking tuning's are its last lines. FIRSTCALL_ARGS
       # adds to each (e.g. --ops gelu,muladd).
       for way in aside no-aside busy; do
-        mkdir -p "$OUT/first_call/$way"
-        fc_env=()
-        [ "$way" = busy ] || fc_env=(TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)")
-        [ "$way" = no-aside ] && fc_env+=(TIERED_OPS_FIRST_CALLS_ASIDE=0)
+        d="$OUT/first_call/$way"
+        mkdir -p "$d"
         echo "== firstcalls: $way"
-        run_for "$(left)" env "${fc_env[@]}" $PY benchmarks/first_call.py --csv "$OUT/first_call/$way/first_call.csv" \
-          $([ "$way" = busy ] && echo --busy) ${FIRSTCALL_ARGS:-} 2>&1 | grep -v -E "UserWarning|warn_once" \
-          | tee "$OUT/first_call/$way/first_call.log" | tail -3
+        if [ "$way" = no-aside ]; then export TIERED_OPS_FIRST_CALLS_ASIDE=0; else unset TIERED_OPS_FIRST_CALLS_ASIDE; fi
+        first_call "$d" "$([ "$way" = busy ] || echo cold)" $([ "$way" = busy ] && echo --busy) ${FIRSTCALL_ARGS:-} \
+          | tee "$d/first_call.log" | tail -3
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
+      unset TIERED_OPS_FIRST_CALLS_ASIDE
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
