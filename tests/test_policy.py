@@ -84,7 +84,9 @@ def test_policies_choose_differently_from_stored_rows(private_store, monkeypatch
     for impl in spec.impls.values():
         r = measure(spec, impl, problem, torch.float32, CPU)
         us, first, ok = figures[impl.name]
-        r.update(ok=ok, reason=None if ok else "wrong (planted)", caller_us=us, first_call_s=first)
+        # kernel-bound (host half the kernel), so that no host state reorders them
+        r.update(ok=ok, reason=None if ok else "wrong (planted)", caller_us=us, p50_us=us, host_us=us / 2,
+                 first_call_s=first)
         rows.append(r)
     Store(private_store).add(rows)
     monkeypatch.setenv("TIERED_OPS_MARGINS", "compile=0.5")
@@ -171,15 +173,22 @@ def _timed(impl, tier, p50, host):
     return dict(impl=impl, tier=tier, p50_us=p50, host_us=host, caller_us=max(p50, host), first_call_s=0.0)
 
 
-def test_fastest_takes_the_steadiest_of_the_nearly_fastest():
-    """Within 5 % of the fastest, the candidate whose caller time a 1.5x slower host would raise least: a launch-bound
-    call's host time moves that much between processes, its kernel time does not."""
+def test_fastest_takes_the_least_worst_regret_over_two_host_states():
+    """Each candidate's regret is taken as measured and were the host 1.5x slower (a launch-bound call's host time
+    moves that much between processes, its kernel time does not); the least of the larger two wins."""
     bound, steady = _timed("compile", "compile", 46.7, 46.0), _timed("triton", "triton", 47.5, 23.9)
     best, why, totals = choose([bound, steady], "fastest")
-    assert best is steady and "steadiest" in why and totals == {"compile": 46.7, "triton": 47.5}
-    # beyond 5 % the fastest stays the choice, however launch-bound
+    assert best is steady and "worst host state" in why and totals == {"compile": 46.7, "triton": 47.5}
+    # 6 % slower as measured, but the launch-bound one is 1.39x slower were the host slower: the steady one
     far = _timed("triton", "triton", 49.5, 23.9)
-    assert choose([bound, far], "fastest")[0] is bound
+    assert choose([bound, far], "fastest")[0] is far
+    # the H200 grid's softmax 9000x512 fp32: Triton 13.6 us (host 12.6) against eager's 15.1 (host 9.6); the grid's
+    # own process then timed Triton's host at 22.9 us
+    triton, eager = _timed("triton", "triton", 13.6, 12.6), _timed("eager", "eager", 15.1, 9.6)
+    assert choose([triton, eager], "fastest")[0] is eager
+    # 1.5x slower as measured is not made up for by any host state
+    slow = _timed("triton", "triton", 70.0, 10.0)
+    assert choose([bound, slow], "fastest")[0] is bound
     # all launch-bound alike (or no host figure, as rows of the CPU may have): the fastest
     a, b = _timed("eager", "eager", 9.6, 14.6), _timed("cuda", "cuda", 8.9, 14.9)
     assert choose([a, b], "fastest") == (a, "fastest correct (14.6 us per call)", {"eager": 14.6, "cuda": 14.9})

@@ -1,8 +1,9 @@
 """Selection policies: which correct implementation to use, given what each costs per call and up front.
 
-- ``fastest`` (default): the lowest per-call time a caller sees; among candidates within 5 % of it, the one whose
-  time would grow least were the host 1.5x slower (a launch-bound call's host time moves that much between
-  processes, its kernel time does not).
+- ``fastest`` (default): the lowest per-call time a caller sees, in the worst of two host states: each candidate's
+  regret (its time over the fastest's) is taken as measured and were the host 1.5x slower (a launch-bound call's
+  host time moves that much between processes, its kernel time does not), and the one whose larger regret is least
+  wins. Where no candidate is launch-bound both states agree and this is the plain fastest.
 - ``cost-aware``: a tier is chosen only if its best implementation beats the fastest implementation of
   every cheaper tier by the tier's margin (defaults: compile 0 %, Triton 5 %, CUDA 10 %) and outside the noise
   (when candidates carry ``lo``/``hi``, their p20-p80 range as a caller sees it: a tie goes to the cheaper
@@ -28,7 +29,6 @@ from ..store.rows import overlap
 POLICIES = ("fastest", "cost-aware", "cold-start", "memory")
 DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}
 DEFAULT_CALLS = 1000
-NEAR = 0.05  # fastest: among candidates this close to the fastest, the one least slowed by a slower host
 
 
 def margins() -> dict[str, float]:
@@ -60,6 +60,24 @@ def _steady(c: dict[str, Any]) -> float:
     return c["caller_us"] if host is None or kernel is None else max(kernel, host * HOST_SWING)
 
 
+def _fastest(cands: list[dict[str, Any]]) -> tuple[dict[str, Any], str, dict[str, float]]:
+    """The candidate of least worst-case regret over the two host states (as measured; ``HOST_SWING`` slower), the
+    lower measured time breaking a tie."""
+    totals = {c["impl"]: c["caller_us"] for c in cands}
+    best = min(cands, key=lambda c: c["caller_us"])
+    floor_now, floor_slow = best["caller_us"], min(_steady(c) for c in cands)
+
+    def worst(c: dict[str, Any]) -> float:
+        return max(c["caller_us"] / floor_now, _steady(c) / floor_slow)
+
+    pick = min(cands, key=lambda c: (worst(c), c["caller_us"]))
+    if worst(pick) < worst(best):
+        return pick, (f"fastest correct in the worst host state ({pick['caller_us']:.1f} us per call, "
+                      f"{_steady(pick):.1f} were the host {HOST_SWING:g}x slower; "
+                      f"{best['impl']} {best['caller_us']:.1f} and {_steady(best):.1f})"), totals
+    return best, f"fastest correct ({best['caller_us']:.1f} us per call)", totals
+
+
 def _rank(tier: str) -> int:
     return Tier[tier.upper()].value
 
@@ -81,13 +99,7 @@ def choose(cands: list[dict[str, Any]], policy: str = "fastest", calls: int | No
     if policy == "memory":
         return _within_budget(cands, budget or 0)
     if policy == "fastest":
-        totals = {c["impl"]: c["caller_us"] for c in cands}
-        best = min(cands, key=lambda c: c["caller_us"])
-        steady = min((c for c in cands if c["caller_us"] <= best["caller_us"] * (1 + NEAR)), key=_steady)
-        if _steady(steady) < _steady(best):
-            return steady, (f"fastest correct within {NEAR:.0%} ({steady['caller_us']:.1f} us per call; {best['impl']} "
-                            f"{best['caller_us']:.1f}), the steadiest were the host {HOST_SWING:g}x slower"), totals
-        return best, f"fastest correct ({best['caller_us']:.1f} us per call)", totals
+        return _fastest(cands)
     if policy == "cold-start":
         n = calls or DEFAULT_CALLS
         totals = {c["impl"]: (c.get("first_call_s") or 0.0) + (c.get("build_s") or 0.0) + n * c["caller_us"] * 1e-6
