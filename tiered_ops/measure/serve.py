@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .worker import _HarnessError, _recv_blocking, _send
+from .worker import HarnessError, recv_blocking, send
 
 
 def _die_with_parent() -> None:
@@ -69,7 +69,7 @@ def serve(device_str: str, modules: list[str]) -> None:
     stdin = sys.stdin.buffer
     while True:
         try:
-            task = _recv_blocking(stdin)
+            task = recv_blocking(stdin)
         except EOFError:
             return
         try:
@@ -79,9 +79,9 @@ def serve(device_str: str, modules: list[str]) -> None:
         except Exception:  # a harness error, not a candidate's: the parent raises it
             import traceback
 
-            reply = _HarnessError(traceback.format_exc())
+            reply = HarnessError(traceback.format_exc())
         sick = _healthy(device)
-        _send(proto, (reply, sick))
+        send(proto, (reply, sick))
         if sick:
             return
 

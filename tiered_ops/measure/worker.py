@@ -33,13 +33,15 @@ from typing import Any
 _HEADER = struct.Struct("<Q")
 
 
-def _send(f: Any, obj: Any) -> None:
+def send(f: Any, obj: Any) -> None:
+    """One message of the protocol both sides share: its pickled length, then the pickle."""
     data = pickle.dumps(obj)
     f.write(_HEADER.pack(len(data)) + data)
     f.flush()
 
 
-def _recv_blocking(f: Any) -> Any:
+def recv_blocking(f: Any) -> Any:
+    """The next message from ``f``, waiting for it; EOFError when the other side has gone."""
     head = f.read(_HEADER.size)
     if len(head) < _HEADER.size:
         raise EOFError
@@ -104,7 +106,7 @@ class Worker:
         self._task_start = os.path.getsize(self.log.name)
         self._busy = True
         try:
-            _send(self.proc.stdin, task)
+            send(self.proc.stdin, task)
         except (BrokenPipeError, OSError):
             raise WorkerDied(self._death()) from None
         fd = self.proc.stdout.fileno()
@@ -185,7 +187,7 @@ class Pool:
             except (WorkerDied, WorkerTimeout) as e:
                 w.close()
                 raise RuntimeError(f"a measurement worker for {self.device} could not start: {e}") from None
-            if isinstance(self.info, _HarnessError):
+            if isinstance(self.info, HarnessError):
                 w.close()
                 raise RuntimeError(f"a measurement worker for {self.device} could not start:\n{self.info}")
             self.worker = w
@@ -221,7 +223,7 @@ class Pool:
             self._drop()
             self.log(f"{what}: the worker's CUDA context is broken afterwards ({sick}); a new worker takes the next "
                      "candidate")
-        if isinstance(reply, _HarnessError):
+        if isinstance(reply, HarnessError):
             raise RuntimeError(f"{what}: the harness failed in the worker:\n{reply}")
         return reply, None
 
@@ -249,5 +251,5 @@ class Pool:
         self.close()
 
 
-class _HarnessError(str):
+class HarnessError(str):
     """The worker's traceback when the harness itself failed (not a candidate): the parent raises it."""
