@@ -65,7 +65,7 @@ def _fastest(cands: list[dict[str, Any]]) -> tuple[dict[str, Any], str, dict[str
     lower measured time breaking a tie."""
     totals = {c["impl"]: c["caller_us"] for c in cands}
     best = min(cands, key=lambda c: c["caller_us"])
-    floor_now, floor_slow = best["caller_us"], min(_steady(c) for c in cands)
+    floor_now, floor_slow = max(best["caller_us"], 1e-9), max(min(_steady(c) for c in cands), 1e-9)  # a 0 us row
 
     def worst(c: dict[str, Any]) -> float:
         return max(c["caller_us"] / floor_now, _steady(c) / floor_slow)
