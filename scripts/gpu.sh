@@ -273,12 +273,12 @@ PY
         d="$OUT/first_call/$way"
         mkdir -p "$d"
         echo "== firstcalls: $way"
-        if [ "$way" = no-aside ]; then export TIERED_OPS_FIRST_CALLS_ASIDE=0; else unset TIERED_OPS_FIRST_CALLS_ASIDE; fi
-        first_call "$d" "$([ "$way" = busy ] || echo cold)" $([ "$way" = busy ] && echo --busy) ${FIRSTCALL_ARGS:-} \
+        # the switch set for this run alone (an assignment before a function call), not exported to later stages
+        TIERED_OPS_FIRST_CALLS_ASIDE=$([ "$way" = no-aside ] && echo 0 || echo 1) \
+          first_call "$d" "$([ "$way" = busy ] || echo cold)" $([ "$way" = busy ] && echo --busy) ${FIRSTCALL_ARGS:-} \
           | tee "$d/first_call.log" | tail -3
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
-      unset TIERED_OPS_FIRST_CALLS_ASIDE
       ;;
     decoder)
       # The plain-torch decoder (2 layers at 8B dimensions) with tiered_ops ops and torch's, eager / compiled / graphed.
