@@ -1,10 +1,13 @@
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, assert_trains_like_truth, device_for, gpu, truth64
 
 import tiered_ops
 from tiered_ops.ops.segment_sum import _problem as P
 from tiered_ops.ops.segment_sum import offsets_for
+from triton_src.segment_sum import WAYS, _find2, search_steps
 
 EAGERS = ["eager_segment_reduce"]  # the second eager implementation, beside the reference
 PROBLEMS = [  # the declaration's edge problems, and more
@@ -131,3 +134,45 @@ def test_public_op_trains(private_store):
     finally:
         tiered_ops.set_tuning(None)
     assert_trains_like_truth("segment_sum", out, (values, offsets), 1e-5, 1e-6)
+
+
+@triton.jit
+def _probe(off_ptr, rows_ptr, out_ptr, S, n_steps):
+    i = tl.program_id(0)
+    sa, sb = _find2(off_ptr, tl.load(rows_ptr + 2 * i), tl.load(rows_ptr + 2 * i + 1), S, n_steps)
+    tl.store(out_ptr + 2 * i, sa)
+    tl.store(out_ptr + 2 * i + 1, sb)
+
+
+def _search(offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The Triton tier's segment search (``_find2``) of each row in ``rows`` (paired two by two), on its device."""
+    S = offsets.shape[0] - 1
+    out = torch.full_like(rows, -1)
+    _probe[(rows.shape[0] // 2,)](offsets, rows, out, S, search_steps(S, WAYS.value))
+    return out
+
+
+@pytest.mark.parametrize("segments,dist", [(1, "uniform"), (63, "powerlaw"), (64, "uniform"), (65, "powerlaw"),
+                                           (5000, "powerlaw"), (4097, "uniform")])
+def test_segment_search_finds_the_last_segment_starting_at_or_before_each_row(segments, dist):
+    """The k-way search against torch.searchsorted: empty segments (equal offsets) resolve to the last of them that
+    starts at or before the row, as the split needs (the segment that holds the row)."""
+    rows_total = 20000
+    offsets = offsets_for(rows_total, segments, dist, segments)
+    dev = device_for("triton")
+    rows = torch.cat([torch.tensor([0, rows_total - 1]), torch.randint(0, rows_total, (198,)), offsets[:-1][:100]])
+    rows = rows[: rows.shape[0] // 2 * 2]
+    want = torch.searchsorted(offsets[:-1], rows, right=True) - 1
+    assert torch.equal(_search(offsets.to(dev), rows.to(dev)).cpu(), want)
+
+
+def test_segment_search_stays_in_range_on_malformed_offsets():
+    offsets = torch.tensor([5, 3, 900, -7, 40, 40, 2, 10**12, 0])
+    rows = torch.tensor([0, 1, 4, 39, 40, 899, 10**6, 2**40])
+    dev = device_for("triton")
+    got = _search(offsets.to(dev), rows.to(dev)).cpu()
+    assert bool(((got >= 0) & (got < offsets.shape[0] - 1)).all())
+
+
+def test_search_steps_cover_the_segments():
+    assert [search_steps(s, 64) for s in (1, 64, 65, 4096, 4097, 1 << 18)] == [1, 1, 2, 2, 3, 3]

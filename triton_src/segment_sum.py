@@ -19,7 +19,9 @@ Contract: offsets are checked on the host only on the CPU (the interpreter), whe
 GPU they are not read on the host: malformed offsets (unsorted, offsets[0] != 0, offsets[-1] != E) give unspecified
 sums, never an access out of bounds: every boundary is clamped to [0, E] and every segment id stays in [0, S).
 Limits: any E and D (D in blocks of up to 256 columns over the grid's second dim); 64-bit row offsets.
-Versions: v1: segment role + row-range role in one launch, one combine launch when E > CH.
+Versions: v1: segment role + row-range role in one launch, one combine launch when E > CH. v2: the segment holding
+a row found by a 64-way search (log64 S dependent loads; the binary search's log2 S loads were most of the time of a
+range program).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .common import check_float
 from .launch import Plans, Step, register_ops
 
 MIN_CHUNK, MAX_CHUNK, RANGES = 256, 4096, 1024
+WAYS = tl.constexpr(64)  # the segment search's fan-out: offsets loaded per row per step
 TILE = 4096  # fp32 elements of a program's accumulator tile (32 per thread at 4 warps)
 
 
@@ -48,17 +51,32 @@ def _bounds(off_ptr, s, E):
 
 
 @triton.jit
-def _find(off_ptr, row, S, n_steps):
-    """The segment holding ``row``: the last s in [0, S) with offsets[s] <= row (binary search, n_steps >= log2 S)."""
+def _find2(off_ptr, row_a, row_b, S, n_steps):
+    """The segments holding rows ``row_a`` and ``row_b``, each the last s in [0, S) with offsets[s] <= row (some s in
+    [0, S) for malformed offsets), both at once: a WAYS-way search, one load of WAYS offsets per row a step, so
+    n_steps >= log_WAYS S dependent loads where a binary search takes log2 S."""
+    q = tl.arange(0, 2)
+    row = tl.where(q == 0, row_a, row_b)
     lo = row * 0
     hi = lo + S - 1
+    k = tl.arange(0, WAYS)
     for _ in range(n_steps):
-        active = lo < hi
-        mid = (lo + hi + 1) // 2
-        v = tl.load(off_ptr + mid)
-        lo = tl.where(active & (v <= row), mid, lo)
-        hi = tl.where(active & (v > row), mid - 1, hi)
-    return lo
+        stride = (hi - lo + WAYS) // WAYS  # ceil(width / WAYS): the answer lies in [lo, hi], width hi - lo + 1
+        idx = lo[:, None] + stride[:, None] * k[None, :]
+        inside = idx <= hi[:, None]
+        v = tl.load(off_ptr + idx, mask=inside, other=0)
+        below = tl.sum((inside & (v <= row[:, None])).to(tl.int32), axis=1)  # probes at or below the row
+        lo = lo + stride * tl.maximum(below - 1, 0)
+        hi = tl.minimum(hi, lo + stride - 1)
+    return tl.sum(tl.where(q == 0, lo, 0), axis=0), tl.sum(tl.where(q == 1, lo, 0), axis=0)
+
+
+def search_steps(S: int, k: int) -> int:
+    """Steps of a k-way search over S segments: the least n with k ** n >= S (at least 1)."""
+    n, reach = 1, k
+    while reach < S:
+        n, reach = n + 1, reach * k
+    return n
 
 
 @triton.jit
@@ -115,11 +133,10 @@ def _split(src_ptr, off_ptr, seg_ptr, range_ptr, E, D, S, CH, seg_progs, n_steps
         p = (pid - seg_progs).to(tl.int64)
         lo = p * CH
         hi = tl.minimum(lo + CH, E)
-        sa = _find(off_ptr, lo, S, n_steps)
+        sa, sb = _find2(off_ptr, lo, hi - 1, S, n_steps)
         a_start, a_end = _bounds(off_ptr, sa, E)
         if a_end - a_start > CH:
             _piece(src_ptr, range_ptr, sa, 2 * p, lo, tl.minimum(a_end, hi), D, cols, cmask, BWD, BLOCK_R, BLOCK_D)
-        sb = _find(off_ptr, hi - 1, S, n_steps)
         b_start, b_end = _bounds(off_ptr, sb, E)
         if (sb != sa) & (b_end - b_start > CH):
             _piece(src_ptr, range_ptr, sb, 2 * p + 1, tl.maximum(b_start, lo), hi, D, cols, cmask, BWD, BLOCK_R,
@@ -143,7 +160,7 @@ def _segment_sum_combine(ws_ptr, off_ptr, out_ptr, E, D, S, CH, n_steps, BLOCK_P
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     lo = q * CH
-    s = _find(off_ptr, tl.minimum(lo + CH, E) - 1, S, n_steps)
+    s, _ = _find2(off_ptr, tl.minimum(lo + CH, E) - 1, 0, S, n_steps)
     start, end = _bounds(off_ptr, s, E)
     if (end - start > CH) & (start >= lo):
         slot = tl.where(start == lo, 0, 1)
@@ -185,7 +202,7 @@ def _check(op: str, name: str, t: torch.Tensor, offsets: torch.Tensor) -> int:
 
 def _check_cpu_boundaries(op: str, offsets: torch.Tensor, rows: int) -> None:
     """Where reading them costs no sync (the CPU interpreter): offsets[0] == 0, offsets[-1] == rows, sorted."""
-    if offsets.device.type == "cpu":
+    if offsets.is_cpu:
         check_boundaries(offsets, rows, op)
 
 
@@ -199,7 +216,7 @@ def _settings(E: int, D: int, S: int) -> dict:
     mean = triton.next_power_of_2(max(1, E // max(S, 1)))
     segs = max(1, min(8, block_r // mean))  # short segments: a few per program
     return dict(block_d=block_d, block_r=block_r, ch=ch, ranges=ranges, segs=segs, seg_progs=triton.cdiv(S, segs),
-                d_blocks=triton.cdiv(D, block_d), n_steps=max(1, S.bit_length()))
+                d_blocks=triton.cdiv(D, block_d), n_steps=search_steps(S, WAYS.value))
 
 
 # One launch plan per direction (checks, kernels, grids, constexprs, int arguments) and one host function that
@@ -249,6 +266,9 @@ def _fwd(plan: Plan, direct: bool, values: torch.Tensor, offsets: torch.Tensor) 
     x, off = values.contiguous(), offsets.contiguous()
     out = x.new_empty((plan.S, x.shape[1]))
     if not plan.steps:
+        return out
+    if direct and len(plan.steps) == 1:  # no row ranges, no partials: their pointer is never written through (a
+        plan.steps[0](direct, x, off, out, out, *plan.ints)  # traced launch gets its own buffer: no aliased args)
         return out
     ws = x.new_empty((max(1, 2 * plan.ranges), x.shape[1]), dtype=torch.float32)
     plan.steps[0](direct, x, off, out, ws, *plan.ints)
