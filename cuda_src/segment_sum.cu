@@ -66,7 +66,9 @@ __device__ __forceinline__ SegmentPair find_segments(const int64_t* __restrict__
   while (__any_sync(0xffffffffu, lo < hi)) {
     const int64_t stride = (hi - lo + 16) / 16;  // ceil(width / 16): the answer lies in [lo, hi]
     const int64_t idx = lo + stride * k;
-    const unsigned below = __ballot_sync(0xffffffffu, idx <= hi && off[idx] <= row);
+    const bool in = idx <= hi;
+    const int64_t v = in ? __ldg(off + idx) : 0;
+    const unsigned below = __ballot_sync(0xffffffffu, in && v <= row);
     const int n = __popc((below >> (half * 16)) & 0xffffu);  // probes at or below the row
     lo += stride * (n > 0 ? n - 1 : 0);
     hi = hi < lo + stride - 1 ? hi : lo + stride - 1;
