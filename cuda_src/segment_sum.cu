@@ -21,9 +21,7 @@
 // Contract: offsets are not read on the host (a sync): malformed offsets (unsorted, offsets[0] != 0,
 // offsets[-1] != E) give unspecified values, never an access out of bounds (boundaries clamped to [0, E], segment
 // ids to [0, S)). Limits: any E, D, S; 64-bit row offsets.
-// Versions: v1 — segment role + row-range role in one launch, one combine launch when E > CH. v2 — the segment
-// holding a row found by a warp's 16-way search (the binary search's log2 S dependent loads were most of the time
-// of a range block).
+// Versions: v1 — segment role + row-range role in one launch, one combine launch when E > CH.
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -52,28 +50,14 @@ __device__ __forceinline__ void bounds(const int64_t* __restrict__ off, int64_t 
   b = clamp64(off[s + 1], a, E);
 }
 
-// The segments holding rows ra and rb (each the last s in [0, S) with off[s] <= row; some s in [0, S) for malformed
-// offsets), found together by each warp that calls it (every lane of the warp): half-warp h searches row h 16 ways a
-// step (one offset per lane, a ballot), so ceil(log16 S) dependent loads where a binary search takes log2 S.
-struct SegmentPair {
-  int64_t a, b;
-};
-__device__ __forceinline__ SegmentPair find_segments(const int64_t* __restrict__ off, int64_t ra, int64_t rb,
-                                                     int64_t S) {
-  const int lane = threadIdx.x & 31, half = lane >> 4, k = lane & 15;
-  const int64_t row = half ? rb : ra;
+// The segment holding `row`: the last s in [0, S) with offsets[s] <= row (stays in [0, S) for any offsets).
+__device__ __forceinline__ int64_t find_segment(const int64_t* __restrict__ off, int64_t row, int64_t S) {
   int64_t lo = 0, hi = S - 1;
-  while (__any_sync(0xffffffffu, lo < hi)) {
-    const int64_t stride = (hi - lo + 16) / 16;  // ceil(width / 16): the answer lies in [lo, hi]
-    const int64_t idx = lo + stride * k;
-    const bool in = idx <= hi;
-    const int64_t v = in ? __ldg(off + idx) : 0;
-    const unsigned below = __ballot_sync(0xffffffffu, in && v <= row);
-    const int n = __popc((below >> (half * 16)) & 0xffffu);  // probes at or below the row
-    lo += stride * (n > 0 ? n - 1 : 0);
-    hi = hi < lo + stride - 1 ? hi : lo + stride - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (off[mid] <= row) lo = mid; else hi = mid - 1;
   }
-  return {__shfl_sync(0xffffffffu, lo, 0), __shfl_sync(0xffffffffu, lo, 16)};
+  return lo;
 }
 
 // This thread's place in the block's tile.
@@ -191,8 +175,7 @@ segment_sum_v1_kernel(const T* __restrict__ x, const int64_t* __restrict__ off, 
   }
   // Row-range role: range p's pieces of long segments, as fp32 partials ws[2p] and ws[2p + 1].
   const int64_t p = (int64_t)blockIdx.x - seg_blocks, lo = p * ch, hi = lo + ch < E ? lo + ch : E;
-  const SegmentPair found = find_segments(off, lo, hi - 1, S);
-  const int64_t sa = found.a, sb = found.b;
+  const int64_t sa = find_segment(off, lo, S), sb = find_segment(off, hi - 1, S);
   int64_t a, b;
   bounds(off, sa, E, a, b);
   if (b - a > ch) sum_into<T, V, K, false>(x, lo, b < hi ? b : hi, D, col0, ln, smem, ws + 2 * p * D);
@@ -209,7 +192,7 @@ segment_sum_combine_v1_kernel(const float* __restrict__ ws, const int64_t* __res
                               int64_t E, int64_t D, int64_t S, int64_t ch) {
   __shared__ float red[kCombineRows][kCombineCols + 1];
   const int64_t q = blockIdx.x, lo = q * ch, hi = lo + ch < E ? lo + ch : E;
-  const int64_t s = find_segments(off, hi - 1, hi - 1, S).a;
+  const int64_t s = find_segment(off, hi - 1, S);
   int64_t a, b;
   bounds(off, s, E, a, b);
   if (!(b - a > ch && a >= lo)) return;  // the same for the whole block
@@ -280,8 +263,7 @@ segment_sum_bwd_v1_kernel(const T* __restrict__ dout, const int64_t* __restrict_
     return;
   }
   const int64_t p = (int64_t)blockIdx.x - seg_blocks, lo = p * ch, hi = lo + ch < E ? lo + ch : E;
-  const SegmentPair found = find_segments(off, lo, hi - 1, S);
-  const int64_t sa = found.a, sb = found.b;
+  const int64_t sa = find_segment(off, lo, S), sb = find_segment(off, hi - 1, S);
   bounds(off, sa, E, a, b);
   if (b - a > ch) {
     load_row<T, V, K>(dout, sa, D, col0, ln, g);
