@@ -86,21 +86,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--store is needed to replay the tuning-off picks (or --tuned for the tuning-on ones)")
     grid = pd.read_csv(Path(args.targets) / "grid.csv")
     picks = pd.read_csv(Path(args.targets) / "picks.csv")
-    col, key = ("tuned", "regret_tuned") if args.tuned else ("selected", "regret")
+    col, regret_col = ("tuned", "regret_tuned") if args.tuned else ("selected", "regret")
     if args.tuned:
         new = replay_tuned(grid, picks, pd.read_csv(Path(args.targets) / "tuned.csv"))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "store.sqlite"
             shutil.copy(args.store, copy)  # the store may need a migration: never written in place
-            key_ = sqlite3.connect(copy).execute("select device_key from measurements limit 1").fetchone()[0]
-            new = replay(Store(str(copy)), key_, grid, picks, args.points)
+            device_key = sqlite3.connect(copy).execute("select device_key from measurements limit 1").fetchone()[0]
+            new = replay(Store(str(copy)), device_key, grid, picks, args.points)
     before = {(x["op"], x["problem"], x["dtype"]): x for x in regrets(grid, picks)}
     for x in regrets(grid, new):
         b = before[(x["op"], x["problem"], x["dtype"])]
         if b[col] != x[col]:
-            print(f"{x['op']:<20} {x['problem'][:36]:<36} {x['dtype']:<5} {b[col]} {b[key]:.3f} -> "
-                  f"{x[col]} {x[key]:.3f}")
+            print(f"{x['op']:<20} {x['problem'][:36]:<36} {x['dtype']:<5} {b[col]} {b[regret_col]:.3f} -> "
+                  f"{x[col]} {x[regret_col]:.3f}")
     for name, table in (("the grid run's picks", picks), ("replayed", new)):
         n, geo, worst = regret_summary(grid, table, tuned=args.tuned)
         print(f"{name}: {n} points, geomean {geo:.3f}, max {worst:.3f}")
