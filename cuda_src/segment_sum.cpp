@@ -5,7 +5,8 @@ namespace tiered_ops {
 
 // Host launchers (segment_sum.cu).
 // out[s, :] = sum of values[offsets[s]:offsets[s + 1], :] for `segments` segments of contiguous [rows, d] values,
-// fp32 sums; ws: segment_sum_workspace(rows, d) fp32 scratch (the partials of segments split over row ranges).
+// fp32 sums; ws: segment_sum_workspace(rows, d) fp32 scratch (the partials of segments split over row ranges, then one
+// int64 per range: the long segment starting in it).
 // offsets (int64, segments + 1) are not read on the host: malformed ones give unspecified sums, never a fault.
 int64_t segment_sum_workspace(int64_t rows, int64_t d);
 cudaError_t segment_sum_fwd(const void* values, const int64_t* offsets, void* out, float* ws, int64_t rows, int64_t d,

@@ -6,8 +6,10 @@
 // the segment role (a few segments per block when they are short; an empty one stores zeros). A longer one is
 // summed by the blocks of the row ranges it crosses, each writing an fp32 partial (at most two per range: the
 // segment holding the range's first row and the one holding its last), and the combine kernel adds each long
-// segment's partials in range order and writes its sum. No block sums more than CH rows, one giant segment is
-// spread over E / CH blocks, many empty segments are many cheap blocks; no atomics, so the sums are deterministic.
+// segment's partials in range order and writes its sum. Each range block also records the long segment that starts
+// in its range (or -1), so that the combine's block reads that id instead of searching for it. No block sums more
+// than CH rows, one giant segment is spread over E / CH blocks, many empty segments are many cheap blocks; no atomics,
+// so the sums are deterministic.
 // (A row-parallel pass with atomics would serialize E / CH adds on the giant segment's D addresses at the L2 and
 // need a zeroed fp32 buffer and a rounding pass for 16-bit outputs.)
 //
@@ -16,12 +18,15 @@
 // block covers tpr * K * V <= 256 columns (blockIdx.y walks wider rows) and 4 * 32 / tpr rows a step, four steps in
 // flight per loop trip (two when a thread holds 8 columns). Sums: shuffles across a warp's rows, then the 4 warps
 // through shared memory.
-// Bytes: values read once (E * D), out written once (S * D), offsets (S + 1); partials 2 * D fp32 per range at most.
+// Bytes: values read once (E * D), out written once (S * D), offsets (S + 1); partials 2 * D fp32 per range at most,
+// and one int64 segment id per range.
 // Backward: dout read (S * D), dvalues written (E * D), no combine.
 // Contract: offsets are not read on the host (a sync): malformed offsets (unsorted, offsets[0] != 0,
 // offsets[-1] != E) give unspecified values, never an access out of bounds (boundaries clamped to [0, E], segment
 // ids to [0, S)). Limits: any E, D, S; 64-bit row offsets.
-// Versions: v1 — segment role + row-range role in one launch, one combine launch when E > CH.
+// Versions: v1 — segment role + row-range role in one launch, one combine launch when E > CH. v2 — the range blocks
+// record the long segment starting in their range: v1's combine blocks each ran a binary search over the offsets
+// (log2 S dependent loads per block, most blocks then exiting), which cost more than the main kernel's range role.
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -29,7 +34,7 @@ namespace {
 
 constexpr int kThreads = 128, kWarps = kThreads / 32, kMaxCols = 256, kUnroll = 4;
 constexpr int64_t kMinChunk = 256, kMaxChunk = 4096, kRanges = 1024;
-constexpr int kCombineCols = 32, kCombineRows = 16;  // combine block: 32 columns x 16 partial rows
+constexpr int kCombineCols = 32, kCombineRows = 8;  // combine block: 32 columns x 8 partial rows
 
 int64_t chunk_rows(int64_t rows) {
   const int64_t want = (rows + kRanges - 1) / kRanges;
@@ -157,9 +162,9 @@ __device__ __forceinline__ void sum_into(const T* __restrict__ x, int64_t a, int
 
 template <typename T, int V, int K>
 __global__ void __launch_bounds__(kThreads)
-segment_sum_v1_kernel(const T* __restrict__ x, const int64_t* __restrict__ off, T* __restrict__ out,
-                      float* __restrict__ ws, int64_t E, int64_t D, int64_t S, int64_t ch, int64_t seg_blocks,
-                      int segs, int tpr) {
+segment_sum_v2_kernel(const T* __restrict__ x, const int64_t* __restrict__ off, T* __restrict__ out,
+                      float* __restrict__ ws, int64_t* __restrict__ starts, int64_t E, int64_t D, int64_t S,
+                      int64_t ch, int64_t seg_blocks, int segs, int tpr) {
   __shared__ float smem[kWarps * kMaxCols];
   const Lane ln(tpr);
   const int64_t col0 = (int64_t)blockIdx.y * tpr * K * V;
@@ -173,29 +178,32 @@ segment_sum_v1_kernel(const T* __restrict__ x, const int64_t* __restrict__ off, 
     }
     return;
   }
-  // Row-range role: range p's pieces of long segments, as fp32 partials ws[2p] and ws[2p + 1].
+  // Row-range role: range p's pieces of long segments, as fp32 partials ws[2p] and ws[2p + 1]; starts[p]: the long
+  // segment that starts in range p (it holds the range's last row), else -1.
   const int64_t p = (int64_t)blockIdx.x - seg_blocks, lo = p * ch, hi = lo + ch < E ? lo + ch : E;
   const int64_t sa = find_segment(off, lo, S), sb = find_segment(off, hi - 1, S);
-  int64_t a, b;
+  int64_t a, b, a2, b2;
+  bounds(off, sb, E, a2, b2);
+  if (blockIdx.y == 0 && threadIdx.x == 0) starts[p] = (b2 - a2 > ch && a2 >= lo) ? sb : -1;
   bounds(off, sa, E, a, b);
   if (b - a > ch) sum_into<T, V, K, false>(x, lo, b < hi ? b : hi, D, col0, ln, smem, ws + 2 * p * D);
-  bounds(off, sb, E, a, b);
-  if (sb != sa && b - a > ch) sum_into<T, V, K, false>(x, a > lo ? a : lo, hi, D, col0, ln, smem, ws + (2 * p + 1) * D);
+  if (sb != sa && b2 - a2 > ch)
+    sum_into<T, V, K, false>(x, a2 > lo ? a2 : lo, hi, D, col0, ln, smem, ws + (2 * p + 1) * D);
 }
 
-// Block q: the long segment starting in row range q (it holds the range's last row), its partials added in range
-// order: ws[2q] or ws[2q + 1] (slot 0 when it also holds the range's first row), then slot 0 of each later range.
-// 16 rows of threads take every 16th partial, 32 columns wide (coalesced), then add up through shared memory.
+// Block q: the long segment starting in row range q (starts[q], recorded by the range's block; -1: none, and the block
+// exits), its partials added in range order: ws[2q] or ws[2q + 1] (slot 0 when it also holds the range's first row),
+// then slot 0 of each later range. 8 rows of threads take every 8th partial, 32 columns wide (coalesced), then add up
+// through shared memory.
 template <typename T>
 __global__ void __launch_bounds__(kCombineCols * kCombineRows)
-segment_sum_combine_v1_kernel(const float* __restrict__ ws, const int64_t* __restrict__ off, T* __restrict__ out,
-                              int64_t E, int64_t D, int64_t S, int64_t ch) {
+segment_sum_combine_v2_kernel(const float* __restrict__ ws, const int64_t* __restrict__ starts,
+                              const int64_t* __restrict__ off, T* __restrict__ out, int64_t E, int64_t D, int64_t ch) {
   __shared__ float red[kCombineRows][kCombineCols + 1];
-  const int64_t q = blockIdx.x, lo = q * ch, hi = lo + ch < E ? lo + ch : E;
-  const int64_t s = find_segment(off, hi - 1, S);
+  const int64_t q = blockIdx.x, lo = q * ch, s = starts[q];
+  if (s < 0) return;  // the same for the whole block
   int64_t a, b;
-  bounds(off, s, E, a, b);
-  if (!(b - a > ch && a >= lo)) return;  // the same for the whole block
+  bounds(off, s, E, a, b);  // the bounds the range block read: b - a > ch, a in [lo, lo + ch)
   const int tx = threadIdx.x % kCombineCols, ty = threadIdx.x / kCombineCols;
   const int64_t col = (int64_t)blockIdx.y * kCombineCols + tx, last = (b - 1) / ch + 1;
   float acc = 0.f;
@@ -337,13 +345,14 @@ cudaError_t launch_fwd(const T* x, const int64_t* off, T* out, float* ws, int64_
                        cudaStream_t stream) {
   const Geometry g = geometry<T>(E, D, S, aligned16(x) && aligned16(out));
   const dim3 grid((unsigned)(g.seg_blocks + g.ranges), (unsigned)g.col_blocks);
+  int64_t* starts = reinterpret_cast<int64_t*>(ws + 2 * g.ranges * D);  // after the partials (8-byte aligned)
   SEGMENT_SUM_WITH_VK(T, g,
-                      segment_sum_v1_kernel<T, V, K><<<grid, kThreads, 0, stream>>>(
-                          x, off, out, ws, E, D, S, g.ch, g.seg_blocks, g.segs, g.tpr));
+                      segment_sum_v2_kernel<T, V, K><<<grid, kThreads, 0, stream>>>(
+                          x, off, out, ws, starts, E, D, S, g.ch, g.seg_blocks, g.segs, g.tpr));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || g.ranges == 0) return err;
   const dim3 cgrid((unsigned)g.ranges, (unsigned)((D + kCombineCols - 1) / kCombineCols));
-  segment_sum_combine_v1_kernel<T><<<cgrid, kCombineCols * kCombineRows, 0, stream>>>(ws, off, out, E, D, S, g.ch);
+  segment_sum_combine_v2_kernel<T><<<cgrid, kCombineCols * kCombineRows, 0, stream>>>(ws, starts, off, out, E, D, g.ch);
   return cudaGetLastError();
 }
 
@@ -360,7 +369,9 @@ cudaError_t launch_bwd(const T* dout, const int64_t* off, T* dx, int64_t E, int6
 
 }  // namespace
 
-int64_t segment_sum_workspace(int64_t rows, int64_t d) { return 2 * ranges_of(rows, chunk_rows(rows)) * d; }
+int64_t segment_sum_workspace(int64_t rows, int64_t d) {
+  return 2 * ranges_of(rows, chunk_rows(rows)) * (d + 1);  // the partials, then one int64 (two floats) per range
+}
 
 cudaError_t segment_sum_fwd(const void* values, const int64_t* offsets, void* out, float* ws, int64_t rows, int64_t d,
                             int64_t segments, DType dtype, cudaStream_t stream) {

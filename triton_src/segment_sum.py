@@ -4,13 +4,15 @@ Backward: dvalues[e, :] = dout[segment of e, :] (a broadcast per segment, no ari
 Skew: the rows are split at a chunk of CH rows (256 to 4096, growing with E so that there are at most ~1024 row
 ranges). A segment of at most CH rows (short, or empty) is summed whole by one program of the segment role; a longer
 one is summed by the programs of the row ranges it crosses (ranges of CH rows, a fixed grid over E): each writes an
-fp32 partial, and a second launch adds the partials of each long segment, in range order, and writes its sum. So no
+fp32 partial (and records the long segment that starts in its range, if any), and a second launch adds the partials
+of each long segment, in range order, and writes its sum. So no
 program sums more than CH rows, one giant segment is spread over E / CH programs, and many empty segments are many
 programs that store zeros; no atomics, so the result does not depend on scheduling. Chosen over a row-parallel pass
 with atomics: the giant segment would take E / CH atomic adds on the same D addresses, serialized at the L2, in a
 buffer that needs zeroing and a rounding pass for 16-bit outputs, and the sum would change from run to run.
 A range holds pieces of at most two long segments (the one holding its first row and the one holding its last: a
-segment longer than CH that lies in a range must cross one of its ends), so the partials are (2 per range, D) fp32.
+segment longer than CH that lies in a range must cross one of its ends), so the partials are (2 per range, D) fp32,
+followed by one int64 per range: the long segment starting in it, or -1.
 The backward needs no combine: each program broadcasts dout rows over the rows it owns.
 
 Bytes: values read once (E * D), out written once (S * D), offsets (S + 1); partials 2 * D fp32 per range at most.
@@ -20,8 +22,8 @@ GPU they are not read on the host: malformed offsets (unsorted, offsets[0] != 0,
 sums, never an access out of bounds: every boundary is clamped to [0, E] and every segment id stays in [0, S).
 Limits: any E and D (D in blocks of up to 256 columns over the grid's second dim); 64-bit row offsets.
 Versions: v1: segment role + row-range role in one launch, one combine launch when E > CH. v2: the segment holding
-a row found by a 64-way search (log64 S dependent loads; the binary search's log2 S loads were most of the time of a
-range program).
+a row found by a 64-way search (log64 S dependent loads where a binary search takes log2 S). v3: the range programs
+record the long segment starting in their range, so a combine program reads one id instead of searching.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def _split(src_ptr, off_ptr, seg_ptr, range_ptr, E, D, S, CH, seg_progs, n_steps
            BWD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     # Programs [0, seg_progs): SEGS segments each, those of at most CH rows whole (slot s of seg). Programs after:
     # row range p = [p * CH, p * CH + CH), the pieces of long segments in it: the one holding its first row (slot 2p
-    # of range) and the one holding its last row, when another (slot 2p + 1).
+    # of range) and the one holding its last row, when another (slot 2p + 1). Forward: the range's int64 after the
+    # partials says which long segment starts in the range (the one holding its last row), or -1.
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -134,10 +137,15 @@ def _split(src_ptr, off_ptr, seg_ptr, range_ptr, E, D, S, CH, seg_progs, n_steps
         lo = p * CH
         hi = tl.minimum(lo + CH, E)
         sa, sb = _find2(off_ptr, lo, hi - 1, S, n_steps)
+        b_start, b_end = _bounds(off_ptr, sb, E)
+        if not BWD:
+            if tl.program_id(1) == 0:
+                ranges = (tl.num_programs(0) - seg_progs).to(tl.int64)
+                starts_ptr = (range_ptr + 2 * ranges * D).to(tl.pointer_type(tl.int64))
+                tl.store(starts_ptr + p, tl.where((b_end - b_start > CH) & (b_start >= lo), sb, -1))
         a_start, a_end = _bounds(off_ptr, sa, E)
         if a_end - a_start > CH:
             _piece(src_ptr, range_ptr, sa, 2 * p, lo, tl.minimum(a_end, hi), D, cols, cmask, BWD, BLOCK_R, BLOCK_D)
-        b_start, b_end = _bounds(off_ptr, sb, E)
         if (sb != sa) & (b_end - b_start > CH):
             _piece(src_ptr, range_ptr, sb, 2 * p + 1, tl.maximum(b_start, lo), hi, D, cols, cmask, BWD, BLOCK_R,
                    BLOCK_D)
@@ -151,18 +159,18 @@ def _segment_sum_fwd(x_ptr, off_ptr, out_ptr, ws_ptr, E, D, S, CH, seg_progs, n_
 
 
 @triton.jit
-def _segment_sum_combine(ws_ptr, off_ptr, out_ptr, E, D, S, CH, n_steps, BLOCK_P: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
-    # Program q: the long segment that starts in row range q (at most one: it holds the range's last row), its
-    # partials summed in range order: ws[2q] or ws[2q + 1] (slot 0 when it also holds the range's first row), then
-    # slot 0 of every later range it crosses.
+def _segment_sum_combine(ws_ptr, off_ptr, out_ptr, E, D, CH, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Program q: the long segment that starts in row range q (at most one: it holds the range's last row), as the
+    # range's program recorded it after the partials (-1: none), its partials summed in range order: ws[2q] or
+    # ws[2q + 1] (slot 0 when it also holds the range's first row), then slot 0 of every later range it crosses.
     q = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     lo = q * CH
-    s, _ = _find2(off_ptr, tl.minimum(lo + CH, E) - 1, 0, S, n_steps)
-    start, end = _bounds(off_ptr, s, E)
-    if (end - start > CH) & (start >= lo):
+    starts_ptr = (ws_ptr + 2 * tl.num_programs(0).to(tl.int64) * D).to(tl.pointer_type(tl.int64))
+    s = tl.load(starts_ptr + q)
+    if s >= 0:  # then segment s has more than CH rows and starts in [lo, lo + CH)
+        start, end = _bounds(off_ptr, s, E)
         slot = tl.where(start == lo, 0, 1)
         first = tl.load(ws_ptr + (2 * q + slot) * D + cols, mask=cmask, other=0.0)
         last = (end - 1) // CH + 1
@@ -238,8 +246,7 @@ def _steps(kernel: object, E: int, D: int, S: int, combine: bool) -> Plan:
     if combine and c["ranges"]:
         steps.append(Step(_segment_sum_combine, (c["ranges"], c["d_blocks"]), 4, BLOCK_P=max(1, TILE // c["block_d"]),
                           BLOCK_D=c["block_d"]))
-    return Plan(tuple(steps), (E, D, S, c["ch"], c["seg_progs"], c["n_steps"]), (E, D, S, c["ch"], c["n_steps"]),
-                c["ranges"], S)
+    return Plan(tuple(steps), (E, D, S, c["ch"], c["seg_progs"], c["n_steps"]), (E, D, c["ch"]), c["ranges"], S)
 
 
 def plan_fwd(values: torch.Tensor, offsets: torch.Tensor) -> Plan:
@@ -267,10 +274,10 @@ def _fwd(plan: Plan, direct: bool, values: torch.Tensor, offsets: torch.Tensor) 
     out = x.new_empty((plan.S, x.shape[1]))
     if not plan.steps:
         return out
-    if direct and len(plan.steps) == 1:  # no row ranges, no partials: their pointer is never written through (a
-        plan.steps[0](direct, x, off, out, out, *plan.ints)  # traced launch gets its own buffer: no aliased args)
-        return out
-    ws = x.new_empty((max(1, 2 * plan.ranges), x.shape[1]), dtype=torch.float32)
+    # The partials (2 per row range) and the ranges' int64 ids. Without row ranges nothing is written through that
+    # pointer, so a direct launch passes out (a traced launch gets its own buffer: no aliased arguments).
+    ws = out if direct and not plan.ranges else x.new_empty((max(1, 2 * plan.ranges * (x.shape[1] + 1)),),
+                                                             dtype=torch.float32)
     plan.steps[0](direct, x, off, out, ws, *plan.ints)
     if len(plan.steps) > 1:
         plan.steps[1](direct, ws, off, out, *plan.combine_ints)
