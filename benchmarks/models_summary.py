@@ -30,7 +30,8 @@ def summary(folder: Path) -> str:
     out = [f"# Models: stock vs tiered_ops vs Liger ({', '.join(sorted(ran['device'].dropna().unique()))})", "",
            "Each model's table, command, commit and date: `models/<model>.md` (rows as the benchmark wrote them). "
            "Median ms of 5 interleaved rounds of at least 10 calls (the calls per row: `models/<model>.md`); "
-           "verdict: faster/slower where each median lies outside the other's p20-p80, else tie.", "",
+           "verdict: faster/slower where each median lies outside the other's p20-p80 and every round agrees (in "
+           "brackets: the rounds whose median was above stock's, where the run recorded them), else tie.", "",
            *_trees(folder), "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
            " train peak MiB stock / tiered / tiered-fused / liger |",
@@ -48,7 +49,8 @@ def summary(folder: Path) -> str:
             r = v[name]
             if r["verdict"] == "slower":
                 slower.append(f"{model} {wl} {ctx} {name}: {s / r['ms_p50']:.2f}x")
-            return f"{r['ms_p50']:.3f}", str(r["verdict"])
+            rounds = r.get("rounds_slower")
+            return f"{r['ms_p50']:.3f}", str(r["verdict"]) + (f" ({rounds})" if isinstance(rounds, str) else "")
 
         t, tv = cell("tiered")
         f, fv = cell("tiered-fused")

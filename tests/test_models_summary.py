@@ -29,3 +29,21 @@ def test_slower_rows_and_heavier_peaks_are_listed(tmp_path):
     assert ("Training peaks of a tiered variant above stock's: 1:\n"
             "- m train compile tiered-fused: 100.4 MiB against stock's 100.0") in page
     assert "| 100.0 / 99.9 / 100.4 / - |" in page
+
+
+def test_a_verdict_needs_every_paired_round_to_agree():
+    """A row is slower (faster) only when the medians lie outside each other's p20-p80 and the variant was slower
+    (faster) than stock in every round; one round the other way makes it a tie."""
+    from benchmarks import models
+
+    stock, slow = [[10.0, 10.1, 10.2]] * 3, [[10.5, 10.6, 10.7]] * 3
+    k = models.rounds_slower(slow, stock)
+    assert k == 3
+    s_stats, m_stats = models.spread(sum(stock, [])), models.spread(sum(slow, []))
+    assert models.verdict(m_stats, s_stats, k, 3) == "slower"
+    assert models.verdict(s_stats, m_stats, models.rounds_slower(stock, slow), 3) == "faster"
+    mixed = [[10.5, 10.6, 10.7], [9.0, 9.1, 9.2], [10.5, 10.6, 10.7], [10.5, 10.6, 10.7], [10.5, 10.6, 10.7]]
+    stock5 = stock + stock[:2]
+    k = models.rounds_slower(mixed, stock5)
+    assert k == 4
+    assert models.verdict(models.spread(sum(mixed, [])), models.spread(sum(stock5, [])), k, 5) == "tie"
