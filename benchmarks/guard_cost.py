@@ -1,0 +1,102 @@
+"""The host cost of a compiled model's guards, stock against patched: each variant built, tuned and compiled as
+``benchmarks/models.py`` does (``Variant``, ``tune(context="compiled")``, ``own_compile``), but with a backend that runs
+nothing (the first call's outputs, kept), so that a call's time is dynamo's frame entry, its guard check and the
+wrappers around it. Prints, per variant, the guard tree's lines, the median of 2000 direct checks of it, and the host
+time per call (median of interleaved rounds of 20 calls). Runs on the CPU or a GPU.
+
+    TIERED_OPS_DB=/tmp/guards.sqlite python benchmarks/guard_cost.py --model qwen3-tiny --workload decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch  # noqa: E402
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+
+import tiered_ops  # noqa: E402
+from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
+    """Runs the graph once and returns those outputs on every later call: no compute in the timed calls."""
+    kept: list = []
+
+    def run(*args: Any) -> Any:
+        if not kept:
+            kept.append(gm(*args))
+        return kept[0]
+
+    return run
+
+
+def guard_check_us(compiled: Any, kwargs: dict, n: int = 2000) -> tuple[int, float]:
+    """(lines, median us per check in 5 batches of n / 5) of the guard tree of the compiled call's one cache entry."""
+    orig = compiled._torchdynamo_orig_callable
+    entries = _debug_get_cache_entry_list(orig.__code__)
+    gm = entries[0].guard_manager
+    frame = {"args": (), "kwargs": kwargs} | {
+        name: cell.cell_contents for name, cell in zip(orig.__code__.co_freevars, orig.__closure__ or ())}
+    times = []
+    with torch.no_grad():  # the grad mode the calls run in (the guards check it)
+        assert gm.check(frame), "the guards fail on the call's own arguments"
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n // 5):
+                gm.check(frame)
+            times.append((time.perf_counter() - t) / (n // 5) * 1e6)
+    return str(gm).count("\n"), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-tiny", help="a name of benchmarks/models.py's models() (quick or not)")
+    ap.add_argument("--workload", default="decode", choices=("prefill", "decode"))
+    ap.add_argument("--variants", default="stock,tiered,tiered-fused")
+    ap.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
+    ap.add_argument("--seq", type=int, default=64, help="prefill tokens")
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    table = models(True, args.seq) | models(False, args.seq)
+    cls, config, arch = table[args.model]
+    torch._dynamo.config.recompile_limit = 64
+    torch.manual_seed(0)
+    base = cls(config).to(dev, DTYPES[args.dtype]).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 1 if args.workload == "decode" else args.seq), device=dev)
+    kwargs = dict(input_ids=ids, use_cache=False)
+    fns, checks = {}, {}
+    for name in args.variants.split(","):
+        v = Variant(name, base, arch)
+        if name.startswith("tiered"):
+            tiered_ops.tune(v.model, kwargs, train=False, context="compiled")
+        compiled = own_compile(v.model, name, null_backend)
+        fns[name] = step_fn(compiled, args.workload, ids)
+        fns[name]()
+        checks[name] = guard_check_us(compiled, kwargs)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(args.rounds):
+        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+        for k in order:
+            t = time.perf_counter()
+            for _ in range(20):
+                fns[k]()
+            samples[k].append((time.perf_counter() - t) / 20 * 1e6)
+    print(f"{args.model} {args.workload} {args.dtype} on {dev}; torch {torch.__version__}")
+    for k in fns:
+        lines, us = checks[k]
+        host = statistics.median(samples[k])
+        print(f"  {k:13s} guards {lines} lines, {us:.1f} us per check; host per call {host:.1f} us (median of "
+              f"{args.rounds} rounds of 20)")
+
+
+if __name__ == "__main__":
+    main()
