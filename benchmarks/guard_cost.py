@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
 
 import tiered_ops  # noqa: E402
+from benchmarks.compiled_graphs import guards  # noqa: E402
 from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -36,24 +36,6 @@ def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
         return kept[0]
 
     return run
-
-
-def guard_check_us(compiled: Any, kwargs: dict, n: int = 2000) -> tuple[int, float]:
-    """(lines, median us per check in 5 batches of n / 5) of the guard tree of the compiled call's one cache entry."""
-    orig = compiled._torchdynamo_orig_callable
-    entries = _debug_get_cache_entry_list(orig.__code__)
-    gm = entries[0].guard_manager
-    frame = {"args": (), "kwargs": kwargs} | {
-        name: cell.cell_contents for name, cell in zip(orig.__code__.co_freevars, orig.__closure__ or ())}
-    times = []
-    with torch.no_grad():  # the grad mode the calls run in (the guards check it)
-        assert gm.check(frame), "the guards fail on the call's own arguments"
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(n // 5):
-                gm.check(frame)
-            times.append((time.perf_counter() - t) / (n // 5) * 1e6)
-    return str(gm).count("\n"), statistics.median(times)
 
 
 def main() -> None:
@@ -81,7 +63,9 @@ def main() -> None:
         compiled = own_compile(v.model, name, null_backend)
         fns[name] = step_fn(compiled, args.workload, ids)
         fns[name]()
-        checks[name] = guard_check_us(compiled, kwargs)
+        checks[name] = guards(compiled, kwargs, train=False, reps=2000)
+        if checks[name][1] != checks[name][1]:  # nan
+            raise SystemExit(f"{name}: the guards fail on the call's own arguments")
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(args.rounds):
         order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]

@@ -189,8 +189,8 @@ def spread(ms: list[float]) -> tuple[float, float, float]:
     return statistics.median(ms), q[0], q[3]
 
 
-def verdict(mine: tuple[float, float, float], stock: tuple[float, float, float], slower_rounds: int = 0,
-            rounds: int = 0) -> str:
+def verdict(mine: tuple[float, float, float], stock: tuple[float, float, float], slower_rounds: int,
+            rounds: int) -> str:
     """faster / slower when each median lies outside the other's p20-p80 and every round agrees (``slower_rounds`` of
     ``rounds`` paired rounds had this variant's median above stock's: 0 for faster, all for slower), else a tie within
     the spread."""
