@@ -7,6 +7,9 @@
 // Versions: v1 — block per row, 16-byte loads when rows and w are 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
+// Rows of at most 128 packs (short_rows_config) take 4 packs a thread (2 for fp32 rows of up to 16 packs) and the
+// fewest threads that hold them, up to a warp (rows_config gives them one pack a thread, 1-3 loads in flight, and rows
+// of 33-64 packs a 64-thread block each that waits on a block reduction).
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row on a persistent grid: x, dy read twice, the second time from L1/L2, dx written once); dw = sum over
 // rows of dy * x * r, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x
@@ -69,12 +72,28 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
   });
 }
 
+// rows_config, with rows of at most 32 threads of 4 packs held by the fewest threads of 4 packs each (2 for fp32
+// rows of up to 16 packs, fewer where the row is shorter), 128 threads a block.
+static RowsConfig short_rows_config(int64_t rows, int64_t n, int V, bool aligned) {
+  RowsConfig c = rows_config(rows, n, V, aligned);
+  const int64_t packs = n / V;
+  if (!c.packs || packs > 32 * 4) return c;
+  int p = V == 4 && packs <= 16 ? 2 : 4;
+  while (p > 1 && p >= 2 * packs) p /= 2;
+  int t = 1;
+  while ((int64_t)t * p < packs) t *= 2;
+  const int64_t rpb = 128 / t, want = (rows + rpb - 1) / rpb;
+  c.packs = p, c.tpr = t, c.threads = 128;
+  c.blocks = (unsigned)(want < 65535 * 32 ? want : 65535 * 32);
+  return c;
+}
+
 template <typename T>
 static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t n, float eps, float w_offset,
                                    bool cast, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool aligned = aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
-  const RowsConfig c = rows_config(rows, n, V, aligned);
+  const RowsConfig c = short_rows_config(rows, n, V, aligned);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
                                              x, w, y, rows, (int)n, eps, c.tpr, w_offset, cast));

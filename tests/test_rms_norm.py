@@ -47,6 +47,15 @@ def test_giant_row(impl):
     assert_matches("rms_norm", impl, P((2, 1 << 22)), torch.bfloat16)
 
 
+@gpu
+@pytest.mark.parametrize("n", [4, 8, 12, 24, 40, 64, 96, 136, 256, 264, 512, 520, 1024, 1032])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_short_rows_of_every_width(dtype, n):
+    # the CUDA kernel's short-row layouts: 1-4 packs a thread, 1-32 threads a row, 37 rows (a block's rows past the
+    # end), widths of a pack up to 129 packs (the first past them), and widths between the powers of two
+    assert_matches("rms_norm", "cuda", P((37, n)), dtype)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_non_contiguous_and_default_eps(impl):
     dev = device_for(impl)
