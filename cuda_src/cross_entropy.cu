@@ -11,11 +11,14 @@
 //
 // Bytes: forward 1 read of the logits + 16 N (targets, loss, lse); nothing [N, V] is written. Backward 1 read of
 // the logits + 1 write of dx + 12 N (targets, lse). Memory-bound on an H100 (V >= 32000: 64 KB and more per row).
-// Limits: any V; one block of up to 1024 threads per row (grid-stride over rows), 16-byte packs when every row is
-// 16-byte aligned and V is a multiple of the pack (the forward issues two per thread before using either, the
-// backward's loop is unrolled twice), else one element at a time. Targets are not checked (it would cost a sync): a target outside [0, V) that is not ignore_index makes
+// Limits: any V; one block of up to 1024 threads per row (grid-stride over rows). The forward reads each row in 16-byte
+// packs between single elements up to its first 16-byte boundary and after its last whole pack (two packs per thread
+// issued before either is used); the backward reads and writes packs when every row is 16-byte aligned and V is a
+// multiple of the pack (its loop unrolled twice), else one element at a time. Targets are not checked (it would cost a sync): a target outside [0, V) that is not ignore_index makes
 // that row's loss and gradient NaN; no out-of-bounds read.
 // Versions: v1 — block per row, online softmax in one pass, recompute in the backward.
+// v2 (forward) — packs in rows that do not start on a 16-byte boundary, between a head and a tail of single elements;
+// v1 read such rows (an odd V: GPT-2's 50257) one element at a time.
 #include "common.cuh"
 
 namespace tiered_ops {
@@ -41,8 +44,11 @@ struct Online {
   }
 };
 
+// V: the pack width, or 1 (one element at a time). With packs, a row is a head of single elements up to its first
+// 16-byte boundary (fewer than V), a body of whole packs and a tail of single elements (fewer than V): rows need not
+// start on a boundary (an odd vocabulary, a row stride no multiple of the pack); x is element-aligned.
 template <typename T, int V>
-__global__ void __launch_bounds__(1024) ce_fwd_v1_kernel(const T* __restrict__ x, const int64_t* __restrict__ target,
+__global__ void __launch_bounds__(1024) ce_fwd_v2_kernel(const T* __restrict__ x, const int64_t* __restrict__ target,
                                                          float* __restrict__ loss, float* __restrict__ lse,
                                                          int64_t rows, int64_t n, int64_t stride, int64_t ignore_index,
                                                          float smoothing) {
@@ -54,13 +60,24 @@ __global__ void __launch_bounds__(1024) ce_fwd_v1_kernel(const T* __restrict__ x
       continue;
     }
     const T* xr = x + r * stride;
+    int64_t head = 0;
+    if constexpr (V > 1) {
+      const int64_t to_boundary = (int64_t)((16 - (reinterpret_cast<uintptr_t>(xr) & 15)) & 15) / (int64_t)sizeof(T);
+      head = to_boundary < n ? to_boundary : n;
+    }
+    const int64_t body = (n - head) / V * V;
     Online o;
+    for (int64_t i = threadIdx.x; i < n - body; i += blockDim.x) {  // the head's and the tail's single elements
+      const float a[1] = {to_f(xr[i < head ? i : i + body])};
+      o.add<1>(a);
+    }
+    const T* xb = xr + head;
     const int64_t step = (int64_t)blockDim.x * V;
-    for (int64_t i = (int64_t)threadIdx.x * V; i < n; i += 2 * step) {
+    for (int64_t i = (int64_t)threadIdx.x * V; i < body; i += 2 * step) {
       float a[V], b[V];
-      load_f<T, V>(xr, i, a);  // both loads issued before either is used
-      const bool second = i + step < n;
-      if (second) load_f<T, V>(xr, i + step, b);
+      load_f<T, V>(xb, i, a);  // both loads issued before either is used
+      const bool second = i + step < body;
+      if (second) load_f<T, V>(xb, i + step, b);
       o.add<V>(a);
       if (second) o.add<V>(b);
     }
@@ -154,10 +171,9 @@ template <typename T>
 static cudaError_t launch_ce_fwd(const T* x, const int64_t* target, float* loss, float* lse, int64_t rows, int64_t n,
                                  int64_t stride, int64_t ignore_index, float smoothing, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
-  const bool vec = packed<T>(x, n, stride);
   // threads for half the row: two packs per thread per iteration
-  return launch_block_rows(vec, V, ce_fwd_v1_kernel<T, V>, ce_fwd_v1_kernel<T, 1>, rows, (n + 1) / 2, stream, x, target,
-                           loss, lse, rows, n, stride, ignore_index, smoothing);
+  return launch_block_rows(true, V, ce_fwd_v2_kernel<T, V>, ce_fwd_v2_kernel<T, V>, rows, (n + 1) / 2, stream, x,
+                           target, loss, lse, rows, n, stride, ignore_index, smoothing);
 }
 
 template <typename T>
