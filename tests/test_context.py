@@ -145,6 +145,47 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
     assert len(_debug_get_cache_entry_list(f.__code__)) == 1
 
 
+def test_call_sites_of_one_implementation_add_no_aliasing_guard(private_decisions, monkeypatch):
+    """Two call signatures that run one implementation, a callable object (as the compile tier's is): a trace reaches
+    it by its name in one table, so dynamo adds no guard that the two signatures' objects are one, a guard that
+    rebuilt both keys (tuples of sizes and dtypes) in Python at every call of the compiled caller. A changed name
+    fails its guard: the caller is traced again."""
+    import dataclasses
+
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from tiered_ops.decide.hot import _TRACE_FNS
+    from tiered_ops.tiers.catalog import get_op
+
+    eager = get_op("rms_norm").impls["eager"]
+
+    class Shared:
+        def __call__(self, *args, **kwargs):
+            return eager.fn(*args, **kwargs)
+
+    monkeypatch.setitem(get_op("rms_norm").impls, "eager", dataclasses.replace(eager, unchecked=Shared()))
+    decide.clear_cache()
+    torch._dynamo.reset()
+    w1, w2 = torch.randn(16), torch.randn(32)
+    a, b = torch.randn(3, 16), torch.randn(5, 32)
+
+    def f(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(p, (16,), w1).sum() + tiered_ops.rms_norm(q, (32,), w2).sum()
+
+    f(a, b)  # eager calls (nothing stored: eager): both signatures decided, their compiled context's cached
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(a, b), f(a, b))
+    guards = str(_debug_get_cache_entry_list(f.__code__)[0].guard_manager).splitlines()
+    assert not [g for g in guards if "LAMBDA_GUARD" in g and "_calls" in g], [g[:200] for g in guards if "_calls" in g]
+    traced = {k: v for k, v in decide._traced.items() if k[0] == "rms_norm"}
+    assert len(traced) == 2 and len(set(traced.values())) == 1, traced
+    key = next(iter(traced))  # the first call site's signature
+    _TRACE_FNS["rms_norm:planted"] = lambda *args, **kwargs: torch.zeros(3, 16)
+    decide._traced[key] = "rms_norm:planted"
+    torch.testing.assert_close(compiled(a, b), tiered_ops.rms_norm(b, (32,), w2).sum())
+    assert len(_debug_get_cache_entry_list(f.__code__)) == 2
+
+
 def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(private_decisions):
     """tune clears the caches to record its step; the selections whose decision it leaves unchanged come back as the
     same objects, so a caller compiled before it does not recompile (its guards read them)."""

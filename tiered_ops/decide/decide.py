@@ -61,6 +61,8 @@ _store: Store | None = None
 _lock = threading.RLock()
 _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
+# a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
+_traced: dict[tuple, str] = {}
 _hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
 _selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
 _told: set[tuple] = set()  # capture fallbacks logged once
@@ -113,6 +115,8 @@ def _landed(job: background.Job) -> None:
                 if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == job.key
                         or str(r.get("tuning", "")).startswith(_FULL)):
                     cache.pop(k, None)
+        for k in [k for k in _traced if k not in _calls]:
+            del _traced[k]
 
 
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
@@ -159,6 +163,7 @@ def get_store() -> Store:
 def clear_cache() -> None:
     _decisions.clear()
     _calls.clear()
+    _traced.clear()
     _hot.clear()
     _selects.clear()
 

@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion, run_promoted
+from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion
 from ..store.store import STORE_ERRORS
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from . import capture
 from . import decide as _decide
-from .decide import Selection, _as_dtype, _calls, _hot, get_store, select_problem
+from .decide import Selection, _as_dtype, _calls, _hot, _traced, get_store, select_problem
+from .hot import _TRACE_FNS, hot_fn, trace_fn
 from .record import active, note
 from .signature import check_tensors, op_signature, tensor_args
 
@@ -79,6 +80,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     if len(_calls) > 4096:
         _calls.clear()
         _hot.clear()
+        _traced.clear()
     _calls[key] = sel
     if key[-1] == 0 and ckey is not None:
         _hot[ckey] = sel.fn
@@ -117,9 +119,14 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     """Cache the compiled context's selection of one call signature (``signature``: its key without the context),
     where it is decided, so that a later trace finds it: its guards are then one dict lookup per call site, not the
     slow path's reads. A trace caches nothing itself (see ``dispatch``). Called by an eager call's slow path and by
-    ``tune`` for the signatures its step recorded."""
+    ``tune`` for the signatures its step recorded.
+
+    A trace reads the name of what it calls (``_traced``), then that function from one table (``trace_fn``): call
+    sites of different signatures that run the same implementation reach it through one source, where reaching it
+    through each signature's selection made dynamo add an aliasing guard that builds both keys in Python on every
+    call of the compiled caller."""
     key = signature + (1,)
-    if key in _calls:
+    if key in _calls and key in _traced:
         return
     try:
         sel = select_problem(spec, problem, _as_dtype(dtype), device, tune=False, mode=mode, context="compiled",
@@ -127,11 +134,12 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     except STORE_ERRORS:
         return  # the trace reads the decision then
     _calls[key] = Selection(hot_fn(spec, sel.impl, device, mixed), sel.impl, sel.record)
+    _traced[key] = trace_fn(spec, sel.impl, device, mixed)
 
 
-def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection]]:
-    """Copies of the decisions and the per-call cache, for ``keep_unchanged`` after a clear."""
-    return dict(_decide._decisions), dict(_calls)
+def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]:
+    """Copies of the decisions, the per-call cache and the traced names, for ``keep_unchanged`` after a clear."""
+    return dict(_decide._decisions), dict(_calls), dict(_traced)
 
 
 def _decision_of(sel: Selection) -> tuple:
@@ -139,11 +147,12 @@ def _decision_of(sel: Selection) -> tuple:
     return tuple(r.get(k) for k in ("op", "bucket", "dtype", "device", "mode", "context", "policy", "budget", "calls"))
 
 
-def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection]]) -> None:
+def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]) -> None:
     """After the caches were cleared and some decisions made again (``tune``): the decisions not made again come
     back, and each cached call selection whose decision still names the same implementation comes back as the same
-    object, so a compiled caller's guards on it hold (its next call would recompile otherwise)."""
-    decisions, calls = state
+    object (with its traced name), so a compiled caller's guards on it hold (its next call would recompile
+    otherwise)."""
+    decisions, calls, traced = state
     with _decide._lock:
         for k, old in decisions.items():
             _decide._decisions.setdefault(k, old)
@@ -151,28 +160,8 @@ def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection]])
         for k, old in calls.items():
             if chosen.get(_decision_of(old), old.name) == old.name:
                 _calls[k] = old
-
-
-def hot_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> Callable[..., Any]:
-    """What the hot path of ``tiered_ops.<op>`` calls for one call signature, validated on the slow path: the tier
-    alone (``impl.unchecked``), and only what the key cannot hold on every call: the data checks where they cost no
-    sync (``spec.check_values``, CPU tensors), a mix of floating dtypes promoted as torch does (``run_promoted``)."""
-    fn = impl.unchecked
-    if fn is None:
-        return impl.fn
-    values = spec.check_values if device.type == "cpu" else None
-    if mixed:
-        def promoted(*args: Any, **kwargs: Any) -> Any:
-            if values is not None:
-                values(*args, **kwargs)
-            return run_promoted(spec, fn, args, kwargs)
-        return promoted
-    if values is not None:
-        def checked_values(*args: Any, **kwargs: Any) -> Any:
-            values(*args, **kwargs)
-            return fn(*args, **kwargs)
-        return checked_values
-    return fn
+                if k in traced:
+                    _traced[k] = traced[k]
 
 
 # The per-call key read in C++ (``cuda_src/call_key.cpp``, part of the CUDA extension): ``_ckey(op, *args)`` gives
@@ -294,7 +283,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     optional = tensor_args(spec)[1]
     req = " or ".join(f"{n}.requires_grad" if n not in optional else f"({n} is not None and {n}.requires_grad)"
                       for n in (names[i] for i in spec.grad_args))
-    ns = dict(g.ns, _calls=_calls, _dispatch=dispatch, _grad=torch.is_grad_enabled,
+    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _grad=torch.is_grad_enabled,
               _compiling=torch.compiler.is_compiling, _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
     # ``key_parts`` reads them, train, context), flat. ``train`` reads requires_grad only with grad mode on; the
@@ -314,6 +303,10 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
                1 if {_COMPILING} else 2 if _dev >= 0 and _capturing() else 0)
     except AttributeError:
         raise {g.not_tensors} from None
+    if key[-1] == 1:
+        t = _traced.get(key)
+        if t is not None:
+            return _TFN[t]({g.call})
     sel = _calls.get(key)
     if sel is None:
         return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2], ck)
