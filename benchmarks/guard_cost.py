@@ -22,8 +22,7 @@ import torch  # noqa: E402
 import tiered_ops  # noqa: E402
 from benchmarks.compiled_graphs import guards  # noqa: E402
 from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from tiered_ops.registry import DTYPES  # noqa: E402
 
 
 def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:

@@ -133,8 +133,9 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
                              warm_graphed=False)
     except STORE_ERRORS:
         return  # the trace reads the decision then
-    _calls[key] = Selection(hot_fn(spec, sel.impl, device, mixed), sel.impl, sel.record)
-    _traced[key] = trace_fn(spec, sel.impl, device, mixed)
+    name = trace_fn(spec, sel.impl, device, mixed)
+    _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record)  # the table's function: hot_fn made it once
+    _traced[key] = name
 
 
 def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]:
