@@ -5,11 +5,19 @@ wrappers around it. Prints, per variant, the guard tree's lines, the median of 2
 time per call (median of interleaved rounds of 20 calls). Runs on the CPU or a GPU.
 
     TIERED_OPS_DB=/tmp/guards.sqlite python benchmarks/guard_cost.py --model qwen3-tiny --workload decode
+
+``--explain DIR`` also writes, per variant, what a call runs besides its guard check: the frame's cache entries, the
+graph's inputs and calls, the bytecode dynamo runs around the graph, and a profile of 200 calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import cProfile
+import dis
+import io
+import pstats
 import statistics
 import sys
 import time
@@ -24,10 +32,13 @@ from benchmarks.compiled_graphs import guards  # noqa: E402
 from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
 from tiered_ops.registry import DTYPES  # noqa: E402
 
+GRAPHS: dict[str, list[torch.fx.GraphModule]] = collections.defaultdict(list)
+
 
 def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
     """Runs the graph once and returns those outputs on every later call: no compute in the timed calls."""
     kept: list = []
+    GRAPHS[_compiling[0]].append(gm)
 
     def run(*args: Any) -> Any:
         if not kept:
@@ -35,6 +46,35 @@ def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
         return kept[0]
 
     return run
+
+
+_compiling = [""]
+
+
+def explain(name: str, compiled: Any, fn: Callable[[], Any], out: Path) -> None:
+    """What one variant's call runs besides its guard check, into ``out/<name>.txt``."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    entries = _debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__)
+    lines = [f"{name}: {len(entries)} cache entries on the compiled frame"]
+    for i, gm in enumerate(GRAPHS[name]):
+        nodes = collections.Counter(str(n.target) if n.op == "call_function" else n.op for n in gm.graph.nodes)
+        lines += [f"graph {i}: {nodes['placeholder']} inputs, {len(gm.graph.nodes)} nodes; calls:"]
+        lines += [f"  {c:4d} {t}" for t, c in nodes.most_common() if t not in ("placeholder", "output")]
+    for i, e in enumerate(entries):
+        text = io.StringIO()
+        dis.dis(e.code, file=text)
+        ops = text.getvalue().count("\n")
+        lines += [f"entry {i}: bytecode of {ops} lines"] + text.getvalue().splitlines()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    lines += ["profile of 200 calls (by own time):", text.getvalue()]
+    (out / f"{name}.txt").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -45,6 +85,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
     ap.add_argument("--seq", type=int, default=64, help="prefill tokens")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--explain", type=Path, default=None, help="a folder for each variant's explain file")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     table = models(True, args.seq) | models(False, args.seq)
@@ -54,14 +95,18 @@ def main() -> None:
     base = cls(config).to(dev, DTYPES[args.dtype]).eval()
     ids = torch.randint(0, config.vocab_size, (1, 1 if args.workload == "decode" else args.seq), device=dev)
     kwargs = dict(input_ids=ids, use_cache=False)
-    fns, checks = {}, {}
+    fns: dict[str, Callable[[], Any]] = {}
+    checks: dict[str, tuple[int, float]] = {}
+    comps: dict[str, Any] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         if name.startswith("tiered"):
             tiered_ops.tune(v.model, kwargs, train=False, context="compiled")
         compiled = own_compile(v.model, name, null_backend)
         fns[name] = step_fn(compiled, args.workload, ids)
+        _compiling[0] = name
         fns[name]()
+        comps[name] = compiled
         checks[name] = guards(compiled, kwargs, train=False, reps=2000)
         if checks[name][1] != checks[name][1]:  # nan
             raise SystemExit(f"{name}: the guards fail on the call's own arguments")
@@ -79,6 +124,11 @@ def main() -> None:
         host = statistics.median(samples[k])
         print(f"  {k:13s} guards {lines} lines, {us:.1f} us per check; host per call {host:.1f} us (median of "
               f"{args.rounds} rounds of 20)")
+    if args.explain:
+        args.explain.mkdir(parents=True, exist_ok=True)
+        for k in fns:
+            explain(k, comps[k], fns[k], args.explain)
+        print(f"wrote {', '.join(str(args.explain / f'{k}.txt') for k in fns)}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ variant, more on a fast row so that a round spans --min-round-ms, the order rota
 them alike. Each row: the median and p20-p80 of all its calls, and a verdict against stock: faster where its median
 is below stock's p20, stock's median above its p80 and the variant's median below stock's in every round (the rounds
 paired: a GPU's clocks drift by 10 % from round to round on an 8B-dimension prefill, and the calls of one round are
-not independent samples), slower in the mirror case, else a tie within the spread. Also
+not independent samples), slower in the mirror case, else a tie within the spread. A control, stock-copy (an
+unpatched second copy of stock, timed as one more variant), is the run's own noise floor: two identical models that a
+verdict tells apart are noise. Each variant also gets a verdict against the control, and the row's verdict is faster
+or slower only where both verdicts say so, else tie. Also
 the logits' relative error against stock eager (float32), the seconds tiered_ops.tune took, and for training the peak
 memory.
 
@@ -48,12 +51,13 @@ import torch
 
 import tiered_ops
 
-VARIANTS = ("stock", "tiered", "tiered-fused", "liger")
+VARIANTS = ("stock", "stock-copy", "tiered", "tiered-fused", "liger")
+CONTROL = "stock-copy"  # an unpatched copy of stock: what a verdict reads between two identical models
 WORKLOADS = ("prefill", "decode", "train")
 CONTEXTS = ("eager", "compile", "graphs")
 TUNE_CONTEXT = {"eager": "eager", "compile": "compiled", "graphs": "graphed"}
 COLUMNS = ("model", "variant", "workload", "context", "tokens", "dtype", "ms_p50", "ms_p20", "ms_p80", "calls",
-           "verdict", "rounds_slower",
+           "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy",
            "rel_err_vs_stock", "tune_s", "peak_mib", "note", "device", "torch", "transformers", "liger")
 
 
@@ -96,6 +100,8 @@ class Variant:
             self.note = f"{len(report.swapped)} swapped" + (f"; left {'; '.join(left)}" if left else "")
         elif name == "liger":
             self._liger(arch)
+        elif name == CONTROL:
+            self.note = "the control: an unpatched copy of stock"
 
     def _liger(self, arch: str) -> None:
         try:
@@ -201,6 +207,11 @@ def verdict(mine: tuple[float, float, float], stock: tuple[float, float, float],
     return "tie"
 
 
+def agreed(vs_stock: str, vs_copy: str | None) -> str:
+    """The row's verdict: faster or slower only where the verdicts against stock and against the control agree."""
+    return vs_stock if vs_copy is None or vs_stock == vs_copy else "tie"
+
+
 def rounds_slower(mine: list[list[float]], stock: list[list[float]]) -> int:
     """In how many rounds this variant's median was above stock's (the same round)."""
     return sum(statistics.median(a) > statistics.median(b) for a, b in zip(mine, stock))
@@ -303,16 +314,28 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
     for vname, (p50, p20, p80) in stats.items():
         rows[vname].update(ms_p50=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4),
                            calls=sum(map(len, samples[vname])))
+        n = len(samples[vname])
         if "stock" in stats and vname != "stock":
             k = rounds_slower(samples[vname], samples["stock"])
-            rows[vname].update(rounds_slower=f"{k}/{len(samples[vname])}",
-                               verdict=verdict(stats[vname], stats["stock"], k, len(samples[vname])))
+            rows[vname].update(rounds_slower=f"{k}/{n}", verdict=verdict(stats[vname], stats["stock"], k, n))
+        if CONTROL in stats and vname not in ("stock", CONTROL):
+            k = rounds_slower(samples[vname], samples[CONTROL])
+            rows[vname].update(rounds_slower_vs_copy=f"{k}/{n}",
+                               verdict_vs_copy=verdict(stats[vname], stats[CONTROL], k, n))
+            if "verdict" in rows[vname]:
+                rows[vname]["verdict"] = agreed(rows[vname]["verdict"], rows[vname]["verdict_vs_copy"])
         print(f"{name} {vname:12s} {workload:7s} {context:7s} {p50:10.3f} ms ({p20:.3f}-{p80:.3f}) "
-              f"{rows[vname].get('verdict', '')} {rows[vname].get('rounds_slower', '')}", file=sys.stderr)
+              f"{rows[vname].get('verdict', '')} {rows[vname].get('rounds_slower', '')}"
+              f"{' vs copy ' + rows[vname]['rounds_slower_vs_copy'] if 'rounds_slower_vs_copy' in rows[vname] else ''}",
+              file=sys.stderr)
     del fns
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return list(rows.values())
+
+
+def _vs_copy(r: dict) -> str:
+    return f"{r['verdict_vs_copy']} ({r['rounds_slower_vs_copy']})" if r.get("verdict_vs_copy") else ""
 
 
 def render(rows: list[dict], head: list[str]) -> str:
@@ -320,8 +343,8 @@ def render(rows: list[dict], head: list[str]) -> str:
     out = ["# Model-level benchmark", "", *head, ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | calls | vs stock | "
-                "verdict | rounds slower | rel err | tune s | peak MiB | note |",
-                "|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|"]
+                "verdict | rounds slower | vs copy | rel err | tune s | peak MiB | note |",
+                "|---|---|---|---:|---|---:|---:|---|---:|---|---:|---:|---:|---|"]
         mine = [r for r in rows if r["model"] == model]
         for r in mine:
             stock = next((s for s in mine if s["variant"] == "stock" and s.get("workload") == r.get("workload")
@@ -330,7 +353,7 @@ def render(rows: list[dict], head: list[str]) -> str:
             sp = f"{r['ms_p20']}-{r['ms_p80']}" if r.get("ms_p50") else ""
             out.append(f"| {r.get('workload', '')} | {r.get('context', '')} | {r['variant']} | {r.get('ms_p50', '')} "
                        f"| {sp} | {r.get('calls', '')} | {speed} | {r.get('verdict', '')} "
-                       f"| {r.get('rounds_slower', '')} | {r.get('rel_err_vs_stock', '')} "
+                       f"| {r.get('rounds_slower', '')} | {_vs_copy(r)} | {r.get('rel_err_vs_stock', '')} "
                        f"| {r.get('tune_s', '')} | {r.get('peak_mib', '')} | {r.get('note', '')} |")
         out.append("")
     return "\n".join(out)
@@ -409,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.min_round_ms:g} ms per variant and round: the calls column says how many in all), after "
             f"{args.warmup} warm-up calls; CUDA events "
             "(wall clock on a CPU). Verdict vs stock: faster/slower when each median lies outside the other's "
-            "p20-p80 and every round agrees (rounds slower: the rounds whose median was above stock's), else tie. "
+            "p20-p80 and every round agrees (rounds slower: the rounds whose median was above stock's), and the same "
+            "against stock-copy, an unpatched copy of stock (the control; vs copy: the rounds above its median), "
+            "else tie. "
             "Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
             "workload and context. Peak MiB: training step, above the memory held before it."]
     rows: list[dict] = []

@@ -31,12 +31,13 @@ def summary(folder: Path) -> str:
            "Each model's table, command, commit and date: `models/<model>.md` (rows as the benchmark wrote them). "
            "Median ms of 5 interleaved rounds of at least 10 calls (the calls per row: `models/<model>.md`); "
            "verdict: faster/slower where each median lies outside the other's p20-p80 and every round agrees (in "
-           "brackets: the rounds whose median was above stock's, where the run recorded them), else tie.", "",
+           "brackets: the rounds whose median was above stock's, where the run recorded them), and, where the run "
+           "timed the control stock-copy (an unpatched copy of stock), the same against it, else tie.", "",
            *_trees(folder), "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
            " train peak MiB stock / tiered / tiered-fused / liger |",
            "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
-    slower, missing, heavier = [], [], []
+    slower, missing, heavier, noise = [], [], [], []
     for (model, wl, ctx), g in ran.groupby(["model", "workload", "context"], sort=False):
         v = {r["variant"]: r for _, r in g.iterrows()}
         if "stock" not in v:
@@ -52,6 +53,11 @@ def summary(folder: Path) -> str:
             rounds = r.get("rounds_slower")
             return f"{r['ms_p50']:.3f}", str(r["verdict"]) + (f" ({rounds})" if isinstance(rounds, str) else "")
 
+        if "stock-copy" in v and v["stock-copy"]["verdict"] in ("faster", "slower"):
+            c = v["stock-copy"]
+            rounds = c.get("rounds_slower")
+            noise.append(f"{model} {wl} {ctx}: {c['verdict']} ({c['ms_p50']:.3f} against {s:.3f} ms"
+                         + (f", {rounds} rounds slower)" if isinstance(rounds, str) else ")"))
         t, tv = cell("tiered")
         f, fv = cell("tiered-fused")
         lig = f"{v['liger']['ms_p50']:.3f} ({s / v['liger']['ms_p50']:.2f}x)" if "liger" in v else ""
@@ -69,6 +75,9 @@ def summary(folder: Path) -> str:
             *[f"- {x}" for x in slower],
             "", f"Training peaks of a tiered variant above stock's: {len(heavier)}" + (":" if heavier else "."),
             *[f"- {x}" for x in heavier]]
+    if (ran["variant"] == "stock-copy").any():
+        out += ["", "Rows where the control (stock-copy, the same model as stock) reads faster or slower than stock: "
+                f"{len(noise)}" + (":" if noise else "."), *[f"- {x}" for x in noise]]
     if missing:
         out += ["", "Rows without a figure:", *[f"- {x}" for x in missing]]
     return "\n".join(out) + "\n"

@@ -47,3 +47,23 @@ def test_a_verdict_needs_every_paired_round_to_agree():
     k = models.rounds_slower(mixed, stock5)
     assert k == 4
     assert models.verdict(models.spread(sum(mixed, [])), models.spread(sum(stock5, [])), k, 5) == "tie"
+
+
+def test_a_verdict_needs_the_control_to_agree():
+    """Where the run timed the control (stock-copy, an unpatched copy of stock), a row is slower (faster) only where it
+    is slower (faster) than both stock and the control: a gap to stock that the control shows too is the run's noise."""
+    from benchmarks import models
+
+    assert models.agreed("slower", "slower") == "slower"
+    assert models.agreed("slower", "tie") == "tie"
+    assert models.agreed("faster", "slower") == "tie"
+    assert models.agreed("faster", None) == "faster"
+
+
+def test_the_page_lists_rows_where_the_control_reads_apart_from_stock(tmp_path):
+    (tmp_path / "models").mkdir()
+    pd.DataFrame([_row("stock", "decode", 1.0), _row("stock-copy", "decode", 1.1, "slower"),
+                  _row("tiered", "decode", 1.1, "tie")]).to_csv(tmp_path / "models" / "m.csv", index=False)
+    page = models_summary.summary(tmp_path)
+    assert "reads faster or slower than stock: 1:\n- m decode compile: slower (1.100 against 1.000 ms" in page
+    assert "Rows of a tiered variant slower than stock: 0." in page

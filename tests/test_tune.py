@@ -166,8 +166,13 @@ def test_model_benchmark_smoke(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     timed = [r for r in rows if r["ms_p50"]]
     assert {(r["variant"], r["workload"], r["context"]) for r in timed} == {
-        (v, w, c) for v in ("stock", "tiered", "tiered-fused") for w in ("prefill", "decode", "train")
+        (v, w, c) for v in ("stock", "stock-copy", "tiered", "tiered-fused") for w in ("prefill", "decode", "train")
         for c in ("eager", "compile")}
+    # every patched row is judged against stock and against the control, and its verdict is where both agree
+    for r in timed:
+        if r["variant"].startswith("tiered"):
+            assert r["verdict_vs_copy"] in {"faster", "tie", "slower"}, r
+            assert r["verdict"] == bench.agreed(r["verdict"], r["verdict_vs_copy"]), r
     assert all(r["calls"] == "4" for r in timed)  # 2 rounds of 2 calls
     assert {r["verdict"] for r in timed if r["variant"] != "stock"} <= {"faster", "tie", "slower"}
     assert all(float(r["rel_err_vs_stock"]) < 1.6e-2 for r in timed)
