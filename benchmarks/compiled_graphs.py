@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
-from benchmarks.models import Variant, models, own_compile, spread, step_fn, timed  # noqa: E402
+from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
+from benchmarks.models_rows import spread, timed  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

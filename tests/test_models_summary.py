@@ -34,7 +34,7 @@ def test_slower_rows_and_heavier_peaks_are_listed(tmp_path):
 def test_a_verdict_needs_every_paired_round_to_agree():
     """A row is slower (faster) only when the medians lie outside each other's p20-p80 and the variant was slower
     (faster) than stock in every round; one round the other way makes it a tie."""
-    from benchmarks import models
+    from benchmarks import models_rows as models
 
     stock, slow = [[10.0, 10.1, 10.2]] * 3, [[10.5, 10.6, 10.7]] * 3
     k = models.rounds_slower(slow, stock)
@@ -52,7 +52,7 @@ def test_a_verdict_needs_every_paired_round_to_agree():
 def test_a_verdict_needs_the_control_to_agree():
     """Where the run timed the control (stock-copy, an unpatched copy of stock), a row is slower (faster) only where it
     is slower (faster) than both stock and the control: a gap to stock that the control shows too is the run's noise."""
-    from benchmarks import models
+    from benchmarks import models_rows as models
 
     assert models.agreed("slower", "slower") == "slower"
     assert models.agreed("slower", "tie") == "tie"
