@@ -12,7 +12,7 @@
 #                 dispatchparts (that cost part by part: the capture query, the C++ key),
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 firstcalls (firstcall three ways, each into first_call/<way>/: aside, no-aside, busy),
-#                 decoder and models (model-level benchmarks),
+#                 decoder and models (model-level benchmarks), trainmem (a training step's saved tensors and peak),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
@@ -297,6 +297,16 @@ PY
         run_for "$(left)" $PY benchmarks/models.py --models "$m" --out-dir "$OUT/models/$m" ${MODELS_ARGS:-} 2>&1 \
           | grep -v -E "UserWarning|warn_once" | tee "$OUT/models/$m/models.log" | grep -E "8b-dims|gpt2|wrote"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done
+      ;;
+    trainmem)
+      # Where a training step's memory goes, stock against patched (benchmarks/train_memory.py): decisions, tensors
+      # saved for the backward, peak; per model of TRAINMEM_MODELS, under torch.compile and in eager.
+      for m in ${TRAINMEM_MODELS:-qwen3-8b-dims-2l}; do
+        for ctx in compile eager; do
+          run_for "$(left)" $PY benchmarks/train_memory.py --model "$m" --context $ctx 2>&1 \
+            | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/train_memory-$m-$ctx.txt" || rc=1
+        done
       done
       ;;
     compiled)
