@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
-from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
+from benchmarks.models import Variant, base_model, own_compile, step_fn  # noqa: E402
 from benchmarks.models_rows import spread, timed  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -129,12 +129,7 @@ def main() -> int:
     from torch._inductor.utils import run_and_get_code
 
     inductor_config.fx_graph_cache = False  # every variant generates its code (a cache hit shows none)
-    cls, cfg, arch = models(args.model.endswith("-tiny"), seq)[args.model]
-    torch.manual_seed(0)
-    with dev:
-        base = cls(cfg).to(DTYPES[args.dtype]).eval()
-    if getattr(base, "loss_type", None) is None:
-        base.loss_type = "ForCausalLM"
+    base, cfg, arch = base_model(args.model, seq, dev, DTYPES[args.dtype])
     train = args.workload == "train"
     base.train(train)
     ids = torch.randint(0, cfg.vocab_size, (1, 1 if args.workload == "decode" else seq), device=dev)

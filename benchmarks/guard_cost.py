@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
 from benchmarks.compiled_graphs import guards  # noqa: E402
-from benchmarks.models import Variant, models, own_compile, step_fn  # noqa: E402
+from benchmarks.models import Variant, base_model, own_compile, step_fn  # noqa: E402
 from tiered_ops.registry import DTYPES  # noqa: E402
 
 GRAPHS: dict[str, list[torch.fx.GraphModule]] = collections.defaultdict(list)
@@ -88,11 +88,8 @@ def main() -> None:
     ap.add_argument("--explain", type=Path, default=None, help="a folder for each variant's explain file")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    table = models(True, args.seq) | models(False, args.seq)
-    cls, config, arch = table[args.model]
     torch._dynamo.config.recompile_limit = 64
-    torch.manual_seed(0)
-    base = cls(config).to(dev, DTYPES[args.dtype]).eval()
+    base, config, arch = base_model(args.model, args.seq, dev, DTYPES[args.dtype])
     ids = torch.randint(0, config.vocab_size, (1, 1 if args.workload == "decode" else args.seq), device=dev)
     kwargs = dict(input_ids=ids, use_cache=False)
     fns: dict[str, Callable[[], Any]] = {}

@@ -94,6 +94,20 @@ def models(quick: bool, seq: int) -> dict[str, tuple[Any, Any, str]]:
             "gpt2-small": (T.GPT2LMHeadModel, gpt2, "gpt2")}
 
 
+def base_model(name: str, seq: int, device: torch.device, dtype: torch.dtype = torch.bfloat16
+               ) -> tuple[torch.nn.Module, Any, str]:
+    """(model, config, liger architecture name) of ``name`` (a model of either table), random weights from seed 0, in
+    eval mode; a model naming no loss type gets the causal LM's (GPT-2 names none: transformers then logs, breaking
+    fullgraph)."""
+    cls, config, arch = (models(True, seq) | models(False, seq))[name]
+    torch.manual_seed(0)
+    with device:
+        base = cls(config).to(dtype).eval()
+    if getattr(base, "loss_type", None) is None:
+        base.loss_type = "ForCausalLM"
+    return base, config, arch
+
+
 class Variant:
     """A copy of the base model under one patch; ``active()`` is the context its calls must run in."""
 
@@ -358,14 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             "Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
             "workload and context. Peak MiB: training step, above the memory held before it."]
     rows: list[dict] = []
-    for name, (cls, config, arch) in models(q, args.seq).items():
+    for name in models(q, args.seq):
         if args.models and name not in args.models.split(","):
             continue
-        torch.manual_seed(0)
-        with dev:
-            base = cls(config).to(torch.bfloat16).eval()
-        if getattr(base, "loss_type", None) is None:  # GPT-2 names none: transformers then logs, breaking fullgraph
-            base.loss_type = "ForCausalLM"
+        base, config, arch = base_model(name, args.seq, dev)
         variants = {}
         for vname in args.variants.split(","):
             try:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
-from benchmarks.models import TUNE_CONTEXT, Variant, models, own_compile, peak_mib  # noqa: E402
+from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile, peak_mib  # noqa: E402
 
 Saved = collections.Counter  # (shape, dtype) -> count
 
@@ -47,14 +47,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048, help="tokens (64 for the tiny configs)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    table = models(True, args.seq) | models(False, args.seq)
-    cls, config, arch = table[args.model]
     torch._dynamo.config.recompile_limit = 64
-    torch.manual_seed(0)
-    with dev:
-        base = cls(config).to(torch.bfloat16)
-    if getattr(base, "loss_type", None) is None:
-        base.loss_type = "ForCausalLM"
+    base, config, arch = base_model(args.model, args.seq, dev)
     ids = torch.randint(0, config.vocab_size, (1, args.seq), device=dev)
     kw = dict(input_ids=ids, labels=ids, use_cache=False)
     print(f"{args.model} train {args.context} bf16 {args.seq} tokens on {dev}; torch {torch.__version__}")
