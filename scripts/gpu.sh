@@ -288,7 +288,8 @@ PY
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     models)
-      # transformers models from configs: stock, tiered_ops (with and without fuse_residual), Liger; one run of
+      # transformers models from configs: stock, its unpatched copy (the control), tiered_ops (with and without
+      # fuse_residual), Liger; one run of
       # benchmarks/models.py per model into $OUT/models/<model>/ (each writes its rows as it goes: a model cut by the
       # deadline keeps what it finished). An 8B-dimension model takes ~5 min on an H100, GPT-2 small ~3: MODELS picks.
       echo "== models: stock vs tiered_ops vs Liger"
