@@ -74,7 +74,11 @@ export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${RESUME_DB:-}" ]; then
   [ -f "$RESUME_DB" ] || { echo "RESUME_DB=$RESUME_DB: no such file (carry it)"; exit 2; }
-  cp "$RESUME_DB" "$TIERED_OPS_DB" && echo "resuming from $RESUME_DB"
+  # a store kept xz-compressed in reports/ (a superseded sweep's) is unpacked here
+  case $RESUME_DB in
+    *.xz) xz -dc "$RESUME_DB" > "$TIERED_OPS_DB" ;;
+    *) cp "$RESUME_DB" "$TIERED_OPS_DB" ;;
+  esac && echo "resuming from $RESUME_DB"
 fi
 PY=python3
 rc=0
