@@ -41,6 +41,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -236,8 +237,9 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                 args: argparse.Namespace, common: dict, reference: dict) -> list[dict]:
     """Every variant of one (workload, context): prepared, then timed in interleaved rounds."""
     dev = ids.device
-    rows, fns = {}, {}
+    rows, fns, prep_s = {}, {}, {}
     for vname, v in variants.items():
+        t0 = time.perf_counter()
         row = dict(common, model=name, variant=vname, workload=workload, context=context, tokens=ids.numel(),
                    note=v.note)
         rows[vname] = row
@@ -263,6 +265,8 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
         if workload in reference:
             row["rel_err_vs_stock"] = f"{rel_err(out, reference[workload]):.3e}"
         fns[vname] = fn
+        prep_s[vname] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     samples: dict[str, list[list[float]]] = {v: [] for v in fns}  # per round
     order = list(fns)
     reps = args.reps
@@ -278,6 +282,7 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
             if workload == "train":
                 for p in variants[vname].model.parameters():
                     p.grad = None
+    timing_s = time.perf_counter() - t0
     stats = {v: spread([t for rnd in ms for t in rnd]) for v, ms in samples.items()}
     for vname, (p50, p20, p80) in stats.items():
         rows[vname].update(ms_p50=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4),
@@ -296,6 +301,8 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
               f"{rows[vname].get('verdict', '')} {rows[vname].get('rounds_slower', '')}"
               f"{' vs copy ' + rows[vname]['rounds_slower_vs_copy'] if 'rounds_slower_vs_copy' in rows[vname] else ''}",
               file=sys.stderr)
+    print(f"{name} {workload} {context}: prepared in {', '.join(f'{k} {v:.0f} s' for k, v in prep_s.items())} "
+          f"(tuning, compiling, warm-up), timed in {timing_s:.0f} s", file=sys.stderr)
     del fns
     if dev.type == "cuda":
         torch.cuda.empty_cache()
