@@ -32,32 +32,31 @@ from benchmarks.compiled_graphs import guards  # noqa: E402
 from benchmarks.models import Variant, base_model, own_compile, step_fn  # noqa: E402
 from tiered_ops.registry import DTYPES  # noqa: E402
 
-GRAPHS: dict[str, list[torch.fx.GraphModule]] = collections.defaultdict(list)
+
+def null_backend(graphs: list[torch.fx.GraphModule]) -> Callable[..., Any]:
+    """A backend that keeps each graph it is given in ``graphs``, runs it once and returns those outputs on every
+    later call: no compute in the timed calls."""
+    def backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
+        kept: list = []
+        graphs.append(gm)
+
+        def run(*args: Any) -> Any:
+            if not kept:
+                kept.append(gm(*args))
+            return kept[0]
+
+        return run
+
+    return backend
 
 
-def null_backend(gm: torch.fx.GraphModule, example: list) -> Callable[..., Any]:
-    """Runs the graph once and returns those outputs on every later call: no compute in the timed calls."""
-    kept: list = []
-    GRAPHS[_compiling[0]].append(gm)
-
-    def run(*args: Any) -> Any:
-        if not kept:
-            kept.append(gm(*args))
-        return kept[0]
-
-    return run
-
-
-_compiling = [""]
-
-
-def explain(name: str, compiled: Any, fn: Callable[[], Any], out: Path) -> None:
+def explain(name: str, compiled: Any, graphs: list[torch.fx.GraphModule], fn: Callable[[], Any], out: Path) -> None:
     """What one variant's call runs besides its guard check, into ``out/<name>.txt``."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     entries = _debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__)
     lines = [f"{name}: {len(entries)} cache entries on the compiled frame"]
-    for i, gm in enumerate(GRAPHS[name]):
+    for i, gm in enumerate(graphs):
         nodes = collections.Counter(str(n.target) if n.op == "call_function" else n.op for n in gm.graph.nodes)
         lines += [f"graph {i}: {nodes['placeholder']} inputs, {len(gm.graph.nodes)} nodes; calls:"]
         lines += [f"  {c:4d} {t}" for t, c in nodes.most_common() if t not in ("placeholder", "output")]
@@ -95,13 +94,14 @@ def main() -> None:
     fns: dict[str, Callable[[], Any]] = {}
     checks: dict[str, tuple[int, float]] = {}
     comps: dict[str, Any] = {}
+    graphs: dict[str, list[torch.fx.GraphModule]] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         if name.startswith("tiered"):
             tiered_ops.tune(v.model, kwargs, train=False, context="compiled")
-        compiled = own_compile(v.model, name, null_backend)
+        graphs[name] = []
+        compiled = own_compile(v.model, name, null_backend(graphs[name]))
         fns[name] = step_fn(compiled, args.workload, ids)
-        _compiling[0] = name
         fns[name]()
         comps[name] = compiled
         checks[name] = guards(compiled, kwargs, train=False, reps=2000)
@@ -124,7 +124,7 @@ def main() -> None:
     if args.explain:
         args.explain.mkdir(parents=True, exist_ok=True)
         for k in fns:
-            explain(k, comps[k], fns[k], args.explain)
+            explain(k, comps[k], graphs[k], fns[k], args.explain)
         print(f"wrote {', '.join(str(args.explain / f'{k}.txt') for k in fns)}")
 
 

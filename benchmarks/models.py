@@ -191,7 +191,8 @@ def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
-def own_compile(model: torch.nn.Module, tag: str, backend: str | None = None) -> Callable[..., Any]:
+def own_compile(model: torch.nn.Module, tag: str, backend: str | Callable[..., Any] | None = None
+                ) -> Callable[..., Any]:
     """``torch.compile(fullgraph=True)`` of a call of ``model`` through a function with a code object of its own.
     Dynamo keeps its compiled frames per code object: variants of one model class compiled as modules in one process
     share ``forward``'s cache, and every call of one variant first checks the guards of the others' entries (host
