@@ -8,6 +8,7 @@ model is (its matmuls round too)."""
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -217,6 +218,35 @@ def test_add_rms_norm_is_the_hf_add_and_norm_bit_for_bit(family, dtype, wdtype):
         want_y = norm(want_h)
     assert torch.equal(h, want_h)
     assert y.dtype == want_y.dtype and torch.equal(y, want_y)
+
+
+@needs_hf
+def test_a_traced_fused_pair_adds_in_the_originals_order():
+    """Traced (the eager tier's code inlined), the fused pair's sum is ``residual + x`` as in the layer it replaces:
+    the same bits either way, but Inductor plans kernels and buffers by the graph, and ``x + residual`` gave another
+    plan (one more kernel, another training peak)."""
+    from tiered_ops.models.patch_layers import add_rms_norm
+
+    norm = tiny("llama").model.layers[0].post_attention_layernorm
+    x, r = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+
+    def adds(fn) -> list[tuple[str, ...]]:
+        graphs = []
+        fn(x, r)  # the decision, made outside the trace as a user's first call makes it
+        torch._dynamo.reset()
+        torch.compile(fn, backend=lambda gm, _: graphs.append(gm) or gm.forward, fullgraph=True)(x, r)
+        return [tuple(a.name for a in n.args) for g in graphs for n in g.graph.nodes  # the adds of two inputs
+                if n.op == "call_function" and n.target in (operator.add, torch.add)
+                and all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in n.args)]
+
+    def fused(x, residual):
+        return add_rms_norm(norm, x, residual)
+
+    def original(x, residual):
+        h = residual + x
+        return norm(h), h
+
+    assert adds(fused) == adds(original) == [("l_residual_", "l_x_")]
 
 
 @needs_hf

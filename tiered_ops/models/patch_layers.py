@@ -144,10 +144,12 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
     w = norm.weight
     if (x.dtype in _DTYPES and residual.dtype == x.dtype and residual.shape == x.shape
             and w.dtype in (x.dtype, torch.float32)):
+        # the sum's operands in the original's order (residual + x): the same bits either way, but a traced graph is
+        # then the original's, and Inductor plans the same kernels and buffers for it
         if gemma:  # (1 + w) in fp32, one rounding
-            return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
+            return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
         # normalized in fp32, rounded to x's dtype, then the weight (the output promote(w, x))
-        return fused_add_rms_norm(x, residual, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
+        return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h
 
