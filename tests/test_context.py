@@ -9,7 +9,8 @@ import torch
 import tiered_ops
 from tiered_ops.cli.cli import main
 from tiered_ops.decide import decide
-from tiered_ops.decide.contexts import in_context
+from tiered_ops.decide.choice import _decide
+from tiered_ops.decide.contexts import in_context, measured_compiled
 
 
 def _row(impl: str, p50: float, host: float, device_key: str = "cuda-NVIDIA H100") -> dict:
@@ -37,6 +38,39 @@ def test_a_compiled_caller_without_its_own_measurement_takes_a_traced_tier():
     assert "traced into its graph" in why
     priced, why = in_context(rows[:1], "compiled")
     assert [r["impl"] for r in priced] == ["triton"] and "kernel times" in why
+
+
+@pytest.mark.parametrize("mode", ["fwd+bwd", "bwd", "fwd"])
+def test_a_compiled_training_caller_pays_kernel_time_and_inference_the_caller_time(mode):
+    """Measured around one op, a compiled fwd+bwd's host figure is the graph's own work (hundreds of us), which a
+    training step pays once per graph, not per op: training is priced by kernel time, inference as measured."""
+    rows = [_row("triton", p50=92.0, host=493.0), _row("eager", p50=63.0, host=627.0)]
+    priced, why = measured_compiled(rows, mode)
+    assert [(r["impl"], r["caller_us"]) for r in priced] == [("triton", 92.0), ("eager", 63.0)]
+    assert "by kernel time" in why and all(r["host_us"] is None for r in priced)
+    inference, why = measured_compiled(rows, "fwd_nograd")
+    assert inference is rows and "by kernel time" not in why
+
+
+def test_a_compiled_training_decision_takes_the_faster_kernel_over_the_lighter_host():
+    from tiered_ops.registry import METHOD_VERSION
+    from tiered_ops.store.store import open_store
+
+    spec = tiered_ops.get_op("rms_norm")
+    rows = [dict(_row(i, p50=p, host=h), source_hash=spec.impls[i].source_hash, method=METHOD_VERSION, rel_error=0.0)
+            for i, p, h in [("eager", 92.0, 493.0), ("compile", 63.0, 627.0)]]
+    for r in rows:
+        r["p20_us"], r["p80_us"], r["host_p80_us"] = 0.98 * r["p50_us"], 1.02 * r["p50_us"], 1.02 * r["host_us"]
+    store = open_store(":memory:")
+
+    def pick(mode: str) -> tuple[str, str]:
+        impl, reason, _ = _decide(spec, measured_compiled(rows, mode)[0], torch.float32, torch.device("cpu"),
+                                  "fastest", None, store)
+        return impl.name, reason
+
+    (train, why_train), (infer, why_infer) = pick("fwd+bwd"), pick("fwd_nograd")
+    assert (train, infer) == ("compile", "eager"), (why_train, why_infer)
+    assert "63.0" in why_train and "493.0" in why_infer
 
 
 def test_a_cpu_row_keeps_its_time_in_every_context():

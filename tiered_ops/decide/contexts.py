@@ -8,7 +8,7 @@ import logging
 import torch
 
 from ..measure.measure import measure_kept
-from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
+from ..registry import DTYPE_NAMES, GRAD_MODES, OpSpec, Problem, Tier
 from ..store.store import Store
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,11 @@ def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
         if traced:
             rows, why = traced, ("compiled caller, no compiled-context measurement stored: the tiers traced into its "
                                  "graph (eager, compile), by kernel time; ")
+    return by_kernel_time(rows), why
+
+
+def by_kernel_time(rows: list[dict]) -> list[dict]:
+    """The rows priced by their kernel time and its p20-p80 (no host figure); a CPU row keeps its time."""
     out = []
     for r in rows:
         kernel = r.get("kernel_us") if r.get("predicted") else r.get("p50_us")
@@ -63,4 +68,18 @@ def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
             out.append(r)  # a CPU row: its time is the call's, there is no launch path apart from it
             continue
         out.append(dict(r, caller_us=kernel, host_us=None, host_p80_us=None))
-    return out, why
+    return out
+
+
+def measured_compiled(rows: list[dict], mode: str) -> tuple[list[dict], str]:
+    """The compiled-context rows (each implementation measured between pointwise ops in a small compiled function) as
+    a compiled caller pays them, and what that means for the record. Inference: as measured, the larger of kernel and
+    host time (a decode step's graph is launch-bound, and a kernel tier adds launches that Inductor's fusion does
+    not). Training (``GRAD_MODES``): by kernel time. The host work of a compiled training step is one forward and one
+    backward call per graph (guards, the autograd wrapper, the backward's engine), running ahead of a GPU busy with the
+    step; measured around one op, that per-graph work (hundreds of microseconds) is the whole host figure and hides
+    the kernel times the step pays (tens)."""
+    why = "compiled caller (measured between pointwise ops in a compiled function): "
+    if mode in GRAD_MODES:
+        return by_kernel_time(rows), why + "training, by kernel time (the graph's host work is per step, not per op); "
+    return rows, why

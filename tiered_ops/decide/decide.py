@@ -48,7 +48,7 @@ from ..tiers.catalog import get_op
 from . import background
 from .capture import is_warm, warm
 from .choice import _decide, _gated
-from .contexts import _compiled_rows, in_context
+from .contexts import _compiled_rows, in_context, measured_compiled
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
@@ -280,8 +280,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
                                    measure_missing=tune and context == "compiled" and near is None)
         for ctx in CONTEXTS:
-            ctx_rows, why = (compiled, "compiled caller (measured between pointwise ops in a compiled function): "
-                             ) if ctx == "compiled" and compiled else in_context(rows, ctx)
+            ctx_rows, why = measured_compiled(compiled, mode) if ctx == "compiled" and compiled else in_context(
+                rows, ctx)
             if not ctx_rows and not tune:
                 impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
                                                             "eager" if provisional else
