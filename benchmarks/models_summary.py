@@ -65,7 +65,9 @@ def summary(folder: Path) -> str:
                  if n in v and pd.notna(v[n]["peak_mib"])}
         mem = " / ".join(f"{peaks[n]:.1f}" if n in peaks else "-" for n in ("stock", "tiered", "tiered-fused", "liger")
                          ) if wl == "train" else ""
-        heavier += [f"{model} {wl} {ctx} {n}: {peaks[n]:.1f} MiB against stock's {peaks['stock']:.1f}"
+        control = v.get("stock-copy", {}).get("peak_mib")  # the same model's peak read again: what the figure moves
+        also = f" (the control's: {control:.1f})" if control is not None and pd.notna(control) else ""
+        heavier += [f"{model} {wl} {ctx} {n}: {peaks[n]:.1f} MiB against stock's {peaks['stock']:.1f}{also}"
                     for n in ("tiered", "tiered-fused") if n in peaks and peaks[n] > peaks.get("stock", peaks[n])]
         ratio = f"{s / v['tiered']['ms_p50']:.2f}x" if "tiered" in v else ""
         out.append(f"| {model} | {wl} | {ctx} | {s:.3f} | {t} | {ratio} | {tv} | {f} | {fv} | {lig} | {mem} |")

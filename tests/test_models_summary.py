@@ -22,12 +22,12 @@ def test_slower_rows_and_heavier_peaks_are_listed(tmp_path):
     pd.DataFrame([_row("stock", "decode", 1.0), _row("tiered", "decode", 1.2, "slower"),
                   _row("tiered-fused", "decode", 1.0, "tie"),
                   _row("stock", "train", 10.0, peak=100.0), _row("tiered", "train", 9.0, "faster", 99.9),
-                  _row("tiered-fused", "train", 9.0, "faster", 100.4)]).to_csv(tmp_path / "models" / "m.csv",
-                                                                              index=False)
+                  _row("tiered-fused", "train", 9.0, "faster", 100.4),
+                  _row("stock-copy", "train", 10.0, "tie", 100.2)]).to_csv(tmp_path / "models" / "m.csv", index=False)
     page = models_summary.summary(tmp_path)
     assert "Rows of a tiered variant slower than stock: 1:\n- m decode compile tiered: 0.83x" in page
     assert ("Training peaks of a tiered variant above stock's: 1:\n"
-            "- m train compile tiered-fused: 100.4 MiB against stock's 100.0") in page
+            "- m train compile tiered-fused: 100.4 MiB against stock's 100.0 (the control's: 100.2)") in page
     assert "| 100.0 / 99.9 / 100.4 / - |" in page
 
 
