@@ -33,7 +33,6 @@ if "--no-tune" in sys.argv:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-import tiered_ops  # noqa: E402
 from benchmarks.models import Variant, base_model, own_compile, step_fn  # noqa: E402
 from benchmarks.models_rows import spread, timed  # noqa: E402
 
@@ -140,13 +139,10 @@ def main() -> int:
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         v.model.train(train)
-        if name.startswith("tiered"):
-            if args.no_tune:  # an eager step primes the traced decisions (eager: nothing stored, nothing measured)
-                step_fn(v.model, args.workload, ids)()
-            else:
-                rep = tiered_ops.tune(v.model, kw, train=train, context="compiled")
-                for c in rep.calls:
-                    print(f"  {name} decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} [{c.tier}]")
+        if name.startswith("tiered") and args.no_tune:  # an eager step primes the traced decisions (eager: nothing
+            step_fn(v.model, args.workload, ids)()  # stored, nothing measured)
+        elif not args.no_tune:
+            v.tune(kw, train, "compiled")
         graphs: list[torch.fx.GraphModule] = []
 
         def backend(gm: torch.fx.GraphModule, example: list, graphs: list = graphs) -> Callable[..., Any]:

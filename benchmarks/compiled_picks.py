@@ -11,8 +11,10 @@ where their source is the current one (as ``_decide`` reads them).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -21,35 +23,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiered_ops.decide.choice import _decide  # noqa: E402
 from tiered_ops.decide.contexts import measured_compiled  # noqa: E402
 from tiered_ops.registry import DTYPES, Impl  # noqa: E402
-from tiered_ops.store.store import open_store  # noqa: E402
+from tiered_ops.store.store import Store  # noqa: E402
 from tiered_ops.tiers.catalog import get_op  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("store", help="a GPU store (SQLite)")
+    ap.add_argument("store", help="a GPU store (SQLite; read, never written)")
     ap.add_argument("--mode", help="one mode (default: every mode measured in a compiled caller)")
     args = ap.parse_args()
-    Impl.why_not = lambda self, device, dtype=None: None  # the store's device, not this machine's
-    scratch = open_store(":memory:")
-    db = sqlite3.connect(f"file:{args.store}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    where = "context = 'compiled'" + (" and mode = ?" if args.mode else "")
-    keys = db.execute(f"select distinct op, problem, dtype, mode from measurements where {where} order by op, problem",
-                      (args.mode,) if args.mode else ()).fetchall()
+    Impl.why_not = lambda self, device, dtype=None: None  # type: ignore[method-assign]  # the store's device's
     print("op | problem | dtype | mode | this tree | by caller time | kernel / host us per implementation")
-    for k in keys:
-        latest: dict[str, dict] = {}
-        for r in db.execute("select * from measurements where context = 'compiled' and op = ? and problem = ? and "
-                            "dtype = ? and mode = ? order by id", tuple(k)):
-            latest[r["impl"]] = dict(r)
-        rows, spec = list(latest.values()), get_op(k["op"])
-        dev, dt = torch.device("cuda"), DTYPES[k["dtype"]]
-        mine = _decide(spec, measured_compiled(rows, k["mode"])[0], dt, dev, "fastest", None, scratch)[0].name
-        by_caller = _decide(spec, rows, dt, dev, "fastest", None, scratch)[0].name
-        times = ", ".join(f"{r['impl']} {r['p50_us']:.1f} / {r['host_us']:.1f}" for r in rows
-                          if r["p50_us"] is not None and r["host_us"] is not None)
-        print(f"{k['op']} | {k['problem']} | {k['dtype']} | {k['mode']} | {mine} | {by_caller} | {times}")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "store.sqlite"
+        shutil.copy(args.store, copy)  # the store may need a migration: never written in place
+        where = "context = 'compiled'" + (" and mode = ?" if args.mode else "")
+        keys = sqlite3.connect(copy).execute(
+            f"select distinct op, bucket, dtype, device_key, mode from measurements where {where} order by op, bucket",
+            (args.mode,) if args.mode else ()).fetchall()
+        store = Store(str(copy))
+        for op, bucket, dtype, device_key, mode in keys:
+            rows = store.latest(op, bucket, dtype, device_key, mode, context="compiled")  # as a decision reads them
+            spec, dev, dt = get_op(op), torch.device("cuda"), DTYPES[dtype]
+            mine = _decide(spec, measured_compiled(rows, mode)[0], dt, dev, "fastest", None, store)[0].name
+            by_caller = _decide(spec, rows, dt, dev, "fastest", None, store)[0].name
+            times = ", ".join(f"{r['impl']} {r['p50_us']:.1f} / {r['host_us']:.1f}" for r in rows
+                              if r["p50_us"] is not None and r["host_us"] is not None)
+            print(f"{op} | {rows[0]['problem']} | {dtype} | {mode} | {mine} | {by_caller} | {times}")
     return 0
 
 

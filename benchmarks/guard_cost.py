@@ -27,7 +27,6 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-import tiered_ops  # noqa: E402
 from benchmarks.compiled_graphs import guards  # noqa: E402
 from benchmarks.models import Variant, base_model, own_compile, step_fn  # noqa: E402
 from tiered_ops.registry import DTYPES  # noqa: E402
@@ -97,8 +96,7 @@ def main() -> None:
     graphs: dict[str, list[torch.fx.GraphModule]] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
-        if name.startswith("tiered"):
-            tiered_ops.tune(v.model, kwargs, train=False, context="compiled")
+        v.tune(kwargs, False, "compiled", show=False)
         graphs[name] = []
         compiled = own_compile(v.model, name, null_backend(graphs[name]))
         fns[name] = step_fn(compiled, args.workload, ids)

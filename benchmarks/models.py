@@ -154,6 +154,16 @@ class Variant:
             for (m, k), v in old.items():
                 setattr(m, k, v)
 
+    def tune(self, kwargs: dict[str, Any], train: bool, context: str, show: bool = True) -> float:
+        """tiered_ops.tune of this variant's model for one step of ``kwargs`` in ``context`` (tiered_ops' name of it);
+        with ``show`` each decision printed. The seconds it took (0 for a variant not patched by tiered_ops)."""
+        if not self.name.startswith("tiered"):
+            return 0.0
+        report = tiered_ops.tune(self.model, kwargs, train=train, context=context)
+        for c in report.calls if show else ():
+            print(f"  {self.name} decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} [{c.tier}]")
+        return report.seconds
+
 
 def step_fn(model: Any, workload: str, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
     """One call of ``workload`` on ``model`` (an nn.Module or its compiled form), returning the logits."""
@@ -249,8 +259,7 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
             with v.active():
                 if vname.startswith("tiered") and args.tune:
                     kw = dict(input_ids=ids, use_cache=False) | ({"labels": ids} if workload == "train" else {})
-                    row["tune_s"] = round(tiered_ops.tune(v.model, kw, train=workload == "train",
-                                                          context=TUNE_CONTEXT[context]).seconds, 2)
+                    row["tune_s"] = round(v.tune(kw, workload == "train", TUNE_CONTEXT[context], show=False), 2)
                 fn = build(v, workload, context, ids, args)
                 out = fn()
                 for _ in range(args.warmup):

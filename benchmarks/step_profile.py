@@ -22,7 +22,6 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-import tiered_ops  # noqa: E402
 from benchmarks.compiled_graphs import kernel_table  # noqa: E402
 from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile, step_fn  # noqa: E402
 from benchmarks.models_rows import spread, timed  # noqa: E402
@@ -100,9 +99,8 @@ def main() -> int:
             continue
         v.model.train(train)
         with v.active():
-            if name.startswith("tiered") and not args.no_tune:
-                for c in tiered_ops.tune(v.model, kw, train=train, context=TUNE_CONTEXT[args.context]).calls:
-                    print(f"  {name} decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} [{c.tier}]")
+            if not args.no_tune:
+                v.tune(kw, train, TUNE_CONTEXT[args.context])
             model = own_compile(v.model, name) if args.context == "compile" else v.model
             fn = step_fn(model, args.workload, ids)
             for _ in range(3):

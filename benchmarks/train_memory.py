@@ -17,7 +17,6 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-import tiered_ops  # noqa: E402
 from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile, peak_mib  # noqa: E402
 
 Saved = collections.Counter  # (shape, dtype) -> count
@@ -56,9 +55,7 @@ def main() -> None:
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         v.model.train()
-        if name.startswith("tiered"):
-            for c in tiered_ops.tune(v.model, kw, train=True, context=TUNE_CONTEXT[args.context]).calls:
-                print(f"  {name} decided {c.call.op} {c.call.problem} {c.call.mode}: {c.chosen} [{c.tier}]")
+        v.tune(kw, True, TUNE_CONTEXT[args.context])
         fn = own_compile(v.model, name) if args.context == "compile" else v.model
         step(fn, kw)  # compiles; the second step is the one counted
         v.model.zero_grad(set_to_none=True)
