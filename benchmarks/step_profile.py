@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +29,7 @@ import torch  # noqa: E402
 from benchmarks.compiled_graphs import kernel_table  # noqa: E402
 from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile, step_fn  # noqa: E402
 from benchmarks.models_rows import spread, timed  # noqa: E402
+from benchmarks.step_trace import analyze, load, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # kernel families after tiered_ops' own, first match wins (names as the profiler reports them)
@@ -70,6 +75,75 @@ def host_ms(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
     return statistics.median(out)
 
 
+def syncs(fn: Callable[[], Any]) -> collections.Counter:
+    """The synchronizing CUDA calls of one call of ``fn``, by the Python line that made them."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                               if "synchroniz" in str(w.message))
+
+
+class Clocks:
+    """The SM clock (MHz) and the board's power (W) sampled by nvidia-smi every 50 ms while the block runs."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on and shutil.which("nvidia-smi") is not None
+
+    def __enter__(self) -> "Clocks":
+        if not self.on:
+            self.proc = None
+            return self
+        cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50",
+               f"--id={torch.cuda.current_device()}"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.samples: list[tuple[float, float]] = []
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        out, _ = self.proc.communicate()
+        for line in out.splitlines():
+            try:
+                sm, watts = (float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((sm, watts))
+
+    def __str__(self) -> str:
+        if not self.samples:
+            return "no clock samples"
+        sm, watts = zip(*self.samples)
+        return (f"SM clock median {statistics.median(sm):.0f} MHz (min {min(sm):.0f}), power median "
+                f"{statistics.median(watts):.0f} W over {len(sm)} samples")
+
+
+def trace_step(fn: Callable[[], Any], path: Path) -> str:
+    """One call of ``fn`` under torch.profiler, as a Chrome trace at ``path`` (gzipped), and where its GPU waited."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("step"):
+            fn()
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = path.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return render(analyze(load(path)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-8b-dims-2l", help="a name of benchmarks/models.py's models()")
@@ -80,6 +154,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10, help="calls timed per variant")
     ap.add_argument("--kernels", type=int, default=15, help="top kernels listed per variant (GPU)")
     ap.add_argument("--no-tune", action="store_true", help="no tiered_ops.tune: the calls read what is stored")
+    ap.add_argument("--trace", help="a folder for one step's Chrome trace per variant (GPU), each read for where "
+                    "the GPU waited (benchmarks/step_trace.py)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -105,7 +181,8 @@ def main() -> int:
             fn = step_fn(model, args.workload, ids)
             for _ in range(3):
                 fn()
-            p50, p20, p80 = spread(timed(fn, args.reps, cuda))
+            with Clocks(cuda) as clocks:
+                p50, p20, p80 = spread(timed(fn, args.reps, cuda))
             host = host_ms(fn, args.reps, cuda)
             line = f"  {name:13s} step {p50:.3f} ms ({p20:.3f}-{p80:.3f}), host to issue it {host:.3f} ms"
             if cuda:
@@ -119,6 +196,14 @@ def main() -> int:
             print(line, flush=True)
             for k, (n, us) in sorted(tables.get(name, {}).items(), key=lambda kv: -kv[1][1])[:args.kernels]:
                 print(f"      {n:5.1f} {us:9.1f} us  [{family(k)}] {k}")
+            if cuda:
+                print(f"    while timed: {clocks}")
+                found = syncs(fn)
+                print(f"    synchronizing calls in one step: {sum(found.values())}"
+                      + "".join(f"; {n} at {where}" for where, n in found.most_common(5)))
+                if args.trace:
+                    stem = f"{args.model}-{args.workload}-{args.context}-{name}.json.gz"
+                    print(trace_step(fn, Path(args.trace) / stem), flush=True)
         v.model.zero_grad(set_to_none=True)
         del v, model, fn
         if cuda:

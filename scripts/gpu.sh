@@ -318,7 +318,7 @@ PY
     stepprof)
       # Where one model step's time goes, per variant (benchmarks/step_profile.py: step and host time, kernels by
       # family, top kernels); STEPPROF_ARGS picks (default: Llama 8B dims, 2 layers, a training step in eager).
-      run_for "$(left)" $PY benchmarks/step_profile.py ${STEPPROF_ARGS:-} 2>&1 \
+      run_for "$(left)" $PY benchmarks/step_profile.py --trace "$OUT/step_traces" ${STEPPROF_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/step_profile.txt" || rc=1
       ;;
     compiled)

@@ -43,3 +43,45 @@ def test_a_step_of_each_variant_on_the_cpu(monkeypatch, tmp_path, capsys):
     assert "llama-tiny train eager bf16 16 tokens on cpu" in out
     for v in ("stock", "tiered"):
         assert f"  {v:13s} step " in out and "host to issue it" in out
+
+
+def _x(name, cat, ts, dur, tid=1, ext=None):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid,
+            "args": {} if ext is None else {"External id": ext}}
+
+
+def test_a_trace_gives_the_gpus_gaps_and_the_op_that_closed_each(tmp_path):
+    import gzip
+    import json
+
+    from benchmarks import step_trace
+
+    events = [
+        _x("step", "user_annotation", 100, 400),
+        _x("aten::mm", "cpu_op", 110, 20, ext=1),
+        _x("aten::add", "cpu_op", 200, 10, ext=2),
+        _x("aten::empty", "cpu_op", 202, 1, ext=3),  # nested in aten::add: not a top-level op
+        _x("RmsNormBackward", "cpu_op", 300, 50, tid=2, ext=4),
+        _x("old", "kernel", 50, 10, ext=9),  # before the step: not counted
+        _x("gemm", "kernel", 130, 60, ext=1),  # idle 30 us from the start
+        _x("add_kernel", "kernel", 190, 5, ext=2),  # no gap (1 us < 2)
+        _x("norm_bwd", "kernel", 320, 80, ext=4),  # idle 125 us
+        _x("inner", "kernel", 330, 10, ext=4),  # overlaps: adds no busy time
+    ]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    t = step_trace.analyze(step_trace.load(path))
+    assert t.span_us == 300 and t.busy_us == 60 + 5 + 80
+    assert [(g.at_us, g.us, g.op, g.before) for g in t.gaps] == [(95, 125, "RmsNormBackward", "add_kernel"),
+                                                                  (0, 30, "aten::mm", "")]
+    assert t.host_ops[0] == ("RmsNormBackward", 1, 50) and ("aten::empty", 1, 1) not in t.host_ops
+    text = step_trace.render(t)
+    assert "GPU busy 0.145 of 0.300 ms" in text and "idle    125.0 us at   0.095 ms, until RmsNormBackward" in text
+
+
+def test_a_trace_without_a_step_range_is_refused():
+    from benchmarks import step_trace
+
+    with pytest.raises(ValueError, match="named 'step'"):
+        step_trace.analyze([_x("gemm", "kernel", 0, 1)])
