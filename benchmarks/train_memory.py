@@ -1,7 +1,10 @@
 """Where a training step's memory goes, stock against patched: each variant built, tuned and compiled as
 ``benchmarks/models.py`` does, then one step with a pack hook on the tensors autograd saves for the backward. Prints,
 per variant, the decisions tuning took, the saved tensors (count, bytes of their storages), the step's peak above the
-memory held before it (on a GPU), and the saved tensors that differ from stock's (shape, dtype: count).
+memory held before it (on a GPU), and the saved tensors that differ from stock's (shape, dtype: count). On a GPU,
+``--held-grads`` measures the peak as ``benchmarks/models.py`` does (the gradients of the steps before held, the step
+adding to them), and ``--at-peak`` lists the blocks the step had allocated and not yet freed at its peak, by size, where
+their count differs from stock's (each with the line that allocated one), from the allocator's recorded history.
 
     TIERED_OPS_DB=/tmp/mem.sqlite python benchmarks/train_memory.py --model qwen3-tiny --context compile
 """
@@ -38,12 +41,56 @@ def step(fn: Callable[..., Any], kw: dict) -> tuple[Saved, int]:
     return saved, nbytes[0]
 
 
+Blocks = collections.Counter  # block bytes -> count
+
+
+def at_peak(fn: Callable[[], Any]) -> tuple[float, Blocks, dict[int, str]]:
+    """One call of ``fn`` with the CUDA allocator's history recorded: its peak above the memory held before it (MiB),
+    the blocks it had allocated and not freed at that peak (bytes -> count), and a line that allocated each size."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        fn()
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live: dict[int, int] = {}
+    where: dict[int, str] = {}
+    now = peak = 0
+    at: dict[int, int] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            now += e["size"]
+            where.setdefault(e["size"], _origin(e.get("frames", [])))
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+            now -= e["size"]
+        else:
+            continue
+        if now > peak:
+            peak, at = now, dict(live)
+    return peak / 2**20, collections.Counter(at.values()), where
+
+
+def _origin(frames: list[dict]) -> str:
+    """The innermost frame outside torch's own Python (generated Inductor code counts as outside)."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name or "torchinductor" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-tiny", help="a name of benchmarks/models.py's models() (quick or not)")
     ap.add_argument("--context", default="compile", choices=("eager", "compile"))
     ap.add_argument("--variants", default="stock,tiered,tiered-fused")
     ap.add_argument("--seq", type=int, default=2048, help="tokens (64 for the tiny configs)")
+    ap.add_argument("--held-grads", action="store_true", help="the peak of a step that adds to held gradients (GPU)")
+    ap.add_argument("--at-peak", action="store_true", help="the blocks alive at the peak, against stock's (GPU)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.config.recompile_limit = 64
@@ -52,6 +99,8 @@ def main() -> None:
     kw = dict(input_ids=ids, labels=ids, use_cache=False)
     print(f"{args.model} train {args.context} bf16 {args.seq} tokens on {dev}; torch {torch.__version__}")
     seen: dict[str, Saved] = {}
+    blocks: dict[str, Blocks] = {}
+    wheres: dict[str, dict[int, str]] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         v.model.train()
@@ -65,10 +114,22 @@ def main() -> None:
         def once(fn: Callable[..., Any] = fn) -> None:
             fn(**kw).loss.backward()
 
+        if args.held_grads:
+            once()
         peak = peak_mib(once, dev)
-        v.model.zero_grad(set_to_none=True)
         print(f"  {name:13s} {sum(seen[name].values())} saved tensors, {nbytes / 2**20:.2f} MiB of storages; "
-              f"peak {peak if peak != '' else '-'} MiB")
+              f"peak {peak if peak != '' else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
+        if args.at_peak and dev.type == "cuda":
+            mib, blocks[name], wheres[name] = at_peak(once)
+            print(f"    recorded: peak {mib:.1f} MiB above the start, {sum(blocks[name].values())} of the step's "
+                  f"blocks alive there, {sum(k * n for k, n in blocks[name].items()) / 2**20:.1f} MiB")
+            if name != "stock" and "stock" in blocks:
+                for size in sorted(set(blocks[name]) | set(blocks["stock"]), reverse=True):
+                    a, b = blocks["stock"][size], blocks[name][size]
+                    if a != b:
+                        origin = wheres[name].get(size) or wheres["stock"].get(size)
+                        print(f"      {size:>12,d} B: stock {a}, {name} {b}  ({origin})")
+        v.model.zero_grad(set_to_none=True)
         if name != "stock" and "stock" in seen:
             more, fewer = seen[name] - seen["stock"], seen["stock"] - seen[name]
             print(f"    saved beyond stock's: {dict(more) or 'none'}; stock's not saved: {dict(fewer) or 'none'}")

@@ -307,10 +307,11 @@ PY
       ;;
     trainmem)
       # Where a training step's memory goes, stock against patched (benchmarks/train_memory.py): decisions, tensors
-      # saved for the backward, peak; per model of TRAINMEM_MODELS, under torch.compile and in eager.
+      # saved for the backward, peak; per model of TRAINMEM_MODELS, in each context of TRAINMEM_CONTEXTS (default
+      # compile and eager); TRAINMEM_ARGS adds to it (--held-grads, --at-peak, --variants).
       for m in ${TRAINMEM_MODELS:-qwen3-8b-dims-2l}; do
-        for ctx in compile eager; do
-          run_for "$(left)" $PY benchmarks/train_memory.py --model "$m" --context $ctx 2>&1 \
+        for ctx in ${TRAINMEM_CONTEXTS:-compile eager}; do
+          run_for "$(left)" $PY benchmarks/train_memory.py --model "$m" --context $ctx ${TRAINMEM_ARGS:-} 2>&1 \
             | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/train_memory-$m-$ctx.txt" || rc=1
         done
       done
