@@ -44,34 +44,41 @@ def step(fn: Callable[..., Any], kw: dict) -> tuple[Saved, int]:
 Blocks = collections.Counter  # block bytes -> count
 
 
-def at_peak(fn: Callable[[], Any]) -> tuple[float, Blocks, dict[int, str]]:
-    """One call of ``fn`` with the CUDA allocator's history recorded: its peak above the memory held before it (MiB),
-    the blocks it had allocated and not freed at that peak (bytes -> count), and a line that allocated each size."""
+def at_peak(fn: Callable[[], Any]) -> tuple[float, float, Blocks, Blocks, dict[int, str]]:
+    """One call of ``fn`` with the CUDA allocator's history recorded: its peak above the memory held before it (MiB)
+    replayed from the history and as the allocator's statistics give it, the blocks it had allocated and not freed at
+    that peak and every block it allocated (bytes -> count), and a line that allocated each size. A block counts as
+    freed when its free is requested, as the allocator's statistics count it."""
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
         fn()
         torch.cuda.synchronize()
+        stats = (torch.cuda.max_memory_allocated() - base) / 2**20
         trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     live: dict[int, int] = {}
     where: dict[int, str] = {}
+    every: Blocks = collections.Counter()
     now = peak = 0
     at: dict[int, int] = {}
     for e in trace:
         if e["action"] == "alloc":
             live[e["addr"]] = e["size"]
+            every[e["size"]] += 1
             now += e["size"]
             where.setdefault(e["size"], _origin(e.get("frames", [])))
-        elif e["action"] == "free_completed":
+        elif e["action"] == "free_requested":
             live.pop(e["addr"], None)
             now -= e["size"]
         else:
             continue
         if now > peak:
             peak, at = now, dict(live)
-    return peak / 2**20, collections.Counter(at.values()), where
+    return peak / 2**20, stats, collections.Counter(at.values()), every, where
 
 
 def _origin(frames: list[dict]) -> str:
@@ -100,6 +107,7 @@ def main() -> None:
     print(f"{args.model} train {args.context} bf16 {args.seq} tokens on {dev}; torch {torch.__version__}")
     seen: dict[str, Saved] = {}
     blocks: dict[str, Blocks] = {}
+    allocs: dict[str, Blocks] = {}
     wheres: dict[str, dict[int, str]] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
@@ -120,15 +128,18 @@ def main() -> None:
         print(f"  {name:13s} {sum(seen[name].values())} saved tensors, {nbytes / 2**20:.2f} MiB of storages; "
               f"peak {peak if peak != '' else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
         if args.at_peak and dev.type == "cuda":
-            mib, blocks[name], wheres[name] = at_peak(once)
-            print(f"    recorded: peak {mib:.1f} MiB above the start, {sum(blocks[name].values())} of the step's "
-                  f"blocks alive there, {sum(k * n for k, n in blocks[name].items()) / 2**20:.1f} MiB")
+            mib, stats, blocks[name], allocs[name], wheres[name] = at_peak(once)
+            print(f"    recorded: peak {mib:.1f} MiB above the start (the allocator's statistics: {stats:.1f}), "
+                  f"{sum(blocks[name].values())} of the step's blocks alive there, "
+                  f"{sum(k * n for k, n in blocks[name].items()) / 2**20:.1f} MiB; "
+                  f"{sum(allocs[name].values())} blocks allocated in the step")
             if name != "stock" and "stock" in blocks:
-                for size in sorted(set(blocks[name]) | set(blocks["stock"]), reverse=True):
-                    a, b = blocks["stock"][size], blocks[name][size]
-                    if a != b:
-                        origin = wheres[name].get(size) or wheres["stock"].get(size)
-                        print(f"      {size:>12,d} B: stock {a}, {name} {b}  ({origin})")
+                for what, seen_by in (("alive at the peak", blocks), ("allocated in the step", allocs)):
+                    for size in sorted(set(seen_by[name]) | set(seen_by["stock"]), reverse=True):
+                        a, b = seen_by["stock"][size], seen_by[name][size]
+                        if a != b:
+                            origin = wheres[name].get(size) or wheres["stock"].get(size)
+                            print(f"      {what}: {size:>12,d} B: stock {a}, {name} {b}  ({origin})")
         v.model.zero_grad(set_to_none=True)
         if name != "stock" and "stock" in seen:
             more, fewer = seen[name] - seen["stock"], seen["stock"] - seen[name]
