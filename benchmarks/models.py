@@ -234,9 +234,13 @@ def unsupported(workload: str, context: str, device: torch.device) -> str | None
 
 
 def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:
+    """The peak of one call above the memory held before it (MiB), with the allocator's cache emptied first: a request
+    served from a cached block too small to split counts the whole block, so with blocks that earlier calls (tuning,
+    other variants) left in the cache the same step reads up to a few MiB apart."""
     if device.type != "cuda":
         return ""
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     fn()

@@ -48,8 +48,11 @@ def at_peak(fn: Callable[[], Any]) -> tuple[float, float, Blocks, Blocks, dict[i
     """One call of ``fn`` with the CUDA allocator's history recorded: its peak above the memory held before it (MiB)
     replayed from the history and as the allocator's statistics give it, the blocks it had allocated and not freed at
     that peak and every block it allocated (bytes -> count), and a line that allocated each size. A block counts as
-    freed when its free is requested, as the allocator's statistics count it."""
+    freed when its free is requested, as the allocator's statistics count it; the history holds the sizes requested,
+    the statistics the blocks that served them (a cached block too small to split counts whole), so the two differ by
+    that slack."""
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
