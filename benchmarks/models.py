@@ -59,6 +59,7 @@ from benchmarks.models_rows import (  # noqa: E402
     verdict,
     write,
 )
+from benchmarks.step_memory import peak_mib  # noqa: E402
 
 VARIANTS = ("stock", "stock-copy", "tiered", "tiered-fused", "liger")
 CONTROL = "stock-copy"  # an unpatched copy of stock: what a verdict reads between two identical models
@@ -233,21 +234,6 @@ def unsupported(workload: str, context: str, device: torch.device) -> str | None
     return None
 
 
-def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:
-    """The peak of one call above the memory held before it (MiB), with the allocator's cache emptied first: a request
-    served from a cached block too small to split counts the whole block, so with blocks that earlier calls (tuning,
-    other variants) left in the cache the same step reads up to a few MiB apart."""
-    if device.type != "cuda":
-        return ""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
-
-
 def measure_row(name: str, variants: dict[str, Variant], workload: str, context: str, ids: torch.Tensor,
                 args: argparse.Namespace, common: dict, reference: dict) -> list[dict]:
     """Every variant of one (workload, context): prepared, then timed in interleaved rounds."""
@@ -391,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             "against stock-copy, an unpatched copy of stock (the control; vs copy: the rounds above its median), "
             "else tie. "
             "Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
-            "workload and context. Peak MiB: training step, above the memory held before it."]
+            "workload and context. Peak MiB: training step, above the memory held before it, in bytes the step "
+            "requested (benchmarks/step_memory.py)."]
     rows: list[dict] = []
     for name in models(q, args.seq):
         if args.models and name not in args.models.split(","):

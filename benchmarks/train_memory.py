@@ -20,7 +20,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile, peak_mib  # noqa: E402
+from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile  # noqa: E402
+from benchmarks.step_memory import peak_mib, recorded_peak  # noqa: E402
 
 Saved = collections.Counter  # (shape, dtype) -> count
 
@@ -45,43 +46,18 @@ Blocks = collections.Counter  # block bytes -> count
 
 
 def at_peak(fn: Callable[[], Any]) -> tuple[float, float, Blocks, Blocks, dict[int, str]]:
-    """One call of ``fn`` with the CUDA allocator's history recorded: its peak above the memory held before it (MiB)
-    replayed from the history and as the allocator's statistics give it, the blocks it had allocated and not freed at
-    that peak and every block it allocated (bytes -> count), and a line that allocated each size. A block counts as
-    freed when its free is requested, as the allocator's statistics count it; the history holds the sizes requested,
-    the statistics the blocks that served them (a cached block too small to split counts whole), so the two differ by
-    that slack."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
-    try:
-        fn()
-        torch.cuda.synchronize()
-        stats = (torch.cuda.max_memory_allocated() - base) / 2**20
-        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    live: dict[int, int] = {}
+    """One call of ``fn`` with the allocator's history recorded (``benchmarks/step_memory.py``): its peak above the
+    memory held before it (MiB) in bytes requested and as the allocator's statistics give it, the blocks it had
+    allocated and not freed at that peak and every block it allocated (bytes requested -> count), and a line that
+    allocated each size."""
+    p = recorded_peak(fn)
     where: dict[int, str] = {}
     every: Blocks = collections.Counter()
-    now = peak = 0
-    at: dict[int, int] = {}
-    for e in trace:
+    for e in p.trace:
         if e["action"] == "alloc":
-            live[e["addr"]] = e["size"]
             every[e["size"]] += 1
-            now += e["size"]
             where.setdefault(e["size"], _origin(e.get("frames", [])))
-        elif e["action"] == "free_requested":
-            live.pop(e["addr"], None)
-            now -= e["size"]
-        else:
-            continue
-        if now > peak:
-            peak, at = now, dict(live)
-    return peak / 2**20, stats, collections.Counter(at.values()), every, where
+    return p.requested / 2**20, p.stats / 2**20, collections.Counter(p.live.values()), every, where
 
 
 def _origin(frames: list[dict]) -> str:

@@ -1,0 +1,58 @@
+"""A step's memory on a GPU, as the step itself asks for it: one call with the CUDA allocator's history recorded
+(``torch.cuda.memory._record_memory_history``), replayed. The allocator's own peak statistic counts the blocks that
+served the requests, and a request served by a cached block too small to split counts that whole block, so the same
+step reads up to a few MiB apart with the blocks earlier calls (tuning, other variants) left in the cache; the history
+holds the sizes requested, which depend on the step alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+
+class Peak(NamedTuple):
+    requested: int  # bytes the step had asked for and not freed at its peak, above what was held before it
+    stats: int  # the allocator's peak statistic over the same call, above what was held before it
+    live: dict[int, int]  # the step's blocks alive at that peak: address -> bytes requested
+    trace: list[dict]  # the recorded events
+
+
+def recorded_peak(fn: Callable[[], Any]) -> Peak:
+    """One call of ``fn``, the allocator's cache emptied first, with its history recorded. A block counts as freed
+    when its free is requested, as the allocator's statistics count it."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        fn()
+        torch.cuda.synchronize()
+        stats = torch.cuda.max_memory_allocated() - base
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live: dict[int, int] = {}
+    now = peak = 0
+    at: dict[int, int] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            now += e["size"]
+        elif e["action"] == "free_requested":
+            live.pop(e["addr"], None)
+            now -= e["size"]
+        else:
+            continue
+        if now > peak:
+            peak, at = now, dict(live)
+    return Peak(peak, stats, at, trace)
+
+
+def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:
+    """The step's peak above the memory held before it, in MiB of bytes requested ('' off a GPU)."""
+    if device.type != "cuda":
+        return ""
+    return round(recorded_peak(fn).requested / 2**20, 1)
