@@ -59,7 +59,7 @@ from benchmarks.models_rows import (  # noqa: E402
     verdict,
     write,
 )
-from benchmarks.step_memory import peak_mib  # noqa: E402
+from benchmarks.step_memory import Peak, differences, recorded_peak  # noqa: E402
 
 VARIANTS = ("stock", "stock-copy", "tiered", "tiered-fused", "liger")
 CONTROL = "stock-copy"  # an unpatched copy of stock: what a verdict reads between two identical models
@@ -239,6 +239,7 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
     """Every variant of one (workload, context): prepared, then timed in interleaved rounds."""
     dev = ids.device
     rows, fns, prep_s = {}, {}, {}
+    peaks: dict[str, Peak] = {}
     for vname, v in variants.items():
         t0 = time.perf_counter()
         row = dict(common, model=name, variant=vname, workload=workload, context=context, tokens=ids.numel(),
@@ -254,8 +255,9 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                 out = fn()
                 for _ in range(args.warmup):
                     fn()
-                if workload == "train":
-                    row["peak_mib"] = peak_mib(fn, dev)
+                if workload == "train" and dev.type == "cuda":
+                    peaks[vname] = recorded_peak(fn)
+                    row["peak_mib"] = round(peaks[vname].requested / 2**20, 1)
         except Exception as e:  # a variant that cannot run a context is a result too
             row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             print(f"{name} {vname} {workload} {context}: {row['note']}", file=sys.stderr)
@@ -266,6 +268,13 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
             row["rel_err_vs_stock"] = f"{rel_err(out, reference[workload]):.3e}"
         fns[vname] = fn
         prep_s[vname] = time.perf_counter() - t0
+    for vname, p in peaks.items():  # a training peak above stock's: the allocations that differ, in the log
+        if vname != "stock" and "stock" in peaks and p.requested > peaks["stock"].requested:
+            print(f"{name} {vname} {workload} {context}: peak {p.requested / 2**20:.1f} MiB against stock's "
+                  f"{peaks['stock'].requested / 2**20:.1f}; the blocks that differ:", file=sys.stderr)
+            for line in differences(peaks["stock"], p, ("stock", vname)):
+                print(f"  {line}", file=sys.stderr)
+    del peaks
     t0 = time.perf_counter()
     samples: dict[str, list[list[float]]] = {v: [] for v in fns}  # per round
     order = list(fns)

@@ -7,6 +7,8 @@ holds the sizes requested, which depend on the step alone.
 
 from __future__ import annotations
 
+import collections
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -17,6 +19,44 @@ class Peak(NamedTuple):
     stats: int  # the allocator's peak statistic over the same call, above what was held before it
     live: dict[int, int]  # the step's blocks alive at that peak: address -> bytes requested
     trace: list[dict]  # the recorded events
+
+    def alive(self) -> collections.Counter:
+        """The step's blocks alive at its peak: bytes requested -> count."""
+        return collections.Counter(self.live.values())
+
+    def allocated(self) -> collections.Counter:
+        """Every block the step allocated: bytes requested -> count."""
+        return collections.Counter(e["size"] for e in self.trace if e["action"] == "alloc")
+
+    def where(self) -> dict[int, str]:
+        """A line that allocated each size (the first)."""
+        out: dict[int, str] = {}
+        for e in self.trace:
+            if e["action"] == "alloc":
+                out.setdefault(e["size"], origin(e.get("frames", [])))
+        return out
+
+
+def origin(frames: list[dict]) -> str:
+    """The innermost frame outside torch's own Python (generated Inductor code counts as outside)."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name or "torchinductor" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return "?"
+
+
+def differences(base: Peak, other: Peak, names: tuple[str, str] = ("stock", "other")) -> list[str]:
+    """The sizes whose count differs between two steps' blocks alive at the peak, then among every block allocated,
+    each with a line that allocated one."""
+    where = base.where() | other.where()
+    out = []
+    for what, a, b in (("alive at the peak", base.alive(), other.alive()),
+                       ("allocated in the step", base.allocated(), other.allocated())):
+        for size in sorted(set(a) | set(b), reverse=True):
+            if a[size] != b[size]:
+                out.append(f"{what}: {size:>12,d} B: {names[0]} {a[size]}, {names[1]} {b[size]}  ({where.get(size)})")
+    return out
 
 
 def recorded_peak(fn: Callable[[], Any]) -> Peak:
@@ -34,6 +74,14 @@ def recorded_peak(fn: Callable[[], Any]) -> Peak:
         trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    peak, at = replay(trace)
+    return Peak(peak, stats, at, trace)
+
+
+def replay(trace: list[dict]) -> tuple[int, dict[int, int]]:
+    """The highest bytes requested above the start over the recorded events, and the blocks alive there (address ->
+    bytes). A block counts as freed when its free is requested; a block allocated before the recording and freed in
+    it lowers the count (what was held before the step is the zero)."""
     live: dict[int, int] = {}
     now = peak = 0
     at: dict[int, int] = {}
@@ -48,7 +96,7 @@ def recorded_peak(fn: Callable[[], Any]) -> Peak:
             continue
         if now > peak:
             peak, at = now, dict(live)
-    return Peak(peak, stats, at, trace)
+    return peak, at
 
 
 def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile  # noqa: E402
-from benchmarks.step_memory import peak_mib, recorded_peak  # noqa: E402
+from benchmarks.step_memory import Peak, differences, peak_mib, recorded_peak  # noqa: E402
 
 Saved = collections.Counter  # (shape, dtype) -> count
 
@@ -42,33 +42,6 @@ def step(fn: Callable[..., Any], kw: dict) -> tuple[Saved, int]:
     return saved, nbytes[0]
 
 
-Blocks = collections.Counter  # block bytes -> count
-
-
-def at_peak(fn: Callable[[], Any]) -> tuple[float, float, Blocks, Blocks, dict[int, str]]:
-    """One call of ``fn`` with the allocator's history recorded (``benchmarks/step_memory.py``): its peak above the
-    memory held before it (MiB) in bytes requested and as the allocator's statistics give it, the blocks it had
-    allocated and not freed at that peak and every block it allocated (bytes requested -> count), and a line that
-    allocated each size."""
-    p = recorded_peak(fn)
-    where: dict[int, str] = {}
-    every: Blocks = collections.Counter()
-    for e in p.trace:
-        if e["action"] == "alloc":
-            every[e["size"]] += 1
-            where.setdefault(e["size"], _origin(e.get("frames", [])))
-    return p.requested / 2**20, p.stats / 2**20, collections.Counter(p.live.values()), every, where
-
-
-def _origin(frames: list[dict]) -> str:
-    """The innermost frame outside torch's own Python (generated Inductor code counts as outside)."""
-    for f in frames:
-        name = f.get("filename", "")
-        if "/torch/" not in name or "torchinductor" in name:
-            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
-    return "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-tiny", help="a name of benchmarks/models.py's models() (quick or not)")
@@ -85,9 +58,7 @@ def main() -> None:
     kw = dict(input_ids=ids, labels=ids, use_cache=False)
     print(f"{args.model} train {args.context} bf16 {args.seq} tokens on {dev}; torch {torch.__version__}")
     seen: dict[str, Saved] = {}
-    blocks: dict[str, Blocks] = {}
-    allocs: dict[str, Blocks] = {}
-    wheres: dict[str, dict[int, str]] = {}
+    peaks: dict[str, Peak] = {}
     for name in args.variants.split(","):
         v = Variant(name, base, arch)
         v.model.train()
@@ -107,18 +78,13 @@ def main() -> None:
         print(f"  {name:13s} {sum(seen[name].values())} saved tensors, {nbytes / 2**20:.2f} MiB of storages; "
               f"peak {peak if peak != '' else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
         if args.at_peak and dev.type == "cuda":
-            mib, stats, blocks[name], allocs[name], wheres[name] = at_peak(once)
-            print(f"    recorded: peak {mib:.1f} MiB above the start (the allocator's statistics: {stats:.1f}), "
-                  f"{sum(blocks[name].values())} of the step's blocks alive there, "
-                  f"{sum(k * n for k, n in blocks[name].items()) / 2**20:.1f} MiB; "
-                  f"{sum(allocs[name].values())} blocks allocated in the step")
-            if name != "stock" and "stock" in blocks:
-                for what, seen_by in (("alive at the peak", blocks), ("allocated in the step", allocs)):
-                    for size in sorted(set(seen_by[name]) | set(seen_by["stock"]), reverse=True):
-                        a, b = seen_by["stock"][size], seen_by[name][size]
-                        if a != b:
-                            origin = wheres[name].get(size) or wheres["stock"].get(size)
-                            print(f"      {what}: {size:>12,d} B: stock {a}, {name} {b}  ({origin})")
+            peaks[name] = p = recorded_peak(once)
+            print(f"    recorded: peak {p.requested / 2**20:.1f} MiB above the start (the allocator's statistics: "
+                  f"{p.stats / 2**20:.1f}), {len(p.live)} of the step's blocks alive there, "
+                  f"{sum(p.live.values()) / 2**20:.1f} MiB; {sum(p.allocated().values())} blocks allocated in the step")
+            if name != "stock" and "stock" in peaks:
+                for line in differences(peaks["stock"], p, ("stock", name)):
+                    print(f"      {line}")
         v.model.zero_grad(set_to_none=True)
         if name != "stock" and "stock" in seen:
             more, fewer = seen[name] - seen["stock"], seen["stock"] - seen[name]

@@ -1,5 +1,6 @@
 """benchmarks/step_profile.py: kernels sorted into families (tiered_ops' own found from the kernel sources), and a
-step of each variant timed and issued on the CPU."""
+step of each variant timed and issued on the CPU; benchmarks/step_trace.py's reading of a trace and
+benchmarks/step_memory.py's replay of a recorded step."""
 
 from __future__ import annotations
 
@@ -85,3 +86,28 @@ def test_a_trace_without_a_step_range_is_refused():
 
     with pytest.raises(ValueError, match="named 'step'"):
         step_trace.analyze([_x("gemm", "kernel", 0, 1)])
+
+
+def test_a_recorded_step_replays_to_its_peak_and_the_blocks_alive_there():
+    from benchmarks import step_memory
+
+    def ev(action, addr, size, line=1):
+        return {"action": action, "addr": addr, "size": size,
+                "frames": [{"filename": "/x/torch/nn/f.py", "line": 9, "name": "inner"},
+                           {"filename": "/m/model.py", "line": line, "name": "forward"}]}
+
+    trace = [ev("alloc", 1, 100), ev("alloc", 2, 50, 7), ev("free_requested", 1, 100), ev("free_completed", 1, 100),
+             ev("free_requested", 99, 30),  # held before the step: freed in it
+             ev("alloc", 3, 60), ev("segment_alloc", 0, 4096)]
+    peak, live = step_memory.replay(trace)
+    assert peak == 150 and live == {1: 100, 2: 50}
+    stock = step_memory.Peak(peak, 0, live, trace)
+    other_trace = trace + [ev("alloc", 4, 500, 42)]
+    p2, live2 = step_memory.replay(other_trace)
+    other = step_memory.Peak(p2, 0, live2, other_trace)
+    assert p2 == 580 and stock.where()[50] == "model.py:7 forward"
+    diff = step_memory.differences(stock, other, ("stock", "tiered"))
+    assert diff == ["alive at the peak:          500 B: stock 0, tiered 1  (model.py:42 forward)",
+                    "alive at the peak:          100 B: stock 1, tiered 0  (model.py:1 forward)",
+                    "alive at the peak:           60 B: stock 0, tiered 1  (model.py:1 forward)",
+                    "allocated in the step:          500 B: stock 0, tiered 1  (model.py:42 forward)"]
