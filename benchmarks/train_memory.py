@@ -72,12 +72,18 @@ def main() -> None:
         def once(fn: Callable[..., Any] = fn) -> None:
             fn(**kw).loss.backward()
 
-        if args.held_grads:
-            once()
+        def fresh(model: torch.nn.Module = v.model, once: Callable[[], None] = once) -> None:
+            """The state a counted step starts from: no gradients, or with --held-grads those of one step."""
+            model.zero_grad(set_to_none=True)
+            if args.held_grads:
+                once()
+
+        fresh()
         peak = peak_mib(once, dev)
         print(f"  {name:13s} {sum(seen[name].values())} saved tensors, {nbytes / 2**20:.2f} MiB of storages; "
               f"peak {peak if peak != '' else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
         if args.at_peak and dev.type == "cuda":
+            fresh()
             peaks[name] = p = recorded_peak(once)
             print(f"    recorded: peak {p.requested / 2**20:.1f} MiB above the start (the allocator's statistics: "
                   f"{p.stats / 2**20:.1f}), {len(p.live)} of the step's blocks alive there, "
