@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import re
 import shutil
 import statistics
@@ -136,11 +135,7 @@ def trace_step(fn: Callable[[], Any], path: Path) -> str:
             fn()
         torch.cuda.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_suffix("")
-    prof.export_chrome_trace(str(raw))
-    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
+    prof.export_chrome_trace(str(path))  # a path ending in .gz: the profiler gzips it
     return render(analyze(load(path)))
 
 

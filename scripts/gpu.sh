@@ -13,7 +13,7 @@
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 firstcalls (firstcall three ways, each into first_call/<way>/: aside, no-aside, busy),
 #                 decoder and models (model-level benchmarks), trainmem (a training step's saved tensors and peak),
-#                 stepprof (where a model step's time goes: host, kernels by family),
+#                 stepprof (where a model step's time goes: host, kernels by family, the GPU's idle gaps),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
@@ -318,7 +318,7 @@ PY
       ;;
     stepprof)
       # Where one model step's time goes, per variant (benchmarks/step_profile.py: step and host time, kernels by
-      # family, top kernels); STEPPROF_ARGS picks (default: Llama 8B dims, 2 layers, a training step in eager).
+      # family, top kernels, one step's trace into step_traces/ and its idle gaps); STEPPROF_ARGS picks (default: Llama 8B dims, 2 layers, a training step in eager).
       run_for "$(left)" $PY benchmarks/step_profile.py --trace "$OUT/step_traces" ${STEPPROF_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/step_profile.txt" || rc=1
       ;;
