@@ -257,7 +257,7 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                     fn()
                 if workload == "train" and dev.type == "cuda":
                     peaks[vname] = recorded_peak(fn)
-                    row["peak_mib"] = round(peaks[vname].requested / 2**20, 1)
+                    row["peak_mib"] = peaks[vname].requested_mib
         except Exception as e:  # a variant that cannot run a context is a result too
             row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             print(f"{name} {vname} {workload} {context}: {row['note']}", file=sys.stderr)
@@ -270,8 +270,8 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
         prep_s[vname] = time.perf_counter() - t0
     for vname, p in peaks.items():  # a training peak above stock's: the allocations that differ, in the log
         if vname != "stock" and "stock" in peaks and p.requested > peaks["stock"].requested:
-            print(f"{name} {vname} {workload} {context}: peak {p.requested / 2**20:.1f} MiB against stock's "
-                  f"{peaks['stock'].requested / 2**20:.1f}; the blocks that differ:", file=sys.stderr)
+            print(f"{name} {vname} {workload} {context}: peak {p.requested_mib} MiB against stock's "
+                  f"{peaks['stock'].requested_mib}; the blocks that differ:", file=sys.stderr)
             for line in differences(peaks["stock"], p, ("stock", vname)):
                 print(f"  {line}", file=sys.stderr)
     del peaks

@@ -20,6 +20,11 @@ class Peak(NamedTuple):
     live: dict[int, int]  # the step's blocks alive at that peak: address -> bytes requested
     trace: list[dict]  # the recorded events
 
+    @property
+    def requested_mib(self) -> float:
+        """The peak in bytes requested, in MiB to one decimal (as the reports give it)."""
+        return round(self.requested / 2**20, 1)
+
     def alive(self) -> collections.Counter:
         """The step's blocks alive at its peak: bytes requested -> count."""
         return collections.Counter(self.live.values())
@@ -97,10 +102,3 @@ def replay(trace: list[dict]) -> tuple[int, dict[int, int]]:
         if now > peak:
             peak, at = now, dict(live)
     return peak, at
-
-
-def peak_mib(fn: Callable[[], Any], device: torch.device) -> float | str:
-    """The step's peak above the memory held before it, in MiB of bytes requested ('' off a GPU)."""
-    if device.type != "cuda":
-        return ""
-    return round(recorded_peak(fn).requested / 2**20, 1)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.models import TUNE_CONTEXT, Variant, base_model, own_compile  # noqa: E402
-from benchmarks.step_memory import Peak, differences, peak_mib, recorded_peak  # noqa: E402
+from benchmarks.step_memory import Peak, differences, recorded_peak  # noqa: E402
 
 Saved = collections.Counter  # (shape, dtype) -> count
 
@@ -72,22 +72,15 @@ def main() -> None:
         def once(fn: Callable[..., Any] = fn) -> None:
             fn(**kw).loss.backward()
 
-        def fresh(model: torch.nn.Module = v.model, once: Callable[[], None] = once) -> None:
-            """The state a counted step starts from: no gradients, or with --held-grads those of one step."""
-            model.zero_grad(set_to_none=True)
-            if args.held_grads:
-                once()
-
-        fresh()
-        peak = peak_mib(once, dev)
+        if args.held_grads:  # the state a counted step starts from: the gradients of one step held
+            once()
+        p = recorded_peak(once) if dev.type == "cuda" else None
         print(f"  {name:13s} {sum(seen[name].values())} saved tensors, {nbytes / 2**20:.2f} MiB of storages; "
-              f"peak {peak if peak != '' else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
-        if args.at_peak and dev.type == "cuda":
-            fresh()
-            peaks[name] = p = recorded_peak(once)
-            print(f"    recorded: peak {p.requested / 2**20:.1f} MiB above the start (the allocator's statistics: "
-                  f"{p.stats / 2**20:.1f}), {len(p.live)} of the step's blocks alive there, "
-                  f"{sum(p.live.values()) / 2**20:.1f} MiB; {sum(p.allocated().values())} blocks allocated in the step")
+              f"peak {p.requested_mib if p else '-'} MiB" + (" (gradients held)" if args.held_grads else ""))
+        if args.at_peak and p:
+            peaks[name] = p
+            print(f"    recorded: the allocator's statistics {p.stats / 2**20:.1f} MiB, {len(p.live)} of the step's "
+                  f"blocks alive at the peak, {sum(p.allocated().values())} blocks allocated in the step")
             if name != "stock" and "stock" in peaks:
                 for line in differences(peaks["stock"], p, ("stock", name)):
                     print(f"      {line}")
