@@ -11,6 +11,7 @@ where their source is the current one (as ``_decide`` reads them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sqlite3
 import sys
@@ -38,9 +39,9 @@ def main() -> int:
         copy = Path(tmp) / "store.sqlite"
         shutil.copy(args.store, copy)  # the store may need a migration: never written in place
         where = "context = 'compiled'" + (" and mode = ?" if args.mode else "")
-        keys = sqlite3.connect(copy).execute(
-            f"select distinct op, bucket, dtype, device_key, mode from measurements where {where} order by op, bucket",
-            (args.mode,) if args.mode else ()).fetchall()
+        with contextlib.closing(sqlite3.connect(copy)) as db:
+            keys = db.execute(f"select distinct op, bucket, dtype, device_key, mode from measurements where {where} "
+                              "order by op, bucket", (args.mode,) if args.mode else ()).fetchall()
         store = Store(str(copy))
         for op, bucket, dtype, device_key, mode in keys:
             rows = store.latest(op, bucket, dtype, device_key, mode, context="compiled")  # as a decision reads them
