@@ -19,6 +19,8 @@ class Peak(NamedTuple):
     stats: int  # the allocator's peak statistic over the same call, above what was held before it
     live: dict[int, int]  # the step's blocks alive at that peak: address -> bytes requested
     trace: list[dict]  # the recorded events
+    held_freed: dict[int, int]  # blocks held before the step and freed in it before its peak: address -> bytes
+    at: str  # the line whose allocation reached the peak
 
     @property
     def requested_mib(self) -> float:
@@ -33,11 +35,15 @@ class Peak(NamedTuple):
         """Every block the step allocated: bytes requested -> count."""
         return collections.Counter(e["size"] for e in self.trace if e["action"] == "alloc")
 
-    def where(self) -> dict[int, str]:
-        """A line that allocated each size (the first)."""
+    def freed_before(self) -> collections.Counter:
+        """The blocks held before the step that it freed before its peak (they lower the peak): bytes -> count."""
+        return collections.Counter(self.held_freed.values())
+
+    def where(self, action: str = "alloc") -> dict[int, str]:
+        """A line that allocated each size (the first); with action="free_requested", a line that freed it."""
         out: dict[int, str] = {}
         for e in self.trace:
-            if e["action"] == "alloc":
+            if e["action"] == action:
                 out.setdefault(e["size"], origin(e.get("frames", [])))
         return out
 
@@ -52,15 +58,20 @@ def origin(frames: list[dict]) -> str:
 
 
 def differences(base: Peak, other: Peak, names: tuple[str, str] = ("stock", "other")) -> list[str]:
-    """The sizes whose count differs between two steps' blocks alive at the peak, then among every block allocated,
-    each with a line that allocated one."""
-    where = base.where() | other.where()
+    """The sizes whose count differs between two steps' blocks alive at the peak, among the blocks held before the
+    step and freed before its peak, then among every block allocated, each with a line that allocated one; then,
+    where they differ, the lines whose allocations reached each peak."""
+    allocs = base.where() | other.where()
+    frees = base.where("free_requested") | other.where("free_requested")
     out = []
-    for what, a, b in (("alive at the peak", base.alive(), other.alive()),
-                       ("allocated in the step", base.allocated(), other.allocated())):
+    for what, a, b, where in (("alive at the peak", base.alive(), other.alive(), allocs),
+                              ("held before, freed before the peak", base.freed_before(), other.freed_before(), frees),
+                              ("allocated in the step", base.allocated(), other.allocated(), allocs)):
         for size in sorted(set(a) | set(b), reverse=True):
             if a[size] != b[size]:
                 out.append(f"{what}: {size:>12,d} B: {names[0]} {a[size]}, {names[1]} {b[size]}  ({where.get(size)})")
+    if base.at != other.at:
+        out.append(f"the peak reached at: {names[0]} {base.at}, {names[1]} {other.at}")
     return out
 
 
@@ -79,26 +90,28 @@ def recorded_peak(fn: Callable[[], Any]) -> Peak:
         trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    peak, at = replay(trace)
-    return Peak(peak, stats, at, trace)
+    return Peak(stats=stats, trace=trace, **replay(trace))
 
 
-def replay(trace: list[dict]) -> tuple[int, dict[int, int]]:
-    """The highest bytes requested above the start over the recorded events, and the blocks alive there (address ->
-    bytes). A block counts as freed when its free is requested; a block allocated before the recording and freed in
-    it lowers the count (what was held before the step is the zero)."""
+def replay(trace: list[dict]) -> dict[str, Any]:
+    """The highest bytes requested above the start over the recorded events (``requested``), the blocks alive there
+    (``live``: address -> bytes), the blocks held before the step and freed before that peak (``held_freed``) and
+    the line whose allocation reached it (``at``). A block counts as freed when its free is requested; a block
+    allocated before the recording and freed in it lowers the count (what was held before the step is the zero)."""
     live: dict[int, int] = {}
-    now = peak = 0
-    at: dict[int, int] = {}
+    held_freed: dict[int, int] = {}
+    now = 0
+    best: dict[str, Any] = dict(requested=0, live={}, held_freed={}, at="")
     for e in trace:
         if e["action"] == "alloc":
             live[e["addr"]] = e["size"]
             now += e["size"]
         elif e["action"] == "free_requested":
-            live.pop(e["addr"], None)
+            if live.pop(e["addr"], None) is None:
+                held_freed[e["addr"]] = e["size"]
             now -= e["size"]
         else:
             continue
-        if now > peak:
-            peak, at = now, dict(live)
-    return peak, at
+        if now > best["requested"]:
+            best = dict(requested=now, live=dict(live), held_freed=dict(held_freed), at=origin(e.get("frames", [])))
+    return best

@@ -99,15 +99,16 @@ def test_a_recorded_step_replays_to_its_peak_and_the_blocks_alive_there():
     trace = [ev("alloc", 1, 100), ev("alloc", 2, 50, 7), ev("free_requested", 1, 100), ev("free_completed", 1, 100),
              ev("free_requested", 99, 30),  # held before the step: freed in it
              ev("alloc", 3, 60), ev("segment_alloc", 0, 4096)]
-    peak, live = step_memory.replay(trace)
-    assert peak == 150 and live == {1: 100, 2: 50}
-    stock = step_memory.Peak(peak, 0, live, trace)
+    stock = step_memory.Peak(stats=0, trace=trace, **step_memory.replay(trace))
+    assert stock.requested == 150 and stock.live == {1: 100, 2: 50} and stock.held_freed == {}
+    assert stock.at == "model.py:7 forward"
     other_trace = trace + [ev("alloc", 4, 500, 42)]
-    p2, live2 = step_memory.replay(other_trace)
-    other = step_memory.Peak(p2, 0, live2, other_trace)
-    assert p2 == 580 and stock.where()[50] == "model.py:7 forward"
+    other = step_memory.Peak(stats=0, trace=other_trace, **step_memory.replay(other_trace))
+    assert other.requested == 580 and other.held_freed == {99: 30} and stock.where()[50] == "model.py:7 forward"
     diff = step_memory.differences(stock, other, ("stock", "tiered"))
     assert diff == ["alive at the peak:          500 B: stock 0, tiered 1  (model.py:42 forward)",
                     "alive at the peak:          100 B: stock 1, tiered 0  (model.py:1 forward)",
                     "alive at the peak:           60 B: stock 0, tiered 1  (model.py:1 forward)",
-                    "allocated in the step:          500 B: stock 0, tiered 1  (model.py:42 forward)"]
+                    "held before, freed before the peak:           30 B: stock 0, tiered 1  (model.py:1 forward)",
+                    "allocated in the step:          500 B: stock 0, tiered 1  (model.py:42 forward)",
+                    "the peak reached at: stock model.py:7 forward, tiered model.py:42 forward"]
