@@ -255,7 +255,9 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                 out = fn()
                 for _ in range(args.warmup):
                     fn()
-                if workload == "train" and dev.type == "cuda":
+                if workload == "train" and dev.type == "cuda":  # from zeroed gradients (optimizer.zero_grad()'s
+                    # None): what the step holds then depends on the step alone, not on the rows run before it
+                    v.model.zero_grad(set_to_none=True)
                     peaks[vname] = recorded_peak(fn)
                     row["peak_mib"] = peaks[vname].requested_mib
         except Exception as e:  # a variant that cannot run a context is a result too
@@ -386,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             "against stock-copy, an unpatched copy of stock (the control; vs copy: the rounds above its median), "
             "else tie. "
             "Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
-            "workload and context. Peak MiB: training step, above the memory held before it, in bytes the step "
-            "requested (benchmarks/step_memory.py)."]
+            "workload and context. Peak MiB: one training step from zeroed gradients (set to None), above the "
+            "memory held before it, in bytes the step requested (benchmarks/step_memory.py)."]
     rows: list[dict] = []
     for name in models(q, args.seq):
         if args.models and name not in args.models.split(","):
