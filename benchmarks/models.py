@@ -276,6 +276,9 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                   f"{peaks['stock'].requested_mib}; the blocks that differ:", file=sys.stderr)
             for line in differences(peaks["stock"], p, ("stock", vname)):
                 print(f"  {line}", file=sys.stderr)
+            if args.out_dir:  # both steps' events, to read where the peaks part
+                for who in ("stock", vname):
+                    peaks[who].save(Path(args.out_dir) / f"peak-{name}-{workload}-{context}-{who}.json.gz")
     del peaks
     t0 = time.perf_counter()
     samples: dict[str, list[list[float]]] = {v: [] for v in fns}  # per round

@@ -8,6 +8,8 @@ holds the sizes requested, which depend on the step alone.
 from __future__ import annotations
 
 import collections
+import gzip
+import json
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -46,6 +48,14 @@ class Peak(NamedTuple):
             if e["action"] == action:
                 out.setdefault(e["size"], origin(e.get("frames", [])))
         return out
+
+
+    def save(self, path: str | Path) -> None:
+        """The recorded events, each with the line it came from instead of its stack, as gzipped JSON."""
+        events = [dict(action=e["action"], addr=e["addr"], size=e["size"], stream=e.get("stream"),
+                       line=origin(e.get("frames", []))) for e in self.trace]
+        with gzip.open(path, "wt") as f:
+            json.dump(dict(requested=self.requested, stats=self.stats, at=self.at, events=events), f)
 
 
 def origin(frames: list[dict]) -> str:

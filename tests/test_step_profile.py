@@ -112,3 +112,19 @@ def test_a_recorded_step_replays_to_its_peak_and_the_blocks_alive_there():
                     "held before, freed before the peak:           30 B: stock 0, tiered 1  (model.py:1 forward)",
                     "allocated in the step:          500 B: stock 0, tiered 1  (model.py:42 forward)",
                     "the peak reached at: stock model.py:7 forward, tiered model.py:42 forward"]
+
+
+def test_a_saved_step_keeps_each_event_with_its_line(tmp_path):
+    import gzip
+    import json
+
+    from benchmarks import step_memory
+
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "stream": 0,
+              "frames": [{"filename": "/m/model.py", "line": 3, "name": "forward"}]},
+             {"action": "free_requested", "addr": 1, "size": 100, "stream": 0, "frames": []}]
+    step_memory.Peak(stats=512, trace=trace, **step_memory.replay(trace)).save(tmp_path / "p.json.gz")
+    with gzip.open(tmp_path / "p.json.gz", "rt") as f:
+        saved = json.load(f)
+    assert saved["requested"] == 100 and saved["stats"] == 512 and saved["at"] == "model.py:3 forward"
+    assert [e["line"] for e in saved["events"]] == ["model.py:3 forward", "?"]
