@@ -204,17 +204,17 @@ def graphed(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
 
 def own_compile(model: torch.nn.Module, tag: str, backend: str | Callable[..., Any] | None = None
                 ) -> Callable[..., Any]:
-    """``torch.compile(fullgraph=True)`` of a call of ``model`` through a function with a code object of its own.
-    Dynamo keeps its compiled frames per code object: variants of one model class compiled as modules in one process
-    share ``forward``'s cache, and every call of one variant first checks the guards of the others' entries (host
-    time that a process compiling one model never pays, and that differs between variants by their order)."""
+    """``torch.compile(fullgraph=True, dynamic=False)`` of a call of ``model`` through a code object of its own (dynamo
+    keeps compiled frames per code object: variants sharing ``forward``'s cache check each other's guards on every
+    call). Static: one function serves every workload's shapes, and by default stock's graphs turn dynamic at its first
+    recompile while tiered_ops' traces, which guard each size, stay static: rows would compare graphs of two kinds."""
     def call(*args: Any, **kwargs: Any) -> Any:
         return model(*args, **kwargs)
 
     name = f"call_{''.join(c if c.isalnum() else '_' for c in tag)}"
     fn = types.FunctionType(call.__code__.replace(co_name=name), call.__globals__, name, None,
                             call.__closure__)
-    return torch.compile(fn, fullgraph=True, backend=backend or "inductor")
+    return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend or "inductor")
 
 
 def build(v: Variant, workload: str, context: str, ids: torch.Tensor, args: argparse.Namespace
