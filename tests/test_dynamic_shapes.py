@@ -1,5 +1,5 @@
 """torch.compile with dynamic shapes: a caller compiled once for a dimension that varies (a sequence length, a batch)
-keeps one graph for the shapes of one bucket, as it does with the torch ops tiered_ops stands in for."""
+keeps one graph for the shapes of one bucket (the torch ops tiered_ops stands in for keep one for every shape)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,55 @@ def test_the_torch_op_keeps_one_graph_for_a_varying_dimension(private_decisions)
     assert _graphs(_stock, None) == 2  # static first, then dynamic on the first recompile (automatic_dynamic_shapes)
 
 
-@pytest.mark.xfail(strict=True, reason="a trace keys its decision by the call's exact shapes, so dynamo guards each "
-                                       "size: every new shape compiles a graph of its own")
 def test_a_tiered_op_keeps_one_graph_for_a_varying_dimension(private_decisions):
     assert _graphs(_tiered, True) == 1
+
+
+@pytest.mark.parametrize("tier", [None, "triton"])
+def test_a_dynamic_trace_trains_through_the_chosen_tier(private_decisions, monkeypatch, tier):
+    """fwd+bwd under dynamic shapes: one graph for the bucket, the output and gradients of F.layer_norm's."""
+    from test_patch import force_tier
+
+    if tier:
+        force_tier(monkeypatch, tier)
+    w, b = torch.randn(64, requires_grad=True), torch.randn(64, requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.layer_norm(x, (64,), w, b)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, backend="eager", dynamic=True, fullgraph=True)
+    for n in ROWS:
+        x = torch.randn(n, 64, dtype=torch.float64).float().requires_grad_()
+        f(x.detach().requires_grad_())  # the decision, in eager
+        dy = torch.randn(n, 64)
+        out = compiled(x)
+        got = torch.autograd.grad(out, (x, w, b), dy)
+        xr = x.detach().requires_grad_()
+        ref = torch.nn.functional.layer_norm(xr, (64,), w, b)
+        want = torch.autograd.grad(ref, (xr, w, b), dy)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_patched_model_keeps_one_graph_for_a_varying_sequence(private_decisions, family):
+    transformers = pytest.importorskip("transformers")  # noqa: F841
+    from test_patch import tiny
+
+    model = tiny(family)
+    tiered_ops.patch(model)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for n in ROWS:
+            ids = torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+            eager = model(ids).logits  # decisions exist before the trace
+            torch.testing.assert_close(compiled(ids).logits, eager, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -121,6 +121,12 @@ class Problem:
         return s + "".join(f",{k}={v}" for k, v in self.params)
 
 
+def symbolic_size(d: Any) -> bool:
+    """Whether ``d`` is a size that torch.compile keeps symbolic. While dynamo traces, it answers isinstance(d, int)
+    for one (its class is then not int); asking installs no guard."""
+    return isinstance(d, int) and d.__class__ is not int and not isinstance(d, bool) and torch.compiler.is_compiling()
+
+
 def check_dims(what: str, dims: Any, positive: bool = False) -> tuple[int, ...]:
     """``dims`` (a shape) as a tuple of ints >= 0: a TypeError naming ``what`` for a dim that is no integer (8.5,
     "8"; a bool is no dim either), a ValueError for a negative one (``positive``: for one below 1, naming the shape)."""
@@ -130,6 +136,9 @@ def check_dims(what: str, dims: Any, positive: bool = False) -> tuple[int, ...]:
         raise TypeError(f"{what}: expected a sequence of integer dims, got {type(dims).__name__}") from None
     out = []
     for i, d in enumerate(items):
+        if symbolic_size(d):  # a dynamic size while dynamo traces: kept symbolic (reading it would specialize it)
+            out.append(d)
+            continue
         try:
             if isinstance(d, bool):
                 raise TypeError
@@ -152,7 +161,14 @@ def make_problem(shape: tuple[int, ...] | list[int], **params: Any) -> Problem:
 
 
 def pow2_ceil(n: int) -> int:
-    """Smallest power of two >= n (0 stays 0): the bucket of a leading dimension."""
+    """Smallest power of two >= n (0 stays 0): the bucket of a leading dimension. A symbolic size (a dimension that
+    torch.compile keeps dynamic) is compared, never read: dynamo turns each comparison into a guard on its range, so
+    the graph serves the whole bucket."""
+    if symbolic_size(n) or isinstance(n, torch.SymInt):
+        p = 1
+        while p < n:
+            p *= 2
+        return 0 if n <= 0 else p
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 

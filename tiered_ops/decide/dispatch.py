@@ -4,7 +4,8 @@ path that resolves a call signature's selection once.
 Each public function is generated from its op's eager signature (like ``dataclasses`` makes ``__init__``): its
 fast path reads ``requires_grad`` of each tensor argument, builds a key of every tensor's shape and dtype, the
 first tensor's device, the other arguments and whether the call trains, and calls the cached selection; a miss
-goes to ``dispatch``. Generated code keeps the hot path as short as a hand-written one.
+goes to ``dispatch``. Generated code keeps the hot path as short as a hand-written one. A traced call whose key holds
+a symbolic size (dynamic shapes) goes to ``dispatch`` too: the decision is found by its bucket, not its exact sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion
+from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion, symbolic_size
 from ..store.store import STORE_ERRORS
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
@@ -270,6 +271,13 @@ _COMPILING = "_dynamo() or _tc._is_compiling_flag" if _FLAG else "_compiling()"
 _EAGER = "not _dynamo() and not _tc._is_compiling_flag" if _FLAG else "not _compiling()"
 
 
+def _symbolic(key: tuple) -> bool:
+    """Whether a traced call's key holds a size that dynamo keeps symbolic (a dynamic dimension). Such a key is never
+    looked up (hashing it would specialize each size, so each new shape would compile a graph of its own): the
+    decision is found by the call's bucket, whose computation dynamo turns into range guards (``dispatch``)."""
+    return any(symbolic_size(d) for part in key if isinstance(part, torch.Size) for d in part)
+
+
 def public(name: str) -> Callable[..., Any]:
     """``tiered_ops.<name>``: the public function of a catalogued op, made once."""
     if name not in _PUBLIC:
@@ -284,7 +292,8 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     optional = tensor_args(spec)[1]
     req = " or ".join(f"{n}.requires_grad" if n not in optional else f"({n} is not None and {n}.requires_grad)"
                       for n in (names[i] for i in spec.grad_args))
-    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _grad=torch.is_grad_enabled,
+    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _symbolic=_symbolic,
+              _grad=torch.is_grad_enabled,
               _compiling=torch.compiler.is_compiling, _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
     # ``key_parts`` reads them, train, context), flat. ``train`` reads requires_grad only with grad mode on; the
@@ -305,6 +314,8 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     except AttributeError:
         raise {g.not_tensors} from None
     if key[-1] == 1:
+        if _symbolic(key):
+            return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2], None)
         t = _traced.get(key)
         if t is not None:
             return _TFN[t]({g.call})
