@@ -89,3 +89,26 @@ def test_a_patched_model_keeps_one_graph_for_a_varying_sequence(private_decision
             torch.testing.assert_close(compiled(ids).logits, eager, rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tier", ["triton", "cuda"])
+def test_a_compiled_model_on_the_gpu_keeps_one_graph_per_bucket(private_decisions, monkeypatch, tier):
+    """Inductor, bf16, each custom tier forced: the chosen kernel traces with a symbolic sequence length."""
+    pytest.importorskip("transformers")
+    from test_patch import force_tier, tiny
+
+    force_tier(monkeypatch, tier)
+    model = tiny("llama").to("cuda", torch.bfloat16)
+    tiered_ops.patch(model)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for n in ROWS:
+            ids = torch.randint(0, 128, (1, n), device="cuda", generator=torch.Generator("cuda").manual_seed(n))
+            eager = model(ids).logits.float()
+            got = compiled(ids).logits.float()
+            assert (got - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
