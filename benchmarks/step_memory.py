@@ -49,7 +49,6 @@ class Peak(NamedTuple):
                 out.setdefault(e["size"], origin(e.get("frames", [])))
         return out
 
-
     def save(self, path: str | Path) -> None:
         """The recorded events, each with the line it came from instead of its stack, as gzipped JSON."""
         events = [dict(action=e["action"], addr=e["addr"], size=e["size"], stream=e.get("stream"),
