@@ -63,6 +63,8 @@ _decisions: dict[tuple, Selection] = {}
 _calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
 # a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
 _traced: dict[tuple, str] = {}
+# (op, bucket, dtype, device, mode, mixed) -> the same, for a trace whose sizes are symbolic (dynamic shapes)
+_traced_buckets: dict[tuple, str] = {}
 _hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
 _selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
 _told: set[tuple] = set()  # capture fallbacks logged once
@@ -117,6 +119,7 @@ def _landed(job: background.Job) -> None:
                     cache.pop(k, None)
         for k in [k for k in _traced if k not in _calls]:
             del _traced[k]
+        _traced_buckets.clear()  # primed again by the next eager calls
 
 
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
@@ -164,6 +167,7 @@ def clear_cache() -> None:
     _decisions.clear()
     _calls.clear()
     _traced.clear()
+    _traced_buckets.clear()
     _hot.clear()
     _selects.clear()
 

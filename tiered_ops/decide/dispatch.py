@@ -24,7 +24,7 @@ from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from . import capture
 from . import decide as _decide
-from .decide import Selection, _as_dtype, _calls, _hot, _traced, get_store, select_problem
+from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets, get_store, select_problem
 from .hot import _TRACE_FNS, hot_fn, trace_fn
 from .record import active, note
 from .signature import check_tensors, op_signature, tensor_args
@@ -64,6 +64,11 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         # traced: the decision made before is read (the store is not looked at: its lock would break the graph) and
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
+        # Symbolic sizes: what an eager call of the bucket primed, by the bucket (its bounds become the graph's guards).
+        if _symbolic(key):
+            name = _traced_buckets.get((spec.name, spec.bucket(problem), x.dtype, x.device, mode, mixed))
+            if name is not None:
+                return _TRACE_FNS[name](*args, **kwargs)
         sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode=mode, context="compiled",
                              warm_graphed=False)
         return hot_fn(spec, sel.impl, x.device, mixed)(*args, **kwargs)
@@ -137,6 +142,7 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     name = trace_fn(spec, sel.impl, device, mixed)
     _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record)  # the table's function: hot_fn made it once
     _traced[key] = name
+    _traced_buckets[(spec.name, spec.bucket(problem), dtype, device, mode, mixed)] = name
 
 
 def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]:
