@@ -41,6 +41,21 @@ def test_a_tiered_op_keeps_one_graph_for_a_varying_dimension(private_decisions):
     assert _graphs(_tiered, True) == 1
 
 
+def test_a_bucket_decided_later_leaves_a_dynamic_graph_alone(private_decisions):
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_tiered, backend="eager", dynamic=True, fullgraph=True)
+    for n in ROWS[:2]:
+        x = torch.randn(n, 64)
+        _tiered(x)
+        compiled(x)
+    _tiered(torch.randn(100, 64))  # another bucket of the op, and another op, decided in eager
+    tiered_ops.softmax(torch.randn(8, 64), -1)
+    compiled(torch.randn(ROWS[2], 64))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("tier", [None, "triton"])
 def test_a_dynamic_trace_trains_through_the_chosen_tier(private_decisions, monkeypatch, tier):
     """fwd+bwd under dynamic shapes: one graph for the bucket, the output and gradients of F.layer_norm's."""
