@@ -157,7 +157,8 @@ def make_problem(shape: tuple[int, ...] | list[int], **params: Any) -> Problem:
     def freeze(v: Any) -> Any:
         return tuple(v) if isinstance(v, list) else v
 
-    return Problem(check_dims("shape", shape), tuple(sorted((k, freeze(v)) for k, v in params.items())))
+    # sorted by name alone (names are unique): dynamo sorts strings while it traces, not tuples
+    return Problem(check_dims("shape", shape), tuple((k, freeze(params[k])) for k in sorted(params)))
 
 
 def pow2_ceil(n: int) -> int:
