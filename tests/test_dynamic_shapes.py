@@ -106,6 +106,31 @@ def test_a_patched_model_keeps_one_graph_for_a_varying_sequence(private_decision
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
+def test_a_patched_model_trains_with_a_varying_sequence_in_one_graph(private_decisions, family):
+    """Residual pairs fused and the loss routed: the loss and the gradients of the eager patched model, one graph."""
+    pytest.importorskip("transformers")
+    from test_patch import tiny
+
+    model = tiny(family)
+    tiered_ops.patch(model, fuse_residual=True)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda ids: model(input_ids=ids, labels=ids).loss, backend="eager", dynamic=True,
+                             fullgraph=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for n in ROWS:
+        ids = torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+        want = torch.autograd.grad(model(input_ids=ids, labels=ids).loss, params)
+        loss = compiled(ids)
+        got = torch.autograd.grad(loss, params)
+        torch.testing.assert_close(loss, model(input_ids=ids, labels=ids).loss, rtol=1e-5, atol=1e-5)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tier", ["triton", "cuda"])
 def test_a_compiled_model_on_the_gpu_keeps_one_graph_per_bucket(private_decisions, monkeypatch, tier):
