@@ -56,6 +56,24 @@ def test_a_bucket_decided_later_leaves_a_dynamic_graph_alone(private_decisions):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("op", sorted(tiered_ops.OPS))
+def test_every_op_keeps_one_graph_for_a_varying_leading_dimension(private_decisions, op):
+    from tiered_ops.tiers.catalog import get_op
+
+    spec, fn = get_op(op), getattr(tiered_ops, op)
+    base = spec.default_problems("cpu")[0]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda *a, **k: fn(*a, **k), backend="eager", dynamic=True, fullgraph=True)
+    for n in ROWS:
+        inp = spec.make_inputs(spec.problem((n, *base.shape[1:]), **base.kw), torch.float32, torch.device("cpu"), n)
+        want, got = fn(*inp.args, **inp.kwargs), compiled(*inp.args, **inp.kwargs)
+        for w, g in zip(*(o if isinstance(o, tuple) else (o,) for o in (want, got))):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("tier", [None, "triton"])
 def test_a_dynamic_trace_trains_through_the_chosen_tier(private_decisions, monkeypatch, tier):
     """fwd+bwd under dynamic shapes: one graph for the bucket, the output and gradients of F.layer_norm's."""
