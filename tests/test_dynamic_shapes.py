@@ -170,3 +170,27 @@ def test_a_compiled_model_on_the_gpu_keeps_one_graph_per_bucket(private_decision
             assert (got - eager).abs().max().item() <= 0.05 * eager.abs().max().item()
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_tuning_another_model_leaves_a_dynamic_graph_alone(private_decisions):
+    """tune clears the caches to record its step; the buckets its recorded signatures prime come back with the same
+    names, so a caller compiled with dynamic shapes before it does not recompile."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()
+    w = torch.randn(16)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(t + 1, (16,), w) * 2
+
+    first, other = torch.nn.Module(), torch.nn.Module()
+    first.forward = f
+    other.forward = lambda t: tiered_ops.softmax(t, -1)
+    tiered_ops.tune(first, (torch.randn(ROWS[0], 16),), context="compiled")
+    compiled = torch.compile(f, fullgraph=True, backend="eager", dynamic=True)
+    compiled(torch.randn(ROWS[0], 16))
+    tiered_ops.tune(other, (torch.randn(5, 32),), context="compiled")
+    for n in ROWS[1:]:
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert len(_debug_get_cache_entry_list(f.__code__)) == 1  # no recompile

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion, symbolic_size
+from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion
 from ..store.store import STORE_ERRORS
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
@@ -28,6 +28,7 @@ from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets
 from .hot import _TRACE_FNS, hot_fn, trace_fn
 from .record import active, note
 from .signature import check_tensors, op_signature, tensor_args
+from .traced import symbolic_key
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
         # Symbolic sizes: what an eager call of the bucket primed, by the bucket (its bounds become the graph's guards).
-        if _symbolic(key):
+        if symbolic_key(key):
             name = _traced_buckets.get((spec.name, spec.bucket(problem), x.dtype, x.device, mode, mixed))
             if name is not None:
                 return _TRACE_FNS[name](*args, **kwargs)
@@ -132,7 +133,9 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     through each signature's selection made dynamo add an aliasing guard that builds both keys in Python on every
     call of the compiled caller."""
     key = signature + (1,)
+    bucket = (spec.name, spec.bucket(problem), dtype, device, mode, mixed)  # what a trace with symbolic sizes reads
     if key in _calls and key in _traced:
+        _traced_buckets[bucket] = _traced[key]  # primed again after ``tune``'s clear
         return
     try:
         sel = select_problem(spec, problem, _as_dtype(dtype), device, tune=False, mode=mode, context="compiled",
@@ -142,34 +145,7 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     name = trace_fn(spec, sel.impl, device, mixed)
     _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record)  # the table's function: hot_fn made it once
     _traced[key] = name
-    _traced_buckets[(spec.name, spec.bucket(problem), dtype, device, mode, mixed)] = name
-
-
-def cache_state() -> tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]:
-    """Copies of the decisions, the per-call cache and the traced names, for ``keep_unchanged`` after a clear."""
-    return dict(_decide._decisions), dict(_calls), dict(_traced)
-
-
-def _decision_of(sel: Selection) -> tuple:
-    r = sel.record
-    return tuple(r.get(k) for k in ("op", "bucket", "dtype", "device", "mode", "context", "policy", "budget", "calls"))
-
-
-def keep_unchanged(state: tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str]]) -> None:
-    """After the caches were cleared and some decisions made again (``tune``): the decisions not made again come
-    back, and each cached call selection whose decision still names the same implementation comes back as the same
-    object (with its traced name), so a compiled caller's guards on it hold (its next call would recompile
-    otherwise)."""
-    decisions, calls, traced = state
-    with _decide._lock:
-        for k, old in decisions.items():
-            _decide._decisions.setdefault(k, old)
-        chosen = {_decision_of(sel): sel.name for sel in _decide._decisions.values()}
-        for k, old in calls.items():
-            if chosen.get(_decision_of(old), old.name) == old.name:
-                _calls[k] = old
-                if k in traced:
-                    _traced[k] = traced[k]
+    _traced_buckets[bucket] = name
 
 
 # The per-call key read in C++ (``cuda_src/call_key.cpp``, part of the CUDA extension): ``_ckey(op, *args)`` gives
@@ -277,13 +253,6 @@ _COMPILING = "_dynamo() or _tc._is_compiling_flag" if _FLAG else "_compiling()"
 _EAGER = "not _dynamo() and not _tc._is_compiling_flag" if _FLAG else "not _compiling()"
 
 
-def _symbolic(key: tuple) -> bool:
-    """Whether a traced call's key holds a size that dynamo keeps symbolic (a dynamic dimension). Such a key is never
-    looked up (hashing it would specialize each size, so each new shape would compile a graph of its own): the
-    decision is found by the call's bucket, whose computation dynamo turns into range guards (``dispatch``)."""
-    return any(symbolic_size(d) for part in key if isinstance(part, torch.Size) for d in part)
-
-
 def public(name: str) -> Callable[..., Any]:
     """``tiered_ops.<name>``: the public function of a catalogued op, made once."""
     if name not in _PUBLIC:
@@ -298,7 +267,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     optional = tensor_args(spec)[1]
     req = " or ".join(f"{n}.requires_grad" if n not in optional else f"({n} is not None and {n}.requires_grad)"
                       for n in (names[i] for i in spec.grad_args))
-    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _symbolic=_symbolic,
+    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _symbolic=symbolic_key,
               _grad=torch.is_grad_enabled,
               _compiling=torch.compiler.is_compiling, _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as

@@ -24,8 +24,9 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..decide import decide
-from ..decide.dispatch import cache_state, keep_unchanged, prime_trace
+from ..decide.dispatch import prime_trace
 from ..decide.record import RecordedCall, Recorder
+from ..decide.traced import cache_state, keep_unchanged
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, check_context
 from ..tiers.catalog import get_op
 
