@@ -28,7 +28,7 @@ from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets
 from .hot import _TRACE_FNS, hot_fn, trace_fn
 from .record import active, note
 from .signature import check_tensors, op_signature, tensor_args
-from .traced import symbolic_key
+from .traced import bucket_key, symbolic_key
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
         # Symbolic sizes: what an eager call of the bucket primed, by the bucket (its bounds become the graph's guards).
         if symbolic_key(key):
-            name = _traced_buckets.get((spec.name, spec.bucket(problem), x.dtype, x.device, mode, mixed))
+            name = _traced_buckets.get(bucket_key(spec, problem, x.dtype, x.device, mode, mixed))
             if name is not None:
                 return _TRACE_FNS[name](*args, **kwargs)
         sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode=mode, context="compiled",
@@ -133,7 +133,7 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     through each signature's selection made dynamo add an aliasing guard that builds both keys in Python on every
     call of the compiled caller."""
     key = signature + (1,)
-    bucket = (spec.name, spec.bucket(problem), dtype, device, mode, mixed)  # what a trace with symbolic sizes reads
+    bucket = bucket_key(spec, problem, dtype, device, mode, mixed)  # what a trace with symbolic sizes reads
     if key in _calls and key in _traced:
         _traced_buckets[bucket] = _traced[key]  # primed again after ``tune``'s clear
         return

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import symbolic_size
+from ..registry import OpSpec, Problem, symbolic_size
 from . import decide as _decide
 from .decide import Selection, _calls, _traced, _traced_buckets
+from .hot import _TRACE_IMPLS
 
 
 def symbolic_key(key: tuple) -> bool:
@@ -16,6 +17,12 @@ def symbolic_key(key: tuple) -> bool:
     looked up (hashing it would specialize each size, so each new shape would compile a graph of its own): the
     decision is found by the call's bucket, whose computation dynamo turns into range guards (``dispatch``)."""
     return any(symbolic_size(d) for part in key if isinstance(part, torch.Size) for d in part)
+
+
+def bucket_key(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, mixed: bool
+               ) -> tuple:
+    """The key of ``_traced_buckets``: what an eager call primes and a trace with symbolic sizes reads."""
+    return spec.name, spec.bucket(problem), dtype, device, mode, mixed
 
 
 _State = tuple[dict[tuple, Selection], dict[tuple, Selection], dict[tuple, str], dict[tuple, str]]
@@ -47,11 +54,11 @@ def keep_unchanged(state: _State) -> None:
                 _calls[k] = old
                 if k in traced:
                     _traced[k] = traced[k]
-        # decisions' keys: (op, bucket, dtype, device, policy, calls, budget, mode, context); buckets' keys: (op,
-        # bucket, dtype, device, mode, mixed), named "op:implementation:..." (``hot.trace_fn``)
+        # decisions' keys: (op, bucket, dtype, device, policy, calls, budget, mode, context); ``bucket_key``'s:
+        # (op, bucket, dtype, device, mode, mixed)
         compiled = {(k[0], k[1], k[2], k[3], k[7]): sel.name for k, sel in _decide._decisions.items()
                     if k[8] == "compiled"}
         for k, name in buckets.items():
-            impl = name.split(":")[1]
+            impl = _TRACE_IMPLS[name].name  # what the traced name calls (``hot.trace_fn``)
             if compiled.get(k[:5], impl) == impl:
                 _traced_buckets.setdefault(k, name)
