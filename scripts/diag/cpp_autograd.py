@@ -1,0 +1,205 @@
+"""How much of a norm's training step a C++ autograd node would save over the CUDA tier's Python one.
+
+The CUDA tier's eager path wraps the extension's launchers in one Python ``torch.autograd.Function``
+(``tiered_ops/tiers/fastpath.py``); torch's own norms go through C++ autograd nodes. This builds, inline and apart from
+the extension, a C++ ``torch::autograd::Function`` per op whose forward and backward call the extension's registered
+ops (``tiered_ops::<op>_cuda`` / ``<op>_bwd_cuda``) through the dispatcher: the same kernels, a C++ node instead of a
+Python one. It times, as the harness times a training step (the forward, then ``torch.autograd.grad`` of its output;
+``time_call``: kernel p50, host time, caller time), in one process over ``--rounds`` interleaved rounds:
+- the op's eager, Triton and CUDA tiers;
+- ``cuda-cpp``: the same CUDA kernels under the C++ node;
+- ``null-aten``: a C++ autograd node that launches nothing, the floor of the step itself.
+Nothing here is used by the library: it tells whether moving the CUDA tier's autograd into the extension pays.
+Usage (GPU machine): python3 scripts/diag/cpp_autograd.py --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+from tiered_ops.measure.gate import grad_output, with_grad
+from tiered_ops.measure.measure import timed_call
+from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
+from tiered_ops.registry import DTYPES
+from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import get_op
+
+CPP = r"""
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Opt = std::optional<at::Tensor>;
+using T3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using T2 = std::tuple<at::Tensor, at::Tensor>;
+
+static Opt opt(const at::Tensor& t) { return t.defined() ? Opt(t) : Opt(); }
+
+static auto& ln_fwd() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("tiered_ops::layer_norm_cuda", "")
+      .typed<T3(const at::Tensor&, c10::IntArrayRef, const Opt&, const Opt&, double)>();
+  return op;
+}
+static auto& ln_bwd() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("tiered_ops::layer_norm_bwd_cuda", "")
+      .typed<T3(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, const Opt&, const at::Tensor&,
+                const at::Tensor&, bool)>();
+  return op;
+}
+static auto& rms_fwd() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("tiered_ops::rms_norm_cuda", "")
+      .typed<at::Tensor(const at::Tensor&, c10::IntArrayRef, const Opt&, double, double, bool)>();
+  return op;
+}
+static auto& rms_bwd() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("tiered_ops::rms_norm_bwd_cuda", "")
+      .typed<T2(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, const Opt&, double, double, bool)>();
+  return op;
+}
+
+struct LayerNorm : torch::autograd::Function<LayerNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            c10::IntArrayRef ns, double eps) {
+    auto [y, mean, rstd] = ln_fwd().call(x, ns, opt(w), opt(b), eps);
+    ctx->save_for_backward({x, w, mean, rstd});
+    ctx->saved_data["ns"] = ns.vec();
+    ctx->saved_data["has_bias"] = b.defined();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto ns = ctx->saved_data["ns"].toIntVector();
+    bool has_bias = ctx->saved_data["has_bias"].toBool();
+    auto [dx, dw, db] = ln_bwd().call(grads[0], s[0], ns, opt(s[1]), s[2], s[3], has_bias);
+    return {dx, s[1].defined() ? dw : at::Tensor(), has_bias ? db : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct RmsNorm : torch::autograd::Function<RmsNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, c10::IntArrayRef ns,
+                            double eps) {
+    auto y = rms_fwd().call(x, ns, opt(w), eps, 0.0, false);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["ns"] = ns.vec();
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto ns = ctx->saved_data["ns"].toIntVector();
+    auto [dx, dw] = rms_bwd().call(grads[0], s[0], ns, opt(s[1]), ctx->saved_data["eps"].toDouble(), 0.0, false);
+    return {dx, s[1].defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor layer_norm(const at::Tensor& x, std::vector<int64_t> ns, const Opt& w, const Opt& b, double eps) {
+  return LayerNorm::apply(x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), ns, eps);
+}
+at::Tensor rms_norm(const at::Tensor& x, std::vector<int64_t> ns, const Opt& w, double eps) {
+  return RmsNorm::apply(x, w.value_or(at::Tensor()), ns, eps);
+}
+"""
+
+CASES = [("layer_norm", (8192, 768)), ("rms_norm", (8192, 4096)), ("layer_norm", (4096, 4096))]
+IMPLS = ["eager", "triton", "cuda"]
+
+
+def build() -> object:
+    why = cuda_ext.load()
+    if why:
+        raise SystemExit(f"the CUDA extension did not load: {why}")
+    t = time.time()
+    mod = load_inline("tiered_ops_cpp_autograd_diag", cpp_sources=[CPP], functions=["layer_norm", "rms_norm"],
+                      extra_cflags=["-O3"], verbose=False)
+    print(f"C++ autograd module built in {time.time() - t:.1f} s")
+    return mod
+
+
+def cpp_call(mod: object, op: str, args: tuple) -> object:
+    """The C++ node's call of the harness's positional inputs: layer_norm (x, shape, weight, bias, eps), rms_norm
+    (x, shape, weight, eps)."""
+    x, ns = args[0], args[1]
+    ns = [ns] if isinstance(ns, int) else list(ns)
+    if op == "layer_norm":
+        w, b, eps = args[2:5]
+        return lambda: mod.layer_norm(x, ns, w, b, float(eps))
+    w, eps = args[2:4]
+    return lambda: mod.rms_norm(x, ns, w, float(eps))
+
+
+def profile(name: str, fn: object, steps: int, top: int = 14) -> None:
+    """Host time per step of the profiler's events (self time: an event's own, without the events inside it), the
+    largest first, and the GPU kernels one step launches. The profiler adds its own cost to every event: read the
+    events against each other, not against the timings above."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    ev = prof.key_averages()
+    host = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]
+    kernels = [e for e in ev if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_cpu_time_total for e in ev) / steps
+    print(f"    {name} profiled: {total:.1f} us of host events per step; kernels per step: "
+          + ", ".join(f"{e.key[:48]} x{e.count / steps:g}" for e in kernels))
+    for e in host:
+        print(f"      {e.self_cpu_time_total / steps:7.1f} us  x{e.count / steps:<4g} {e.key[:90]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="also profile STEPS steps of each variant (torch.profiler: host time per event, per step)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    mod = build()
+    copy = copy_bandwidth_gbps(dev)
+    print(f"{torch.cuda.get_device_name()}; copy {copy:.0f} GB/s; caller us, median of {args.rounds} rounds "
+          "(host us, kernel p50 us)")
+    for op, shape in CASES:
+        spec = get_op(op)
+        p = spec.problem(shape)
+        dt = DTYPES["bf16"]
+        inp = spec.make_inputs(p, dt, dev, 0)
+        nbytes = spec.mode_bytes(p, dt, "fwd+bwd")
+        calls = {name: timed_call(spec, spec.impls[name], inp, "fwd+bwd") for name in IMPLS}
+        ginp, pos = with_grad(spec, inp)
+        leaves = [ginp.args[i] for i in pos]
+        fwd = cpp_call(mod, op, ginp.args)
+        with torch.enable_grad():
+            out = fwd()
+        dy = grad_output(out, 0)
+        # the C++ node's gradients against the CUDA tier's (the same kernels: equal bits)
+        ref = calls["cuda"]()
+        got = torch.autograd.grad(fwd(), leaves, dy)
+        same = all(torch.equal(a, b) for a, b in zip(ref, got))
+        calls["cuda-cpp"] = lambda: torch.autograd.grad(fwd(), leaves, dy)
+        x = leaves[0]
+        calls["null-aten"] = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
+        for fn in calls.values():
+            fn()
+        torch.cuda.synchronize()
+        rows = interleaved(calls, args.rounds, lambda f: time_call(f, dev))
+        copy_us = nbytes / (copy * 1e3)
+        eager = statistics.median(t.caller_us for t in rows["eager"])
+        print(f"\n{op} {'x'.join(map(str, shape))} bf16 fwd+bwd: {nbytes / 1e6:.1f} MB, copy time {copy_us:.1f} us; "
+              f"cuda-cpp gradients equal to the cuda tier's: {same}")
+        for name, ts in rows.items():
+            c, h = statistics.median(t.caller_us for t in ts), statistics.median(t.host_us for t in ts)
+            k = statistics.median(t.p50_us for t in ts)
+            print(f"  {name:>10}: caller {c:7.1f}  (host {h:7.1f}, kernel p50 {k:7.1f})  x eager {eager / c:5.2f}  "
+                  f"copy {copy_us / c:5.2f}")
+        if args.profile:
+            for name in ("eager", "cuda", "cuda-cpp", "null-aten"):
+                profile(name, calls[name], args.profile)
+
+
+if __name__ == "__main__":
+    main()
