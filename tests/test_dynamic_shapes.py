@@ -157,7 +157,7 @@ def test_a_compiled_model_on_the_gpu_keeps_one_graph_per_bucket(private_decision
     pytest.importorskip("transformers")
     from test_patch import force_tier, tiny
 
-    force_tier(monkeypatch, tier)
+    force_tier(monkeypatch, tier, "cuda")
     model = tiny("llama").to("cuda", torch.bfloat16)
     tiered_ops.patch(model)
     torch._dynamo.reset()

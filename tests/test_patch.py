@@ -60,9 +60,9 @@ def tiny(family: str) -> nn.Module:
     return model
 
 
-def force_tier(monkeypatch: pytest.MonkeyPatch, tier: str) -> None:
-    """Every tiered_ops call runs ``tier`` (skipped where it cannot run here)."""
-    why = tiered_ops.get_op("rms_norm").impls[tier].why_not(torch.device("cpu"))
+def force_tier(monkeypatch: pytest.MonkeyPatch, tier: str, device: str = "cpu") -> None:
+    """Every tiered_ops call runs ``tier`` (skipped where it cannot run on ``device``)."""
+    why = tiered_ops.get_op("rms_norm").impls[tier].why_not(torch.device(device))
     if why:
         pytest.skip(f"{tier} tier unavailable here: {why}")
 
