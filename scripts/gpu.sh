@@ -134,9 +134,14 @@ PY
       echo "== tests (all, gpu-marked included)"
       # TEST_ARGS: the selection (default: the gpu-marked tests over 8 workers, each test at most 120 s; the whole
       # suite with -n 8 does not end within one call)
-      run_for "$(left)" $PY -m pytest ${TEST_ARGS:--n 8 -m gpu tests --timeout=120} -q -rfE --durations=15 \
+      # -rs lists every skip with its reason: a gpu-marked test that skips on a GPU machine did not run, and the
+      # default selection (gpu-marked tests only) fails the stage when one did.
+      run_for "$(left)" $PY -m pytest ${TEST_ARGS:--n 8 -m gpu tests --timeout=120} -q -rfEs --durations=15 \
         -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      if [ -z "${TEST_ARGS:-}" ] && tail -1 "$OUT/pytest.log" | grep -q skipped; then
+        echo "gpu-marked tests skipped on this GPU machine (SKIPPED lines in pytest.log): they did not run"; rc=1
+      fi
       # The C++ call key's own tests under this host's Python (3.12: the vectorcall on every call site and the C-side
       # cache, which a CPU machine on 3.11 never runs), unless TEST_ARGS chose the selection.
       if [ -z "${TEST_ARGS:-}" ]; then
