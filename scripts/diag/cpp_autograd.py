@@ -20,14 +20,12 @@ import statistics
 import time
 
 import torch
+from step_floor import case_calls  # scripts/diag, this script's folder
 from torch.utils.cpp_extension import load_inline
 
-from tiered_ops.measure.gate import grad_output, with_grad
-from tiered_ops.measure.measure import timed_call
+from tiered_ops.measure.gate import grad_output
 from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
-from tiered_ops.registry import DTYPES
 from tiered_ops.tiers import cuda_ext
-from tiered_ops.tiers.catalog import get_op
 
 CPP = r"""
 #include <torch/extension.h>
@@ -164,14 +162,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; copy {copy:.0f} GB/s; caller us, median of {args.rounds} rounds "
           "(host us, kernel p50 us)")
     for op, shape in CASES:
-        spec = get_op(op)
-        p = spec.problem(shape)
-        dt = DTYPES["bf16"]
-        inp = spec.make_inputs(p, dt, dev, 0)
-        nbytes = spec.mode_bytes(p, dt, "fwd+bwd")
-        calls = {name: timed_call(spec, spec.impls[name], inp, "fwd+bwd") for name in IMPLS}
-        ginp, pos = with_grad(spec, inp)
-        leaves = [ginp.args[i] for i in pos]
+        nbytes, calls, ginp, leaves = case_calls(op, shape, dev, IMPLS)
         fwd = cpp_call(mod, op, ginp.args)
         with torch.enable_grad():
             out = fwd()
@@ -181,8 +172,6 @@ def main() -> None:
         got = torch.autograd.grad(fwd(), leaves, dy)
         same = all(torch.equal(a, b) for a, b in zip(ref, got))
         calls["cuda-cpp"] = lambda: torch.autograd.grad(fwd(), leaves, dy)
-        x = leaves[0]
-        calls["null-aten"] = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
         for fn in calls.values():
             fn()
         torch.cuda.synchronize()

@@ -49,6 +49,22 @@ def _kernels(fn: Any) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def case_calls(op: str, shape: tuple[int, ...], dev: torch.device, impls: list[str]
+               ) -> tuple[int, dict[str, Any], Any, list[torch.Tensor]]:
+    """A bf16 case's training steps as the harness times them: its bytes, a step per implementation of ``impls``
+    and ``null-aten``, the inputs with their differentiable leaves marked, and those leaves."""
+    spec = get_op(op)
+    p = spec.problem(shape)
+    dt = DTYPES["bf16"]
+    inp = spec.make_inputs(p, dt, dev, 0)
+    calls = {name: timed_call(spec, spec.impls[name], inp, "fwd+bwd") for name in impls}
+    ginp, pos = with_grad(spec, inp)
+    leaves = [ginp.args[i] for i in pos]
+    x = leaves[0]
+    calls["null-aten"] = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
+    return spec.mode_bytes(p, dt, "fwd+bwd"), calls, ginp, leaves
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -58,18 +74,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; copy {copy:.0f} GB/s; caller us, median of {args.rounds} rounds "
           "(host us, kernel p50 us), kernels per step")
     for op, shape in CASES:
-        spec = get_op(op)
-        p = spec.problem(shape)
-        dt = DTYPES["bf16"]
-        inp = spec.make_inputs(p, dt, dev, 0)
-        nbytes = spec.mode_bytes(p, dt, "fwd+bwd")
-        calls = {name: timed_call(spec, spec.impls[name], inp, "fwd+bwd") for name in IMPLS}
-        ginp, pos = with_grad(spec, inp)
-        leaves = [ginp.args[i] for i in pos]
+        nbytes, calls, _, leaves = case_calls(op, shape, dev, IMPLS)
         dy = grad_output(torch.empty_like(leaves[0]), 0)
         calls["null-python"] = lambda: torch.autograd.grad(_Null.apply(*leaves), leaves, dy)
-        x = leaves[0]
-        calls["null-aten"] = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
         for fn in calls.values():
             fn()
         torch.cuda.synchronize()
