@@ -9,8 +9,11 @@ Python one. It times, as the harness times a training step (the forward, then ``
 - the op's eager, Triton and CUDA tiers;
 - ``cuda-cpp``: the same CUDA kernels under the C++ node;
 - ``null-aten``: a C++ autograd node that launches nothing, the floor of the step itself.
+``--parts``: layer_norm 8192x768 bf16 part by part, without the profiler (host us per call of back-to-back calls): each
+path's forward with and without a graph, its backward alone, the wrappers through the dispatcher and through pybind11,
+aten's own ops, and the step's allocations alone; ``--parts-only`` skips the steps.
 Nothing here is used by the library: it tells whether moving the CUDA tier's autograd into the extension pays.
-Usage (GPU machine): python3 scripts/diag/cpp_autograd.py --rounds 7
+Usage (GPU machine): python3 scripts/diag/cpp_autograd.py --rounds 7 [--profile 50] [--parts]
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from step_floor import case_calls  # scripts/diag, this script's folder
 from torch.utils.cpp_extension import load_inline
 
 from tiered_ops.measure.gate import grad_output
 from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
 from tiered_ops.tiers import cuda_ext
+from tiered_ops.tiers.catalog import get_op
 
 CPP = r"""
 #include <torch/extension.h>
@@ -150,14 +156,79 @@ def profile(name: str, fn: object, steps: int, top: int = 14) -> None:
         print(f"      {e.self_cpu_time_total / steps:7.1f} us  x{e.count / steps:<4g} {e.key[:90]}")
 
 
+def parts(mod: object, dev: torch.device, rounds: int) -> None:
+    """layer_norm 8192x768 bf16, part by part (see the module's docstring)."""
+    _, calls, ginp, leaves = case_calls("layer_norm", (8192, 768), dev, ["eager", "cuda"])
+    x, ns, w, b, eps = ginp.args
+    ns = list(ns)
+    xd, wd, bd = (t.detach() for t in (x, w, b))
+    cuda = get_op("layer_norm").impls["cuda"].unchecked
+    cpp = cpp_call(mod, "layer_norm", ginp.args)
+    dy = grad_output(torch.empty_like(xd), 0)
+    outs = {"eager": F.layer_norm(x, ns, w, b, eps), "cuda": cuda(x, ns, w, b, eps), "cuda-cpp": cpp()}
+    ext_fwd, ext_bwd = cuda_ext.pybind_function("layer_norm_cuda"), cuda_ext.pybind_function("layer_norm_bwd_cuda")
+    _, mean, rstd = ext_fwd(xd, ns, wd, bd, eps)
+    _, amean, arstd = torch.ops.aten.native_layer_norm.default(xd, ns, wd, bd, eps)
+    # the backward's fp32 partials of dw and db: (blocks, n), 16 blocks an SM at n = 768 (binding.h's norm_bwd_blocks)
+    partial = (min(8192, torch.cuda.get_device_properties(dev).multi_processor_count * 16), 768)
+
+    def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            with torch.no_grad():
+                return fn()
+        return call
+
+    def grad_of(out: torch.Tensor) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+
+    table: dict[str, Callable[[], object]] = {
+        "step eager": calls["eager"],
+        "step cuda": calls["cuda"],
+        "step cuda-cpp": lambda: torch.autograd.grad(cpp(), leaves, dy),
+        "step null-aten": calls["null-aten"],
+        "fwd eager (graph)": lambda: F.layer_norm(x, ns, w, b, eps),
+        "fwd cuda (graph)": lambda: cuda(x, ns, w, b, eps),
+        "fwd cuda-cpp (graph)": cpp,
+        "fwd eager (no grad)": no_grad(lambda: F.layer_norm(x, ns, w, b, eps)),
+        "fwd cuda (no grad)": no_grad(lambda: cuda(x, ns, w, b, eps)),
+        "fwd aten::native_layer_norm": lambda: torch.ops.aten.native_layer_norm.default(xd, ns, wd, bd, eps),
+        "fwd tiered_ops::layer_norm_cuda": lambda: torch.ops.tiered_ops.layer_norm_cuda.default(xd, ns, wd, bd, eps),
+        "fwd pybind layer_norm_cuda": lambda: ext_fwd(xd, ns, wd, bd, eps),
+        "bwd eager (graph)": grad_of(outs["eager"]),
+        "bwd cuda (graph)": grad_of(outs["cuda"]),
+        "bwd cuda-cpp (graph)": grad_of(outs["cuda-cpp"]),
+        "bwd aten::native_layer_norm_backward": lambda: torch.ops.aten.native_layer_norm_backward.default(
+            dy, xd, ns, amean, arstd, wd, bd, [True, True, True]),
+        "bwd pybind layer_norm_bwd_cuda": lambda: ext_bwd(dy, xd, ns, wd, mean, rstd, True),
+        "8 allocations of the step's sizes": lambda: [torch.empty_like(xd), torch.empty_like(mean),
+                                                      torch.empty_like(rstd), torch.empty_like(xd),
+                                                      torch.empty_like(wd), torch.empty_like(bd),
+                                                      torch.empty(partial, device=dev),
+                                                      torch.empty(partial, device=dev)],
+    }
+    for fn in table.values():
+        fn()
+    torch.cuda.synchronize()
+    rows = interleaved(table, rounds, lambda f: time_call(f, dev))
+    print(f"\nlayer_norm 8192x768 bf16, part by part: host us per call (kernel p50 us), median of {rounds} rounds")
+    for name, ts in rows.items():
+        h, k = statistics.median(t.host_us for t in ts), statistics.median(t.p50_us for t in ts)
+        print(f"  {name:>38}: host {h:7.1f}  (kernel p50 {k:7.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="also profile STEPS steps of each variant (torch.profiler: host time per event, per step)")
+    ap.add_argument("--parts", action="store_true", help="layer_norm 8192x768's step part by part, after the steps")
+    ap.add_argument("--parts-only", action="store_true", help="the parts alone")
     args = ap.parse_args()
     dev = torch.device("cuda")
     mod = build()
+    if args.parts_only:
+        parts(mod, dev, args.rounds)
+        return
     copy = copy_bandwidth_gbps(dev)
     print(f"{torch.cuda.get_device_name()}; copy {copy:.0f} GB/s; caller us, median of {args.rounds} rounds "
           "(host us, kernel p50 us)")
@@ -188,6 +259,8 @@ def main() -> None:
         if args.profile:
             for name in ("eager", "cuda", "cuda-cpp", "null-aten"):
                 profile(name, calls[name], args.profile)
+    if args.parts:
+        parts(mod, dev, args.rounds)
 
 
 if __name__ == "__main__":
