@@ -2,8 +2,11 @@
 steps of the norms, softmax and layer_norm over giant rows, segment_sum with power-law lengths, cross_entropy's
 training step) measured with every implementation (ours, eager, compile, the peers that install), each gated against
 float64, then per case the best of ours (the case's ``ours`` tiers): its fraction of the copy bandwidth measured in
-the same run (bytes: the op's declared bytes of that mode), its speed-up over eager and over the best of compile and
-Triton where the case sets a bar, and whether each bar holds.
+the same run (bytes: the op's declared bytes of that mode), the same fraction by its kernel time alone, its speed-up
+over eager and over the best of compile and Triton where the case sets a bar, and whether each bar holds. For a
+training step, the host floor measured in the same run (a step that launches nothing, timed as the harness times a
+step: the forward, then ``torch.autograd.grad``) beside the caller time the copy bar asks for: where the floor is
+above it, no kernel meets that bar by caller time, and the page says so.
 
     python benchmarks/speed_of_light.py [--cases benchmarks/speed_of_light.json] [--out-dir DIR] [--db store.sqlite]
         [--only rms_norm,softmax]
@@ -25,6 +28,8 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiered_ops.measure.gate import with_grad  # noqa: E402
+from tiered_ops.measure.timing import time_call  # noqa: E402
 from tiered_ops.registry import DTYPES  # noqa: E402
 from tiered_ops.store.rows import PRUNED  # noqa: E402
 from tiered_ops.store.store import Store  # noqa: E402
@@ -51,9 +56,14 @@ def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
         return dict(out, why=f"no correct timing of {'/'.join(case['ours'])}", holds=False)
     out.update(best=ours.impl, best_us=round(float(ours.caller_us), 1),
                copy=None if pd.isna(ours.frac_copy) else round(float(ours.frac_copy), 3))
+    kernel_us = ours.get("p50_us")
+    if out["copy"] is not None and kernel_us is not None and kernel_us == kernel_us and kernel_us > 0:
+        out["kernel_copy"] = round(float(ours.frac_copy * ours.caller_us / kernel_us), 3)
     bars = []
     if "copy_at_least" in case:
         bars.append(out["copy"] is not None and out["copy"] >= case["copy_at_least"])
+        if out["copy"] is not None:  # the caller time the bar asks for: the copy time of these bytes over the bar
+            out["bar_us"] = round(float(ours.frac_copy * ours.caller_us / case["copy_at_least"]), 1)
     for key, tiers in (("vs_eager_at_least", ("eager",)), ("vs_compilers_at_least", COMPILERS)):
         if key not in case:
             continue
@@ -70,9 +80,35 @@ def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def step_floor_us(op: str, problem: Any, dtype: str, device: torch.device) -> float:
+    """Host us of a training step of this problem's inputs that launches nothing (a C++ autograd node: a view of the
+    first differentiable input, its gradient a view of dy), timed as the harness times a step."""
+    spec = get_op(op)
+    inp, pos = with_grad(spec, spec.make_inputs(problem, DTYPES[dtype], device, 0))
+    x = inp.args[pos[0]]
+    step = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())  # noqa: E731
+    step()
+    return float(time_call(step, device).host_us)
+
+
+def with_floor(v: dict[str, Any], floor_us: float) -> dict[str, Any]:
+    """A training step's verdict with its host floor; where the floor is above the caller time its copy bar asks for,
+    the page says that no kernel meets the bar by caller time."""
+    v = dict(v, floor_us=round(floor_us, 1))
+    if not v["holds"] and v.get("bar_us") is not None and floor_us > v["bar_us"]:
+        reach = f"the step's host floor {floor_us:.1f} us is above the {v['bar_us']} us the copy bar asks for"
+        v["why"] = f"{v['why']}; {reach}" if v.get("why") else reach
+    return v
+
+
 def table(verdicts: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
-    lines = ["| case | shape | dtype | mode | best of ours | us | copy (bar) | x eager (bar) "
-             "| x compile/Triton (bar) | holds |", "|---|---|---|---|---|---:|---|---|---|---|"]
+    lines = ["| case | shape | dtype | mode | best of ours | us | copy (bar) | kernel copy | step floor us (bar us) "
+             "| x eager (bar) | x compile/Triton (bar) | holds |", "|---|---|---|---|---|---:|---|---|---|---|---|---|"]
+    def floor(v: dict[str, Any]) -> str:
+        if v.get("floor_us") is None:
+            return ""
+        return f"{v['floor_us']}" + (f" ({v['bar_us']})" if v.get("bar_us") is not None else "")
+
     for v, c in zip(verdicts, cases):
         def fig(name: str, bar: str) -> str:
             if bar not in c:
@@ -81,7 +117,8 @@ def table(verdicts: list[dict[str, Any]], cases: list[dict[str, Any]]) -> str:
             who = f" ({v[name + '_impl']})" if v.get(name + "_impl") else ""
             return f"{'-' if val is None else val}{who} ({c[bar]})"
         lines.append(f"| {v['case']} | {v['shape']} | {v['dtype']} | {v['mode']} | {v.get('best', '-')} | "
-                     f"{v.get('best_us', '-')} | {fig('copy', 'copy_at_least')} "
+                     f"{v.get('best_us', '-')} | {fig('copy', 'copy_at_least')} | {v.get('kernel_copy', '')} "
+                     f"| {floor(v)} "
                      f"| {fig('vs_eager', 'vs_eager_at_least')} | {fig('vs_compilers', 'vs_compilers_at_least')} "
                      f"| {'yes' if v['holds'] else 'no'}"
                      f"{' (' + v['why'] + ')' if v.get('why') else ''} |")
@@ -128,12 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         rows["case"] = [of_case.get(k) for k in zip(rows.op, rows.problem, rows.dtype, rows["mode"])]
     rows.to_csv(out / "speed_of_light.csv", index=False)
     verdicts = [verdict(c, rows[rows.case == c["case"]]) for c in cases]
+    for i, (c, pt, p) in enumerate(zip(cases, points, problems)):
+        if "bwd" in pt.mode:
+            verdicts[i] = with_floor(verdicts[i], step_floor_us(pt.op, p, pt.dtype, device))
     md = table(verdicts, cases)
     (out / "speed_of_light.md").write_text(
         f"# Speed of light ({rows.gpu_name.iloc[0] if len(rows) and 'gpu_name' in rows else args.device})\n\n"
         f"`python benchmarks/speed_of_light.py {' '.join(argv if argv is not None else sys.argv[1:])}`. Caller "
         "time of the best correct implementation of ours (the case's tiers), its fraction of the copy bandwidth "
-        "measured in the same run, and its speed-up over the best correct eager and compile/Triton rows.\n\n"
+        "measured in the same run, the same by its kernel time alone, a training step's host floor (a step that "
+        "launches nothing, same run) beside the caller time the copy bar asks for, and its speed-up over the best "
+        "correct eager and compile/Triton rows.\n\n"
         + md + "\n")
     print(md)
     return 0 if all(v["holds"] for v in verdicts) else 1

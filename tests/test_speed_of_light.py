@@ -51,6 +51,33 @@ def test_a_bar_missed_or_a_rival_pruned_or_missing_is_said():
     assert v["holds"] is False and "triton/cuda" in v["why"]
 
 
+def test_the_kernel_fraction_and_the_bar_time_come_from_the_best_row():
+    rows = _rows(("triton", "triton", True, 100.0, 0.6, ""), ("eager", "eager", True, 140.0, 0.5, ""))
+    rows["p50_us"] = [50.0, 140.0]
+    v = sol.verdict(CASE, rows)
+    # 0.6 of copy at 100 us caller: 1.2 of it by the kernel's 50 us; the copy bar (0.75) asks for 80 us
+    assert (v["kernel_copy"], v["bar_us"], v["holds"]) == (1.2, 80.0, False)
+    assert "kernel_copy" not in sol.verdict(CASE, rows.drop(columns="p50_us"))
+
+
+def test_a_host_floor_above_the_bar_time_is_said_where_the_bar_fails():
+    v = dict(case="c", shape="8x8", dtype="bf16", mode="fwd+bwd", holds=False, bar_us=80.0)
+    assert "host floor 95.0 us is above the 80.0 us" in sol.with_floor(v, 95.0)["why"]
+    assert "why" not in sol.with_floor(v, 60.0)
+    assert "why" not in sol.with_floor(dict(v, holds=True), 95.0)
+    both = sol.with_floor(dict(v, why="no correct timing of eager"), 95.0)["why"]
+    assert both.startswith("no correct timing of eager; the step's host floor")
+    cases = [dict(CASE, case="c")]
+    assert "| 95.0 (80.0) |" in sol.table([dict(sol.with_floor(v, 95.0), best="triton", best_us=100.0)], cases)
+
+
+def test_the_step_floor_is_timed_on_the_cpu():
+    import torch
+
+    p = grid_problem("rms_norm", (4, 64), {})
+    assert sol.step_floor_us("rms_norm", p, "fp32", torch.device("cpu")) > 0
+
+
 @pytest.mark.slow
 def test_it_runs_end_to_end_on_the_cpu(tmp_path):
     cases = [dict(case="tiny softmax", op="softmax", shape="4x64", dtype="fp32", mode="fwd_nograd", params={},
