@@ -22,7 +22,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import torch
@@ -57,7 +57,7 @@ def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     out.update(best=ours.impl, best_us=round(float(ours.caller_us), 1),
                copy=None if pd.isna(ours.frac_copy) else round(float(ours.frac_copy), 3))
     kernel_us = ours.get("p50_us")
-    if out["copy"] is not None and kernel_us is not None and kernel_us == kernel_us and kernel_us > 0:
+    if out["copy"] is not None and pd.notna(kernel_us) and kernel_us > 0:
         out["kernel_copy"] = round(float(ours.frac_copy * ours.caller_us / kernel_us), 3)
     bars = []
     if "copy_at_least" in case:
@@ -80,13 +80,18 @@ def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def null_step(x: torch.Tensor) -> Callable[[], Any]:
+    """A training step that launches nothing, timed as the harness times a step (the forward, then
+    ``torch.autograd.grad``): a C++ autograd node, a view of ``x`` (a leaf requiring grad), its gradient a view of
+    dy."""
+    return lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
+
+
 def step_floor_us(op: str, problem: Any, dtype: str, device: torch.device) -> float:
-    """Host us of a training step of this problem's inputs that launches nothing (a C++ autograd node: a view of the
-    first differentiable input, its gradient a view of dy), timed as the harness times a step."""
+    """Host us of ``null_step`` over this problem's first differentiable input."""
     spec = get_op(op)
     inp, pos = with_grad(spec, spec.make_inputs(problem, DTYPES[dtype], device, 0))
-    x = inp.args[pos[0]]
-    step = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())  # noqa: E731
+    step = null_step(inp.args[pos[0]])
     step()
     return float(time_call(step, device).host_us)
 
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         rows["case"] = [of_case.get(k) for k in zip(rows.op, rows.problem, rows.dtype, rows["mode"])]
     rows.to_csv(out / "speed_of_light.csv", index=False)
     verdicts = [verdict(c, rows[rows.case == c["case"]]) for c in cases]
-    for i, (c, pt, p) in enumerate(zip(cases, points, problems)):
-        if "bwd" in pt.mode:
+    for i, (pt, p) in enumerate(zip(points, problems)):
+        if pt.mode == "fwd+bwd":
             verdicts[i] = with_floor(verdicts[i], step_floor_us(pt.op, p, pt.dtype, device))
     md = table(verdicts, cases)
     (out / "speed_of_light.md").write_text(

@@ -13,7 +13,8 @@ Python one. It times, as the harness times a training step (the forward, then ``
 path's forward with and without a graph, its backward alone, the wrappers through the dispatcher and through pybind11,
 aten's own ops, and the step's allocations alone; ``--parts-only`` skips the steps.
 Nothing here is used by the library: it tells whether moving the CUDA tier's autograd into the extension pays.
-Usage (GPU machine): python3 scripts/diag/cpp_autograd.py --rounds 7 [--profile 50] [--parts]
+Usage (GPU machine, from the repository root):
+    PYTHONPATH=$PWD python3 scripts/diag/cpp_autograd.py --rounds 7 [--profile 50] [--parts]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ caller time), and the number of kernels one step launches (the profiler's CUDA k
   and backward return tensors allocated once): the floor of any Python-level autograd wrapper;
 - ``null-aten``: a C++ autograd node that launches nothing (``x.view(shape)``, its gradient a view of dy): the floor
   of the harness's step itself.
-Usage (GPU machine): python3 scripts/diag/step_floor.py --rounds 7
+Usage (GPU machine, from the repository root): PYTHONPATH=$PWD python3 scripts/diag/step_floor.py --rounds 7
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.speed_of_light import null_step  # the floor step the speed-of-light page times
 from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.measure.measure import timed_call
 from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
@@ -60,8 +61,7 @@ def case_calls(op: str, shape: tuple[int, ...], dev: torch.device, impls: list[s
     calls = {name: timed_call(spec, spec.impls[name], inp, "fwd+bwd") for name in impls}
     ginp, pos = with_grad(spec, inp)
     leaves = [ginp.args[i] for i in pos]
-    x = leaves[0]
-    calls["null-aten"] = lambda: torch.autograd.grad(x.view(x.shape), [x], x.detach())
+    calls["null-aten"] = null_step(leaves[0])
     return spec.mode_bytes(p, dt, "fwd+bwd"), calls, ginp, leaves
 
 
