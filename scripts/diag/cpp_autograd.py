@@ -88,26 +88,31 @@ struct LayerNorm : torch::autograd::Function<LayerNorm> {
 
 struct RmsNorm : torch::autograd::Function<RmsNorm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, c10::IntArrayRef ns,
-                            double eps) {
-    auto y = rms_fwd().call(x, ns, opt(w), eps, 0.0, false);
+                            double eps, double w_offset, bool cast) {
+    auto y = rms_fwd().call(x, ns, opt(w), eps, w_offset, cast);
     ctx->save_for_backward({x, w});
     ctx->saved_data["ns"] = ns.vec();
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["w_offset"] = w_offset;
+    ctx->saved_data["cast"] = cast;
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     auto ns = ctx->saved_data["ns"].toIntVector();
-    auto [dx, dw] = rms_bwd().call(grads[0], s[0], ns, opt(s[1]), ctx->saved_data["eps"].toDouble(), 0.0, false);
-    return {dx, s[1].defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dx, dw] = rms_bwd().call(grads[0], s[0], ns, opt(s[1]), ctx->saved_data["eps"].toDouble(),
+                                   ctx->saved_data["w_offset"].toDouble(), ctx->saved_data["cast"].toBool());
+    return {dx, s[1].defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
+// Each takes its op's kernel schema (the declaration's kernel_args of the Python call).
 at::Tensor layer_norm(const at::Tensor& x, std::vector<int64_t> ns, const Opt& w, const Opt& b, double eps) {
   return LayerNorm::apply(x, w.value_or(at::Tensor()), b.value_or(at::Tensor()), ns, eps);
 }
-at::Tensor rms_norm(const at::Tensor& x, std::vector<int64_t> ns, const Opt& w, double eps) {
-  return RmsNorm::apply(x, w.value_or(at::Tensor()), ns, eps);
+at::Tensor rms_norm(const at::Tensor& x, std::vector<int64_t> ns, const Opt& w, double eps, double w_offset,
+                    bool cast) {
+  return RmsNorm::apply(x, w.value_or(at::Tensor()), ns, eps, w_offset, cast);
 }
 """
 
@@ -126,16 +131,12 @@ def build() -> object:
     return mod
 
 
-def cpp_call(mod: object, op: str, args: tuple) -> object:
-    """The C++ node's call of the harness's positional inputs: layer_norm (x, shape, weight, bias, eps), rms_norm
-    (x, shape, weight, eps)."""
-    x, ns = args[0], args[1]
-    ns = [ns] if isinstance(ns, int) else list(ns)
-    if op == "layer_norm":
-        w, b, eps = args[2:5]
-        return lambda: mod.layer_norm(x, ns, w, b, float(eps))
-    w, eps = args[2:4]
-    return lambda: mod.rms_norm(x, ns, w, float(eps))
+def cpp_call(mod: object, op: str, args: tuple, kwargs: dict | None = None) -> Callable[[], torch.Tensor]:
+    """The C++ node's call of the op's Python arguments, mapped onto its kernel schema by the declaration's own
+    ``kernel_args``."""
+    ka = get_op(op).kernel_args(*args, **(kwargs or {}))
+    fn = getattr(mod, op)
+    return lambda: fn(*ka)
 
 
 def profile(name: str, fn: object, steps: int, top: int = 14) -> None:
@@ -164,7 +165,7 @@ def parts(mod: object, dev: torch.device, rounds: int) -> None:
     ns = list(ns)
     xd, wd, bd = (t.detach() for t in (x, w, b))
     cuda = get_op("layer_norm").impls["cuda"].unchecked
-    cpp = cpp_call(mod, "layer_norm", ginp.args)
+    cpp = cpp_call(mod, "layer_norm", ginp.args, ginp.kwargs)
     dy = grad_output(torch.empty_like(xd), 0)
     outs = {"eager": F.layer_norm(x, ns, w, b, eps), "cuda": cuda(x, ns, w, b, eps), "cuda-cpp": cpp()}
     ext_fwd, ext_bwd = cuda_ext.pybind_function("layer_norm_cuda"), cuda_ext.pybind_function("layer_norm_bwd_cuda")
@@ -235,7 +236,7 @@ def main() -> None:
           "(host us, kernel p50 us)")
     for op, shape in CASES:
         nbytes, calls, ginp, leaves = case_calls(op, shape, dev, IMPLS)
-        fwd = cpp_call(mod, op, ginp.args)
+        fwd = cpp_call(mod, op, ginp.args, ginp.kwargs)
         with torch.enable_grad():
             out = fwd()
         dy = grad_output(out, 0)
