@@ -4,7 +4,8 @@
 #   bash scripts/fetch_peers.sh           Liger-Kernel into .whl/
 #   bash scripts/fetch_peers.sh --quack   also quack and the CUTLASS DSL into .whl-quack/, and the DSL's CUDA 13 library
 #                                         (92 MB as a wheel) unpacked and packed again as .whl-cutlass/*.tar.xz (61 MB;
-#                                         xz -9 takes minutes), small enough to travel on its own
+#                                         xz -9 takes minutes), and that split into three parts under
+#                                         .whl-cutlass/parts/ that each travel beside the tree
 # Not fetched: what the GPU machine's Python already has (torch, cuda-bindings, einops, protobuf, typing-extensions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +26,11 @@ if [ "${1:-}" = --quack ]; then
   python3 -m zipfile -e "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl "$tmp/tree"
   tar cf - -C "$tmp/tree" . | xz -9 -T0 > .whl-cutlass/nvidia_cutlass_dsl_libs_cu13-4.8.1.tar.xz
   rm -rf "$tmp"
+  # three parts of about 21 MB: each travels beside the tree (39 MB), one a call (scripts/gpu.sh peers)
+  rm -rf .whl-cutlass/parts && mkdir -p .whl-cutlass/parts
+  for k in 0 1 2; do
+    split -n "$((k + 1))/3" .whl-cutlass/nvidia_cutlass_dsl_libs_cu13-4.8.1.tar.xz \
+      > ".whl-cutlass/parts/nvidia_cutlass_dsl_libs_cu13-4.8.1.tar.xz.$k-of-3"
+  done
 fi
 ls -la .whl .whl-quack .whl-cutlass 2>/dev/null || true

@@ -15,10 +15,14 @@
 #                 decoder and models (model-level benchmarks), trainmem (a training step's saved tensors and peak),
 #                 stepprof (where a model step's time goes: host, kernels by family, the GPU's idle gaps),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
-#                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it))
+#                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it),
+#                 peers (nothing: a call that carries one part of a peer tree, see below))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
-# under .whl-cutlass/), downloaded by scripts/fetch_peers.sh, are installed into /tmp/site first, so the sweep measures
-# them beside ours.
+# under .whl-cutlass/, in parts), downloaded by scripts/fetch_peers.sh, are installed into $PEER_TMP/site
+# (PEER_TMP: /tmp) first, so the sweep measures them beside ours. quack on a fresh machine takes four calls in a row
+# (a machine idle for 30 s goes back):
+#   carry .whl-cutlass/parts/<one part>: bash scripts/gpu.sh peers   (once per part)
+#   carry .whl and .whl-quack:           bash scripts/gpu.sh build sol   (or any stages)
 #   any GPU box:  OUT=./gpu-out bash scripts/gpu.sh build bench
 # Time: DEADLINE (s, default 540) is when the whole call must have packed its files (a device call is cut at 600 s):
 # each long stage runs under `timeout` until DEADLINE minus RESERVE (default 45 s: exporting the results and packing),
@@ -85,22 +89,46 @@ PY=python3
 rc=0
 # The default sweep: inference and training steps, bf16 and fp32 (BENCH_ARGS adds to or overrides it).
 SWEEP_ARGS=${SWEEP_ARGS:---mode fwd_nograd,fwd+bwd --dtype bf16,fp32}
-# Peer trees packed as .tar.xz under .whl-cutlass/ (the CUTLASS DSL's CUDA 13 library, 92 MB as a wheel: packed, it
-# travels on its own) are unpacked under /tmp/peer_trees, which stays for the next job on the same machine.
-mkdir -p /tmp/peer_trees
+# Peer trees packed as .tar.xz under .whl-cutlass/ (the CUTLASS DSL's CUDA 13 library, 92 MB as a wheel, 61 MB packed)
+# are unpacked under $PEER_TMP/peer_trees, which stays for the next job on the same machine. Packed, that library still
+# does not travel beside the tree, so fetch_peers.sh also splits it into parts (.whl-cutlass/parts/NAME.tar.xz.K-of-N)
+# that travel one a call on the same machine (a call that carries one and runs the stage `peers`, which does nothing
+# else): each is kept under $PEER_TMP/peer_parts, and the call that finds all N there unpacks the tree.
+PEER_TMP=${PEER_TMP:-/tmp}  # where the parts and the trees stay between calls
+mkdir -p "$PEER_TMP/peer_trees" "$PEER_TMP/peer_parts"
+for part in .whl*/parts/*.tar.xz.*-of-*; do
+  [ -f "$part" ] && cp "$part" "$PEER_TMP/peer_parts/" && echo "peer part kept for the next call: $part"
+done
+declare -A seen=()
+for any in "$PEER_TMP"/peer_parts/*.tar.xz.*-of-*; do
+  [ -f "$any" ] || continue
+  base=${any%.*-of-*} n=${any##*-of-}
+  d=$PEER_TMP/peer_trees/$(basename "$base" .tar.xz)
+  [ -n "${seen[$base]:-}" ] || [ -d "$d" ] && continue
+  seen[$base]=1
+  parts=()
+  for ((k = 0; k < n; k++)); do parts+=("$base.$k-of-$n"); done
+  if ls "${parts[@]}" > /dev/null 2>&1; then
+    mkdir -p "$d.part" && cat "${parts[@]}" | tar xJf - -C "$d.part" && mv "$d.part" "$d" \
+      && echo "peer tree unpacked from $n parts: $(basename "$base")"
+  else
+    echo "peer parts of $(basename "$base") here: $(ls "$base".*-of-"$n" | wc -l) of $n (carry the others)"
+  fi
+done
 for t in .whl*/*.tar.xz; do
   [ -f "$t" ] || continue
-  d=/tmp/peer_trees/$(basename "$t" .tar.xz)
+  d=$PEER_TMP/peer_trees/$(basename "$t" .tar.xz)
   [ -d "$d" ] || { mkdir -p "$d.part" && tar xJf "$t" -C "$d.part" && mv "$d.part" "$d" && echo "peer tree unpacked: $t"; }
 done
 wheels=$(ls .whl/*.whl .whl-quack/*.whl 2>/dev/null)
-if [ -n "$wheels" ] || ls -d /tmp/peer_trees/*/ > /dev/null 2>&1; then
+if [ -n "$wheels" ] || ls -d "$PEER_TMP"/peer_trees/*/ > /dev/null 2>&1; then
   [ -z "$wheels" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site $wheels && echo "peers installed: $(basename -a $wheels | tr '\n' ' ')"; }
-  for d in /tmp/peer_trees/*/; do [ -d "$d" ] && cp -a "$d". /tmp/site/; done
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
+    --target "$PEER_TMP/site" $wheels && echo "peers installed: $(basename -a $wheels | tr '\n' ' ')"; }
+  for d in "$PEER_TMP"/peer_trees/*/; do [ -d "$d" ] && mkdir -p "$PEER_TMP/site" && cp -a "$d". "$PEER_TMP/site/"; done
+  export PYTHONPATH=$PEER_TMP/site:$PYTHONPATH
   # the path the CUTLASS DSL's .pth file adds in a site directory (a --target folder on PYTHONPATH reads no .pth)
-  [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+  dsl=$PEER_TMP/site/nvidia_cutlass_dsl/dsl_packages
+  [ -d "$dsl" ] && export PYTHONPATH=$PYTHONPATH:$dsl
 fi
 {
   # TIERED_OPS_TREE: the commit whose tree was copied here, where the copy's own git names an older base
@@ -380,6 +408,7 @@ PY
       grep -E "profiled case|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per" \
         "$OUT/ncu.txt" | head -60
       ;;
+    peers) ;;  # a call that carries a peer part (above) and nothing more
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done
