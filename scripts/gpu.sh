@@ -99,26 +99,28 @@ mkdir -p "$PEER_TMP/peer_trees" "$PEER_TMP/peer_parts"
 for part in .whl*/parts/*.tar.xz.*-of-*; do
   [ -f "$part" ] && cp "$part" "$PEER_TMP/peer_parts/" && echo "peer part kept for the next call: $part"
 done
-declare -A seen=()
-for any in "$PEER_TMP"/peer_parts/*.tar.xz.*-of-*; do
-  [ -f "$any" ] || continue
-  base=${any%.*-of-*} n=${any##*-of-}
-  d=$PEER_TMP/peer_trees/$(basename "$base" .tar.xz)
-  [ -n "${seen[$base]:-}" ] || [ -d "$d" ] && continue
-  seen[$base]=1
+# unpack_tree NAME FILE...: the tree packed in FILE... (one .tar.xz, or its parts in order) as $PEER_TMP/peer_trees/NAME
+unpack_tree() {
+  local d=$PEER_TMP/peer_trees/$1
+  shift
+  mkdir -p "$d.part" && cat "$@" | tar xJf - -C "$d.part" && mv "$d.part" "$d"
+}
+# each packed tree once (its name and its count of parts), whichever of its parts are here
+while read -r base n; do
+  name=$(basename "$base" .tar.xz)
+  [ -d "$PEER_TMP/peer_trees/$name" ] && continue
   parts=()
   for ((k = 0; k < n; k++)); do parts+=("$base.$k-of-$n"); done
   if ls "${parts[@]}" > /dev/null 2>&1; then
-    mkdir -p "$d.part" && cat "${parts[@]}" | tar xJf - -C "$d.part" && mv "$d.part" "$d" \
-      && echo "peer tree unpacked from $n parts: $(basename "$base")"
+    unpack_tree "$name" "${parts[@]}" && echo "peer tree unpacked from $n parts: $(basename "$base")"
   else
     echo "peer parts of $(basename "$base") here: $(ls "$base".*-of-"$n" | wc -l) of $n (carry the others)"
   fi
-done
+done < <(for f in "$PEER_TMP"/peer_parts/*.tar.xz.*-of-*; do [ -f "$f" ] && echo "${f%.*-of-*} ${f##*-of-}"; done | sort -u)
 for t in .whl*/*.tar.xz; do
   [ -f "$t" ] || continue
-  d=$PEER_TMP/peer_trees/$(basename "$t" .tar.xz)
-  [ -d "$d" ] || { mkdir -p "$d.part" && tar xJf "$t" -C "$d.part" && mv "$d.part" "$d" && echo "peer tree unpacked: $t"; }
+  name=$(basename "$t" .tar.xz)
+  [ -d "$PEER_TMP/peer_trees/$name" ] || { unpack_tree "$name" "$t" && echo "peer tree unpacked: $t"; }
 done
 wheels=$(ls .whl/*.whl .whl-quack/*.whl 2>/dev/null)
 if [ -n "$wheels" ] || ls -d "$PEER_TMP"/peer_trees/*/ > /dev/null 2>&1; then
