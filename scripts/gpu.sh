@@ -116,7 +116,9 @@ while read -r base n; do
   else
     echo "peer parts of $(basename "$base") here: $(ls "$base".*-of-"$n" | wc -l) of $n (carry the others)"
   fi
-done < <(for f in "$PEER_TMP"/peer_parts/*.tar.xz.*-of-*; do [ -f "$f" ] && echo "${f%.*-of-*} ${f##*-of-}"; done | sort -u)
+done < <(for f in "$PEER_TMP"/peer_parts/*.tar.xz.*-of-*; do
+           [ -f "$f" ] && echo "${f%.*-of-*} ${f##*-of-}"
+         done | sort -u)
 for t in .whl*/*.tar.xz; do
   [ -f "$t" ] || continue
   name=$(basename "$t" .tar.xz)
