@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 
 from .. import envs
+from ..analysis import gpus as gpu_list
 from ..analysis import targets
 from ..analysis.analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
-from ..analysis.check import check, live_plan, report
+from ..analysis.check import by_gpu, check, check_gpus, live_plan, report
 from ..analysis.report import cross, render
 from ..analysis.targets import load_spec
 from ..decide.decide import select_backend, use_store
@@ -216,13 +217,38 @@ def cmd_check(args: argparse.Namespace) -> int:
               dev, store, progress=not args.no_progress, modes=args.mode or modes, isolate=True)
         df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
     else:
-        if not args.results:
-            print("error: check needs --results reports/<gpu>/results.csv or --live", file=sys.stderr)
-            return 2
-        df = read_results(args.results)
+        return _check_files(args)
     findings = check(df)
     print(report(findings))
     return 1 if any(f.fails for f in findings) else 0
+
+
+def _check_files(args: argparse.Namespace) -> int:
+    """check --results / --all: the current GPUs' evidence gates; the archived GPUs' is reported (gpus.toml)."""
+    if bool(args.results) == bool(args.all):
+        print("error: check needs --results reports/<gpu>/results.csv, --all reports or --live", file=sys.stderr)
+        return 2
+    if args.all:
+        base = Path(args.all)
+        if not base.is_dir():
+            raise UsageError(f"check --all {args.all}: no such directory; expected the reports folder")
+        files = sorted(str(p) for p in base.glob("*/results.csv"))
+        own = base / gpu_list.FILE_NAME
+        gpus = gpu_list.load(args.gpus or (own if own.is_file() else None))
+    else:
+        files = args.results
+        gpus = gpu_list.load(args.gpus or gpu_list.find(files[0]))
+    rows = by_gpu([(gpus.of_file(f), read_results([f])) for f in files], gpus)
+    if args.all:
+        for g in gpus.current:
+            if g not in rows:
+                print(f"{g}: current, but no {Path(args.all) / g / 'results.csv'}: no evidence of it to check")
+    if not rows:
+        print(f"no {Path(args.all) / '*' / 'results.csv'}: no GPU evidence to check")
+        return 0
+    text, fails = check_gpus(rows, gpus)
+    print(text)
+    return 1 if fails else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
