@@ -180,3 +180,23 @@ def test_ci_on_the_committed_reports_gates_the_h200_and_reports_the_h100(capsys)
     assert "nvidia-h100: archived (last swept at tree" in out and "FAIL" not in out
     assert "gated on the current GPUs' evidence: nvidia-h200\n" in out and SUMMARY.match(out.splitlines()[-1])
 
+
+def test_compare_and_report_read_archived_evidence_and_mark_it(tmp_path):
+    h200 = _gpu_rows("NVIDIA H200").assign(torch_version="t", triton_version="tr", copy_gbps=1000.0)
+    h100 = _gpu_rows("NVIDIA H100 80GB HBM3").assign(torch_version="t", triton_version="tr", copy_gbps=1000.0)
+    reports = _reports(tmp_path, h200, h100)
+    out = tmp_path / "compare.md"
+    assert main(["compare", "--results", str(reports / "nvidia-h100" / "results.csv"),
+                 str(reports / "nvidia-h200" / "results.csv"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "**Archived GPU** `nvidia-h100` (last swept at tree abc1234 on 2026-11-28)" in text
+    assert "| nvidia-h100 (archived) winner us | nvidia-h200 winner us |" in text and "| softmax | 1x4096 |" in text
+    assert "`nvidia-h200`" in text and "**Archived GPU** `nvidia-h200`" not in text
+    real = pd.read_csv(ROOT / "reports/nvidia-h100/tree-dab8732/results.csv")  # real GPU rows: every column
+    real = real[(real.op == "muladd") & (real.dtype == "fp32")]
+    for gpu, marked in (("nvidia-h100", True), ("nvidia-h200", False)):
+        folder = reports / gpu
+        real.to_csv(folder / "results.csv", index=False)
+        assert main(["report", "--results", str(folder / "results.csv"), "--out", str(folder), "--command", "x"]) == 0
+        title, note = (folder / "README.md").read_text().splitlines()[:3:2]
+        assert title.startswith("# NVIDIA H") and note.startswith("**Archived GPU** (last swept at tree") == marked

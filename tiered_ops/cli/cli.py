@@ -261,7 +261,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     rendered_by = "tiered-ops report " + " ".join(args.argv)
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
-                   targets_spec=load_spec(args.targets_spec) if args.targets_spec else None)
+                   targets_spec=load_spec(args.targets_spec) if args.targets_spec else None,
+                   archived=_archived(args.results[0]))
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -341,13 +342,21 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _archived(results: str) -> str | None:
+    """The archive note of the GPU of a results file (its gpus.toml), None where the GPU is current."""
+    gpus = gpu_list.load(gpu_list.find(results))
+    a = gpus.archive(gpus.of_file(results))
+    return a.describe() if a is not None else None
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     frames = {Path(f).parent.name: read_results([f]) for f in args.results}
     out_file(args.out, "--out")
     if len(frames) < 2:
         print("error: compare needs results of at least two GPUs (reports/<gpu>/results.csv each)", file=sys.stderr)
         return 2
-    text = cross(frames, "tiered-ops compare " + " ".join(args.argv))
+    archived = {Path(f).parent.name: a for f in args.results if (a := _archived(f))}
+    text = cross(frames, "tiered-ops compare " + " ".join(args.argv), archived)
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
     return 0
