@@ -149,6 +149,15 @@ def test_the_subset_parser_reads_what_tomllib_reads_and_names_what_it_cannot():
         gpu_list.parse_subset('current = ["a"]\ncurrent = 3\n')
 
 
+def test_without_tomllib_the_file_loads_the_same(monkeypatch):
+    """Python 3.10 has no tomllib: the subset parser reads the committed file to the same GPUs."""
+    import sys
+
+    want = gpu_list.load(ROOT / "reports" / "gpus.toml")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` now raises ModuleNotFoundError
+    assert gpu_list.load(ROOT / "reports" / "gpus.toml") == want
+
+
 def test_names_and_an_unlisted_gpu():
     g = gpu_list.load(None)
     assert g.current == () and g.is_current("nvidia-h100") and g.path is None

@@ -116,7 +116,7 @@ def load(path: str | Path | None) -> Gpus:
 def _parse(text: str) -> dict[str, Any]:
     try:
         import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # Python 3.10: the subset this file uses
+    except ImportError:  # Python 3.10: the subset this file uses
         return parse_subset(text)
     try:
         return tomllib.loads(text)
