@@ -209,3 +209,13 @@ def test_compare_and_report_read_archived_evidence_and_mark_it(tmp_path):
         assert main(["report", "--results", str(folder / "results.csv"), "--out", str(folder), "--command", "x"]) == 0
         title, note = (folder / "README.md").read_text().splitlines()[:3:2]
         assert title.startswith("# NVIDIA H") and note.startswith("**Archived GPU** (last swept at tree") == marked
+
+
+def test_check_all_of_a_folder_without_evidence_and_bad_arguments(tmp_path, capsys):
+    reports = _reports(tmp_path)
+    assert main(["check", "--all", str(reports)]) == 0
+    out = capsys.readouterr().out
+    assert "nvidia-h200: current, but no" in out and "no GPU evidence to check" in out
+    assert main(["check", "--all", str(tmp_path / "missing")]) == 2
+    assert main(["check", "--all", str(reports), "--results", str(reports / "gpus.toml")]) == 2
+    assert "error: check needs --results" in capsys.readouterr().err

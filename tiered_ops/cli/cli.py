@@ -13,10 +13,9 @@ from pathlib import Path
 import torch
 
 from .. import envs
-from ..analysis import gpus as gpu_list
 from ..analysis import targets
 from ..analysis.analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
-from ..analysis.check import by_gpu, check, check_gpus, live_plan, report
+from ..analysis.check import check, live_plan, report
 from ..analysis.report import cross, render
 from ..analysis.targets import load_spec
 from ..decide.decide import select_backend, use_store
@@ -31,6 +30,7 @@ from ..sweep.shards import gpu_devices
 from ..tiers.catalog import all_ops, get_op
 from .args import build_parser, op_kwargs, protect_shapes
 from .decisions import cmd_decisions
+from .evidence import archived_note, check_files
 from .io import UsageError, out_file, read_results
 from .tune import cmd_tune
 
@@ -217,38 +217,10 @@ def cmd_check(args: argparse.Namespace) -> int:
               dev, store, progress=not args.no_progress, modes=args.mode or modes, isolate=True)
         df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
     else:
-        return _check_files(args)
+        return check_files(args)
     findings = check(df)
     print(report(findings))
     return 1 if any(f.fails for f in findings) else 0
-
-
-def _check_files(args: argparse.Namespace) -> int:
-    """check --results / --all: the current GPUs' evidence gates; the archived GPUs' is reported (gpus.toml)."""
-    if bool(args.results) == bool(args.all):
-        print("error: check needs --results reports/<gpu>/results.csv, --all reports or --live", file=sys.stderr)
-        return 2
-    if args.all:
-        base = Path(args.all)
-        if not base.is_dir():
-            raise UsageError(f"check --all {args.all}: no such directory; expected the reports folder")
-        files = sorted(str(p) for p in base.glob("*/results.csv"))
-        own = base / gpu_list.FILE_NAME
-        gpus = gpu_list.load(args.gpus or (own if own.is_file() else None))
-    else:
-        files = args.results
-        gpus = gpu_list.load(args.gpus or gpu_list.find(files[0]))
-    rows = by_gpu([(gpus.of_file(f), read_results([f])) for f in files], gpus)
-    if args.all:
-        for g in gpus.current:
-            if g not in rows:
-                print(f"{g}: current, but no {Path(args.all) / g / 'results.csv'}: no evidence of it to check")
-    if not rows:
-        print(f"no {Path(args.all) / '*' / 'results.csv'}: no GPU evidence to check")
-        return 0
-    text, fails = check_gpus(rows, gpus)
-    print(text)
-    return 1 if fails else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -262,7 +234,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
                    targets_spec=load_spec(args.targets_spec) if args.targets_spec else None,
-                   archived=_archived(args.results[0]))
+                   archived=archived_note(args.results[0]))
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -342,20 +314,13 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _archived(results: str) -> str | None:
-    """The archive note of the GPU of a results file (its gpus.toml), None where the GPU is current."""
-    gpus = gpu_list.load(gpu_list.find(results))
-    a = gpus.archive(gpus.of_file(results))
-    return a.describe() if a is not None else None
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     frames = {Path(f).parent.name: read_results([f]) for f in args.results}
     out_file(args.out, "--out")
     if len(frames) < 2:
         print("error: compare needs results of at least two GPUs (reports/<gpu>/results.csv each)", file=sys.stderr)
         return 2
-    archived = {Path(f).parent.name: a for f in args.results if (a := _archived(f))}
+    archived = {Path(f).parent.name: a for f in args.results if (a := archived_note(f))}
     text = cross(frames, "tiered-ops compare " + " ".join(args.argv), archived)
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
