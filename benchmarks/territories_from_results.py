@@ -2,12 +2,12 @@
 time over the kernel's (ratio) and the bar it must clear (1 + margin + noise, as ``tiered-ops check`` judges it).
 
 Run: python benchmarks/territories_from_results.py [--headroom 1.15] [results.csv ...] (default: the committed
-reports/nvidia-h100/results.csv and reports/nvidia-h200/results.csv). It prints, per kernel, every case with its
-figures on each file and the territory it falls in; then each declared territory with its verdict on each file;
-then the cases that clear their bar with room to spare (ratio >= headroom x bar) on every file, outside every held
-territory: candidates for a territory after the next sweep. A territory is worth declaring where its cases clear the
-bar with such room on every GPU: the evidence is measured again after each change, and a case that clears its bar
-by a few percent flips with one noisy host batch.
+reports/<gpu>/results.csv of the GPUs reports/gpus.toml names current, the evidence the territories are judged on).
+It prints, per kernel, every case with its figures on each file and the territory it falls in; then each declared
+territory with its verdict on each file; then the cases that clear their bar with room to spare (ratio >= headroom x
+bar) on every file, outside every held territory: candidates for a territory after the next sweep. A territory is
+worth declaring where its cases clear the bar with such room on every current GPU: the evidence is measured again
+after each change, and a case that clears its bar by a few percent flips with one noisy host batch.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tiered_ops.analysis.check import cases  # noqa: E402
+from tiered_ops.analysis.gpus import FILE_NAME, load  # noqa: E402
 from tiered_ops.analysis.territories import RETIRED, TERRITORIES  # noqa: E402
 
-DEFAULT = sorted(str(p) for p in Path("reports").glob("*/results.csv"))  # what CI checks
+_GPUS = load(ROOT / "reports" / FILE_NAME if (ROOT / "reports" / FILE_NAME).is_file() else None)
+DEFAULT = sorted(str(p) for p in Path("reports").glob("*/results.csv") if _GPUS.is_current(p.parent.name))  # CI's
 
 
 def judged(files: list[str]) -> pd.DataFrame:

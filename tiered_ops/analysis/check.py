@@ -21,6 +21,10 @@ cases that fall in none, are reported.
 
 The report ends with one line: ``cuda: N kernels defend M cases in T territories; K territories retired``
 (the territories that hold, their kernels and cases; the retired territories checked).
+
+Which evidence gates (``check_gpus``): that of the current GPUs (``reports/gpus.toml``, ``gpus.py``), judged together,
+each device on its own rows. An archived GPU's evidence is history: checked for information only, one line per
+stale or failing finding under a line naming it archived with the tree and the day of its last sweep; it never fails.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..decide.policy import margins
 from ..registry import OpSpec, Tier
 from ..tiers.catalog import get_op
 from .analysis import CASE, latest, unchecked, with_context
+from .gpus import Gpus
 from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
 
 COMPILER_TIERS = ("compile", "triton")
@@ -131,10 +136,11 @@ def _stale(rows: pd.DataFrame, spec: OpSpec) -> list[Finding]:
     mine = rows[rows.op == spec.name]
     for impl in (i for i in spec.impls.values() if i.tier in (Tier.CUDA, Tier.TRITON)):
         old = mine[(mine.impl == impl.name) & (mine.source_hash != impl.source_hash)]
-        if len(old):
+        gpu = old.gpu_name.where(old.gpu_name.notna(), old.device_key) if "gpu_name" in old else old.device_key
+        for name, rows_of in old.groupby(gpu, sort=True):  # the rows named by their GPU: the one to measure again
             out.append(Finding("stale", spec.name, impl.name,
-                               f"{len(old)} rows measured source {sorted(set(old.source_hash))[0]}, the tree has "
-                               f"{impl.source_hash}: measure again on the GPU (scripts/gpu.sh)"))
+                               f"{len(rows_of)} rows of {name} measured source {sorted(set(rows_of.source_hash))[0]}"
+                               f", the tree has {impl.source_hash}: measure again on the GPU (scripts/gpu.sh)"))
     return out
 
 
@@ -269,3 +275,38 @@ def report(findings: list[Finding]) -> str:
     lines.append(f"{n} failing of {len(findings)} findings" if n else f"check passed ({len(findings)} findings)")
     lines.append(summary(findings))
     return "\n".join(lines)
+
+
+def by_gpu(files: list[tuple[str, pd.DataFrame]], gpus: Gpus) -> dict[str, pd.DataFrame]:
+    """The rows of results files grouped by GPU (``files``: each file's GPU and rows): a row's ``gpu_name`` where it
+    has one (``Gpus.name``), else its file's GPU."""
+    parts = []
+    for gpu, df in files:
+        names = df.gpu_name.map(gpus.name) if "gpu_name" in df else pd.Series(None, index=df.index, dtype=object)
+        parts.append(df.assign(_gpu=names.where(names.notna(), gpu).astype(str)))
+    rows = pd.concat(parts, ignore_index=True)
+    return {g: d.drop(columns="_gpu").reset_index(drop=True) for g, d in rows.groupby("_gpu", sort=True)}
+
+
+def check_gpus(rows: dict[str, pd.DataFrame], gpus: Gpus) -> tuple[str, bool]:
+    """The report over each GPU's rows and whether it fails: the archived GPUs' findings as information (one line per
+    stale or failing finding, never failing), then the current GPUs' check, judged together, ending with its summary
+    line; the current GPUs' check alone decides."""
+    lines = []
+    for g, df in rows.items():
+        if (a := gpus.archive(g)) is not None:
+            findings = check(df)
+            lines.append(f"{g}: archived ({a.describe()}): its evidence is history, checked for information, "
+                         "never failing")
+            lines += [f"info {f.op} {f.impl} [{f.kind}]: {f.text.splitlines()[0].rstrip(':')}" for f in findings
+                      if f.fails]
+            lines.append(f"{g} (archived): {summary(findings)}")
+    current = [g for g in rows if gpus.is_current(g)]
+    if not current:
+        listed = ", ".join(gpus.current) or "none listed"
+        lines.append(f"no evidence of a current GPU (current: {listed}) in these results: nothing gated")
+        return "\n".join(lines), False
+    findings = check(pd.concat([rows[g] for g in current], ignore_index=True))
+    lines.append(f"gated on the current GPUs' evidence: {', '.join(current)}")
+    lines.append(report(findings))
+    return "\n".join(lines), any(f.fails for f in findings)

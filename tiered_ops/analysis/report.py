@@ -223,11 +223,12 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
 def render(results: list[str | Path], out: str | Path, meta: str | Path | None, command: str,
            rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None,
            targets: dict[str, pd.DataFrame | None] | None = None,
-           targets_spec: dict | None = None) -> list[Path]:
+           targets_spec: dict | None = None, archived: str | None = None) -> list[Path]:
     """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
     results of a second sweep on the same GPU, for the agreement rate. ``targets_spec`` (``targets.load_spec``)
     asks for the speed targets section; ``targets``: the grid, picks and dispatch tables of ``tiered-ops targets
-    --live`` for the targets measured there."""
+    --live`` for the targets measured there. ``archived``: the GPU is archived (``gpus.Archived.describe()``): a
+    note under the title says so."""
     df, metas = load(results, meta)
     again = load(repeat)[0] if repeat else None
     out = Path(out)
@@ -242,6 +243,10 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
     df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
     again = latest(again) if again is not None else None
     text = markdown(df, metas, command, rendered_by, again)
+    if archived:
+        title, rest = text.split("\n", 1)
+        text = f"{title}\n\n**Archived GPU** ({archived}): this evidence is history, read and reported, never " \
+               f"gating CI (`reports/gpus.toml`).\n{rest}"
     if targets_spec is not None:
         t = targets or {}
         text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
@@ -250,10 +255,11 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
 
 
 # ---------------------------------------------------------------------------------------------- cross-GPU view
-def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
+def cross(frames: dict[str, pd.DataFrame], rendered_by: str, archived: dict[str, str] | None = None) -> str:
     """``reports/README.md``: per (op, problem, dtype, mode) the winner on each GPU, where they differ, and the
     speed ratio between GPUs (winner's time on the first GPU over the other's); a "what we learned" section
-    computed from the same tables."""
+    computed from the same tables. ``archived``: GPU -> its archive note (``gpus.Archived.describe()``), marked so."""
+    archived = archived or {}
     frames = {g: latest(df) for g, df in frames.items()}
     names = list(frames)
     wins = {g: winners(df).set_index(["op", "problem", "dtype", "mode"]) for g, df in frames.items()}
@@ -264,6 +270,8 @@ def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
                  f"`{g}`: {first[g].gpu_name}, torch {first[g].torch_version}, Triton {first[g].triton_version}, "
                  f"{len(frames[g])} measurements" for g in names) + ").  ",
              f"Rendered by: `{rendered_by}`", ""]
+    lines += [f"**Archived GPU** `{g}` ({a}): its evidence is history, shown here, never gating CI "
+              "(`reports/gpus.toml`).  " for g, a in archived.items() if g in frames] + ([""] if archived else [])
     rows, differ, ratios = [], [], []
     for k in keys:
         ws = [wins[g].loc[k] for g in names]
@@ -303,6 +311,7 @@ def cross(frames: dict[str, pd.DataFrame], rendered_by: str) -> str:
             f"{k[0]} {k[1].split(',')[0]} {k[2]} {k[3]}: " + " vs ".join(f"{w.winner} ({w.margin:.2f}x)" for w in ws)
             for k, ws in differ[:12]) + ("; ..." if len(differ) > 12 else "") + ".")
     lines += learned + ["", "## Winner per GPU", "",
-                        "| op | shape | dtype | mode | " + " | ".join(f"{g} winner us" for g in names)
+                        "| op | shape | dtype | mode | " + " | ".join(
+                            f"{g}{' (archived)' if g in archived else ''} winner us" for g in names)
                         + " | winner | time ratio |", "|---|---|---|---|" + "---|" * len(names) + "---|---|"]
     return "\n".join(lines + rows) + "\n"

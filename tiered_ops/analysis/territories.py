@@ -208,7 +208,8 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
              "(`tiered_ops/analysis/territories.json`): inside "
              "one it must beat the best compiler tier (torch.compile, Triton) by its "
              f"{100 * DEFAULT_MARGINS['cuda']:.0f} % margin beyond the noise, or `tiered-ops check` fails (CI checks "
-             "every committed `reports/<gpu>/results.csv`). Everywhere else the compiler tiers are the answer. The "
+             "the `reports/<gpu>/results.csv` of the GPUs `reports/gpus.toml` names current; an archived GPU's "
+             "evidence is reported, never failing). Everywhere else the compiler tiers are the answer. The "
              "check compares with the compiler tiers only: where plain eager is faster still, selection picks eager.",
              ""]
     if held:

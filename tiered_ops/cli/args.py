@@ -207,7 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories (tiered_ops/territories.py)"
                          ", or its evidence is stale", device, progress)
-    s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h100/results.csv")
+    s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h200/results.csv: "
+                                                "a current GPU's rows gate, an archived GPU's are information")
+    s.add_argument("--all", metavar="DIR", help="every DIR/<gpu>/results.csv (CI: --all reports), with DIR/gpus.toml")
+    s.add_argument("--gpus", metavar="FILE", help="the current and archived GPUs (default: the gpus.toml of the "
+                                                  "results' folder, e.g. reports/gpus.toml; none: every GPU current)")
     s.add_argument("--live", action="store_true", help="measure the default problems inside the territories now on "
                                                        "this GPU, then check")
     _listed(s, "dtype", _dtypes, "--live: comma-separated dtypes (default: the territories')")

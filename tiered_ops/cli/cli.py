@@ -30,6 +30,7 @@ from ..sweep.shards import gpu_devices
 from ..tiers.catalog import all_ops, get_op
 from .args import build_parser, op_kwargs, protect_shapes
 from .decisions import cmd_decisions
+from .evidence import archived_note, check_files
 from .io import UsageError, out_file, read_results
 from .tune import cmd_tune
 
@@ -216,10 +217,7 @@ def cmd_check(args: argparse.Namespace) -> int:
               dev, store, progress=not args.no_progress, modes=args.mode or modes, isolate=True)
         df = pd.DataFrame(store.rows(device_key=fingerprint(dev).key))
     else:
-        if not args.results:
-            print("error: check needs --results reports/<gpu>/results.csv or --live", file=sys.stderr)
-            return 2
-        df = read_results(args.results)
+        return check_files(args)
     findings = check(df)
     print(report(findings))
     return 1 if any(f.fails for f in findings) else 0
@@ -235,7 +233,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     rendered_by = "tiered-ops report " + " ".join(args.argv)
     files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
-                   targets_spec=load_spec(args.targets_spec) if args.targets_spec else None)
+                   targets_spec=load_spec(args.targets_spec) if args.targets_spec else None,
+                   archived=archived_note(args.results[0]))
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -321,7 +320,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(frames) < 2:
         print("error: compare needs results of at least two GPUs (reports/<gpu>/results.csv each)", file=sys.stderr)
         return 2
-    text = cross(frames, "tiered-ops compare " + " ".join(args.argv))
+    archived = {Path(f).parent.name: a for f in args.results if (a := archived_note(f))}
+    text = cross(frames, "tiered-ops compare " + " ".join(args.argv), archived)
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
     return 0
