@@ -234,13 +234,15 @@ def test_cli_exit_codes_and_the_last_line(tmp_path, capsys, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the committed table
 def test_the_training_run_evidence_is_stale():
-    """The training run (reports/nvidia-h100/training) measured kernel sources that have changed since."""
-    assert main(["check", "--results", str(ROOT / "reports/nvidia-h100/training/results.csv")]) == 1
+    """The H100's training run (reports/nvidia-h100/training until 11799ea; its results kept in tests/data) measured
+    kernel sources that have changed since."""
+    assert main(["check", "--results", str(ROOT / "tests/data/h100-training-results.csv.xz")]) == 1
 
 
 COMMITTED = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("reports/*/results.csv"))  # what CI checks
-# The last H100 sweep, kept beside its GPU's folder once the sources moved on: real rows for the crafted evidence.
-LAST_H100 = ROOT / "reports/nvidia-h100/tree-dab8732/results.csv"
+# The first H100 sweep (reports/nvidia-h100/tree-dab8732 until 11799ea), kept in tests/data: real rows for the crafted
+# evidence.
+LAST_H100 = ROOT / "tests/data/h100-dab8732-results.csv"
 
 
 @pytest.mark.parametrize("csv", COMMITTED or [pytest.param(None, marks=pytest.mark.skip(
