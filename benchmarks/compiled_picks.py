@@ -6,7 +6,8 @@ No gate runs and nothing is measured: each implementation counts as available on
 where their source is the current one (as ``_decide`` reads them).
 
     bash scripts/gpu_state.sh 11799ea:reports/nvidia-h100/models/store-ad1e7a0.sqlite   # the store, from history
-    python benchmarks/compiled_picks.py .gpu_state/11799ea/reports/nvidia-h100/models/store-ad1e7a0.sqlite --mode fwd+bwd
+    python benchmarks/compiled_picks.py .gpu_state/11799ea/reports/nvidia-h100/models/store-ad1e7a0.sqlite \
+        --mode fwd+bwd
 """
 
 from __future__ import annotations
