@@ -149,12 +149,13 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
 def _cases(df: pd.DataFrame, w: pd.DataFrame, d: pd.DataFrame) -> str:
     lines = [f"# {df.iloc[0].gpu_name}: the winner of each case", "",
              "Rendered with `README.md` from `results.csv`; a margin is the runner-up's time over the winner's, "
-             "**tie** where their p20-p80 ranges overlap."]
+             "**tie** where their p20-p80 ranges overlap. The fastest peer is shown beside ours (never chosen); "
+             "(edge) marks one that fails an edge case it does not claim, timed where it is correct."]
     for op in dict.fromkeys(df.op):
         lines += ["", f"## {op}", "", f"![GB/s per implementation]({op}-gbps.png)", "",
                   "| problem | dtype | mode | winner | us/call | margin | runner-up | "
-                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 | fastest peer us |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (w[w.op == op] if len(w) else w).itertuples():
             dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
             dr = dec.iloc[0] if len(dec) else None
@@ -165,8 +166,16 @@ def _cases(df: pd.DataFrame, w: pd.DataFrame, d: pd.DataFrame) -> str:
                          f"{_f(r.runner_p20, '.1f')}-{_f(r.runner_p80, '.1f')} | "
                          f"{dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
-                         f"{dr.cold_start_1000 if dr is not None else '-'} |")
+                         f"{dr.cold_start_1000 if dr is not None else '-'} | {_peer(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _peer(r: object) -> str:
+    peer = getattr(r, "peer", None)
+    if not _said(peer):
+        return "-"
+    edge = " (edge)" if getattr(r, "peer_edge_only", False) else ""
+    return f"{peer} {_f(getattr(r, 'peer_us', None), '.1f')}{edge}"
 
 
 def _measurements(df: pd.DataFrame, metas: dict) -> str:
