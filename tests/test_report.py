@@ -246,3 +246,17 @@ def test_each_committed_gpu_report_is_short_and_opens_with_the_summary(readme):
     ops = set(pd.read_csv(readme.parent / "results.csv", usecols=["op"]).op)
     assert all(f"| [{op}](cases.md#{op}) |" in text for op in ops)
     assert (readme.parent / "cases.md").is_file()
+
+
+def test_the_picture_outlines_a_cuda_winner_inside_a_territory_it_holds():
+    from tiered_ops.analysis.summary import in_territory
+
+    rows = [_case("softmax", "512x393216,dim=-1", "bf16", "fwd_nograd", "cuda", 100.0),  # softmax.giant-rows
+            _case("softmax", "512x393216,dim=-1", "bf16", "fwd_nograd", "triton", 140.0),
+            _case("softmax", "32x4096,dim=-1", "bf16", "fwd_nograd", "cuda", 5.0),  # small rows: given up
+            _case("softmax", "32x4096,dim=-1", "bf16", "fwd_nograd", "triton", 6.0),
+            _case("softmax", "512x393216,dim=-1", "fp32", "fwd_nograd", "triton", 90.0),  # inside, not won by cuda
+            _case("softmax", "512x393216,dim=-1", "fp32", "fwd_nograd", "cuda", 95.0)]
+    w = winners(pd.DataFrame(rows))
+    assert dict(zip(w.problem + " " + w.dtype, in_territory(w))) == {
+        "512x393216,dim=-1 bf16": True, "32x4096,dim=-1 bf16": False, "512x393216,dim=-1 fp32": False}

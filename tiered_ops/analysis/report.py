@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..store.store import COLUMN_NAMES
 from .analysis import decisions, latest, winners
-from .summary import margin_label, row_labels, summary
+from .summary import in_territory, margin_label, row_labels, summary
 from .targets import render as render_targets
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
@@ -237,15 +237,18 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
     w = winners(df)
     if len(w):
         from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Rectangle
 
         tiers = list(TIER_COLORS)
         rows = list(dict.fromkeys(zip(w.op, w.problem)))
         cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
         grid = [[math.nan] * len(cols) for _ in rows]
         fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
-        for r in w.itertuples():
+        for r, held in zip(w.itertuples(), in_territory(w)):
             i, j = rows.index((r.op, r.problem)), cols.index((r.dtype, r.mode))
             grid[i][j] = tiers.index(r.tier)
+            if held:  # a CUDA kernel inside a territory it defends (tiered-ops check)
+                ax.add_patch(Rectangle((j - 0.46, i - 0.44), 0.92, 0.88, fill=False, ec="black", lw=1.6))
             label = margin_label(r.margin, r.tie)
             ax.text(j, i, f"{r.winner}\n{label}", ha="center", va="center", fontsize=5.5, color="white")
         ax.imshow(grid, cmap=ListedColormap([TIER_COLORS[t] for t in tiers]), vmin=-0.5, vmax=len(tiers) - 0.5,
@@ -254,7 +257,8 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_xticklabels([f"{d}\n{m}" for d, m in cols], fontsize=7)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels(row_labels(rows), fontsize=7)
-        ax.set_title("winner per case (color = tier; margin over the runner-up, or tie)", fontsize=9)
+        ax.set_title("winner per case: colour = tier, text = margin over the runner-up (or tie);\n"
+                     "outlined = a CUDA kernel inside a territory it defends", fontsize=9)
         for t in tiers:
             ax.plot([], [], "s", color=TIER_COLORS[t], label=t)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from .check import check
+from .territories import RETIRED, TERRITORIES, rows_and_len
 
 TIERS = ("eager", "compile", "triton", "cuda")
 # the cases whose winners are held to the copy limit: those moving at least this many bytes (launch-bound cases are
@@ -83,7 +84,7 @@ def summary(w: pd.DataFrame, df: pd.DataFrame) -> list[str]:
               f"median over the cases moving at least {LARGE_BYTES >> 20} MiB of the winner's bytes moved over its "
               "kernel time, against the copy bandwidth measured in the same run; "
               "a territory is a region where a CUDA kernel must beat the compiler tiers by its margin "
-              "(`tiered-ops check`)."]
+              "(`tiered-ops check`); the picture outlines the cells a CUDA kernel wins inside one."]
     return lines
 
 
@@ -108,4 +109,19 @@ def row_labels(cases: list[tuple[str, str]]) -> list[str]:
         shared = set.intersection(*(set(t[1:]) for t in twins))
         extra = ",".join(x for x in parts(problem)[1:] if x not in shared)
         out.append(f"{op} {shape} {extra[:28]}".rstrip())
+    return out
+
+
+def in_territory(w: pd.DataFrame) -> list[bool]:
+    """Per winner (``analysis.winners``), whether it is a CUDA kernel inside a territory it holds (declared, not
+    retired): the picture outlines those cells."""
+    held = [t for t in TERRITORIES if t.name not in RETIRED]
+    out = []
+    for r in w.itertuples():
+        mine = [t for t in held if t.op == r.op and t.impl == r.winner] if r.tier == "cuda" else []
+        try:
+            rows, row_len = rows_and_len(r.op, r.problem) if mine else (0, 0)
+        except ValueError:
+            mine = []
+        out.append(any(t.contains(rows, row_len, r.dtype, r.mode, "eager", r.problem) for t in mine))
     return out
