@@ -5,7 +5,9 @@ caller time) beside the pick by caller time alone, with each implementation's ke
 No gate runs and nothing is measured: each implementation counts as available on the store's device, and rows count
 where their source is the current one (as ``_decide`` reads them).
 
-    python benchmarks/compiled_picks.py reports/nvidia-h100/models/store-ad1e7a0.sqlite --mode fwd+bwd
+    bash scripts/gpu_state.sh 11799ea:reports/nvidia-h100/models/store-ad1e7a0.sqlite   # the store, from history
+    python benchmarks/compiled_picks.py .gpu_state/11799ea/reports/nvidia-h100/models/store-ad1e7a0.sqlite \
+        --mode fwd+bwd
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GB/s of each tier per mode from a results CSV (``tiered-ops export``), as Markdown: one table per mode.
 
-    python benchmarks/mode_table.py reports/nvidia-h100/training/results.csv [--modes fwd_nograd,fwd+bwd]
+    python benchmarks/mode_table.py reports/nvidia-h200/results.csv [--modes fwd_nograd,fwd+bwd]
 
 Every figure is a kernel median from that file; a cell is empty where the implementation failed the gate
 (the reason is in the CSV) and marked * where it won its (problem, dtype, mode) on per-call time.

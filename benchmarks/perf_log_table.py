@@ -12,8 +12,8 @@ import subprocess
 
 import pandas as pd
 
-RUNS = {"v1 (training run)": "reports/nvidia-h100/training/results.csv",
-        "v2a (call 2)": "reports/nvidia-h100/v2a-call2/results.csv",
+RUNS = {"v1 (training run)": "11799ea:reports/nvidia-h100/training/results.csv",
+        "v2a (call 2)": "11799ea:reports/nvidia-h100/v2a-call2/results.csv",
         "v2b (calls 3+4)": "7d92ff7:reports/nvidia-h100/results.csv"}
 
 

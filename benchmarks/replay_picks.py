@@ -12,10 +12,11 @@ buckets into it first: cross_entropy 1x4096 was the nearest bucket of 1x32000 th
 recorded pick for that reason alone. Compare the replays of two trees (run this file at each), not a replay with the
 recorded picks: that says how the prediction moved, not what a run on the GPU will read.
 
-    xz -dk reports/nvidia-h100/sweep-5454260/store.sqlite.xz    # a superseded sweep's store is kept compressed
-    python benchmarks/replay_picks.py --store reports/nvidia-h100/sweep-5454260/store.sqlite \
+    bash scripts/gpu_state.sh 11799ea:reports/nvidia-h100/sweep-5454260/store.sqlite.xz   # a superseded sweep's
+    git restore --source=11799ea -- reports/nvidia-h100/targets/tree-5454260           # store and grid, from history
+    python benchmarks/replay_picks.py --store .gpu_state/11799ea/reports/nvidia-h100/sweep-5454260/store.sqlite \
         --targets reports/nvidia-h100/targets/tree-5454260
-    python benchmarks/replay_picks.py --tuned --targets reports/nvidia-h200/targets/tree-eb57bd2
+    python benchmarks/replay_picks.py --tuned --targets reports/nvidia-h200/targets
 """
 
 from __future__ import annotations

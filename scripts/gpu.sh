@@ -4,6 +4,7 @@
 # everything under $OUT (keep it to at most 8 files: a job that brings back more may lose them). The store itself comes
 # back as $OUT/store.sqlite; RESUME_DB=path/to/store.sqlite (a carried copy of it) starts from it, so a sweep
 # cut by the 10-minute limit goes on in the next call on a fresh machine (export meta.jsonl from it locally).
+# RESUME_DB=<commit>:<path> resumes from a store in git history (scripts/gpu_state.sh; carry .gpu_state to a device).
 #   device run:   bash scripts/gpu.sh            (stages: build ptxas tests bench bench2 info; pick with args;
 #                 also: sanitize (compute-sanitizer on every CUDA kernel), plants (a sweep with planted faulty kernels),
 #                 targets (the regret grid and the dispatch cost, decided from bench's store), pack (logs into logs.tar.gz: 8 files come back),
@@ -77,9 +78,16 @@ unset PYTHONDONTWRITEBYTECODE
 export TIERED_OPS_DB=${TIERED_OPS_DB:-$OUT/store.sqlite}
 export TIERED_OPS_BUILD_DIR=${TIERED_OPS_BUILD_DIR:-/tmp/tiered_ops_build}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ -n "${RESUME_DB:-}" ] && [ ! -f "$RESUME_DB" ] && [[ $RESUME_DB == *:* ]]; then
+  # <commit>:<path>: a store in git history (a superseded sweep's, no longer in reports/), unpacked under .gpu_state/
+  # by scripts/gpu_state.sh, or found there when the call carries .gpu_state (a device machine has no history)
+  state=$(bash scripts/gpu_state.sh "$RESUME_DB") || exit 2
+  echo "RESUME_DB=$RESUME_DB: ${state#RESUME_DB=}"
+  RESUME_DB=${state#RESUME_DB=}
+fi
 if [ -n "${RESUME_DB:-}" ]; then
-  [ -f "$RESUME_DB" ] || { echo "RESUME_DB=$RESUME_DB: no such file (carry it)"; exit 2; }
-  # a store kept xz-compressed in reports/ (a superseded sweep's) is unpacked here
+  [ -f "$RESUME_DB" ] || { echo "RESUME_DB=$RESUME_DB: no such file (carry it, or give <commit>:<path>)"; exit 2; }
+  # a store kept xz-compressed is unpacked here
   case $RESUME_DB in
     *.xz) xz -dc "$RESUME_DB" > "$TIERED_OPS_DB" ;;
     *) cp "$RESUME_DB" "$TIERED_OPS_DB" ;;

@@ -235,10 +235,11 @@ def test_cli_exit_codes_and_the_last_line(tmp_path, capsys, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the committed table
 def test_the_training_run_evidence_is_stale_and_the_h100s_so_never_fails(tmp_path, capsys):
-    """The training run (reports/nvidia-h100/training) measured kernel sources that have changed since: stale. It is
-    the H100's, an archived GPU (reports/gpus.toml): information, exit 0; with the H100 current it would fail."""
-    training = str(ROOT / "reports/nvidia-h100/training/results.csv")
-    assert main(["check", "--results", training]) == 0
+    """The H100's training run (reports/nvidia-h100/training until 11799ea; its results kept in tests/data) measured
+    kernel sources that have changed since: stale. It is the H100's, an archived GPU (reports/gpus.toml): information,
+    exit 0; with the H100 current it fails."""
+    training = str(ROOT / "tests/data/h100-training-results.csv.xz")
+    assert main(["check", "--results", training, "--gpus", str(ROOT / "reports" / "gpus.toml")]) == 0
     out = capsys.readouterr().out
     assert "nvidia-h100: archived (last swept at tree" in out and "info softmax cuda [stale]: " in out
     current = tmp_path / "gpus.toml"
@@ -250,8 +251,9 @@ GPUS = gpus.load(ROOT / "reports" / "gpus.toml")
 # what CI gates: the current GPUs' results (the archived ones' are reported, never failing)
 COMMITTED = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("reports/*/results.csv")
                    if GPUS.is_current(p.parent.name))
-# The last H100 sweep, kept beside its GPU's folder once the sources moved on: real rows for the crafted evidence.
-LAST_H100 = ROOT / "reports/nvidia-h100/tree-dab8732/results.csv"
+# The first H100 sweep (reports/nvidia-h100/tree-dab8732 until 11799ea), kept in tests/data: real rows for the crafted
+# evidence.
+LAST_H100 = ROOT / "tests/data/h100-dab8732-results.csv"
 
 
 @pytest.mark.parametrize("csv", COMMITTED or [pytest.param(None, marks=pytest.mark.skip(

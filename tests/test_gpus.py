@@ -201,7 +201,7 @@ def test_compare_and_report_read_archived_evidence_and_mark_it(tmp_path):
     assert "**Archived GPU** `nvidia-h100` (last swept at tree abc1234 on 2026-11-28)" in text
     assert "| nvidia-h100 (archived) winner us | nvidia-h200 winner us |" in text and "| softmax | 1x4096 |" in text
     assert "`nvidia-h200`" in text and "**Archived GPU** `nvidia-h200`" not in text
-    real = pd.read_csv(ROOT / "reports/nvidia-h100/tree-dab8732/results.csv")  # real GPU rows: every column
+    real = pd.read_csv(ROOT / "tests/data/h100-dab8732-results.csv")  # real GPU rows: every column
     real = real[(real.op == "muladd") & (real.dtype == "fp32")]
     for gpu, marked in (("nvidia-h100", True), ("nvidia-h200", False)):
         folder = reports / gpu

@@ -21,15 +21,17 @@ def test_report_from_a_real_cpu_bench(private_store, tmp_path, capsys):
     assert main(["report", "--results", str(csv), "--meta", str(meta), "--out", str(out),
                  "--command", "tiered-ops bench --ops muladd ..."]) == 0
     text = (out / "README.md").read_text()
+    cases = (out / "cases.md").read_text()
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns) == ["id", *COLUMN_NAMES] and len(df) == 8  # 2 shapes x 2 modes x 2 impls
     w = winners(df)
     assert len(w) == 4
     for r in w.itertuples():  # every winner in the Markdown, with its margin (or tie) and time from the CSV
         margin = "tie" if r.tie else f"{r.margin:.2f}x"
-        assert f"| {r.problem} | fp32 | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} |" in text
+        assert f"| {r.problem} | fp32 | {r.mode} | **{r.winner}** | {r.caller_us:.1f} | {margin} |" in cases
         assert r.p20 <= r.caller_us <= r.p80 and r.runner_p20 <= r.runner_p80  # and both spreads beside it
-        assert f"| {r.runner_up} | {r.p20:.1f}-{r.p80:.1f} / {r.runner_p20:.1f}-{r.runner_p80:.1f} |" in text
+        assert f"| {r.runner_up} | {r.p20:.1f}-{r.p80:.1f} / {r.runner_p20:.1f}-{r.runner_p80:.1f} |" in cases
+    assert "| eager_addcmul | " in (out / "measurements.md").read_text()  # 8 measurements: a small page
     assert "Measured by: `tiered-ops bench --ops muladd ...`" in text and "torch " in text
     assert "Rendered by: `tiered-ops report --results" in text
     for png in ("muladd-gbps.png", "winners.png"):
@@ -118,13 +120,13 @@ def test_a_host_bound_margin_inside_the_host_spread_is_a_tie():
 def test_the_report_shows_peak_memory_where_the_results_carry_it(tmp_path):
     """GPU rows carry the bytes one call allocates above its inputs: the report shows them in MiB; results without
     them (CPU rows, older files) render as before, with no such column."""
-    last_h100 = ROOT / "reports/nvidia-h100/tree-dab8732/results.csv"  # real GPU rows, whatever tree they measured
+    last_h100 = ROOT / "tests/data/h100-dab8732-results.csv"  # real GPU rows, whatever tree they measured
     df = pd.read_csv(last_h100)
     assert df.peak_bytes.notna().all()
     out = tmp_path / "with"
     assert main(["report", "--results", str(last_h100), "--out", str(out),
                  "--command", "x", "--no-csv"]) == 0
-    text = (out / "README.md").read_text()
+    text = (out / "measurements.md").read_text()  # 240 measurements: still a small page
     assert "| rel err | peak MiB | breaks |" in text
     r = df[(df.op == "softmax") & (df.impl == "eager") & (df.dtype == "bf16") & (df["mode"] == "fwd_nograd")
            & df.problem.str.startswith("16384x4096")].iloc[0]
@@ -132,7 +134,7 @@ def test_the_report_shows_peak_memory_where_the_results_carry_it(tmp_path):
     csv = tmp_path / "no_peak.csv"
     df.drop(columns=["peak_bytes"]).to_csv(csv, index=False)
     assert main(["report", "--results", str(csv), "--out", str(tmp_path / "without"), "--command", "x"]) == 0
-    assert "peak MiB" not in (tmp_path / "without" / "README.md").read_text()
+    assert "peak MiB" not in (tmp_path / "without" / "measurements.md").read_text()
 
 
 def test_a_runner_up_timed_but_never_gated_is_shown_as_such(tmp_path):
@@ -160,7 +162,7 @@ def test_a_runner_up_timed_but_never_gated_is_shown_as_such(tmp_path):
 def test_a_resumed_store_reports_each_case_from_its_newest_rows(tmp_path):
     """A sweep resumed after a kernel changed exports the stale rows beside the fresh ones: the report's figures and
     plots read each case's newest row per implementation (two rows of one case used to break the plots)."""
-    df = pd.read_csv(ROOT / "reports/nvidia-h100/tree-dab8732/results.csv")  # real GPU rows, one per case and impl
+    df = pd.read_csv(ROOT / "tests/data/h100-dab8732-results.csv")  # real GPU rows, one per case and impl
     assert len(latest(df)) == len(df)
     w = winners(df)
     case = w[~w.tie].iloc[0]
@@ -177,3 +179,84 @@ def test_a_resumed_store_reports_each_case_from_its_newest_rows(tmp_path):
     assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
     assert f"; {len(df)} measurements;" in (out / "README.md").read_text()
     assert (out / f"{case['op']}-gbps.png").stat().st_size > 0
+
+
+def _case(op, problem, dtype, mode, impl, us, gbps=None, spread=0.02):
+    tier = impl.split("_")[0]
+    return dict(op=op, impl=impl, tier=tier, mode=mode, problem=problem, dtype=dtype, ok=1, caller_us=us, p50_us=us,
+                p20_us=us * (1 - spread / 2), p80_us=us * (1 + spread / 2), gbps=gbps,
+                copy_gbps=1000.0, frac_copy=None if gbps is None else gbps / 1000.0, gpu_name="GPU X",
+                torch_version="t", triton_version="tr", cuda_version="c", device_key="x", source_hash="h",
+                timestamp=1.0, first_call_s=0.1, host_us=1.0, host_p20_us=1.0, host_p80_us=1.0, reason="",
+                rel_error=0.0, context="eager")
+
+
+def test_the_summary_opens_the_report_with_the_picture_and_the_winners_per_op(tmp_path):
+    """The README opens with the picture, then per op the cases each tier wins, the ties, and the winners' fraction
+    of the copy bandwidth over the cases moving at least 64 MiB (the lowest named); the tables go to cases.md."""
+    big, mib = "16384x4096", 128 << 20  # 128 MiB moved: gbps * us * 1e3 bytes
+    rows = [_case("muladd", big, "bf16", "fwd_nograd", "eager", 200.0, mib / 200e3),
+            _case("muladd", big, "bf16", "fwd_nograd", "triton", 160.0, mib / 160e3),   # triton 1.25x
+            _case("muladd", big, "fp32", "fwd_nograd", "eager", 400.0, mib / 400e3),
+            _case("muladd", big, "fp32", "fwd_nograd", "cuda", 200.0, mib / 200e3),     # cuda 2x
+            _case("muladd", "1x4096", "bf16", "fwd_nograd", "eager", 5.0, 1.0),        # launch-bound: no % of copy
+            _case("muladd", "1x4096", "bf16", "fwd_nograd", "compile", 5.01, 1.0),     # a tie
+            _case("softmax", big, "bf16", "fwd+bwd", "compile", 100.0, mib / 100e3),
+            _case("softmax", big, "bf16", "fwd+bwd", "eager", 300.0, mib / 300e3)]
+    csv = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    out = tmp_path / "report"
+    assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
+    text = (out / "README.md").read_text()
+    lines = text.splitlines()
+    picture = lines.index("![winning tier per case](winners.png)")
+    assert picture < 10 and not any(x.startswith("|") for x in lines[:picture])  # the picture before any table
+    w = winners(pd.DataFrame(rows))
+    assert set(zip(w.op, w.problem, w.dtype, w.winner, w.tie)) == {
+        ("muladd", big, "bf16", "triton", False), ("muladd", big, "fp32", "cuda", False),
+        ("muladd", "1x4096", "bf16", "eager", True), ("softmax", big, "bf16", "compile", False)}
+    muladd = next(x for x in lines if x.startswith("| [muladd](cases.md#muladd) |"))
+    cells = [c.strip() for c in muladd.split("|")[1:-1]]
+    # cases, eager, compile, triton, cuda, ties, % of copy fwd_nograd, % of copy fwd+bwd, territories
+    assert cells[1:7] == ["3", "1", "0", "1", "1", "1"]
+    fp32 = 100 * mib / 200e3 / 1000  # the winners' own fractions: cuda's at fp32, triton's at bf16
+    bf16 = 100 * mib / 160e3 / 1000
+    assert cells[7] == (f"{(fp32 + bf16) / 2:.0f} % (lowest {min(fp32, bf16):.0f} %: "
+                        f"{'cuda' if fp32 < bf16 else 'triton'} {big} {'fp32' if fp32 < bf16 else 'bf16'}; 2 cases)")
+    assert cells[8] == "-"  # muladd has no fwd+bwd case
+    softmax = next(x for x in lines if x.startswith("| [softmax](cases.md#softmax) |"))
+    assert [c.strip() for c in softmax.split("|")[1:-1]][1:7] == ["1", "0", "1", "0", "0", "0"]
+    assert "| 16384x4096 | bf16 | fwd_nograd | **triton** | 160.0 | 1.25x | eager |" in (out / "cases.md").read_text()
+    assert "![winning tier per case]" not in (out / "cases.md").read_text()
+    assert (out / "winners.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+README_MAX = 40_000
+COMMITTED_READMES = sorted(ROOT.glob("reports/*/README.md"))
+
+
+@pytest.mark.parametrize("readme", COMMITTED_READMES, ids=[p.parent.name for p in COMMITTED_READMES])
+def test_each_committed_gpu_report_is_short_and_opens_with_the_summary(readme):
+    """A person reads each GPU's README: at most 40 KB, the summary picture within its first lines, and every op of
+    its results.csv in the summary table."""
+    text = readme.read_text()
+    assert len(text.encode()) <= README_MAX
+    head = text.splitlines()[:12]
+    assert "![winning tier per case](winners.png)" in head and (readme.parent / "winners.png").is_file()
+    ops = set(pd.read_csv(readme.parent / "results.csv", usecols=["op"]).op)
+    assert all(f"| [{op}](cases.md#{op}) |" in text for op in ops)
+    assert (readme.parent / "cases.md").is_file()
+
+
+def test_the_picture_outlines_a_cuda_winner_inside_a_territory_it_holds():
+    from tiered_ops.analysis.summary import in_territory
+
+    rows = [_case("softmax", "512x393216,dim=-1", "bf16", "fwd_nograd", "cuda", 100.0),  # softmax.giant-rows
+            _case("softmax", "512x393216,dim=-1", "bf16", "fwd_nograd", "triton", 140.0),
+            _case("softmax", "32x4096,dim=-1", "bf16", "fwd_nograd", "cuda", 5.0),  # small rows: given up
+            _case("softmax", "32x4096,dim=-1", "bf16", "fwd_nograd", "triton", 6.0),
+            _case("softmax", "512x393216,dim=-1", "fp32", "fwd_nograd", "triton", 90.0),  # inside, not won by cuda
+            _case("softmax", "512x393216,dim=-1", "fp32", "fwd_nograd", "cuda", 95.0)]
+    w = winners(pd.DataFrame(rows))
+    assert dict(zip(w.problem + " " + w.dtype, in_territory(w))) == {
+        "512x393216,dim=-1 bf16": True, "32x4096,dim=-1 bf16": False, "512x393216,dim=-1 fp32": False}

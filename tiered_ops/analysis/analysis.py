@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..decide.policy import DEFAULT_CALLS, choose
 from ..registry import DTYPES, GRAD_MODES
-from ..store.rows import PRUNED, UNGATED, caller_range, contended, overlap
+from ..store.rows import EDGE_ONLY, PRUNED, UNGATED, caller_range, contended, overlap
 from ..tiers.catalog import get_op
 
 # A measured case: one row per implementation of it in ``latest``.
@@ -44,16 +44,20 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
     and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
     (``p20``/``p80``, ``runner_p20``/``runner_p80``), ``tie`` when those ranges overlap, the
-    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time.
+    speed-up over the best eager implementation, and the fastest peer (never a winner) with its time
+    (``peer_edge_only``: that peer fails an edge case it does not claim, timed where it is correct).
 
     The runner-up may be a row timed but never gated (a sweep gates a compiled tier only where a choice would take
     it) or pruned after a short timing: ``runner_unchecked`` then says which ("not gated", "pruned"), as the
     report shows it; the winner is always a row that passed its gate."""
     late = unchecked(df)
-    timed = df.assign(unchecked=late)[df.caller_us.notna() & ((df.ok == 1) | late.notna())]
+    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
+    edge_only = (df.tier == "peer") & (df.ok != 1) & why.str.startswith(EDGE_ONLY)
+    timed = df.assign(unchecked=late, edge_only=edge_only)[df.caller_us.notna() & ((df.ok == 1) | late.notna()
+                                                                                  | edge_only)]
     out = []
     for (op, problem, dtype, mode), g in timed.groupby(["op", "problem", "dtype", "mode"], sort=False):
-        peers = g[(g.tier == "peer") & (g.ok == 1)].sort_values("caller_us")
+        peers = g[(g.tier == "peer") & ((g.ok == 1) | g.edge_only)].sort_values("caller_us")
         g = g[g.tier != "peer"].sort_values("caller_us")
         correct = g[g.ok == 1]
         if correct.empty:
@@ -73,7 +77,8 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
                         p20=spread[0][0], p80=spread[0][1], runner_p20=spread[1][0], runner_p80=spread[1][1],
                         vs_eager=eager / best.caller_us if eager == eager else math.nan,
                         peer=peers.impl.iloc[0] if len(peers) else None,
-                        peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan))
+                        peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan,
+                        peer_edge_only=bool(len(peers) and peers.edge_only.iloc[0])))
     return pd.DataFrame(out)
 
 

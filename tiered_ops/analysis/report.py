@@ -3,10 +3,14 @@
 From a results CSV (``tiered-ops export`` or a committed ``reports/<gpu>/results.csv``) and, when given, the
 cost metadata (``export --meta``), it writes into one folder:
 - ``results.csv``: one row per measurement, the store's columns in the store's order (diff-friendly);
-- ``README.md``: per op, the winner of each (problem, dtype, mode) with its margin over the runner-up, marked
-  a tie when their p20-p80 ranges overlap, the decision under each policy, and one line per implementation
-  (median, us/call, GB/s, % of copy, relative error, peak memory where measured, graph breaks, LOC, build
-  seconds); speed-ups over eager above 10x are flagged for a second look;
+- ``README.md``: the one-screen summary first (``summary.py``: the picture ``winners.png``, per op the cases each
+  tier wins, the winners' fraction of the copy bandwidth over the large cases, the territories a CUDA kernel
+  defends), then the command that measured it, flags (speed-ups over eager above 10x, host-time outliers) and the
+  speed targets when asked for;
+- ``cases.md``: per op, the winner of each (problem, dtype, mode) with its margin over the runner-up, marked a tie
+  when their p20-p80 ranges overlap, and the decision under each policy;
+- ``measurements.md``, only while it stays small: one line per implementation (median, us/call, GB/s, % of copy,
+  relative error, peak memory where measured, graph breaks, LOC, build seconds); else ``results.csv`` holds them;
 - with a second sweep's results (``--repeat``), the share of non-tied cases where both pick the same winner;
 - ``<op>-gbps.png``: GB/s of each implementation across the problems, per dtype and mode, with the measured
   copy-bandwidth line; ``winners.png``: the winning tier of every case.
@@ -23,6 +27,7 @@ import pandas as pd
 
 from ..store.store import COLUMN_NAMES
 from .analysis import decisions, latest, winners
+from .summary import in_territory, margin_label, row_labels, summary
 from .targets import render as render_targets
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
@@ -30,6 +35,8 @@ FLAG_SPEEDUP = 10.0
 HOST_FLAG_MIN_US, HOST_FLAG_RATIO = 50.0, 1.3
 # the cross view's speed ratios between GPUs: over the cases moving at least LARGE_BYTES, and the launch-bound ones
 LARGE_BYTES, SMALL_BYTES = 64 << 20, 1 << 20
+# the per-measurement page is written only below this many characters (else results.csv alone holds them)
+MEASUREMENTS_MAX = 60_000
 
 
 def load(results: list[str | Path], meta: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
@@ -75,19 +82,33 @@ def _breaks(meta: dict) -> str:
 
 
 def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None
-             ) -> str:
+             ) -> dict[str, str]:
+    """The report's pages: ``README.md`` (the one-screen summary first, then how it was measured, the flags and
+    one plot per op), ``cases.md`` (per op, the winner of each case with its margin and the decision under each
+    policy) and, where it stays under ``MEASUREMENTS_MAX`` characters, ``measurements.md`` (every measurement; else
+    ``results.csv`` alone holds them)."""
     first = df.iloc[0]
     copy = df.copy_gbps.dropna().median()
     w = winners(df)
     d = decisions(df, metas) if len(w) else pd.DataFrame()
+    every = _measurements(df, metas)
+    pages = {"measurements.md": every} if len(every) <= MEASUREMENTS_MAX else {}
+    where = ("[`measurements.md`](measurements.md) and `results.csv`" if pages else
+             "`results.csv` (one row per measurement)")
     lines = [
         f"# {first.gpu_name}",
         "",
         f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
         f"{len(df)} measurements; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
         "",
+        *summary(w, df),
+        "",
+        f"Per case (winner, margin, runner-up, decisions): [`cases.md`](cases.md). Every measurement: {where}.",
+        "",
+        "## How it was measured",
+        "",
         f"Measured by: `{command}`  ",
-        f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
+        f"Rendered by: `{rendered_by}` (every figure here comes from `results.csv`).",
         "",
         "A margin is the runner-up's time over the winner's; **tie** means their p20-p80 ranges as a caller sees "
         "them overlap (the kernel's and, where the launch path sets the time, the host's: fastest batch to p80); a "
@@ -116,13 +137,26 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
     flagged = w[w.vs_eager > FLAG_SPEEDUP] if len(w) else w
     if len(flagged):
         lines += ["", f"**Flagged ({len(flagged)}):** " + "; ".join(
-            f"{r.op} {r.problem} {r.dtype} {r.mode}: {r.winner} {r.vs_eager:.1f}x eager" for r in flagged.itertuples())]
-    for op, g in df.groupby("op", sort=False):
+            f"{r.op} {r.problem.split(',')[0]} {r.dtype} {r.mode}: {r.winner} {r.vs_eager:.1f}x eager"
+            for r in flagged.itertuples())]
+    lines += ["", "## GB/s per implementation", ""]
+    lines += [f"- [{op}]({op}-gbps.png) ([cases](cases.md#{op}))" for op in dict.fromkeys(df.op)]
+    pages["README.md"] = "\n".join(lines) + "\n"
+    pages["cases.md"] = _cases(df, w, d)
+    return pages
+
+
+def _cases(df: pd.DataFrame, w: pd.DataFrame, d: pd.DataFrame) -> str:
+    lines = [f"# {df.iloc[0].gpu_name}: the winner of each case", "",
+             "Rendered with `README.md` from `results.csv`; a margin is the runner-up's time over the winner's, "
+             "**tie** where their p20-p80 ranges overlap. The fastest peer is shown beside ours (never chosen); "
+             "(edge) marks one that fails an edge case it does not claim, timed where it is correct."]
+    for op in dict.fromkeys(df.op):
         lines += ["", f"## {op}", "", f"![GB/s per implementation]({op}-gbps.png)", "",
                   "| problem | dtype | mode | winner | us/call | margin | runner-up | "
-                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in w[w.op == op].itertuples():
+                  "p20-p80 us (winner / runner-up) | fastest | cost-aware | cold-start 1000 | fastest peer us |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in (w[w.op == op] if len(w) else w).itertuples():
             dec = d[(d.op == op) & (d.problem == r.problem) & (d.dtype == r.dtype) & (d["mode"] == r.mode)]
             dr = dec.iloc[0] if len(dec) else None
             margin = "tie" if r.tie else _f(r.margin, ".2f") + "x"
@@ -132,10 +166,24 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
                          f"{_f(r.runner_p20, '.1f')}-{_f(r.runner_p80, '.1f')} | "
                          f"{dr.fastest if dr is not None else '-'} | "
                          f"{dr.cost_aware if dr is not None else '-'} | "
-                         f"{dr.cold_start_1000 if dr is not None else '-'} |")
+                         f"{dr.cold_start_1000 if dr is not None else '-'} | {_peer(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _peer(r: object) -> str:
+    peer = getattr(r, "peer", None)
+    if not _said(peer):
+        return "-"
+    edge = " (edge)" if getattr(r, "peer_edge_only", False) else ""
+    return f"{peer} {_f(getattr(r, 'peer_us', None), '.1f')}{edge}"
+
+
+def _measurements(df: pd.DataFrame, metas: dict) -> str:
+    lines = [f"# {df.iloc[0].gpu_name}: every measurement", "", "Rendered with `README.md` from `results.csv`."]
+    for op, g in df.groupby("op", sort=False):
         # peak memory (bytes one call allocates above its inputs) where the results carry it (GPU rows of schema 6+)
         peak = "peak_bytes" in g and g.peak_bytes.notna().any()
-        lines += ["", "<details><summary>every measurement</summary>", "",
+        lines += ["", f"## {op}", "",
                   "| problem | dtype | mode | impl | median us | us/call | GB/s | % copy | rel err | "
                   + ("peak MiB | " if peak else "") + "breaks | LOC | build s | note |",
                   "|---|---|---|---|---|---|---|---|---|" + ("---|" if peak else "") + "---|---|---|---|"]
@@ -148,9 +196,7 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
                 f"{_f(r.gbps, '.0f')} | {_f(100 * r.frac_copy if r.frac_copy == r.frac_copy else None, '.1f')} | "
                 f"{_f(r.rel_error, '.1e')} | {mib}{_breaks(m)} | {m.get('loc', '-')} | "
                 f"{_f(m.get('build_s_own'), '.1f') if r.tier == 'cuda' else '-'} | {note} |")
-        lines += ["", "</details>"]
-    lines += ["", "![winning tier per case](winners.png)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def plots(df: pd.DataFrame, out: Path) -> list[Path]:
@@ -191,24 +237,28 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
     w = winners(df)
     if len(w):
         from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Rectangle
 
         tiers = list(TIER_COLORS)
-        rows = list(dict.fromkeys(zip(w.op, w.problem.str.split(",").str[0])))
+        rows = list(dict.fromkeys(zip(w.op, w.problem)))
         cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
         grid = [[math.nan] * len(cols) for _ in rows]
         fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
-        for r in w.itertuples():
-            i, j = rows.index((r.op, r.problem.split(",")[0])), cols.index((r.dtype, r.mode))
+        for r, held in zip(w.itertuples(), in_territory(w)):
+            i, j = rows.index((r.op, r.problem)), cols.index((r.dtype, r.mode))
             grid[i][j] = tiers.index(r.tier)
-            label = "tie" if r.tie else _f(r.margin, ".2f")
+            if held:  # a CUDA kernel inside a territory it defends (tiered-ops check)
+                ax.add_patch(Rectangle((j - 0.46, i - 0.44), 0.92, 0.88, fill=False, ec="black", lw=1.6))
+            label = margin_label(r.margin, r.tie)
             ax.text(j, i, f"{r.winner}\n{label}", ha="center", va="center", fontsize=5.5, color="white")
         ax.imshow(grid, cmap=ListedColormap([TIER_COLORS[t] for t in tiers]), vmin=-0.5, vmax=len(tiers) - 0.5,
                   aspect="auto")
         ax.set_xticks(range(len(cols)))
         ax.set_xticklabels([f"{d}\n{m}" for d, m in cols], fontsize=7)
         ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([f"{o} {p}" for o, p in rows], fontsize=7)
-        ax.set_title("winner per case (color = tier; margin over the runner-up, or tie)", fontsize=9)
+        ax.set_yticklabels(row_labels(rows), fontsize=7)
+        ax.set_title("winner per case: colour = tier, text = margin over the runner-up (or tie);\n"
+                     "outlined = a CUDA kernel inside a territory it defends", fontsize=9)
         for t in tiers:
             ax.plot([], [], "s", color=TIER_COLORS[t], label=t)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -224,7 +274,8 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
            rendered_by: str, write_csv: bool = True, repeat: list[str | Path] | None = None,
            targets: dict[str, pd.DataFrame | None] | None = None,
            targets_spec: dict | None = None, archived: str | None = None) -> list[Path]:
-    """Write results.csv, README.md and the plots into ``out``; returns the files written. ``repeat``: the
+    """Write results.csv, README.md, cases.md (measurements.md where small) and the plots into ``out``; returns
+    the files written. ``repeat``: the
     results of a second sweep on the same GPU, for the agreement rate. ``targets_spec`` (``targets.load_spec``)
     asks for the speed targets section; ``targets``: the grid, picks and dispatch tables of ``tiered-ops targets
     --live`` for the targets measured there. ``archived``: the GPU is archived (``gpus.Archived.describe()``): a
@@ -239,19 +290,22 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
     if write_csv and not any(Path(r).resolve() == csv.resolve() for r in results):
         df[cols].to_csv(csv, index=False)
         written.append(csv)
-    readme = out / "README.md"
     df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
     again = latest(again) if again is not None else None
-    text = markdown(df, metas, command, rendered_by, again)
+    pages = markdown(df, metas, command, rendered_by, again)
     if archived:
-        title, rest = text.split("\n", 1)
-        text = f"{title}\n\n**Archived GPU** ({archived}): this evidence is history, read and reported, never " \
-               f"gating CI (`reports/gpus.toml`).\n{rest}"
+        title, rest = pages["README.md"].split("\n", 1)
+        pages["README.md"] = (f"{title}\n\n**Archived GPU** ({archived}): this evidence is history, read and reported, "
+                              f"never gating CI (`reports/gpus.toml`).\n{rest}")
     if targets_spec is not None:
         t = targets or {}
-        text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
-    readme.write_text(text)
-    return [*written, readme, *plots(df, out)]
+        pages["README.md"] += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))
+    if "measurements.md" not in pages:
+        (out / "measurements.md").unlink(missing_ok=True)  # an earlier, smaller render's page would be stale
+    for name, text in pages.items():
+        (out / name).write_text(text)
+        written.append(out / name)
+    return [*written, *plots(df, out)]
 
 
 # ---------------------------------------------------------------------------------------------- cross-GPU view

@@ -14,12 +14,12 @@ import torch
 
 from ..buckets import encode
 from ..environment import environment
-from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
-from ..store.rows import CONTENDED, PRUNED, UNAVAILABLE, WAITING, caller_range, pruned, usable
+from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
+from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING, caller_range, edge_only, pruned, usable
 from ..store.store import Store
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
-from .gate import _short, edges_known, edges_passed, gate, gate_problem, grad_output, with_grad
+from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, copy_bandwidth_gbps, sync, time_call
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,11 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     sample_note, not_timeable = None, impl.timeable(device)
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
         sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
-        if not row["ok"]:
+        if not row["ok"] and not edge_only(row):  # a peer failing only an edge case it does not claim is timed
             return row
     if not_timeable:
+        if edge_only(row):
+            return row
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
     row["peak_bytes"] = peak_bytes(call, device)
@@ -211,6 +213,14 @@ def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
                row: dict[str, Any]) -> str | None:
     """``gate_row``'s work on the row; what the gate sampled of ``problem`` where it passed (None: all of it)."""
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+    if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
+        # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
+        # rows) is still timed where it is correct, marked, so the reports show it beside ours
+        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+        if wrong is None:
+            row.update(ok=0, rel_error=at if math.isfinite(at) else None,
+                       reason=EDGE_ONLY + why[len("edge case: "):])
+            return None
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row.update(ok=0, reason=why)

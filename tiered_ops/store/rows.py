@@ -14,6 +14,9 @@ CONTENDED = "contended: "  # the reason of a row timed while the machine was bus
 # not ok until a later row of it says the gate passed; never chosen while it says this
 UNGATED = "not gated: "
 WAITING = UNGATED + "timed; its gate runs only where it would be chosen"  # an ungated row no choice has looked at yet
+# the reason of a peer's row that fails an edge case it does not claim (Liger at 0 rows) but is correct at the row's
+# problem: timed there, so the reports show it beside ours; not ok, so nothing ever chooses it
+EDGE_ONLY = "timed; fails an edge case it does not claim: "
 
 
 def _num(v: object) -> float | None:
@@ -68,6 +71,12 @@ def waits_for_gate(row: Any) -> bool:
     """Whether a stored row was timed without its gate and no choice has looked at it since (``WAITING``); an
     ungated row a choice passed over says so instead (never chosen)."""
     return _says(row, WAITING)
+
+
+def edge_only(row: Any) -> bool:
+    """Whether a stored row is a peer's timed at a problem where it is correct, though it fails an edge case it does
+    not claim (``EDGE_ONLY``): shown beside ours, never chosen."""
+    return _says(row, EDGE_ONLY)
 
 
 def usable(row: Any) -> bool:
