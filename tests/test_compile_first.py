@@ -3,6 +3,8 @@ compile, tune and call; outputs as the stock model's. A trace's miss puts the ea
 bucket for tuning (``tiered_ops/decide/compiled.py``)."""
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,3 +186,17 @@ def test_the_constant_mark_is_torchs():
 
     assert vars(torch.compiler.assume_constant_result(probe)) == {"_dynamo_marked_constant": True}
     assert compiled.trace_choice._dynamo_marked_constant is True
+
+
+@needs_hf
+def test_the_docs_snippet_runs_as_written(monkeypatch):
+    """docs/compile.md's code, run as written (Inductor on the CPU), tuning off: one graph, no break."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "compile.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1
+    ns: dict = {}
+    exec(compile(blocks[0], "docs/compile.md", "exec"), ns)  # noqa: S102 (the doc's own snippet)
+    assert ns["logits"].shape == (2, 8, 128)
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
