@@ -221,3 +221,20 @@ def test_the_natural_flow_matrix_counts_breaks_and_recompiles_per_process(tmp_pa
         assert (r["graph_breaks"], r["graphs"], r["recompiles"]) == ("0", "1", "0"), r
         assert float(r["rel_err_vs_stock_eager"]) < 1e-2 and float(r["ms_p50"]) > 0, r
     assert rows[1]["speed_vs_stock"] and rows[1]["batch"] == "3", rows[1]
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_symbolic_sizes_with_no_decision_stay_in_the_graph(private_decisions, dynamic):
+    """Dynamic shapes (asked for, or dynamo's switch at a first recompile) with nothing decided: the eager tier, one
+    graph per bucket of rows at most, never a break."""
+    w = torch.randn(64)
+
+    def f(x):
+        return tiered_ops.rms_norm(x.sin(), (64,), w).cos()
+
+    cf = torch.compile(f, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+    for n in (5, 7, 8, 9, 30):
+        x = torch.randn(n, 64)
+        torch.testing.assert_close(cf(x), torch.nn.functional.rms_norm(x.sin(), (64,), w).cos())
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])  # buckets 8, 16, 32 (+ the static first)
