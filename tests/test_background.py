@@ -1,6 +1,6 @@
 """Background tuning (TIERED_OPS_TUNE=background): a first call returns at once through a prediction while a daemon
 thread measures its bucket in a worker process; the landed decision is used by the next call; a killed worker is
-retried; nothing is queued from a compiled region or a CUDA-graph capture; an exiting process keeps what was stored
+retried; a trace's miss queues its bucket, a CUDA-graph capture queues nothing; an exiting process keeps what was stored
 and leaves no worker behind."""
 
 import logging
@@ -252,14 +252,22 @@ def test_a_killed_worker_leaves_calls_working_and_the_bucket_is_retried(bg, priv
         os.kill(pid, 0)
 
 
-def test_nothing_is_queued_from_a_compiled_region_or_a_capture(bg, monkeypatch):
+def test_a_trace_queues_its_bucket_once_and_a_capture_queues_nothing(bg, monkeypatch):
     _only(monkeypatch, "softmax", "eager", "triton")
+    asked = []
+    request = background.request
+    monkeypatch.setattr(background, "request", lambda *a: asked.append(a[6]) or request(*a))
+    monkeypatch.setattr(background, "_start_runner", lambda: None)  # queued, not measured
     x = torch.randn(4, 64)
-    f = torch.compile(lambda t: tiered_ops.softmax(t, -1))
+    f = torch.compile(lambda t: tiered_ops.softmax(t, -1), backend="eager", fullgraph=True)
     torch.testing.assert_close(f(x), torch.softmax(x, -1))
-    assert background.pending() == 0 and background._s.runner is None, "queued from a compiled region"
-    compiled = next(s for k, s in select._decisions.items() if k[0] == "softmax" and k[-1] == "compiled")
-    assert compiled.record["tuning"] == "not queued: called from a compiled region", compiled.record
+    torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert background.pending() == 1 and [k[:3] + k[4:] for k in asked] == [
+        ("softmax", "[4,64,true]", "fp32", "fwd_nograd")], "the trace's miss queues its bucket, at trace time only"
+    assert not any(k[0] == "softmax" and k[-1] == "compiled" for k in select._decisions), "a miss caches nothing"
+    background.shutdown()
+    monkeypatch.undo()
+    _only(monkeypatch, "softmax", "eager", "triton")
     # a CUDA-graph capture's call (the key's context 2): decided by capture_selection, never queued
     spec = get_op("softmax")
     y = dispatch(spec, ("softmax", 2), x, (x, -1), {})

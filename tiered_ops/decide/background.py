@@ -136,8 +136,9 @@ def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.de
             landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
     """Queue ``key``'s bucket for measuring (unless it is queued or being measured already) for a caller in
     ``context`` deciding from ``store``; (the job, QUEUED) or (None, NOT_QUEUED + why): what the decision's record
-    says. Nothing is queued while dynamo traces, from a compiled region (its call reaches the decision outside the
-    trace, after a graph break: an eager call of the bucket queues it), nor inside a CUDA-graph capture."""
+    says. Nothing is queued while dynamo traces (a trace's miss queues through ``compiled.trace_choice``, which dynamo
+    runs for real), nor inside a CUDA-graph capture. ``context`` is the asking caller's (any: a compiled one's bucket
+    is measured as an eager one's, its compiled decision made from the same rows)."""
     job, why = _request(spec, problem, dtype, device, mode, context, key, impls, store, landed_hook)
     return job, QUEUED if job is not None else NOT_QUEUED + why
 
@@ -147,8 +148,6 @@ def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.d
              landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
     if torch.compiler.is_compiling():
         return None, "inside a torch.compile trace"
-    if context == "compiled":
-        return None, "called from a compiled region"
     if _capturing(device):
         return None, "inside a CUDA-graph capture"
     target = None if not store.writable or str(store.path) == ":memory:" else (store.url or str(store.path))

@@ -234,8 +234,9 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
-        # Measuring needs real tensors and the store, neither of which exists while dynamo traces: leave the
-        # graph for it (one graph break; under fullgraph=True an error carrying the reason below).
+        # select_backend called inside a traced function (a trace of ``tiered_ops.<op>`` never comes here: it asks
+        # ``compiled.trace_choice``, which stays in the graph). Measuring needs real tensors and the store, neither of
+        # which exists while dynamo traces: leave the graph for it (one graph break; under fullgraph=True an error).
         from .outside import outside_graph  # imported while tracing: a process that never compiles never imports dynamo
 
         return outside_graph(select_problem, spec, problem, dtype, device, tune, progress, policy, calls, mode, context,

@@ -24,6 +24,7 @@ from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from . import capture
 from . import decide as _decide
+from .compiled import trace_choice
 from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets, get_store, select_problem
 from .hot import _TRACE_FNS, hot_fn, trace_fn
 from .record import active, note
@@ -66,13 +67,16 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
         # Symbolic sizes: what an eager call of the bucket primed, by the bucket (its bounds become the graph's guards).
-        if symbolic_key(key):
+        symbolic = symbolic_key(key)
+        if symbolic:
             name = _traced_buckets.get(bucket_key(spec, problem, x.dtype, x.device, mode, mixed))
             if name is not None:
                 return _TRACE_FNS[name](*args, **kwargs)
-        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, mode=mode, context="compiled",
-                             warm_graphed=False)
-        return hot_fn(spec, sel.impl, x.device, mixed)(*args, **kwargs)
+        # else the decision is read (or the eager tier chosen, its bucket queued for tuning) by a function dynamo
+        # calls for real and takes the result of as a constant: never a graph break (``compiled``)
+        name = trace_choice(spec.name, spec.bucket(problem), None if symbolic else problem.shape, problem.params,
+                            DTYPE_NAMES[x.dtype], str(x.device), mode)
+        return hot_fn(spec, spec.impls[name], x.device, mixed)(*args, **kwargs)
     # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once
     unusable = get_store().unusable
     try:

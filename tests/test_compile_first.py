@@ -1,0 +1,240 @@
+"""A patched model compiled with no decision made: one graph, no break, under fullgraph=True, in any order of patch,
+compile, tune and call; outputs as the stock model's. A trace's miss puts the eager tier into the graph and queues its
+bucket for tuning (``tiered_ops/decide/compiled.py``)."""
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from test_patch import _out, needs_hf, tiny
+from torch._dynamo.utils import counters
+
+import tiered_ops
+from tiered_ops.decide import background, compiled
+from tiered_ops.decide import decide as select
+from tiered_ops.registry import Impl, Tier
+from tiered_ops.tiers.catalog import get_op
+
+FAMILIES = ["llama", "qwen3", "gpt2"]  # the families patch supports: RMSNorm (two forms), LayerNorm + GELU
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def quick_tiers(monkeypatch):
+    """Each patched op with its eager tier and one more correct one (``again``, its reference behind another name:
+    fast to measure on the CPU, traceable), so that ``tune`` measures no compiler tier."""
+    for op in ("rms_norm", "layer_norm", "gelu", "softmax"):
+        spec = get_op(op)
+        eager = spec.impls["eager"]
+        again = Impl("again", Tier.COMPILE, lambda *a, _f=eager.fn, **k: _f(*a, **k), (spec.source,))
+        monkeypatch.setattr(spec, "impls", {"eager": eager, "again": again})
+
+
+def _queued(monkeypatch) -> list[tuple]:
+    """The buckets a trace asks background tuning for (recorded, not measured)."""
+    asked: list[tuple] = []
+
+    def request(spec, problem, dtype, device, mode, context, key, impls, store, hook):
+        asked.append((key, context, tuple(impls)))
+        return None, background.NOT_QUEUED + "recorded by the test"
+
+    monkeypatch.setattr(background, "request", request)
+    return asked
+
+
+def _model(family: str):
+    model = tiny(family)
+    return model, copy.deepcopy(model), torch.randint(0, 128, (2, 8))
+
+
+def _stock(stock, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return _out(stock(ids))
+
+
+def _run(fn, ids, times: int = 2) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [_out(fn(ids)) for _ in range(times)]
+
+
+def _assert_one_graph(outs: list[torch.Tensor], ref: torch.Tensor, graphs: int = 1) -> None:
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
+    for out in outs:
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def _tune(model, ids) -> None:
+    """``tune`` for the compiled context: its measurements compile functions of their own, not counted here."""
+    before = dict(counters["stats"])
+    tiered_ops.tune(model, (ids,), context="compiled")
+    counters["stats"].clear()
+    counters["stats"].update(before)
+
+
+def _compile(model):
+    return torch.compile(model, fullgraph=True, backend="aot_eager")
+
+
+@needs_hf
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patch_compile_call_with_a_fresh_store(family, monkeypatch):
+    """The natural order, nothing decided: the eager tier traced, its buckets queued for tuning, nothing measured."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "1")  # blocking: what a fresh process does by default
+    monkeypatch.setattr(select, "measure_kept", lambda *a, **k: pytest.fail("measured while tracing"))
+    asked = _queued(monkeypatch)
+    model, stock, ids = _model(family)
+    tiered_ops.patch(model)
+    _assert_one_graph(_run(_compile(model), ids), _stock(stock, ids))
+    assert asked and {c for _, c, _ in asked} == {"compiled"}, asked
+    ops = {k[0] for k, _, _ in asked}
+    assert ops == ({"layer_norm", "gelu"} if family == "gpt2" else {"rms_norm"}), asked
+    assert not any(k[-1] == "compiled" for k in select._decisions), "a miss caches no decision"
+
+
+@needs_hf
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compile_then_patch_then_call(family, monkeypatch):
+    _queued(monkeypatch)
+    model, stock, ids = _model(family)
+    compiled_model = _compile(model)
+    tiered_ops.patch(model)
+    _assert_one_graph(_run(compiled_model, ids), _stock(stock, ids))
+
+
+@needs_hf
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tune_then_compile(family, quick_tiers, monkeypatch):
+    _queued(monkeypatch)
+    model, stock, ids = _model(family)
+    tiered_ops.patch(model)
+    _tune(model, ids)
+    _assert_one_graph(_run(_compile(model), ids), _stock(stock, ids))
+    assert any(k[-1] == "compiled" for k in select._decisions)
+
+
+@needs_hf
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tune_after_compile(family, quick_tiers, monkeypatch):
+    """Compiled, then tuned before the first call: one trace, of the tuned decisions. Tuned after a first call: the
+    graph is traced again once, with them (the trace read that the signature had no decision)."""
+    asked = _queued(monkeypatch)
+    model, stock, ids = _model(family)
+    tiered_ops.patch(model)
+    compiled_model = _compile(model)
+    _tune(model, ids)
+    ref = _stock(stock, ids)
+    _assert_one_graph(_run(compiled_model, ids), ref)
+    assert asked == [], "a trace after tune found every decision"
+
+    torch._dynamo.reset()
+    counters.clear()
+    tiered_ops.clear_cache()
+    again = _compile(model)
+    outs = _run(again, ids)
+    _tune(model, ids)
+    outs += _run(again, ids)
+    _assert_one_graph(outs, ref, graphs=2)
+
+
+@needs_hf
+def test_a_compiled_training_step_before_any_decision(monkeypatch):
+    """fwd+bwd: the loss and its backward through one graph, gradients as the stock model's."""
+    _queued(monkeypatch)
+    model, stock, ids = _model("llama")
+    model.train(), stock.train()
+    tiered_ops.patch(model)
+
+    def step(m, x):
+        return m(x, labels=x).loss
+
+    loss = torch.compile(step, fullgraph=True, backend="aot_eager")(model, ids)
+    loss.backward()
+    ref = step(stock, ids)
+    ref.backward()
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_trace_reads_a_decision_made_before(private_decisions, two_softmaxes):
+    """The compiled context's decision made by an eager call is what the trace calls, by name."""
+    x = torch.randn(8, 32)
+    tiered_ops.softmax(x, -1)
+    sel = select.select_backend("softmax", (8, 32), torch.float32, "cpu", context="compiled")
+    name = compiled.trace_choice("softmax", get_op("softmax").bucket(get_op("softmax").problem((8, 32), dim=-1)),
+                                 (8, 32), (("dim", -1),), "fp32", "cpu", "fwd_nograd")
+    assert name == sel.name
+
+
+def test_the_constant_mark_is_torchs():
+    """trace_choice carries what torch.compiler.assume_constant_result sets (set by hand: importing tiered_ops does
+    not import dynamo)."""
+    def probe():
+        return 0
+
+    assert vars(torch.compiler.assume_constant_result(probe)) == {"_dynamo_marked_constant": True}
+    assert compiled.trace_choice._dynamo_marked_constant is True
+
+
+@needs_hf
+def test_the_docs_snippet_runs_as_written(monkeypatch):
+    """docs/compile.md's code, run as written (Inductor on the CPU), tuning off: one graph, no break."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "compile.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1
+    ns: dict = {}
+    exec(compile(blocks[0], "docs/compile.md", "exec"), ns)  # noqa: S102 (the doc's own snippet)
+    assert ns["logits"].shape == (2, 8, 128)
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_the_natural_flow_matrix_counts_breaks_and_recompiles_per_process(tmp_path, monkeypatch):
+    """benchmarks/models_natural.py --quick: each row from a process of its own with a fresh store; dynamo's counts
+    (breaks, graphs, recompiles) and the logits' error against stock eager in every row."""
+    import csv
+    import importlib.util
+
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # the children inherit it: no background worker in the smoke
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models_natural.py"
+    spec = importlib.util.spec_from_file_location("models_natural", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--configs", "gpt2-tiny-fp16", "--workloads", "decode", "--modes", "default",
+                       "--out-dir", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "models-natural.csv")))
+    assert [r["variant"] for r in rows] == ["stock", "tiered"], rows
+    for r in rows:
+        assert (r["graph_breaks"], r["graphs"], r["recompiles"]) == ("0", "1", "0"), r
+        assert float(r["rel_err_vs_stock_eager"]) < 1e-2 and float(r["ms_p50"]) > 0, r
+    assert rows[1]["speed_vs_stock"] and rows[1]["batch"] == "3", rows[1]
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_symbolic_sizes_with_no_decision_stay_in_the_graph(private_decisions, dynamic):
+    """Dynamic shapes (asked for, or dynamo's switch at a first recompile) with nothing decided: the eager tier, one
+    graph per bucket of rows at most, never a break."""
+    w = torch.randn(64)
+
+    def f(x):
+        return tiered_ops.rms_norm(x.sin(), (64,), w).cos()
+
+    cf = torch.compile(f, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+    for n in (5, 7, 8, 9, 30):
+        x = torch.randn(n, 64)
+        torch.testing.assert_close(cf(x), torch.nn.functional.rms_norm(x.sin(), (64,), w).cos())
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])  # buckets 8, 16, 32 (+ the static first)
