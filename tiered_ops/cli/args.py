@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+from typing import NoReturn
 
 import torch
 
@@ -130,9 +131,21 @@ def _listed(s: argparse.ArgumentParser, name: str, parse: object, help: str) -> 
     s.add_argument(f"--{name}s", dest=name, type=parse, help=argparse.SUPPRESS)
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that takes options only as spelled (``--dtyp`` is not ``--dtype``) and reports a
+    mistake on one line, with where to read the usage, rather than the whole usage first."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h`: the usage)\n")
+
+
 def _globals(default: object) -> argparse.ArgumentParser:
     """The options every subcommand takes, before it (``default``) or after it (absent: the value given before)."""
-    g = argparse.ArgumentParser(add_help=False)
+    g = Parser(add_help=False)
     g.add_argument("--db", default=default,
                    help="SQLite store path (default: $TIERED_OPS_DB or ~/.cache/tiered_ops/results.sqlite)")
     g.add_argument("-q", "--quiet", action="store_true", default=default if default is argparse.SUPPRESS else False,
@@ -142,15 +155,15 @@ def _globals(default: object) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; each subcommand's name is ``cmd`` in the parsed namespace."""
-    p = argparse.ArgumentParser(prog="tiered-ops", parents=[_globals(None)],
+    p = Parser(prog="tiered-ops", parents=[_globals(None)],
                                 description="Gate every tier of every op against float64, time it, store it, and "
                                             "select the fastest correct one per shape. `tiered-ops COMMAND -h`: the "
                                             "arguments of one command.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of these:")
     common = [_globals(argparse.SUPPRESS)]
-    device = argparse.ArgumentParser(add_help=False)
+    device = Parser(add_help=False)
     device.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
-    progress = argparse.ArgumentParser(add_help=False)
+    progress = Parser(add_help=False)
     progress.add_argument("--no-progress", action="store_true", help="no progress bar (a log line every 50 measured)")
     ops = ", ".join(s.name for s in all_ops())
 
@@ -205,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op", help=f"the op: {ops}")
     s.add_argument("--json", action="store_true", help="print each implementation's metadata as JSON")
 
-    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories (tiered_ops/territories.py)"
+    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories "
+                         "(tiered_ops/analysis/territories.py)"
                          ", or its evidence is stale", device, progress)
     s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h100/results.csv")
     s.add_argument("--live", action="store_true", help="measure the default problems inside the territories now on "

@@ -60,13 +60,16 @@ def _store(args: argparse.Namespace) -> Store:
 def cmd_list(args: argparse.Namespace) -> int:
     dev = _device(args.device)
     print(f"device: {dev}")
-    for spec in all_ops():
+    specs = all_ops()
+    wide = [max(len(x) for x in names) for names in zip(*((s.name, i.name, i.tier.label) for s in specs
+                                                          for i in s.impls.values()))]
+    for spec in specs:
         for impl in spec.impls.values():
             why = impl.why_not(dev)
             state = "available" if why is None else f"unavailable: {why}"
             if why is None and impl.timeable(dev):
                 state += f" (not timeable here: {impl.timeable(dev)})"
-            print(f"{spec.name:<10} {impl.name:<14} {impl.tier.label:<8} {state}")
+            print(f"{spec.name:<{wide[0]}}  {impl.name:<{wide[1]}}  {impl.tier.label:<{wide[2]}}  {state}")
     return 0
 
 
