@@ -38,7 +38,7 @@ def test_bench_on_cpu_prints_table_and_writes_csv(tmp_path, capsys):
     csv = tmp_path / "bench.csv"
     db = tmp_path / "cli.sqlite"
     assert main(["bench", "--ops", "muladd", "--shapes", "96x80", "--dtype", "fp32", "--mode", "fwd_nograd,fwd+bwd",
-                 "--no-progress", "--device", "cpu", "--csv", str(csv), "--db", str(db)]) == 0  # --db after it too
+                 "--no-progress", "--device", "cpu", "--csv", str(csv), "--db", str(db), "--tables"]) == 0  # --db after
     out, err = capsys.readouterr()
     impls = len(get_op("muladd").impls)
     assert f"cost metadata 1/{impls}: muladd eager" in err  # the metadata phase says how far it is, on stderr

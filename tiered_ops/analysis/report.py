@@ -74,9 +74,14 @@ def _breaks(meta: dict) -> str:
     return "-" if d.get("breaks") is None else str(d["breaks"])
 
 
-def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None
-             ) -> str:
+def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None,
+             total: int | None = None) -> str:
+    """The report's Markdown from each case's newest rows ``df``; ``total``: the rows of the results they were taken
+    from, when more (a resumed store keeps older rows of a case)."""
     first = df.iloc[0]
+    count = (f"{len(df)} measurements" if total is None or total == len(df) else
+             f"{total} measurements in the results, of which the {len(df)} newest of each case and implementation "
+             "make the figures below")
     copy = df.copy_gbps.dropna().median()
     w = winners(df)
     d = decisions(df, metas) if len(w) else pd.DataFrame()
@@ -84,7 +89,7 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         f"# {first.gpu_name}",
         "",
         f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
-        f"{len(df)} measurements; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
+        f"{count}; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
         "",
         f"Measured by: `{command}`  ",
         f"Rendered by: `{rendered_by}` (every figure below comes from `results.csv`).",
@@ -193,12 +198,12 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
         from matplotlib.colors import ListedColormap
 
         tiers = list(TIER_COLORS)
-        rows = list(dict.fromkeys(zip(w.op, w.problem.str.split(",").str[0])))
+        rows = list(dict.fromkeys(zip(w.op, w.problem)))  # the whole problem: two may share a shape
         cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
         grid = [[math.nan] * len(cols) for _ in rows]
         fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
         for r in w.itertuples():
-            i, j = rows.index((r.op, r.problem.split(",")[0])), cols.index((r.dtype, r.mode))
+            i, j = rows.index((r.op, r.problem)), cols.index((r.dtype, r.mode))
             grid[i][j] = tiers.index(r.tier)
             label = "tie" if r.tie else _f(r.margin, ".2f")
             ax.text(j, i, f"{r.winner}\n{label}", ha="center", va="center", fontsize=5.5, color="white")
@@ -229,19 +234,31 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
     asks for the speed targets section; ``targets``: the grid, picks and dispatch tables of ``tiered-ops targets
     --live`` for the targets measured there."""
     df, metas = load(results, meta)
-    again = load(repeat)[0] if repeat else None
+    csv = Path(out) / "results.csv"
+    write_csv = write_csv and not any(Path(r).resolve() == csv.resolve() for r in results)
+    return render_frame(df, out, metas, command, rendered_by, write_csv, load(repeat)[0] if repeat else None,
+                        targets, targets_spec)
+
+
+def render_frame(df: pd.DataFrame, out: str | Path, metas: dict, command: str, rendered_by: str,
+                 write_csv: bool = True, again: pd.DataFrame | None = None,
+                 targets: dict[str, pd.DataFrame | None] | None = None, targets_spec: dict | None = None
+                 ) -> list[Path]:
+    """``render`` from rows already read (a sweep's own, with its cost metadata ``metas`` by (op, impl)); ``again``:
+    the second sweep's rows."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cols = [c for c in ["id", *COLUMN_NAMES] if c in df.columns]
     written = []
     csv = out / "results.csv"
-    if write_csv and not any(Path(r).resolve() == csv.resolve() for r in results):
+    if write_csv:
         df[cols].to_csv(csv, index=False)
         written.append(csv)
     readme = out / "README.md"
+    total = len(df)
     df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
     again = latest(again) if again is not None else None
-    text = markdown(df, metas, command, rendered_by, again)
+    text = markdown(df, metas, command, rendered_by, again, total)
     if targets_spec is not None:
         t = targets or {}
         text += "\n" + render_targets(df, targets_spec, t.get("grid"), t.get("picks"), t.get("dispatch"))

@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("list", "ops x implementations and whether each can run here", device)
 
-    s = command("bench", "gate, time and store every implementation; print a table per op", device, progress)
+    s = command("bench", "gate, time and store every implementation; write a report folder and print a summary",
+                device, progress)
     s.add_argument("--ops", help=f"comma-separated ops (default: all): {ops}")
     s.add_argument("--impls", help="comma-separated implementation names, e.g. eager,triton (default: all)")
     s.add_argument("--import", dest="imports", action="append", metavar="MODULE",
@@ -184,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-meta", action="store_true",
                    help="skip the cost metadata (graph breaks, lines of code, build seconds) after the measurements")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
+    s.add_argument("--out", metavar="DIR",
+                   help="the report folder: results.csv, README.md and the plots of this sweep (default "
+                        "./tiered_ops_report/<device>/, or under $TIERED_OPS_REPORT)")
+    s.add_argument("--no-report", action="store_true", help="print the summary only; write no report folder")
+    s.add_argument("--tables", action="store_true",
+                   help="also print every measurement per op, the decision under each policy and the winner per mode "
+                        "(the report folder holds the same)")
     s.add_argument("--gate-all", action="store_true",
                    help="gate every candidate (default: the Triton and compile tiers are timed first and gated only "
                         "where a choice would name them; the others are stored as never chosen)")
@@ -231,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", nargs="+", required=True, help="results CSV(s) from `export` or a committed report")
     s.add_argument("--meta", help="cost metadata JSON lines from `export --meta` (graph breaks, LOC, build s)")
     s.add_argument("--out", required=True, help="folder to write, e.g. reports/nvidia-h100")
-    s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
+    s.add_argument("--command", help="the command that produced the results, named in the report (default: "
+                                     "\"not recorded\")")
     s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
     s.add_argument("--repeat", nargs="+", help="results of a second sweep on the same GPU: report the agreement rate")
     s.add_argument("--targets-spec", help="speed targets JSON (e.g. benchmarks/targets.json): add their section")

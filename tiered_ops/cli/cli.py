@@ -7,8 +7,10 @@ import json
 import logging
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,7 +18,8 @@ from .. import envs
 from ..analysis import targets
 from ..analysis.analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
 from ..analysis.check import check, live_plan, report
-from ..analysis.report import cross, render
+from ..analysis.report import cross, render, render_frame
+from ..analysis.summary import WIDTH, summary
 from ..analysis.targets import load_spec
 from ..decide.decide import select_backend, use_store
 from ..measure.fingerprint import fingerprint
@@ -32,6 +35,9 @@ from .args import build_parser, op_kwargs, protect_shapes
 from .decisions import cmd_decisions
 from .io import UsageError, out_file, read_results
 from .tune import cmd_tune
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _device(arg: str | None) -> torch.device:
@@ -73,6 +79,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wrapped(text: str) -> None:
+    """A sweep's line on stdout, wrapped at WIDTH characters."""
+    print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -100,7 +111,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
                    impls=args.impls.split(",") if args.impls else None, cost_metadata=not args.no_meta,
-                   shard=args.shard, devices=devices, gate_all=args.gate_all)
+                   shard=args.shard, devices=devices, gate_all=args.gate_all, log=_wrapped)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
@@ -111,6 +122,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
         print(f"wrote {len(df)} rows to {args.csv}")
+    if args.tables:
+        _tables(df, specs, metas)
+    print()
+    for line in summary(df):
+        print(line)
+    if len(df) and not args.no_report:
+        out = Path(args.out) if args.out else envs.report_dir() / fingerprint(dev).slug
+        command = "tiered-ops bench " + " ".join(args.argv)
+        files = render_frame(df, out, metas, command.strip(), f"{command.strip()} (at the end of the sweep)")
+        plots = sum(f.suffix == ".png" for f in files)
+        print(f"\n{len(df)} measurements, stored in {store.path}")
+        print(f"report: {out}/README.md (with results.csv and {plots} plot(s))")
+    return 0
+
+
+def _tables(df: pd.DataFrame, specs: list, metas: dict) -> None:
+    """``bench --tables``: every measurement per op, the winners, the decision under each policy, the winner per
+    mode."""
     note: list[str] = []
     rows = shown(df, note) if len(df) else df
     for spec in specs:
@@ -131,7 +160,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if modes.shape[1] > 1:
             print(f"\nwinner per mode (differs across modes for {flips} of {len(modes)} (op, problem, dtype)):")
             print(modes.to_string())
-    return 0
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -236,7 +264,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     read_results(args.results + (args.repeat or []))  # each file checked before anything is written
     rendered_by = "tiered-ops report " + " ".join(args.argv)
-    files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
+    files = render(args.results, args.out, args.meta, args.command or "not recorded", rendered_by.strip(),
+                   write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
                    targets_spec=load_spec(args.targets_spec) if args.targets_spec else None)
     for f in files:
