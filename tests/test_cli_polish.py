@@ -36,7 +36,8 @@ def test_an_abbreviated_option_is_not_taken_for_the_whole_one(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    assert "unrecognized arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"tiered-ops {argv[0]}: error: unrecognized arguments" in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("argv, says", [

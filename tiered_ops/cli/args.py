@@ -142,6 +142,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h`: the usage)\n")
 
+    def parse_args(self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+                   ) -> argparse.Namespace:
+        """As argparse's, but an argument no parser takes is reported by the subcommand it followed."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = subs[0].choices.get(getattr(parsed, subs[0].dest, None)) if subs else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
 
 def _globals(default: object) -> argparse.ArgumentParser:
     """The options every subcommand takes, before it (``default``) or after it (absent: the value given before)."""
