@@ -75,5 +75,10 @@ def test_the_summary_has_no_nan_and_one_line_per_kind_of_row_without_a_time():
     assert "nan" not in text.lower() and max(map(len, lines)) <= WIDTH
     assert "30 of 120 rows cannot run here: cuda (runs on cuda only)" in text
     assert "30 of 120 rows correct but not timed here: triton (the Triton interpreter" in text
+    assert "30 of 120 rows timed on a busy machine (not used: run again when idle): compile (busy)" in text
+    assert "failed" not in text  # nothing failed: no such line
     assert sum("softmax" in line for line in lines) == 30 and len(lines) <= 60
+    rows.append(_row("triton", "triton", "8x4096,dim=-1", "fwd", None, ok=0, reason="gate: max rel error 3e-2 > 1e-5"))
+    assert "1 of 121 rows failed (never chosen): triton (gate: max rel error 3e-2 > 1e-5)" in "\n".join(
+        summary(pd.DataFrame(rows)))
     assert re.search(r"^softmax\s+8x4096,dim=-1\s+fp32\s+eager$", text, re.M), text

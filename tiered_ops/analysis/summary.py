@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from ..store.rows import UNAVAILABLE
+from ..store.rows import CONTENDED, PRUNED, UNAVAILABLE, UNGATED
 from .analysis import latest, no_winner, winners
 
 WIDTH = 160  # no line of the summary is longer
@@ -55,19 +55,35 @@ def winner_table(df: pd.DataFrame, max_cases: int = MAX_CASES) -> list[str]:
 
 
 def not_here(df: pd.DataFrame) -> list[str]:
-    """One line per kind of row that has no time here: implementations that cannot run (``unavailable: ...``), and
-    those gated but not timed (the Triton interpreter), with the number of rows of each and why."""
+    """One line per kind of row without a time that a choice can use: implementations that cannot run
+    (``unavailable: ...``), those gated but not timed (the Triton interpreter), those that failed (their gate, a
+    crash, a hang), and timings taken on a busy machine; with the number of rows of each, which implementations and
+    why."""
     why = df["reason"].astype(object).fillna("").astype(str) if "reason" in df else pd.Series("", index=df.index)
+    passed = (PRUNED, UNGATED, UNAVAILABLE, CONTENDED, NOT_TIMED)
+    failed = (df.ok != 1) & ~why.map(lambda w: w.startswith(passed))
+    kinds = [(why.str.startswith(UNAVAILABLE), UNAVAILABLE, "cannot run here"),
+             (why.str.startswith(NOT_TIMED), NOT_TIMED, "correct but not timed here"),
+             (failed, "", "failed (never chosen)"),
+             (why.str.startswith(CONTENDED), CONTENDED, "timed on a busy machine (not used: run again when idle)")]
     lines = []
-    for prefix, said in ((UNAVAILABLE, "cannot run here"), (NOT_TIMED, "correct but not timed here")):
-        hit = df[why.str.startswith(prefix)]
+    for mask, prefix, said in kinds:
+        hit = df[mask]
         if hit.empty:
             continue
-        parts = []
-        for reason, g in hit.groupby(why[hit.index].str.removeprefix(prefix), sort=False):
-            parts.append(f"{', '.join(dict.fromkeys(g.impl))} ({reason})")
+        short = why[hit.index].str.removeprefix(prefix).str.split(";").str[0].map(_words)
+        told: dict[str, list[str]] = {}  # what is said of an implementation -> the implementations it is said of
+        for impl, reasons in short.groupby(hit.impl, sort=False):
+            first, more = reasons.iloc[0], reasons.nunique() - 1
+            told.setdefault(first + (f"; {more} other reason(s)" if more else ""), []).append(str(impl))
+        parts = [f"{', '.join(impls)} ({reason})" for reason, impls in told.items()]
         lines.append(_cut(f"{len(hit)} of {len(df)} rows {said}: " + "; ".join(parts)))
     return lines
+
+
+def _words(text: str, width: int = 70) -> str:
+    """``text`` cut to at most ``width`` characters at a word's end."""
+    return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def summary(df: pd.DataFrame) -> list[str]:
