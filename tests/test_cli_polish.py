@@ -3,7 +3,10 @@ that names real files, and a `select` that measures a case once."""
 
 import argparse
 import logging
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,17 @@ def test_select_after_a_sweep_with_a_second_implementation(monkeypatch, tmp_path
     again = Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))
     monkeypatch.setattr(SOFTMAX, "impls", {"eager": SOFTMAX.impls["eager"], "again": again})
     test_select_after_a_sweep_measures_nothing(None, tmp_path, caplog, capsys)
+
+
+def test_python_and_python3_of_one_installation_are_one_build_environment(tmp_path):
+    """A sweep run by `python3` (scripts/bench.sh) stores the CUDA tier as unavailable with its build environment; a
+    `tiered-ops select` run by `python` must find that row fresh, not measure it again."""
+    bin_dir = Path(sys.executable).parent
+    names = [n for n in ("python", "python3") if (bin_dir / n).exists()]
+    if len(names) < 2:
+        pytest.skip(f"{bin_dir} has no python and python3 both")
+    code = "from tiered_ops.environment import environment; print(environment())"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    seen = {subprocess.run([str(bin_dir / n), "-c", code], env=env, capture_output=True, text=True, check=True,
+                           timeout=120).stdout for n in names}
+    assert len(seen) == 1, seen

@@ -12,6 +12,7 @@ from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
 
 SOFTMAX = get_op("softmax")
+EAGER, CUDA = SOFTMAX.impls["eager"], SOFTMAX.impls["cuda"]
 
 
 @pytest.fixture
@@ -75,3 +76,14 @@ def test_a_long_tune_says_how_far_it_is(fresh, caplog, monkeypatch):
         tiered_ops.softmax(torch.randn(8, 24))
     still = [r.getMessage() for r in caplog.records if "still tuning" in r.getMessage()]
     assert len(still) == 1 and "1 of 2 measured" in still[0] and "next again" in still[0], still
+
+
+def test_a_tune_of_tiers_that_cannot_run_here_says_no_wait_and_keeps_the_warning_for_a_real_one(monkeypatch, caplog):
+    monkeypatch.setattr(first_use, "_first", first_use.threading.Event())
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.INFO, logger="tiered_ops"):
+        first_use.Announce("softmax 8x24", [CUDA], cpu).start("stored")  # unavailable here: nothing to wait for
+        assert not first_use._first.is_set()
+        first_use.Announce("softmax 8x24", [EAGER, CUDA], cpu).start("stored")
+    assert [r.levelno for r in _tuning(caplog)] == [logging.INFO, logging.WARNING]
+    assert "~1 s (an estimate)" in _tuning(caplog)[1].getMessage()

@@ -37,8 +37,10 @@ class Announce:
 
     def __init__(self, what: str, impls: list[Impl], device: torch.device):
         self.what, self.impls, self.device = what, impls, device
-        self.level = logging.INFO if _first.is_set() else logging.WARNING
-        _first.set()
+        waits = estimate_s(impls, device) > 0  # only implementations that cannot run here: nothing to wait for
+        self.level = logging.INFO if _first.is_set() or not waits else logging.WARNING
+        if waits:
+            _first.set()
         self.t0 = self.last = time.perf_counter()
         self.done = 0
 
