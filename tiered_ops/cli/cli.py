@@ -7,19 +7,15 @@ import json
 import logging
 import signal
 import sys
-import textwrap
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from .. import envs
 from ..analysis import targets
-from ..analysis.analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
 from ..analysis.check import check, live_plan, report
-from ..analysis.report import cross, render, render_frame
-from ..analysis.summary import WIDTH, summary
+from ..analysis.report import cross, render
 from ..analysis.targets import load_spec
 from ..decide.decide import select_backend, use_store
 from ..measure.fingerprint import fingerprint
@@ -32,12 +28,10 @@ from ..sweep.bench import sweep
 from ..sweep.shards import gpu_devices
 from ..tiers.catalog import all_ops, get_op
 from .args import build_parser, op_kwargs, protect_shapes
+from .bench_out import report_and_summary, tables, wrapped
 from .decisions import cmd_decisions
 from .io import UsageError, out_file, read_results
 from .tune import cmd_tune
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 def _device(arg: str | None) -> torch.device:
@@ -79,11 +73,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wrapped(text: str) -> None:
-    """A sweep's line on stdout, wrapped at WIDTH characters."""
-    print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -111,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
                    impls=args.impls.split(",") if args.impls else None, cost_metadata=not args.no_meta,
-                   shard=args.shard, devices=devices, gate_all=args.gate_all, log=_wrapped)
+                   shard=args.shard, devices=devices, gate_all=args.gate_all, log=wrapped)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
@@ -123,43 +112,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df.to_csv(args.csv, index=False)
         print(f"wrote {len(df)} rows to {args.csv}")
     if args.tables:
-        _tables(df, specs, metas)
-    print()
-    for line in summary(df):
-        print(line)
-    if len(df) and not args.no_report:
-        out = Path(args.out) if args.out else envs.report_dir() / fingerprint(dev).slug
-        command = "tiered-ops bench " + " ".join(args.argv)
-        files = render_frame(df, out, metas, command.strip(), f"{command.strip()} (at the end of the sweep)")
-        plots = sum(f.suffix == ".png" for f in files)
-        print(f"\n{len(df)} measurements, stored in {store.path}")
-        print(f"report: {out}/README.md (with results.csv and {plots} plot(s))")
+        tables(df, specs, metas)
+    report_and_summary(df, metas, args, Path(args.out) if args.out else envs.report_dir() / fingerprint(dev).slug,
+                       store.path)
     return 0
-
-
-def _tables(df: pd.DataFrame, specs: list, metas: dict) -> None:
-    """``bench --tables``: every measurement per op, the winners, the decision under each policy, the winner per
-    mode."""
-    note: list[str] = []
-    rows = shown(df, note) if len(df) else df
-    for spec in specs:
-        print()
-        print(table(rows, spec.name))
-    for line in note:
-        print(line)
-    w = winners(df)
-    if len(w):
-        print("\nwinners:")
-        cols = ["op", "problem", "dtype", "mode", "winner", "tier", "caller_us", "margin", "tie"]
-        print(w[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-        d = decisions(df, metas)
-        print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
-        print(d.to_string(index=False))
-        print(f"policies disagree on {policy_disagreements(d)} of {len(d)} (op, problem, dtype, mode)")
-        modes, flips = winner_per_mode(w, df)
-        if modes.shape[1] > 1:
-            print(f"\nwinner per mode (differs across modes for {flips} of {len(modes)} (op, problem, dtype)):")
-            print(modes.to_string())
 
 
 def cmd_select(args: argparse.Namespace) -> int:
