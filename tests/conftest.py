@@ -26,6 +26,12 @@ def no_contention_check(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def private_report(tmp_path, monkeypatch):
+    """A bench in a test writes its report folder under the test's own directory, not into the checkout."""
+    monkeypatch.setenv("TIERED_OPS_REPORT", str(tmp_path / "tiered_ops_report"))
+
+
+@pytest.fixture(autouse=True)
 def private_store(tmp_path, monkeypatch):
     """Every test gets its own SQLite store and a clean decision cache."""
     import tiered_ops.decide.decide as sel

@@ -1,7 +1,7 @@
 """tiered-ops check on crafted results: a CUDA kernel holds a territory only when it beats the best compiler tier there
 by its margin beyond the noise; no CUDA result inside a held territory, a loss, a tie and stale evidence fail; a
 retired territory is reported, not failed; the report ends with one summary line. Then the committed evidence, the
-territory table's own rules and the README section generated from it."""
+territory table's own rules and the docs/territories.md section generated from it."""
 
 import math
 import re
@@ -303,8 +303,8 @@ def test_live_measures_the_default_problems_inside_the_held_territories():
     assert set(dtypes) == {d for t in held for d in t.dtypes} and set(modes) == {m for t in held for m in t.modes}
 
 
-def test_the_readme_lists_which_kernels_defend_what():
-    text = (ROOT / "README.md").read_text()
+def test_the_territories_page_lists_which_kernels_defend_what():
+    text = (ROOT / "docs" / "territories.md").read_text()
     start = text.index("<!-- territories:")
     section = text[text.index("\n", start) + 1:text.index("<!-- /territories -->")]
     assert section == terr.markdown()

@@ -177,7 +177,8 @@ def test_a_resumed_store_reports_each_case_from_its_newest_rows(tmp_path):
     resumed.to_csv(csv, index=False)
     out = tmp_path / "report"
     assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
-    assert f"; {len(df)} measurements;" in (out / "README.md").read_text()
+    assert (f"; {len(resumed)} measurements in the results, of which the {len(df)} newest of each case and "
+            "implementation make the figures below;") in (out / "README.md").read_text()
     assert (out / f"{case['op']}-gbps.png").stat().st_size > 0
 
 

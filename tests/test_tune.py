@@ -1,5 +1,5 @@
 """tiered_ops.tune: one real step recorded, exactly its calls measured and stored, the first real call measuring
-nothing; the recorder; the `tune` command; the README's "Use it in a model" snippet, run as written."""
+nothing; the recorder; the `tune` command; the "Use it in a model" snippet of docs/model-code.md, run as written."""
 
 import argparse
 import csv
@@ -23,6 +23,7 @@ from tiered_ops.tiers.catalog import get_op
 
 tune_mod = importlib.import_module("tiered_ops.models.tuning")
 README = Path(__file__).resolve().parent.parent / "README.md"
+MODEL_DOC = README.parent / "docs" / "model-code.md"
 
 
 def _no_measuring(*args, **kwargs):
@@ -142,10 +143,10 @@ def test_the_tune_command(tmp_path, monkeypatch, capsys):
 
 @needs_hf
 def test_readme_snippet_runs(monkeypatch, capsys):
-    text = README.read_text()
+    text = MODEL_DOC.read_text()
     section = text[text.index("## Use it in a model"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/model-code.md", "exec"), {})
     out = capsys.readouterr().out
     assert "swapped 6 module(s)" in out and "rms_norm 2x16x64" in out  # 5 RMSNorms and the loss
     stored = select.get_store().rows(op="rms_norm")

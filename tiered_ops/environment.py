@@ -1,5 +1,5 @@
 """The build environment a failure can depend on: which compilers and build tools are on PATH (resolved), the
-compiler variables, the Python executable and the torch/Triton versions.
+compiler variables, the Python installation (``sys.prefix``) and the torch/Triton versions.
 
 A candidate that failed with an exception (unavailable here, raised while compiling, building or importing) may
 have failed for its environment rather than for its code: a missing C++ compiler fails the compile tier, and
@@ -59,7 +59,9 @@ def triton_version() -> str:
 def _versions() -> dict[str, str]:
     import torch
 
-    return {"python": sys.executable, "torch": torch.__version__, "triton": triton_version()}
+    # the Python installation (a venv's folder), not the name it was started by: `python` and `python3` of one venv
+    # are one environment, and a failure stored by one of them holds for the other
+    return {"python": sys.prefix, "torch": torch.__version__, "triton": triton_version()}
 
 
 def environment() -> str:

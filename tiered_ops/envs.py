@@ -46,6 +46,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tiered_ops"
 
 
+def report_dir() -> Path:
+    """TIERED_OPS_REPORT: the folder under which ``tiered-ops bench`` writes its report (one sub-folder per device)
+    unless given ``--out``; default ``tiered_ops_report`` in the working directory."""
+    return Path(os.environ.get("TIERED_OPS_REPORT") or "tiered_ops_report")
+
+
 def build_dir() -> str | None:
     """TIERED_OPS_BUILD_DIR: where the CUDA extension is built."""
     return os.environ.get("TIERED_OPS_BUILD_DIR") or None

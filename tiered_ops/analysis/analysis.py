@@ -35,7 +35,8 @@ def unchecked(df: pd.DataFrame) -> pd.Series:
     """Per row, "not gated" or "pruned" where the row was timed but its gate never ran (a sweep gates a compiled tier
     only where a choice would take it; successive halving stops a slower one after a short timing), else None: a row
     that passed its gate, or one that failed. Such rows still count as rivals of a winner or of a CUDA kernel."""
-    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
+    # an all-empty reason column reads from CSV as float64 (NaN): cast before filling with text
+    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).astype(object).fillna("").astype(str)
     kind = why.map(lambda w: "not gated" if w.startswith(UNGATED) else "pruned" if w.startswith(PRUNED) else None)
     return kind.where(df.ok != 1, None)
 
@@ -51,7 +52,7 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
     it) or pruned after a short timing: ``runner_unchecked`` then says which ("not gated", "pruned"), as the
     report shows it; the winner is always a row that passed its gate."""
     late = unchecked(df)
-    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).fillna("").astype(str)
+    why = (df["reason"] if "reason" in df else pd.Series("", index=df.index)).astype(object).fillna("").astype(str)
     edge_only = (df.tier == "peer") & (df.ok != 1) & why.str.startswith(EDGE_ONLY)
     timed = df.assign(unchecked=late, edge_only=edge_only)[df.caller_us.notna() & ((df.ok == 1) | late.notna()
                                                                                   | edge_only)]

@@ -81,13 +81,17 @@ def _breaks(meta: dict) -> str:
     return "-" if d.get("breaks") is None else str(d["breaks"])
 
 
-def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None
-             ) -> dict[str, str]:
+def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None,
+             total: int | None = None) -> dict[str, str]:
     """The report's pages: ``README.md`` (the one-screen summary first, then how it was measured, the flags and
     one plot per op), ``cases.md`` (per op, the winner of each case with its margin and the decision under each
     policy) and, where it stays under ``MEASUREMENTS_MAX`` characters, ``measurements.md`` (every measurement; else
-    ``results.csv`` alone holds them)."""
+    ``results.csv`` alone holds them). ``df``: each case's newest rows; ``total``: the rows of the results they were
+    taken from, when more (a resumed store keeps older rows of a case)."""
     first = df.iloc[0]
+    count = (f"{len(df)} measurements" if total is None or total == len(df) else
+             f"{total} measurements in the results, of which the {len(df)} newest of each case and implementation "
+             "make the figures below")
     copy = df.copy_gbps.dropna().median()
     w = winners(df)
     d = decisions(df, metas) if len(w) else pd.DataFrame()
@@ -99,7 +103,7 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         f"# {first.gpu_name}",
         "",
         f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
-        f"{len(df)} measurements; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
+        f"{count}; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
         "",
         *summary(w, df),
         "",
@@ -240,7 +244,7 @@ def plots(df: pd.DataFrame, out: Path) -> list[Path]:
         from matplotlib.patches import Rectangle
 
         tiers = list(TIER_COLORS)
-        rows = list(dict.fromkeys(zip(w.op, w.problem)))
+        rows = list(dict.fromkeys(zip(w.op, w.problem)))  # the whole problem: two may share a shape
         cols = list(dict.fromkeys(zip(w.dtype, w["mode"])))
         grid = [[math.nan] * len(cols) for _ in rows]
         fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 3, 0.32 * len(rows) + 1.5))
@@ -281,18 +285,30 @@ def render(results: list[str | Path], out: str | Path, meta: str | Path | None, 
     --live`` for the targets measured there. ``archived``: the GPU is archived (``gpus.Archived.describe()``): a
     note under the title says so."""
     df, metas = load(results, meta)
-    again = load(repeat)[0] if repeat else None
+    csv = Path(out) / "results.csv"
+    write_csv = write_csv and not any(Path(r).resolve() == csv.resolve() for r in results)
+    return render_frame(df, out, metas, command, rendered_by, write_csv, load(repeat)[0] if repeat else None,
+                        targets, targets_spec, archived)
+
+
+def render_frame(df: pd.DataFrame, out: str | Path, metas: dict, command: str, rendered_by: str,
+                 write_csv: bool = True, again: pd.DataFrame | None = None,
+                 targets: dict[str, pd.DataFrame | None] | None = None, targets_spec: dict | None = None,
+                 archived: str | None = None) -> list[Path]:
+    """``render`` from rows already read (a sweep's own, with its cost metadata ``metas`` by (op, impl)); ``again``:
+    the second sweep's rows."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cols = [c for c in ["id", *COLUMN_NAMES] if c in df.columns]
     written = []
     csv = out / "results.csv"
-    if write_csv and not any(Path(r).resolve() == csv.resolve() for r in results):
+    if write_csv:
         df[cols].to_csv(csv, index=False)
         written.append(csv)
+    total = len(df)
     df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
     again = latest(again) if again is not None else None
-    pages = markdown(df, metas, command, rendered_by, again)
+    pages = markdown(df, metas, command, rendered_by, again, total)
     if archived:
         title, rest = pages["README.md"].split("\n", 1)
         pages["README.md"] = (f"{title}\n\n**Archived GPU** ({archived}): this evidence is history, read and reported, "

@@ -65,7 +65,7 @@ def _best(g: pd.DataFrame, tiers: tuple[str, ...] | list[str], by: str = "caller
     as the peer a kernel of ours is held against."""
     correct = g.ok == 1
     if rivals and "reason" in g:
-        correct |= (g.tier == "peer") & g.reason.fillna("").astype(str).str.startswith(EDGE_ONLY)
+        correct |= (g.tier == "peer") & g.reason.astype(object).fillna("").astype(str).str.startswith(EDGE_ONLY)
     g = g[g.tier.isin(list(tiers)) & correct & g.caller_us.notna()]
     if g.empty:
         return None

@@ -200,7 +200,8 @@ def _meet(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
 
 def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
              retired: dict[str, str] | None = None) -> str:
-    """The README's section on which CUDA kernel defends what (tests/test_check.py holds the README to it)."""
+    """The section of docs/territories.md on which CUDA kernel defends what (tests/test_check.py holds the page to
+    it)."""
     retired = RETIRED if retired is None else retired
     held = [t for t in territories if t.name not in retired]
     lines = ["## Which CUDA kernels defend what", "",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+from typing import NoReturn
 
 import torch
 
@@ -130,9 +131,31 @@ def _listed(s: argparse.ArgumentParser, name: str, parse: object, help: str) -> 
     s.add_argument(f"--{name}s", dest=name, type=parse, help=argparse.SUPPRESS)
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that takes options only as spelled (``--dtyp`` is not ``--dtype``) and reports a
+    mistake on one line, with where to read the usage, rather than the whole usage first."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h`: the usage)\n")
+
+    def parse_args(self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+                   ) -> argparse.Namespace:
+        """As argparse's, but an argument no parser takes is reported by the subcommand it followed."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = subs[0].choices.get(getattr(parsed, subs[0].dest, None)) if subs else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def _globals(default: object) -> argparse.ArgumentParser:
     """The options every subcommand takes, before it (``default``) or after it (absent: the value given before)."""
-    g = argparse.ArgumentParser(add_help=False)
+    g = Parser(add_help=False)
     g.add_argument("--db", default=default,
                    help="SQLite store path (default: $TIERED_OPS_DB or ~/.cache/tiered_ops/results.sqlite)")
     g.add_argument("-q", "--quiet", action="store_true", default=default if default is argparse.SUPPRESS else False,
@@ -142,15 +165,15 @@ def _globals(default: object) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; each subcommand's name is ``cmd`` in the parsed namespace."""
-    p = argparse.ArgumentParser(prog="tiered-ops", parents=[_globals(None)],
+    p = Parser(prog="tiered-ops", parents=[_globals(None)],
                                 description="Gate every tier of every op against float64, time it, store it, and "
                                             "select the fastest correct one per shape. `tiered-ops COMMAND -h`: the "
                                             "arguments of one command.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of these:")
     common = [_globals(argparse.SUPPRESS)]
-    device = argparse.ArgumentParser(add_help=False)
+    device = Parser(add_help=False)
     device.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
-    progress = argparse.ArgumentParser(add_help=False)
+    progress = Parser(add_help=False)
     progress.add_argument("--no-progress", action="store_true", help="no progress bar (a log line every 50 measured)")
     ops = ", ".join(s.name for s in all_ops())
 
@@ -159,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("list", "ops x implementations and whether each can run here", device)
 
-    s = command("bench", "gate, time and store every implementation; print a table per op", device, progress)
+    s = command("bench", "gate, time and store every implementation; write a report folder and print a summary",
+                device, progress)
     s.add_argument("--ops", help=f"comma-separated ops (default: all): {ops}")
     s.add_argument("--impls", help="comma-separated implementation names, e.g. eager,triton (default: all)")
     s.add_argument("--import", dest="imports", action="append", metavar="MODULE",
@@ -171,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-meta", action="store_true",
                    help="skip the cost metadata (graph breaks, lines of code, build seconds) after the measurements")
     s.add_argument("--csv", help="also write this sweep's rows to a CSV file")
+    s.add_argument("--out", metavar="DIR",
+                   help="the report folder: results.csv, README.md and the plots of this sweep (default "
+                        "./tiered_ops_report/<device>/, or under $TIERED_OPS_REPORT)")
+    s.add_argument("--no-report", action="store_true", help="print the summary only; write no report folder")
+    s.add_argument("--tables", action="store_true",
+                   help="also print every measurement per op, the decision under each policy and the winner per mode "
+                        "(the report folder holds the same)")
     s.add_argument("--gate-all", action="store_true",
                    help="gate every candidate (default: the Triton and compile tiers are timed first and gated only "
                         "where a choice would name them; the others are stored as never chosen)")
@@ -205,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op", help=f"the op: {ops}")
     s.add_argument("--json", action="store_true", help="print each implementation's metadata as JSON")
 
-    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories (tiered_ops/territories.py)"
+    s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories "
+                         "(tiered_ops/analysis/territories.py)"
                          ", or its evidence is stale", device, progress)
     s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h200/results.csv: "
                                                 "a current GPU's rows gate, an archived GPU's are information")
@@ -221,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", nargs="+", required=True, help="results CSV(s) from `export` or a committed report")
     s.add_argument("--meta", help="cost metadata JSON lines from `export --meta` (graph breaks, LOC, build s)")
     s.add_argument("--out", required=True, help="folder to write, e.g. reports/nvidia-h100")
-    s.add_argument("--command", required=True, help="the command that produced the results (named in the report)")
+    s.add_argument("--command", help="the command that produced the results, named in the report (default: "
+                                     "\"not recorded\")")
     s.add_argument("--no-csv", action="store_true", help="do not copy the results into the folder (they sit beside it)")
     s.add_argument("--repeat", nargs="+", help="results of a second sweep on the same GPU: report the agreement rate")
     s.add_argument("--targets-spec", help="speed targets JSON (e.g. benchmarks/targets.json): add their section")

@@ -14,7 +14,6 @@ import torch
 
 from .. import envs
 from ..analysis import targets
-from ..analysis.analysis import decisions, policy_disagreements, shown, table, winner_per_mode, winners
 from ..analysis.check import check, live_plan, report
 from ..analysis.report import cross, render
 from ..analysis.targets import load_spec
@@ -29,6 +28,7 @@ from ..sweep.bench import sweep
 from ..sweep.shards import gpu_devices
 from ..tiers.catalog import all_ops, get_op
 from .args import build_parser, op_kwargs, protect_shapes
+from .bench_out import report_and_summary, tables, wrapped
 from .decisions import cmd_decisions
 from .evidence import archived_note, check_files
 from .io import UsageError, out_file, read_results
@@ -61,13 +61,16 @@ def _store(args: argparse.Namespace) -> Store:
 def cmd_list(args: argparse.Namespace) -> int:
     dev = _device(args.device)
     print(f"device: {dev}")
-    for spec in all_ops():
+    specs = all_ops()
+    wide = [max(len(x) for x in names) for names in zip(*((s.name, i.name, i.tier.label) for s in specs
+                                                          for i in s.impls.values()))]
+    for spec in specs:
         for impl in spec.impls.values():
             why = impl.why_not(dev)
             state = "available" if why is None else f"unavailable: {why}"
             if why is None and impl.timeable(dev):
                 state += f" (not timeable here: {impl.timeable(dev)})"
-            print(f"{spec.name:<10} {impl.name:<14} {impl.tier.label:<8} {state}")
+            print(f"{spec.name:<{wide[0]}}  {impl.name:<{wide[1]}}  {impl.tier.label:<{wide[2]}}  {state}")
     return 0
 
 
@@ -98,7 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         df = sweep(specs, problems, dtypes, dev, store, force=args.force, progress=not args.no_progress, metas=metas,
                    modes=args.mode or MODES, isolate=not args.in_process, timeout_s=args.timeout,
                    impls=args.impls.split(",") if args.impls else None, cost_metadata=not args.no_meta,
-                   shard=args.shard, devices=devices, gate_all=args.gate_all)
+                   shard=args.shard, devices=devices, gate_all=args.gate_all, log=wrapped)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished measurement is in {store.path}; the same command resumes",
               file=sys.stderr)
@@ -109,26 +112,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
         print(f"wrote {len(df)} rows to {args.csv}")
-    note: list[str] = []
-    rows = shown(df, note) if len(df) else df
-    for spec in specs:
-        print()
-        print(table(rows, spec.name))
-    for line in note:
-        print(line)
-    w = winners(df)
-    if len(w):
-        print("\nwinners:")
-        cols = ["op", "problem", "dtype", "mode", "winner", "tier", "caller_us", "margin", "tie"]
-        print(w[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-        d = decisions(df, metas)
-        print("\ndecision under each policy (cold_start_N: N expected calls; CUDA pays its extension build):")
-        print(d.to_string(index=False))
-        print(f"policies disagree on {policy_disagreements(d)} of {len(d)} (op, problem, dtype, mode)")
-        modes, flips = winner_per_mode(w, df)
-        if modes.shape[1] > 1:
-            print(f"\nwinner per mode (differs across modes for {flips} of {len(modes)} (op, problem, dtype)):")
-            print(modes.to_string())
+    if args.tables:
+        tables(df, specs, metas)
+    report_and_summary(df, metas, args, Path(args.out) if args.out else envs.report_dir() / fingerprint(dev).slug,
+                       store.path)
     return 0
 
 
@@ -231,7 +218,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     read_results(args.results + (args.repeat or []))  # each file checked before anything is written
     rendered_by = "tiered-ops report " + " ".join(args.argv)
-    files = render(args.results, args.out, args.meta, args.command, rendered_by.strip(), write_csv=not args.no_csv,
+    files = render(args.results, args.out, args.meta, args.command or "not recorded", rendered_by.strip(),
+                   write_csv=not args.no_csv,
                    repeat=args.repeat, targets=_read_targets(args.targets) if args.targets else None,
                    targets_spec=load_spec(args.targets_spec) if args.targets_spec else None,
                    archived=archived_note(args.results[0]))

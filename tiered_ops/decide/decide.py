@@ -49,6 +49,7 @@ from . import background
 from .capture import is_warm, warm
 from .choice import _decide, _gated
 from .contexts import _compiled_rows, in_context, measured_compiled
+from .first_use import Announce
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
@@ -262,11 +263,11 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         if missing and tune:
             check_fits(spec, problem, dtype, device, mode)
             where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
-            log.info("tiered_ops: tuning %s %s %s %s %s on %s: no stored decision, measuring %d implementation(s) "
-                     "(%s) once; %s", spec.name, problem, dname, mode, context, device,
-                     len(missing), ", ".join(i.name for i in missing), where)
+            said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", missing, device)
+            said.start(where)
             new, t0 = [], time.perf_counter()
             for impl in missing:
+                said.step(impl)
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure_kept(store, spec, impl, problem, dtype, device, mode))
