@@ -355,8 +355,9 @@ PY
       mkdir -p "$OUT/compiled_models"
       t=$(left)
       run_for "$t" $PY benchmarks/compiled_models.py --out-dir "$OUT/compiled_models" --deadline-s $(( t - 60 )) \
-        ${COMPILED_MODELS_CARRY:+--store "$TIERED_OPS_DB"} ${COMPILED_MODELS_ARGS:-} 2>&1 | grep -v -E "UserWarning|warn_once|warnings.warn" \
-        | tee "$OUT/compiled_models/compiled_models.log" | grep -E "first call|  (stock|tiered)|wrote|deadline|failed"
+        ${COMPILED_MODELS_CARRY:+--store "$TIERED_OPS_DB"} ${COMPILED_MODELS_ARGS:-} 2>&1 \
+        | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/compiled_models/compiled_models.log" \
+        | grep -E "first call|  (stock|tiered)|wrote|deadline|failed"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     trainmem)
