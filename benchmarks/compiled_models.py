@@ -15,7 +15,8 @@ per round), so each compiled model lives in its own process and the comparison i
 
 Columns: graph_breaks (``sum(counters["graph_break"].values())`` of the worker after timing; the reasons are in note),
 recompiles (frames dynamo compiled after the first call: during warm-up and timing), graphs (``counters["stats"]
-["unique_graphs"]``), first_call_s, rel_err, ms p50/p20/p80 of all timed calls, verdict against stock (and against
+["unique_graphs"]``), cudagraph_skips (``counters["inductor"]["cudagraph_skips"]``: graphs a CUDA-graph mode ran
+without them), first_call_s, rel_err, ms p50/p20/p80 of all timed calls, verdict against stock (and against
 stock-copy where it runs, models_rows' rules: faster/slower only beyond the spread with every round agreeing), store
 (fresh, or carried with ``--store``: "had" when the file held a store when the worker started). The counters are the
 worker's whole process: torch.compile calls made by tiered_ops' own tuning in that process count too (their reasons
@@ -32,7 +33,17 @@ rerun finds its decisions (its rows say "carried"); Inductor's cache is the call
 (first_call_s then measures a warm cache). Rows are written as they finish (compiled_models.csv and .md in --out-dir),
 and ``--deadline-s`` stops starting rows past it, so a cut run keeps what it finished.
 
+GPU time, an estimate (not measured with this file): on the H200, benchmarks/models.py's in-process compiles of
+stock 8B-dimension 2-layer models (Inductor, default mode) took 4-6 s for decode, 13 s for prefill and 21-22 s for
+training, and 5 timed rounds 2-5 s (reports/nvidia-h200/models/*.log); a row here pays that per variant, plus each
+worker's start (imports, build, the eager reference step) and, for tiered from a fresh store, its tuning on a miss (the
+CUDA extension's first build took 36 s there, once per machine). Reckon about a minute per default-mode row, more
+with reduce-overhead's recording and minutes for max-autotune's GEMM search: the 36 rows of the full plan do not fit
+one 10-minute call; run a config (or a mode) per call, with --store and TORCHINDUCTOR_CACHE_DIR carried so a rerun
+repeats little. In scripts/gpu.sh: the stage compiledmodels (COMPILED_MODELS_ARGS, COMPILED_MODELS_CARRY).
+
     python benchmarks/compiled_models.py --out-dir /tmp/cm                        # GPU: the whole matrix
+    COMPILED_MODELS_ARGS="--configs qwen2-1.5b-dims-2l" bash scripts/gpu.sh compiledmodels   # one config a call
     python benchmarks/compiled_models.py --configs gpt2-medium-2l --modes max-autotune --workloads train
     python benchmarks/compiled_models.py --quick --configs llama-tiny --workloads prefill --out-dir /tmp/cm  # CPU
 """
@@ -67,7 +78,8 @@ WORKLOADS = ("prefill", "decode", "train")
 CONTROL = "stock-copy"
 COLUMNS = ("config", "family", "dtype", "mode", "workload", "shape", "variant", "ms_p50", "ms_p20", "ms_p80", "calls",
            "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy", "graph_breaks", "recompiles",
-           "graphs", "first_call_s", "rel_err", "store", "error", "note", "backend", "device", "torch", "transformers")
+           "graphs", "cudagraph_skips", "first_call_s", "rel_err", "store", "error", "note", "backend", "device",
+           "torch", "transformers")
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
@@ -230,7 +242,8 @@ def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, comm
         for v, r in last.items():
             reasons = "; ".join(r["reasons"])
             late = r["frames"] - first[v]["frames_first"]
-            rows[v].update(graph_breaks=r["graph_breaks"], recompiles=late, graphs=r["graphs"])
+            rows[v].update(graph_breaks=r["graph_breaks"], recompiles=late, graphs=r["graphs"],
+                           cudagraph_skips=r["cudagraph_skips"])
             rows[v]["note"] = "; ".join(x for x in (rows[v].get("note", ""), reasons and f"breaks: {reasons}") if x)
         _verdicts(rows, {v: s for v, s in samples.items() if v in alive and s})
     finally:
@@ -261,8 +274,8 @@ def _verdicts(rows: dict[str, dict], samples: dict[str, list[list[float]]]) -> N
 def render(rows: list[dict], head: list[str]) -> str:
     out = ["# Compiled-model matrix", "", *head, "",
            "| config | dtype | mode | workload | variant | median ms | p20-p80 ms | vs stock | verdict | rounds slower "
-           "| breaks | recompiles | graphs | first call s | rel err | store | error / note |",
-           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
+           "| breaks | recompiles | graphs | cg skips | first call s | rel err | store | error / note |",
+           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         stock = next((s for s in rows if s["variant"] == "stock" and s.get("ms_p50") and all(
             s[k] == r[k] for k in ("config", "dtype", "mode", "workload"))), None)
@@ -272,6 +285,7 @@ def render(rows: list[dict], head: list[str]) -> str:
         out.append(f"| {r['config']} | {r['dtype']} | {r['mode']} | {r['workload']} {r['shape']} | {r['variant']} "
                    f"| {r.get('ms_p50', '')} | {sp} | {speed} | {r.get('verdict', '')} | {r.get('rounds_slower', '')} "
                    f"| {r.get('graph_breaks', '')} | {r.get('recompiles', '')} | {r.get('graphs', '')} "
+                   f"| {r.get('cudagraph_skips', '')} "
                    f"| {r.get('first_call_s', '')} | {r.get('rel_err', '')} | {r.get('store', '')} | {err} |")
     return "\n".join(out) + "\n"
 

@@ -29,12 +29,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def counts() -> dict[str, Any]:
-    """This process's dynamo counters: graph breaks (all reasons), frames compiled, unique graphs, break reasons."""
+    """This process's dynamo counters: graph breaks (all reasons), frames compiled, unique graphs, the graphs Inductor
+    ran without the CUDA graphs their mode asked for, break reasons."""
     from torch._dynamo.utils import counters
 
     return dict(graph_breaks=int(sum(counters["graph_break"].values())),
                 frames=int(counters["frames"].get("total", 0)),
                 graphs=int(counters["stats"].get("unique_graphs", 0)),
+                cudagraph_skips=int(counters["inductor"].get("cudagraph_skips", 0)),
                 reasons=[_reason(r) for r in counters["graph_break"]])
 
 

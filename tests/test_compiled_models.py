@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from test_patch import needs_hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -81,3 +82,24 @@ def test_the_plan_covers_both_dtypes_every_family_and_the_modes():
     autotuned = {n for n, _, _, m, _ in rows if m in ("max-autotune", "max-autotune-no-cudagraphs")}
     assert len(autotuned) == 1
     assert {w for *_, w in rows} == {"prefill", "decode", "train"}
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.timeout(400)
+def test_reduce_overhead_training_on_a_gpu_runs_whole_in_cuda_graphs(tmp_path, monkeypatch):
+    # Inductor's reduce-overhead on a training step, each variant in its own process: stock traces whole, records CUDA
+    # graphs (no skips), and its compiled first step matches the eager one; tiered's row is counted, never skipped.
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    out = tmp_path / "out"
+    rc = compiled_models.main(["--quick", "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
+                               "--modes", "reduce-overhead", "--workloads", "train", "--out-dir", str(out)])
+    assert rc == 0
+    with open(out / "compiled_models.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"stock", "tiered"}
+    stock = rows["stock"]
+    assert stock["error"] == "" and stock["graph_breaks"] == "0" and stock["cudagraph_skips"] == "0"
+    assert stock["recompiles"] == "0" and float(stock["rel_err"]) < 5e-2
+    assert rows["tiered"]["error"] == "" and int(rows["tiered"]["graph_breaks"]) >= 0
+    assert rows["tiered"]["verdict"] in ("faster", "slower", "tie")
