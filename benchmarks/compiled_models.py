@@ -14,14 +14,15 @@ beside another's compile; the parent then interleaves timing rounds between them
 per round), so each compiled model lives in its own process and the comparison is interleaved all the same.
 
 Columns: graph_breaks (``sum(counters["graph_break"].values())`` of the worker after timing; the reasons are in note),
-recompiles (frames dynamo compiled after the first call: during warm-up and timing), graphs (``counters["stats"]
+recompiles (frames dynamo compiled after the first call: during warm-up and timing; torch 2.13 keeps no
+recompile counter of its own), graphs (``counters["stats"]
 ["unique_graphs"]``), cudagraph_skips (``counters["inductor"]["cudagraph_skips"]``: graphs a CUDA-graph mode ran
 without them), first_call_s, rel_err, ms p50/p20/p80 of all timed calls, verdict against stock (and against
 stock-copy where it runs, models_rows' rules: faster/slower only beyond the spread with every round agreeing), store
-(fresh, or carried with ``--store``: "had" when the file held a store when the worker started). The counters are the
-worker's whole process: torch.compile calls made by tiered_ops' own tuning in that process count too (their reasons
-show in note). A worker that raises or dies is a row with its error, never a skip. Verdicts compare only the rounds of
-one row: host-bound rows (decode) on a GPU host's noisy CPU say nothing across rows or runs.
+(fresh, or carried with ``--store``: "had" when the file held a store when the worker started), pid (the worker's).
+The counters are the worker's whole process: torch.compile calls made by tiered_ops' own tuning in that process count
+too (their reasons show in note). A worker that raises or dies is a row with its error, never a skip. Verdicts
+compare only the rounds of one row: host-bound rows (decode) on a GPU host's noisy CPU say nothing across rows or runs.
 
 Modes: default and reduce-overhead for every config; max-autotune and max-autotune-no-cudagraphs also for the config
 marked so (``--modes`` runs the listed ones for every config instead). Workloads: prefill (1 x seq), decode (batch x 1
@@ -78,7 +79,7 @@ WORKLOADS = ("prefill", "decode", "train")
 CONTROL = "stock-copy"
 COLUMNS = ("config", "family", "dtype", "mode", "workload", "shape", "variant", "ms_p50", "ms_p20", "ms_p80", "calls",
            "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy", "graph_breaks", "recompiles",
-           "graphs", "cudagraph_skips", "first_call_s", "rel_err", "store", "error", "note", "backend", "device",
+           "graphs", "cudagraph_skips", "first_call_s", "rel_err", "store", "pid", "error", "note", "backend", "device",
            "torch", "transformers")
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
@@ -178,13 +179,15 @@ class Worker:
             raise WorkerError(value)
         return value
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 10.0) -> None:
+        """Asks the worker to end, then kills it if it has not within ``wait`` seconds (0: only ask)."""
         with contextlib.suppress(OSError, BrokenPipeError):
             self.conn.send(("stop",))
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(10)
+        if wait:
+            self.proc.join(wait)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(10)
 
 
 def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, common: dict) -> list[dict]:
@@ -208,7 +211,8 @@ def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, comm
         alive: dict[str, Worker] = {}
         for v, w in workers.items():
             try:
-                rows[v]["store"] = w.ask(None, args.worker_timeout)["store"]
+                info = w.ask(None, args.worker_timeout)
+                rows[v].update(store=info["store"], pid=info["pid"])
                 alive[v] = w
             except WorkerError as e:
                 rows[v]["error"] = str(e)
@@ -246,9 +250,12 @@ def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, comm
                            cudagraph_skips=r["cudagraph_skips"])
             rows[v]["note"] = "; ".join(x for x in (rows[v].get("note", ""), reasons and f"breaks: {reasons}") if x)
         _verdicts(rows, {v: s for v, s in samples.items() if v in alive and s})
-    finally:
+    finally:  # every worker asked at once, then 10 s for them all: a run cut by SIGINT is killed 15 s later
         for w in workers.values():
-            w.stop()
+            w.stop(wait=0)
+        end = time.monotonic() + 10
+        for w in workers.values():
+            w.stop(wait=max(0.1, end - time.monotonic()))
         shutil.rmtree(tmp, ignore_errors=True)
     return list(rows.values())
 
