@@ -14,6 +14,7 @@
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 firstcalls (firstcall three ways, each into first_call/<way>/: aside, no-aside, busy),
 #                 decoder and models (model-level benchmarks), trainmem (a training step's saved tensors and peak),
+#                 compiledmodels (benchmarks/compiled_models.py: each compiled model in its own process),
 #                 stepprof (where a model step's time goes: host, kernels by family, the GPU's idle gaps),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it),
@@ -349,6 +350,23 @@ PY
           | grep -v -E "UserWarning|warn_once" | tee "$OUT/models/$m/models.log" | grep -E "8b-dims|gpt2|wrote"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
+      ;;
+    compiledmodels)
+      # benchmarks/compiled_models.py: stock vs tiered_ops.patch in the natural flow (fresh store, patch -> compile ->
+      # call), each compiled model in its own process, graph breaks and recompiles per row, into
+      # $OUT/compiled_models/; rows written as they finish, no row started within 60 s of the stage's limit.
+      # COMPILED_MODELS_ARGS adds to it (--configs, --modes, --workloads, --variants stock,stock-copy,tiered for the
+      # control). COMPILED_MODELS_CARRY=1: every tiered worker uses $TIERED_OPS_DB (the store that comes back; RESUME_DB
+      # carries it into the next call, whose rows then say "carried"); with TORCHINDUCTOR_CACHE_DIR set to a carried
+      # folder a rerun's compiles are cache hits.
+      echo "== compiledmodels: the compiled-model matrix"
+      mkdir -p "$OUT/compiled_models"
+      t=$(left)
+      run_for "$t" $PY benchmarks/compiled_models.py --out-dir "$OUT/compiled_models" --deadline-s $(( t - 60 )) \
+        ${COMPILED_MODELS_CARRY:+--store "$TIERED_OPS_DB"} ${COMPILED_MODELS_ARGS:-} 2>&1 \
+        | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/compiled_models/compiled_models.log" \
+        | grep -E "first call|  (stock|tiered)|wrote|deadline|failed"
+      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       ;;
     trainmem)
       # Where a training step's memory goes, stock against patched (benchmarks/train_memory.py): decisions, tensors
