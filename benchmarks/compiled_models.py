@@ -204,7 +204,8 @@ def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, comm
             fail = next((f.split(":")[2] for f in args.inject_failure
                          if f.split(":")[:2] == [v, workload]), "")
             spec = dict(config=cfg, dtype=dtype, mode=mode, workload=workload, variant=v, shape=shape,
-                        device=args.device, backend=args.backend, warmup=args.warmup, carried=bool(args.store),
+                        device=args.device, backend=args.backend, warmup=args.warmup, settle_s=args.settle_s,
+                        carried=bool(args.store),
                         fail=fail)
             store = args.store or str(tmp / f"{v}.sqlite")  # fresh: a new file per worker
             workers[v] = Worker(spec, {"TIERED_OPS_DB": store})
@@ -318,6 +319,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
     p.add_argument("--reps", type=int, help="calls per variant and round (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 1 with --quick)")
+    p.add_argument("--settle-s", type=float, default=120.0,
+                   help="a tiered worker waits at most this for the background tuning its trace queued before it is "
+                   "timed, so no measurement shares the GPU with the timed calls (default 120)")
     p.add_argument("--min-round-ms", type=float, help="each variant's calls per round span at least this many ms "
                    "(more calls than --reps on a fast row, at most 20x; default 100; 0 with --quick)")
     p.add_argument("--out-dir", help="where compiled_models.csv and .md go (default reports/<gpu>/compiled_models)")

@@ -66,7 +66,7 @@ def build(spec: dict[str, Any], device: torch.device) -> torch.nn.Module:
 def step(model: Any, workload: str, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
     """benchmarks/models.py's ``step_fn``; a training step starts from no gradients (``zero_grad(set_to_none=True)``,
     as a training loop's optimizer step leaves them), so a step's work never depends on the steps before it."""
-    from benchmarks.models import step_fn
+    from benchmarks.models_build import step_fn
 
     fn = step_fn(model, workload, ids)
     if workload != "train":
@@ -128,12 +128,19 @@ class Runner:
         first_s = time.perf_counter() - t0
         err = rel_err(out, self.reference)
         first = counts()
+        pending = 0
+        if spec["variant"].startswith("tiered"):  # the buckets its trace queued: measured before it is timed
+            from tiered_ops.decide import background
+
+            background.wait_for_tuning(spec.get("settle_s", 120.0))
+            pending = background.pending()
         for _ in range(spec["warmup"]):
             self.fn()
         warm = statistics.median(timed(self.fn, 3, self.cuda))
         now = counts()
-        return dict(first_call_s=first_s, rel_err=err, note=note, warm_ms=warm, frames_before=before["frames"],
-                    frames_first=first["frames"], **now)
+        return dict(first_call_s=first_s, rel_err=err, note=note + (f"; {pending} tuning jobs still pending" if pending
+                                                                     else ""), warm_ms=warm,
+                    frames_before=before["frames"], frames_first=first["frames"], **now)
 
     def time(self, reps: int) -> dict[str, Any]:
         assert self.fn is not None, "compile first"

@@ -1,4 +1,4 @@
-"""What benchmarks/models.py and benchmarks/models_natural.py build: the model tables (random weights from configs,
+"""What benchmarks/models.py builds: the model tables (random weights from configs,
 nothing downloaded), the variants (stock, its unpatched copy, tiered_ops.patch with and without fuse_residual,
 Liger's patch), one step of a workload and the ways to run it (CUDA-graph capture, a compile of its own)."""
 

@@ -202,27 +202,6 @@ def test_the_docs_snippet_runs_as_written(monkeypatch):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
-def test_the_natural_flow_matrix_counts_breaks_and_recompiles_per_process(tmp_path, monkeypatch):
-    """benchmarks/models_natural.py --quick: each row from a process of its own with a fresh store; dynamo's counts
-    (breaks, graphs, recompiles) and the logits' error against stock eager in every row."""
-    import csv
-    import importlib.util
-
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # the children inherit it: no background worker in the smoke
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "models_natural.py"
-    spec = importlib.util.spec_from_file_location("models_natural", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.main(["--quick", "--configs", "gpt2-tiny-fp16", "--workloads", "decode", "--modes", "default",
-                       "--out-dir", str(tmp_path)]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "models-natural.csv")))
-    assert [r["variant"] for r in rows] == ["stock", "tiered"], rows
-    for r in rows:
-        assert (r["graph_breaks"], r["graphs"], r["recompiles"]) == ("0", "1", "0"), r
-        assert float(r["rel_err_vs_stock_eager"]) < 1e-2 and float(r["ms_p50"]) > 0, r
-    assert rows[1]["speed_vs_stock"] and rows[1]["batch"] == "3", rows[1]
-
-
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_symbolic_sizes_with_no_decision_stay_in_the_graph(private_decisions, dynamic):
     """Dynamic shapes (asked for, or dynamo's switch at a first recompile) with nothing decided: the eager tier, one

@@ -15,7 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
-from benchmarks.models_natural import _model, _step, configs  # noqa: E402
+from benchmarks.compiled_models import configs  # noqa: E402
+from benchmarks.compiled_worker import build, step  # noqa: E402
 
 
 class _Lines(logging.Handler):
@@ -29,7 +30,7 @@ class _Lines(logging.Handler):
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--config", default="llama-h2048-v32k-fp16")
+    p.add_argument("--config", default="qwen2-1.5b-dims-2l")
     p.add_argument("--variant", choices=("stock", "tiered"), required=True)
     p.add_argument("--mode", default="reduce-overhead")
     p.add_argument("--workload", default="decode")
@@ -45,27 +46,27 @@ def main() -> int:
     torch._logging.set_logs(guards=True)
     logging.getLogger("torch._dynamo.guards").addHandler(guards)
     cfg, dev = configs(False)[a.config], torch.device("cuda")
-    model = _model(cfg, dev)
+    model = build(dict(config=cfg, dtype=cfg["dtype"], workload=a.workload), dev)
     shape = (cfg["batch"], 1) if a.workload == "decode" else (1, cfg["seq"])
     ids = torch.randint(0, model.config.vocab_size, shape, device=dev)
-    model.train(a.workload == "train")
     if a.variant == "tiered":
         tiered_ops.patch(model)
     compiled = torch.compile(model, **({} if a.mode == "default" else {"mode": a.mode}))
+    fn = step(compiled, a.workload, ids)
     for _ in range(3):
-        _step(compiled, a.workload, ids)
+        fn()
     background.wait_for_tuning(60)
     for _ in range(10):
-        _step(compiled, a.workload, ids)
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(a.calls):
-        _step(compiled, a.workload, ids)
+        fn()
     torch.cuda.synchronize()
     per_call = (time.perf_counter() - t0) / a.calls * 1e3
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(20):
-            _step(compiled, a.workload, ids)
+            fn()
         torch.cuda.synchronize()
     text = "\n".join(guards.lines)
     out = Path(a.out)
