@@ -99,7 +99,8 @@ def test_a_busy_pass_decides_provisionally_says_so_and_is_timed_again_after_its_
     with caplog.at_level(logging.WARNING, logger="tiered_ops.decide.provisional"):
         sel = decide.select_backend("softmax", (8, 64))
     # every row contended: no decision by their absence, eager on record as provisional
-    assert sel.name == "eager" and sel.record["provisional"].startswith("provisional: 2 of 2"), sel.record
+    why = sel.record["provisional"]
+    assert sel.name == "eager" and why.startswith("provisional: the timings of 2 of 2"), sel.record
     assert "no correct timed implementation" in sel.record["reason"]
     assert any("decision provisional" in m and "timed again in" in m for m in caplog.messages), caplog.messages
     store = decide.get_store()
@@ -126,7 +127,7 @@ def test_the_fastest_candidate_timed_busy_never_loses_by_its_absence(softmax2, m
 
     monkeypatch.setattr(decide, "measure_kept", eager_busy)
     sel = decide.select_backend("softmax", (8, 128))
-    assert sel.name == "again" and "provisional: 1 of 2" in sel.record["provisional"], sel.record
+    assert sel.name == "again" and "provisional: the timings of 1 of 2" in sel.record["provisional"], sel.record
     assert "chosen among the clean one(s) (again)" in sel.record["provisional"]
     # not due yet: a later process takes the provisional decision as it is, measuring nothing
     decide.clear_cache()
@@ -188,7 +189,7 @@ def test_decisions_list_marks_the_provisional_ones(softmax2, monkeypatch, capsys
     out = capsys.readouterr().out
     assert "2 decision(s), 1 provisional" in out, out
     line = [x for x in out.splitlines() if "[8,192" in x]
-    assert line and "eager (nothing correct timed clean) - provisional: 2 of 2" in line[0], out
+    assert line and "eager (nothing correct timed clean) - provisional: the timings of 2 of 2" in line[0], out
     assert main(["decisions", "list", "--provisional", "--db", str(private_store)]) == 0
     out = capsys.readouterr().out
     assert "[8,64" not in out and "[8,192" in out, out
@@ -304,7 +305,8 @@ def test_ranks_timed_on_a_busy_machine_decide_provisionally_and_one_quiet_re_tim
     Store(store_target).close()
     got = _ranks(tmp_path, store_target, "busy")
     for decisions in got:
-        assert all(why and why.startswith("provisional: 2 of 2") for _, why in decisions.values()), decisions
+        whys = [why for _, why in decisions.values()]
+        assert all(why and why.startswith("provisional: the timings of 2 of 2") for why in whys), decisions
     counts = _counts(store_target)
     assert set(counts.values()) == {1} and len(counts) == 2 * len(SHAPES), counts  # the busy pass: once each
     [after] = _decisions([_start(store_target, "quiet", SHAPES, TIERED_OPS_RETIME_S="0")])

@@ -30,10 +30,11 @@ from ..measure import recheck
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import bucket_str, check_fits, measure_kept
 from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
+from ..store.rows import contended
 from ..store.store import Store
 from . import provisional
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
 BUCKET = "(bucket)"  # the impl column of a bucket's claim
 SLOT = "(measuring)"  # the impl column of a device's measuring slot on a host
@@ -109,7 +110,8 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
         finally:
             if have_slot:
                 store.release(slot)
-        store.add(new)
+        end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
+        store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
         rows = store.latest(*key5)
         rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
         store.add(rechecked)

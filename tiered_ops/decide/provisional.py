@@ -49,11 +49,10 @@ def note(spec: OpSpec, rows: list[dict]) -> str | None:
     busy = busy_rows(spec, rows)
     if not busy:
         return None
-    cands = _candidates(spec, rows)
-    clean = [r["impl"] for r in cands if usable(r)]
+    clean = [r["impl"] for r in _candidates(spec, rows) if usable(r)]
     first = str(busy[0]["reason"])
-    return (f"provisional: {len(busy)} of {len(cands)} candidate(s) timed on a busy machine "
-            f"({', '.join(r['impl'] for r in busy)}; {first}); "
+    return (f"provisional: the timings of {len(busy)} of {len(busy) + len(clean)} candidate(s) were taken on a busy "
+            f"machine ({', '.join(r['impl'] for r in busy)}; {first}); "
             + (f"chosen among the clean one(s) ({', '.join(clean)}) until they are timed again"
                if clean else "nothing timed clean, eager until they are timed again"))
 
