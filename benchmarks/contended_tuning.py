@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     twice = {k: v for k, v in counts.items() if v > 1}
     print(f"\nshared store: {len(counts)} (bucket, implementation) measured, {len(twice)} more than once"
           + "".join(f"\n  {k[0]} {k[1]} {k[2]}: {v} rows" for k, v in sorted(twice.items())))
-    print(f"one process alone: {t_alone:.1f} s")
+    alone_busy = [f"{d['op']} {d['bucket']}" for d in alone if d["provisional"]]
+    print(f"one process alone: {t_alone:.1f} s; {len(alone_busy)} of its decisions provisional (the machine was busy "
+          f"for it too: the comparison is not against a quiet machine's)" if alone_busy else
+          f"one process alone: {t_alone:.1f} s, no decision provisional")
     out = [dict(r, phase="together") for r in rows]
     if any(r["provisional"] for r in rows):
         [after], t_after = run_ranks(script, shared, case_file, 1, args.same_gpu, dict(env, TIERED_OPS_RETIME_S="0"),

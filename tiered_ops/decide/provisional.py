@@ -82,14 +82,15 @@ def to_measure(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], 
                now: float | None = None) -> tuple[list[Impl], bool]:
     """(the implementations to measure for the bucket ``key`` on a miss, whether it is a re-time): the candidates
     without a fresh row; once a busy bucket's back-off has passed, those and every candidate whose newest row is
-    correct (clean or busy: timed again side by side). A failed candidate keeps its row."""
+    correct and timed (clean or busy: timed again side by side). A failed candidate, or one that cannot be timed
+    here (Triton on the CPU's interpreter), keeps its row."""
     have = {r["impl"]: r for r in rows if spec.fresh_impl(r) is not None}
     missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
     at = retime_at(store, spec, key, rows)
     if at is None or (time.time() if now is None else now) < at:
         return missing, False
     return missing + [i for i in spec.impls.values() if i.name in have and i.tier != Tier.PEER
-                      and have[i.name]["ok"]], True
+                      and (usable(have[i.name]) or contended(have[i.name]))], True
 
 
 def tell(key: tuple, why: str, at: float | None) -> None:
