@@ -312,3 +312,11 @@ def test_ranks_timed_on_a_busy_machine_decide_provisionally_and_one_quiet_re_tim
     [after] = _decisions([_start(store_target, "quiet", SHAPES, TIERED_OPS_RETIME_S="0")])
     assert after == {b: [c, None] for b, c in ref.items()}, (after, ref)
     assert set(_counts(store_target).values()) == {2}
+
+
+@pytest.mark.gpu
+def test_a_gpus_measuring_slot_is_named_by_its_uuid_so_every_index_it_is_seen_under_shares_it():
+    key = claimed.slot_key(torch.device("cuda", 0))
+    assert key[5] == str(torch.cuda.get_device_properties(0).uuid) and key[5] != "cuda:0", key
+    if torch.cuda.device_count() > 1:
+        assert claimed.slot_key(torch.device("cuda", 1)) != key

@@ -49,8 +49,10 @@ def bucket_key(spec: OpSpec, key: tuple[str, str, str, str, str]) -> tuple[str, 
 
 
 def slot_key(device: torch.device) -> tuple[str, ...]:
-    """The measuring slot of ``device`` on this host."""
-    return ("*", SLOT, socket.gethostname(), "", "", str(device), "")
+    """The measuring slot of ``device`` on this host: a GPU by its UUID (processes that see it under different
+    indices share it), the CPU as one."""
+    gpu = getattr(torch.cuda.get_device_properties(device), "uuid", None) if device.type == "cuda" else None
+    return ("*", SLOT, socket.gethostname(), "", "", str(gpu or device), "")
 
 
 def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease_s: float) -> tuple[bool, float]:
@@ -107,15 +109,15 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure(store, spec, impl, problem, dtype, device, mode))
+            end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
+            store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
+            rows = store.latest(*key5)
+            rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
+            store.add(rechecked)
+            rows = store.latest(*key5) if rechecked else rows
         finally:
             if have_slot:
                 store.release(slot)
-        end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
-        store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
-        rows = store.latest(*key5)
-        rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
-        store.add(rechecked)
-        rows = store.latest(*key5) if rechecked else rows
         return rows, time.perf_counter() - t0, None
     finally:
         store.release(claim)
