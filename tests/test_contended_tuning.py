@@ -195,6 +195,26 @@ def test_decisions_list_marks_the_provisional_ones(softmax2, monkeypatch, capsys
     assert "[8,64" not in out and "[8,192" in out, out
 
 
+
+def test_in_background_tuning_a_due_busy_bucket_is_queued_with_every_timed_candidate(softmax2, monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_RETIME_S", "3600")
+    monkeypatch.setattr(decide, "measure_kept", busy(fixed_measure))
+    decide.select_backend("softmax", (8, 64))  # a busy pass, blocking
+    queued = []
+
+    def request(spec, problem, dtype, device, mode, context, key, impls, store, hook):
+        queued.append((key, impls))
+        return None, "not queued: the test's"
+
+    monkeypatch.setattr(decide.background, "request", request)
+    decide.set_tuning("background")
+    sel = decide.select_backend("softmax", (8, 64))
+    assert not queued and sel.record["provisional"], sel.record  # its back-off has not passed: nothing queued
+    monkeypatch.setenv("TIERED_OPS_RETIME_S", "0")
+    decide.clear_cache()
+    sel = decide.select_backend("softmax", (8, 64))
+    assert queued == [(_key((8, 64)), ["eager", "again"])] and sel.record["provisional"], (queued, sel.record)
+
 # --- processes sharing one store -----------------------------------------------------------------------------------
 
 SHAPES = [(8, 64), (8, 128), (8, 160), (8, 192)]
