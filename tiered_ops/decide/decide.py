@@ -31,7 +31,6 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -53,7 +52,7 @@ from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note
-from .provisional import retime_at, schedule, tell, to_measure
+from .provisional import provisional_decision, to_measure
 
 log = logging.getLogger(__name__)
 _tune: bool | str | None = None
@@ -312,8 +311,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
         elif context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
             _decisions[key] = made[context]  # call (until a bucket's measurement lands, which drops it)
-        if busy:
-            _busy(store, spec, bucket_key, rows, busy, tmode)
+        if busy:  # said once; forgotten when due to be timed again, so the next call re-times it
+            provisional_decision(store, spec, bucket_key, rows, busy, tmode != "off", lambda: _forget(bucket_key))
         if warm_graphed:
             warm(spec, made["graphed"].impl, problem, dtype, device, mode)
         if tuned_s is not None:
@@ -321,18 +320,6 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
                      context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
         return made[context]
-
-
-def _busy(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict], why: str,
-          tmode: str) -> None:
-    """A provisional decision: said once in the log, and where this process tunes, forgotten when the bucket is due
-    to be timed again, so that the next call re-times it (``provisional``)."""
-    at = retime_at(store, spec, key, rows) if tmode != "off" else None
-    if tmode != "off" and at is None:  # another process's claim outlasted the wait: ask again after the back-off
-        at = time.time() + envs.retime_s()
-    tell(key, why, at)
-    if at is not None:
-        schedule(key, at, lambda: _forget(key))
 
 
 def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,

@@ -121,6 +121,18 @@ def schedule(key: tuple, at: float, drop: Callable[[], None]) -> None:
     t.start()
 
 
+def provisional_decision(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict], why: str,
+                         tuning: bool, drop: Callable[[], None]) -> None:
+    """A provisional decision of the bucket ``key`` made from ``rows``: said once in the log, and where this process
+    tunes (``tuning``), ``drop`` (which forgets its cached decisions) is called when the bucket is due to be timed
+    again, so the next call re-times it; where nothing stored is busy (another process's claim outlasted the wait),
+    after the back-off's first step."""
+    at = (retime_at(store, spec, key, rows) or time.time() + envs.retime_s()) if tuning else None
+    tell(key, why, at)
+    if at is not None:
+        schedule(key, at, drop)
+
+
 def cancel_all() -> None:
     """Stop every pending re-time timer of this process (tests; a process about to change stores)."""
     with _lock:
