@@ -88,3 +88,22 @@ def first_calls_aside() -> bool:
     """TIERED_OPS_FIRST_CALLS_ASIDE: background tuning's gate helpers make a bucket's compiled candidates' first calls
     while the worker times the others (default on; 0 leaves them to the worker, as an A/B of what it saves)."""
     return os.environ.get("TIERED_OPS_FIRST_CALLS_ASIDE", "1").strip().lower() not in OFF
+
+
+def retime_s() -> float:
+    """TIERED_OPS_RETIME_S: how long after a bucket's timings were taken on a busy machine they are taken again (the
+    back-off's first step; it doubles with each busy pass, up to 32 x; default 60 s)."""
+    return max(0.0, float(os.environ.get("TIERED_OPS_RETIME_S", "60")))
+
+
+def claim_wait_s() -> float:
+    """TIERED_OPS_CLAIM_WAIT_S: how long a process waits for another process sharing its store to measure a bucket
+    that process has claimed, before deciding provisionally without it (default 120 s)."""
+    return max(0.0, float(os.environ.get("TIERED_OPS_CLAIM_WAIT_S", "120")))
+
+
+def claim_lease_s() -> float:
+    """TIERED_OPS_CLAIM_LEASE_S: the lease of a bucket's claim, renewed before each candidate is measured: a claim
+    whose owner died on another host (one of this host is seen dead at once) blocks the bucket this long at most
+    (default 600 s)."""
+    return max(1.0, float(os.environ.get("TIERED_OPS_CLAIM_LEASE_S", "600")))

@@ -1,4 +1,5 @@
-"""``tiered-ops decisions export|import``: decision packs on the command line (``tiered_ops.packs``)."""
+"""``tiered-ops decisions list|export|import``: a store's decisions, provisional ones marked
+(``tiered_ops.decide.provisional``), and decision packs on the command line (``tiered_ops.packs``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from typing import Sequence
 
 from ..decide.packs import export_pack, import_pack
+from ..decide.provisional import decisions
 from ..store.store import Store
 from .io import out_file
 
@@ -16,9 +18,17 @@ def add_decisions_parser(subparsers: argparse._SubParsersAction,
                          parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """The ``decisions`` subcommand and its ``export`` / ``import`` actions (``parents``: the options every
     subcommand takes, e.g. ``--db``)."""
-    help = "export the decisions of a store with the measurements behind them, or import such a pack"
+    help = ("list the decisions of a store (provisional ones marked), export them with the measurements behind them, "
+            "or import such a pack")
     s = subparsers.add_parser("decisions", help=help, description=help, parents=list(parents))
-    actions = s.add_subparsers(dest="decisions_cmd", required=True, metavar="ACTION", help="export or import")
+    actions = s.add_subparsers(dest="decisions_cmd", required=True, metavar="ACTION", help="list, export or import")
+    ls = actions.add_parser("list", parents=list(parents), help="one line per decision; provisional ones say why",
+                            description="the decision of each (op, bucket, dtype, device, mode) of an eager caller "
+                                        "under the fastest policy; a decision made while some of its candidates' "
+                                        "timings were taken on a busy machine is provisional until they are timed "
+                                        "again")
+    ls.add_argument("--provisional", action="store_true", help="only the provisional decisions")
+    ls.add_argument("--gpu", help="only this GPU's decisions: its name, slug or fingerprint")
     e = actions.add_parser("export", parents=list(parents), help="write a decision pack (JSON)",
                            description="write the decisions (op, bucket, dtype, GPU, mode) of the store with the rows "
                                        "behind them, fingerprints, source hashes and versions")
@@ -32,7 +42,10 @@ def add_decisions_parser(subparsers: argparse._SubParsersAction,
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    """Run ``decisions export`` (exit 0) or ``decisions import`` (exit 1 when any row was refused)."""
+    """Run ``decisions list`` or ``decisions export`` (exit 0), or ``decisions import`` (exit 1 when any row was
+    refused)."""
+    if args.decisions_cmd == "list":
+        return _list(args)
     if args.decisions_cmd == "export":
         out_file(args.out, "--out")
     store = Store(getattr(args, "db", None))
@@ -56,3 +69,18 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     finally:
         packs.setLevel(level)
         store.close()
+
+
+def _list(args: argparse.Namespace) -> int:
+    store = Store(getattr(args, "db", None))
+    try:
+        rows = decisions(store, args.gpu, only_provisional=args.provisional)
+    finally:
+        store.close()
+    for d in rows:
+        chosen = f"{d['chosen']} {d['caller_us']:.1f} us" if d["chosen"] else "eager (nothing correct timed clean)"
+        print(f"{d['op']} {d['bucket']} {d['dtype']} {d['mode']}: {chosen}"
+              + (f" - {d['provisional']}" if d["provisional"] else ""))
+    n = sum(d["provisional"] is not None for d in rows)
+    print(f"{len(rows)} decision(s), {n} provisional, in {store.path}")
+    return 0

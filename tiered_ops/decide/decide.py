@@ -31,16 +31,14 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
 
 from .. import envs
-from ..measure import recheck
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, check_fits, measure_kept
+from ..measure.measure import bucket_str, measure_kept
 from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -48,11 +46,13 @@ from ..tiers.catalog import get_op
 from . import background
 from .capture import is_warm, warm
 from .choice import _decide, _gated
+from .claimed import tune_bucket
 from .contexts import _compiled_rows, in_context, measured_compiled
-from .first_use import Announce
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
+from .provisional import note as busy_note
+from .provisional import provisional_decision, to_measure
 
 log = logging.getLogger(__name__)
 _tune: bool | str | None = None
@@ -111,11 +111,18 @@ def _landed(job: background.Job) -> None:
         new = job.unsaved()
         if new:
             _unsaved.append(new)
+        _forget(job.key)
+
+
+def _forget(key: tuple[str, str, str, str, str]) -> None:
+    """Drop every cached selection of the bucket ``key`` (op, bucket, dtype, device key, mode), and those that waited
+    for a full background queue, so the next call decides again."""
+    with _lock:
         _hot.clear()  # learnt again from the Python keys kept
         for cache in (_decisions, _calls, _selects):
             for k, sel in list(cache.items()):
                 r = sel.record
-                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == job.key
+                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == key
                         or str(r.get("tuning", "")).startswith(_FULL)):
                     cache.pop(k, None)
         for k in [k for k in _traced if k not in _calls]:
@@ -249,34 +256,22 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             _unsaved.clear()
         fp = fingerprint(device)
         bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
-        rows = store.latest(spec.name, bkey, dname, fp.key, mode)
-        have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
-        missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+        bucket_key = (spec.name, bkey, dname, fp.key, mode)
+        rows = store.latest(*bucket_key)
+        # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
+        missing, _ = to_measure(store, spec, bucket_key, rows)
         tmode, asked = tuning_mode(), tune is None
         tune = tmode == "blocking" if tune is None else tune
-        tuned_s, job = None, None
+        tuned_s, job, busy = None, None, None
         provisional = bool(missing) and tmode == "background" and not tune
         if provisional:
             job, tuning = background.request(
                 spec, problem, dtype, device, mode, context, (spec.name, bkey, dname, fp.key, mode),
                 [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
-        if missing and tune:
-            check_fits(spec, problem, dtype, device, mode)
-            where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
-            said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", missing, device)
-            said.start(where)
-            new, t0 = [], time.perf_counter()
-            for impl in missing:
-                said.step(impl)
-                if progress:
-                    progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure_kept(store, spec, impl, problem, dtype, device, mode))
-            store.add(new)
-            rows = store.latest(spec.name, bkey, dname, fp.key, mode)
-            again, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
-            store.add(again)
-            rows = store.latest(spec.name, bkey, dname, fp.key, mode) if again else rows
-            tuned_s = time.perf_counter() - t0
+        if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
+            rows, tuned_s, busy = tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
+                                              measure=measure_kept)
+        busy = busy or busy_note(spec, rows)
         # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
         # gate at this problem, on the calling thread)
         near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
@@ -306,6 +301,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                           context=ctx, policy=policy, budget=budget,
                           calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
                           chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
+            if busy:
+                record["provisional"] = busy
             if provisional:
                 record["tuning"] = tuning
                 if job is not None and ctx == "eager":
@@ -315,6 +312,8 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
             _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
         elif context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
             _decisions[key] = made[context]  # call (until a bucket's measurement lands, which drops it)
+        if busy:  # said once; forgotten when due to be timed again, so the next call re-times it
+            provisional_decision(store, spec, bucket_key, rows, busy, tmode != "off", lambda: _forget(bucket_key))
         if warm_graphed:
             warm(spec, made["graphed"].impl, problem, dtype, device, mode)
         if tuned_s is not None:

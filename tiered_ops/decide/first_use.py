@@ -44,13 +44,14 @@ class Announce:
         self.t0 = self.last = time.perf_counter()
         self.done = 0
 
-    def start(self, where: str) -> None:
-        """The opening line: what is measured, on first use also the expected wait and how never to wait."""
+    def start(self, where: str, why: str = "no stored decision") -> None:
+        """The opening line: what is measured and ``why``, on first use also the expected wait and how never to
+        wait."""
         names = ", ".join(i.name for i in self.impls)
         first = (f" on first use, ~{estimate_s(self.impls, self.device):.0f} s (an estimate); "
                  "TIERED_OPS_TUNE=background to never wait" if self.level == logging.WARNING else "")
-        log.log(self.level, "tiered_ops: tuning %s: no stored decision, measuring %d implementation(s) (%s)%s; %s",
-                self.what, len(self.impls), names, first, where)
+        log.log(self.level, "tiered_ops: tuning %s: %s, measuring %d implementation(s) (%s)%s; %s",
+                self.what, why, len(self.impls), names, first, where)
 
     def step(self, impl: Impl) -> None:
         """Before measuring ``impl``: a progress line when the tune has gone on long since its last line."""

@@ -1,0 +1,125 @@
+"""Measuring a bucket on a miss when processes share one store: the first claims it, the others wait for its rows.
+
+The ranks of a job on one host start together with one store and miss the same buckets at once. Each measuring them
+would time every bucket N times, each timing against the others' (on a CPU, every row contended). So a miss claims
+its bucket in the store's ``claims`` table (the same table and rules as a sweep's claims, SQLite and PostgreSQL
+alike: one row, its ``impl`` column ``BUCKET``, its ``problem`` column the bucket), with a lease
+(``envs.claim_lease_s``) renewed before each candidate. A process that finds the bucket claimed polls for the claim
+for at most ``envs.claim_wait_s``; when it gets it, it reads again what the owner stored and measures only what is
+still to measure (``provisional.to_measure``): nothing, when the owner finished. One that waited in vain decides
+from what is stored, provisionally. A claim whose owner is a dead process of this host is taken over at once (a rank
+killed mid-measurement blocks nobody), one of another host at the end of its lease.
+
+While it measures, the owner also holds the device's measuring slot on this host (one claim per host and device, its
+``impl`` column ``SLOT``), so that processes measuring different buckets take turns rather than spoil each other's
+timings; a slot not had within the wait is measured without (its rows may then be flagged busy: provisional).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import envs
+from ..measure import recheck
+from ..measure.fingerprint import fingerprint
+from ..measure.measure import bucket_str, check_fits, measure_kept
+from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
+from ..store.rows import contended
+from ..store.store import Store
+from . import provisional
+from .first_use import Announce
+
+log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
+
+BUCKET = "(bucket)"  # the impl column of a bucket's claim
+SLOT = "(measuring)"  # the impl column of a device's measuring slot on a host
+POLL_S = 0.1
+
+
+def bucket_key(spec: OpSpec, key: tuple[str, str, str, str, str]) -> tuple[str, ...]:
+    """The claim of the bucket ``key`` (op, bucket, dtype, device key, mode) for the op's current sources."""
+    op, bucket, dtype, device_key, mode = key
+    sources = sorted(i.source_hash for i in spec.impls.values() if i.tier != Tier.PEER)
+    return (op, BUCKET, bucket, dtype, mode, device_key, hashlib.sha1("|".join(sources).encode()).hexdigest()[:16])
+
+
+def slot_key(device: torch.device) -> tuple[str, ...]:
+    """The measuring slot of ``device`` on this host: a GPU by its UUID (processes that see it under different
+    indices share it), the CPU as one."""
+    gpu = getattr(torch.cuda.get_device_properties(device), "uuid", None) if device.type == "cuda" else None
+    return ("*", SLOT, socket.gethostname(), "", "", str(gpu or device), "")
+
+
+def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease_s: float) -> tuple[bool, float]:
+    """Take the claim ``key``, polling for at most ``wait_s`` while another owner holds it: (had it, seconds waited)."""
+    t0 = time.perf_counter()
+    told = False
+    while not store.claim(key, lease_s):
+        waited = time.perf_counter() - t0
+        if waited >= wait_s:
+            return False, waited
+        if not told:
+            told = True
+            log.info("tiered_ops: %s: another process sharing the store holds it; waiting up to %.0f s", what, wait_s)
+        time.sleep(POLL_S)
+    return True, time.perf_counter() - t0
+
+
+def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+                context: str, progress: Callable[[str], None] | None = None,
+                measure: Callable[..., dict[str, Any]] = measure_kept) -> tuple[list[dict], float | None, str | None]:
+    """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
+    ``measure.measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
+    measured here, why not where another process's claim outlasted the wait)."""
+    fp, dname = fingerprint(device), DTYPE_NAMES[dtype]
+    key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fp.key, mode)
+    what = f"{spec.name} {problem} {dname} {mode} on {device}"
+    lease, wait_s = envs.claim_lease_s(), envs.claim_wait_s()
+    claim = bucket_key(spec, key5)
+    had, waited = wait_for(store, claim, f"measuring {what}", wait_s, lease)
+    if not had:
+        return (store.latest(*key5), None,
+                f"provisional: another process sharing the store is measuring it (waited {waited:.0f} s)")
+    try:
+        rows = store.latest(*key5)
+        todo, again = provisional.to_measure(store, spec, key5, rows)
+        if not todo:
+            if waited:
+                log.info("tiered_ops: %s measured by another process sharing the store (waited %.1f s)", what, waited)
+            return rows, None, None
+        check_fits(spec, problem, dtype, device, mode)
+        where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
+        said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
+        said.start(where, "its timings were taken on a busy machine, timing them again side by side" if again
+                   else "no stored decision")
+        slot = slot_key(device)
+        have_slot, _ = wait_for(store, slot, f"the measuring slot of {device}", wait_s, lease)
+        new, t0 = [], time.perf_counter()
+        try:
+            for impl in todo:
+                said.step(impl)
+                store.claim(claim, lease)  # the lease renewed: a long candidate (a compile) keeps the bucket
+                if have_slot:
+                    store.claim(slot, lease)
+                if progress:
+                    progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
+                new.append(measure(store, spec, impl, problem, dtype, device, mode))
+            end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
+            store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
+            rows = store.latest(*key5)
+            rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
+            store.add(rechecked)
+            rows = store.latest(*key5) if rechecked else rows
+        finally:
+            if have_slot:
+                store.release(slot)
+        return rows, time.perf_counter() - t0, None
+    finally:
+        store.release(claim)
+
