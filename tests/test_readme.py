@@ -95,6 +95,8 @@ def test_every_command_in_a_bash_block_parses(page):
 RUN_ELSEWHERE = {
     ("model-code.md", "import torch"): "tests/test_tune.py::test_readme_snippet_runs (needs transformers)",
     ("model-code.md", "import torch, tiered_ops"): "tests/test_install.py::test_readme_model_code_runs_as_written",
+    ("compile.md", "import torch, transformers, tiered_ops"):
+        "tests/test_compile_first.py::test_the_docs_snippet_runs_as_written (needs transformers)",
 }
 
 
