@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from ..tiers.catalog import get_op
 from .check import check
 from .territories import RETIRED, TERRITORIES, rows_and_len
 
@@ -53,7 +54,10 @@ def territories(df: pd.DataFrame) -> dict[str, list[str]]:
     if not set(CHECK_COLUMNS) <= set(df.columns):
         return {}
     out: dict[str, list[str]] = {}
-    for f in check(df):
+    # the territories of kernels this process has (a catalogue trimmed by a caller has fewer): the others say nothing
+    mine = [t for t in TERRITORIES if get_op(t.op).impls.get(t.impl) is not None]
+    names = {t.name for t in mine}
+    for f in check(df, territories=mine, retired={k: v for k, v in RETIRED.items() if k in names}):
         if f.kind == "defends":
             out.setdefault(f.op, []).append(f"{f.territory} ({_n(f.won, 'case')})")
         elif f.fails and f.territory:

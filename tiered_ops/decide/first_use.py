@@ -16,7 +16,7 @@ import torch
 
 from ..registry import Impl, Tier
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep select_problem's logger
 
 # Rough seconds to gate and time one implementation on first use, chosen so that an op with eager, compile and
 # Triton tiers on a 2-core CPU comes to about the 12 s its first call takes there; a GPU usually takes less, a first
