@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    ops = args.ops.split(",") if args.ops else sorted(all_ops())
+    ops = args.ops.split(",") if args.ops else sorted(s.name for s in all_ops())
     dev_type = "cuda" if torch.cuda.is_available() else "cpu"
     tmp = Path(args.store_dir or tempfile.mkdtemp(prefix="contended_tuning_"))
     tmp.mkdir(parents=True, exist_ok=True)
