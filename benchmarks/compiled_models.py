@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import math
 import multiprocessing as mp
@@ -71,7 +70,7 @@ import torch  # noqa: E402
 
 from benchmarks.compiled_worker import serve  # noqa: E402
 from benchmarks.models import _commit  # noqa: E402
-from benchmarks.models_rows import agreed, rounds_slower, spread, verdict  # noqa: E402
+from benchmarks.models_rows import agreed, rounds_slower, save, spread, verdict  # noqa: E402
 
 MODES = ("default", "reduce-overhead")
 MORE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")  # for the config marked ``autotune``
@@ -299,12 +298,7 @@ def render(rows: list[dict], head: list[str]) -> str:
 
 
 def write(rows: list[dict], out: Path, head: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "compiled_models.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
-    (out / "compiled_models.md").write_text(render(rows, head))
+    save(rows, out, "compiled_models", COLUMNS, render(rows, head))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

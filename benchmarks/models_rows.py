@@ -92,10 +92,15 @@ def render(rows: list[dict], head: list[str]) -> str:
     return "\n".join(out)
 
 
-def write(rows: list[dict], out: Path, head: list[str]) -> None:
+def save(rows: list[dict], out: Path, stem: str, columns: tuple[str, ...] | list[str], text: str) -> None:
+    """``rows`` as ``out/<stem>.csv`` (``columns``, blank where a row has none) and ``text`` as ``out/<stem>.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "models.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
         w.writeheader()
-        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
-    (out / "models.md").write_text(render(rows, head))
+        w.writerows({k: r.get(k, "") for k in columns} for r in rows)
+    (out / f"{stem}.md").write_text(text)
+
+
+def write(rows: list[dict], out: Path, head: list[str]) -> None:
+    save(rows, out, "models", COLUMNS, render(rows, head))
