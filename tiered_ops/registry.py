@@ -265,6 +265,11 @@ class OpSpec:
             return None
         return None if row.get("env") and row["env"] != environment() else impl
 
+    def unmeasured(self, rows: list[dict]) -> list[Impl]:
+        """The implementations of ours (no peer) without a fresh row among ``rows`` (``fresh_impl``)."""
+        have = {r["impl"] for r in rows if self.fresh_impl(r) is not None}
+        return [i for i in self.impls.values() if i.name not in have and i.tier != Tier.PEER]
+
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:
             raise ValueError(f"{self.name}: implementation {impl.name!r} registered twice")

@@ -25,7 +25,7 @@ import torch
 
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import bucket_str
-from ..registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier
+from ..registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem
 from ..store.store import STORE_ERRORS
 from ..tiers.catalog import get_op
 from . import background
@@ -87,8 +87,7 @@ def _choose(spec: OpSpec, bucket: tuple, problem: Problem | None, dtype: torch.d
     fp, dname = fingerprint(device), DTYPE_NAMES[dtype]
     key = (spec.name, bucket_str(bucket), dname, fp.key, mode)
     rows = store.latest(*key)
-    have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
-    missing = [i.name for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+    missing = [i.name for i in spec.unmeasured(rows)]
     if not missing and not any(needs_first_use_gate(r) for r in rows):
         # the bucket is measured: its decisions are made from the rows (and kept for every context), as an eager
         # call would make them; nothing is measured

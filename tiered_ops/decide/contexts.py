@@ -21,8 +21,7 @@ def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     one."""
     dname = DTYPE_NAMES[dtype]
     rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
-    have = {r["impl"] for r in rows if spec.fresh_impl(r) is not None}
-    missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+    missing = spec.unmeasured(rows)
     if missing and measure_missing:
         log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
                  problem, dname, mode, len(missing))

@@ -266,7 +266,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         provisional = bool(missing) and tmode == "background" and not tune
         if provisional:
             job, tuning = background.request(
-                spec, problem, dtype, device, mode, context, (spec.name, bkey, dname, fp.key, mode),
+                spec, problem, dtype, device, mode, context, bucket_key,
                 [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
         if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
             rows, tuned_s, busy = tune_bucket(store, spec, problem, dtype, device, mode, context, progress,

@@ -85,7 +85,7 @@ def to_measure(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], 
     correct and timed (clean or busy: timed again side by side). A failed candidate, or one that cannot be timed
     here (Triton on the CPU's interpreter), keeps its row."""
     have = {r["impl"]: r for r in rows if spec.fresh_impl(r) is not None}
-    missing = [i for i in spec.impls.values() if i.name not in have and i.tier != Tier.PEER]
+    missing = spec.unmeasured(rows)
     at = retime_at(store, spec, key, rows)
     if at is None or (time.time() if now is None else now) < at:
         return missing, False
