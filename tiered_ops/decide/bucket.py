@@ -19,9 +19,9 @@ from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
 from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key, keep_edges, prune_bar, stored_edges
 from ..measure.worker import Pool
-from ..registry import GRAD_MODES, Impl, OpSpec, Problem, Tier
+from ..registry import GRAD_MODES, Impl, OpSpec, Problem
 from ..store.store import Store
-from .choice import GATED_LAST, _decide, gate_in_turn
+from .choice import GATED_LAST, MEASURE_ORDER, _decide, gate_in_turn
 from .helpers import FirstCalls, split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
@@ -85,11 +85,6 @@ WORKER_START = "(worker start)"  # the ``impl`` of the record that says how long
 GATE = " (gate)"  # appended to a candidate's name in the record of its gate run after its timing (``_gate_winner``)
 EDGE_SHARES = " (edge checks)"  # ... and of its edge checks split over the gate helpers (``_split_edges``)
 FIRST_ASIDE = " (first call aside)"  # ... and of its first call made in a gate helper beside the timings
-# The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
-# choice lands within seconds; the compiled tiers (their edge problems compile one kernel each) after.
-_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
-
-
 def _said(job: Job, name: str, seconds: float, reply: Any, why: str | None) -> None:
     """Log one candidate's measurement: how long it took in the worker (its first call, compilation included, apart)
     and its outcome; the figures ride on the record as ``CANDIDATE`` for a handler that collects them."""
@@ -126,7 +121,8 @@ def tune(me: Runner, job: Job) -> None:
         have = {r["impl"] for r in store.latest(op, bkey, dname, fkey, mode) if spec.fresh_impl(r) is not None}
     else:
         have = {r["impl"] for r in job.measured}
-    todo = sorted((n for n in job.impls if n not in have and n in spec.impls), key=lambda n: _ORDER[spec.impls[n].tier])
+    todo = sorted((n for n in job.impls if n not in have and n in spec.impls),
+                  key=lambda n: MEASURE_ORDER[spec.impls[n].tier])
     log.info("tiered_ops: background tuning %s on %s: measuring %s in a worker process; %d more queued", job,
              job.device, ", ".join(todo) or "nothing (measured meanwhile)", me.queued())
     t0 = time.perf_counter()

@@ -74,6 +74,10 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
 # The tiers timed before their gate, which then runs only where a choice would name the candidate (``next_gate``):
 # their gate compiles a kernel per edge problem, seconds that a candidate slower than another correct one never needs.
 GATED_LAST = {Tier.TRITON, Tier.COMPILE}
+# The order a bucket's candidates are measured in: the tiers whose gate compiles nothing first, so a gated, timed
+# choice is known within seconds (and sets the bar that prunes the slower candidates after it); the compiled tiers
+# (their edge problems compile one kernel each) after.
+MEASURE_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
 
 
 def next_gate(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, store: Store,

@@ -28,11 +28,21 @@ import torch
 from .. import envs
 from ..measure import recheck
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, check_fits, measure_kept
-from ..registry import DTYPE_NAMES, OpSpec, Problem, Tier
+from ..measure.measure import (
+    PRUNE_FACTOR,
+    bucket_str,
+    check_fits,
+    gate_row,
+    keep_edges,
+    measure_kept,
+    prune_bar,
+    stored_edges,
+)
+from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.rows import contended
 from ..store.store import Store
 from . import provisional
+from .choice import GATED_LAST, MEASURE_ORDER, gate_in_turn
 from .first_use import Announce
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
@@ -71,6 +81,34 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
     return True, time.perf_counter() - t0
 
 
+def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
+    """How ``impl`` is measured after ``rows`` (stored) and ``new`` (measured so far), as background tuning and the
+    sweep measure (successive halving): a short timing first, the rest skipped where it lies clearly above the fastest
+    full timing so far (``measure.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
+    without its gate, which runs afterwards only where a choice would name it (``_gate_named``)."""
+    bar = prune_bar([*rows, *new], PRUNE_FACTOR)
+    kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
+    if impl.tier in GATED_LAST:
+        kw.update(gated=False, gate_first=False)
+    return kw
+
+
+def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+                key5: tuple[str, str, str, str, str]) -> list[dict]:
+    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.gate_in_turn``); the
+    bucket's newest rows after."""
+    fp = fingerprint(device)
+
+    def run_gate(impl: Impl, row: dict, _named_by: str, _waiting: dict) -> bool:
+        edges = stored_edges(store, spec, impl, dtype, fp, mode)
+        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
+        store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
+        return True
+
+    gate_in_turn(spec, lambda: store.latest(*key5), run_gate, lambda r: store.add([r]), dtype, device, store)
+    return store.latest(*key5)
+
+
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 context: str, progress: Callable[[str], None] | None = None,
                 measure: Callable[..., dict[str, Any]] = measure_kept) -> tuple[list[dict], float | None, str | None]:
@@ -102,17 +140,17 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
         have_slot, _ = wait_for(store, slot, f"the measuring slot of {device}", wait_s, lease)
         new, t0 = [], time.perf_counter()
         try:
-            for impl in todo:
+            for impl in sorted(todo, key=lambda i: MEASURE_ORDER[i.tier]):
                 said.step(impl)
                 store.claim(claim, lease)  # the lease renewed: a long candidate (a compile) keeps the bucket
                 if have_slot:
                     store.claim(slot, lease)
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(store, spec, impl, problem, dtype, device, mode))
+                new.append(measure(store, spec, impl, problem, dtype, device, mode, **_pruning(impl, rows, new)))
             end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
             store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
-            rows = store.latest(*key5)
+            rows = _gate_named(store, spec, problem, dtype, device, mode, key5)
             rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
             store.add(rechecked)
             rows = store.latest(*key5) if rechecked else rows

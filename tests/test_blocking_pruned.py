@@ -1,0 +1,80 @@
+"""Blocking tuning measures a bucket as background tuning does: the tiers whose gate compiles nothing first, a short
+timing before the rest (pruned where clearly slower than the fastest full timing so far), the compiled tiers timed
+without their gate, which then runs only for the candidate the choice names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiered_ops.decide import claimed
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import PRUNE_FACTOR, base_row
+from tiered_ops.registry import DTYPE_NAMES, Problem
+from tiered_ops.store.rows import PRUNED, UNGATED
+from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
+
+CPU = torch.device("cpu")
+
+
+def _fake_measure(asked: list, times: dict[str, tuple[float, float]]):
+    """A ``measure_kept`` stand-in: each candidate's p20-p80 from ``times``; a candidate above the prune bar comes
+    back pruned (not gated), ``gated=False`` rows come back not ok and not gated, as ``measure`` writes them."""
+
+    def measure(store, spec, impl, problem, dtype, device, mode, **kw):
+        asked.append((impl.name, dict(kw)))
+        lo, hi = times[impl.name]
+        row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
+        row.update(p20_us=lo, p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, host_p20_us=lo, host_p80_us=hi,
+                   caller_us=(lo + hi) / 2, first_call_s=0.01)
+        if kw.get("prune_above_us") is not None and lo > kw["prune_above_us"]:
+            return dict(row, ok=0, reason=f"{PRUNED}slower; not gated either (never chosen)")
+        if kw.get("gated", True):
+            return dict(row, ok=1, rel_error=0.0, reason=None)
+        return dict(row, ok=0, rel_error=None, reason=f"{UNGATED}timed; its gate runs only where it would be chosen")
+
+    return measure
+
+
+@pytest.mark.parametrize("times, gates, chosen, pruned", [
+    # triton fastest: compile timed ungated and passed over, triton's gate alone runs
+    ({"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}, ["triton"], "triton", set()),
+    # compile far slower than eager's full timing: pruned by its short timing, no gate
+    ({"eager": (10.0, 12.0), "triton": (9.0, 10.0), "compile": (10.0 * PRUNE_FACTOR * 3, 400.0)}, ["triton"],
+     "triton", {"compile"}),
+])
+def test_blocking_tuning_prunes_and_gates_only_the_named_candidate(tmp_path, monkeypatch, times, gates, chosen,
+                                                                   pruned):
+    spec = get_op("softmax")
+    impls = {n: spec.impls[n] for n in ("compile", "triton", "eager")}  # given out of order on purpose
+    monkeypatch.setattr(spec, "impls", impls)
+    gated: list[str] = []
+
+    def gate_row(spec_, impl, problem, dtype, device, mode, row, edges=None):
+        gated.append(impl.name)
+        return dict(row, ok=1, rel_error=0.0, reason=None)
+
+    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
+    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    store = Store(str(tmp_path / "s.sqlite"))
+    asked: list = []
+    problem = Problem((4, 64), (("dim", -1),))
+    rows, took, busy = claimed.tune_bucket(store, spec, problem, torch.float32, CPU, "fwd_nograd", "eager",
+                                           measure=_fake_measure(asked, times))
+    assert busy is None and took is not None
+    assert [n for n, _ in asked] == ["eager", "triton", "compile"], asked  # the compiled tiers last
+    assert asked[0][1] == {}, asked  # nothing to prune against yet: timed and gated in full
+    bar = PRUNE_FACTOR * times["eager"][1]
+    assert asked[1][1] == dict(prune_above_us=bar, best="eager", gate_first=False, gated=False), asked
+    assert asked[2][1]["gated"] is False and asked[2][1]["prune_above_us"] <= bar, asked
+    assert gated == gates, gated
+    newest = {r["impl"]: r for r in rows}
+    assert newest[chosen]["ok"] == 1, newest[chosen]
+    for name in {"triton", "compile"} - {chosen}:
+        r = newest[name]
+        assert r["ok"] == 0, r
+        assert r["reason"].startswith(PRUNED if name in pruned else UNGATED), r
+        assert name not in gated
+    assert {r["dtype"] for r in rows} == {DTYPE_NAMES[torch.float32]}
