@@ -147,6 +147,36 @@ def vs_blocking(op: str, dev: torch.device, store_dir: Path, background_pick: st
                 vs_blocking=round(mine / theirs, 3) if mine and theirs else None)
 
 
+def said_blocking(rows: list[dict[str, Any]]) -> None:
+    """The blocking tuning's seconds per bucket, median and max (target: <= 3 s median on a GPU)."""
+    took = [r["blocking_s"] for r in rows if r.get("blocking_s") is not None]
+    if took:
+        print(f"blocking tuning, every candidate measured and the decision made on the first call: {len(took)} of "
+              f"{len(rows)} buckets, median {statistics.median(took):.2f} s, max {max(took):.2f} s (target <= 3 s "
+              "median)", flush=True)
+
+
+def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: str | None) -> int:
+    """Each op's default bucket tuned blocking on its first call, in a store of its own, one op after another."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store_dir = Path(out_dir or tmp)
+        store_dir.mkdir(parents=True, exist_ok=True)
+        for op in ops:
+            spec, problem, dtype = default_case(op, dev)
+            r = dict(op=op, problem=str(problem), dtype=str(dtype).removeprefix("torch."), device=dev.type)
+            r.update(vs_blocking(op, dev, store_dir, ""))
+            r.pop("vs_blocking")
+            rows.append(r)
+            print(f"{op:<20} {r['problem'][:40]:<40} blocking tuning: {r['blocking_chosen']} in "
+                  f"{r['blocking_s']:.2f} s", flush=True)
+    said_blocking(rows)
+    if csv and rows:
+        pd.DataFrame(rows).to_csv(csv, index=False)
+        print(f"wrote {csv}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", help="comma-separated ops (default: every catalogued op)")
@@ -157,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip tuning each bucket blocking as well (the regret of background tuning against it)")
     p.add_argument("--cold", action="store_true",
                    help="do not start background tuning's worker before the first op (its start counts in that op's)")
+    p.add_argument("--blocking-only", action="store_true",
+                   help="tune each op's bucket blocking only, on its first call (no background tuning before it: with "
+                        "empty compile caches, every kernel compiles in the blocking tuning's seconds)")
     p.add_argument("--busy", action="store_true",
                    help="keep calling the op beside a matrix product until each decision is stored (a loaded device)")
     args = p.parse_args(argv)
@@ -168,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     blog = logging.getLogger(background.__name__)
     blog.addHandler(candidates)
     blog.setLevel(logging.INFO)
+    if args.blocking_only:
+        return blocking_only(ops, dev, args.csv, args.out_dir)
     if not args.cold:
         took = tiered_ops.warm_tuning(dev, wait=True, timeout=args.timeout)
         start = next((c for c in candidates.rows if c["impl"] == background.WORKER_START), None)
@@ -212,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
           + " (targets <= 3 s median, <= 8 s max)")
     ratios = [r["vs_blocking"] for r in rows if r.get("vs_blocking") is not None]
     if args.vs_blocking:
+        said_blocking(rows)
         print(f"background tuning's pick against blocking tuning's (caller time, the blocking tuning's measurements): "
               f"{len(ratios)} of {len(rows)}" + (f", geomean {statistics.geometric_mean(ratios):.3f}, max "
                                                 f"{max(ratios):.3f}" if ratios else ""))
