@@ -16,11 +16,20 @@ territory whose op has no row at all in the evidence (declared before a sweep me
 measured and never fails. A territory may carry its own margin. A retired territory is reported with its reason
 and its figures on this evidence (cases won, the best ratio against its bar, each case) and never fails; the
 check says where the kernel wins there again. A row the sweep pruned (``pruned: ...``: a short timing, clearly
-slower than the fastest of its case) is judged on that short timing. A CUDA kernel with no territory at all, and
-cases that fall in none, are reported.
+slower than the fastest of its case) is judged on that short timing. Cases of a kernel that fall in none of its
+territories are reported.
+
+Each CUDA kernel of the catalog then gets one statement: the territories it defends (territories / cases won), or,
+where it holds none, why it stays (``kernels`` in ``territories.json``: a reason and its evidence, with its figures
+computed here: in how many cases of the evidence the fastest correct tier, the default policy's pick, is this
+kernel beyond the noise). A kernel that holds no territory, states no reason and has rows in the evidence fails;
+so does one that stays as ``picked`` where the evidence picks it nowhere. One with no row in the evidence (a new
+op's kernel before a sweep measured it) is reported as not yet measured and never fails.
 
 The report ends with one line: ``cuda: N kernels defend M cases in T territories; K territories retired``
-(the territories that hold, their kernels and cases; the retired territories checked).
+(the territories that hold, their kernels and cases; the retired territories checked), followed, where there are
+any, by the kernels that stay without a territory (per reason), those not yet measured and those failing for want
+of one.
 
 Which evidence gates (``check_gpus``): that of the current GPUs (``reports/gpus.toml``, ``gpus.py``), judged together,
 each device on its own rows. An archived GPU's evidence is history: checked for information only, one line per
@@ -35,19 +44,21 @@ import pandas as pd
 
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
-from ..tiers.catalog import get_op
-from .analysis import CASE, latest, unchecked, with_context
+from ..tiers.catalog import all_ops, get_op
+from .analysis import CASE, latest, unchecked, winners, with_context
 from .gpus import Gpus
-from .territories import RETIRED, TERRITORIES, Territory, rows_and_len, validate
+from .territories import KERNELS, REASONS, RETIRED, TERRITORIES, Stay, Territory, rows_and_len, validate
 
 COMPILER_TIERS = ("compile", "triton")
 
 
 @dataclass
 class Finding:
-    # fail: "stale", "broken" (a CUDA row inside failed its gate), "loses", "ties", "no-evidence";
-    # reported: "defends", "retired", "retired-wins", "no-territory", "outside", "unmeasured" (a held territory whose
-    # op has no row at all in the evidence: declared before any sweep measured it)
+    # fail: "stale", "broken" (a CUDA row inside failed its gate), "loses", "ties", "no-evidence", "defends-nothing"
+    # (a kernel that holds no territory, states no reason and has rows), "unfounded" (stays as picked, picked nowhere);
+    # reported: "defends", "retired", "retired-wins", "outside", "unmeasured" (a held territory whose op has no row
+    # at all in the evidence: declared before any sweep measured it; a kernel with no row of its own), "kernel" (what
+    # a kernel with held territories defends), "stays" and "remove" (a kernel without one: its stated reason)
     kind: str
     op: str
     impl: str
@@ -55,10 +66,12 @@ class Finding:
     territory: str | None = None
     cases: int = 0  # cases judged inside the territory
     won: int = 0
+    kernel: bool = False  # the kernel's own statement (one per CUDA kernel), not a territory's
+    reason: str | None = None  # a kernel's stated reason to stay without a territory (territories.REASONS)
 
     @property
     def fails(self) -> bool:
-        return self.kind in ("stale", "broken", "loses", "ties", "no-evidence")
+        return self.kind in ("stale", "broken", "loses", "ties", "no-evidence", "defends-nothing", "unfounded")
 
 
 def _num(v: object) -> float | None:
@@ -190,15 +203,18 @@ def _held(t: Territory, inside: pd.DataFrame, devices: list[str], stale_inside: 
 
 
 def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list[Territory] | None = None,
-          retired: dict[str, str] | None = None) -> list[Finding]:
-    """Findings for the CUDA kernels of ``specs`` (default: every op in ``df`` or in ``territories``) over
-    ``territories`` (default: ``territories.TERRITORIES``, of the checked ops) with ``retired`` (default RETIRED)."""
+          retired: dict[str, str] | None = None, kernels: list[Stay] | None = None) -> list[Finding]:
+    """Findings for the CUDA kernels of ``specs`` (default: every op of the catalog, in ``df`` or in ``territories``)
+    over ``territories`` (default: ``territories.TERRITORIES``, of the checked ops) with ``retired`` (default RETIRED)
+    and the kernels' reasons to stay without a territory, ``kernels`` (default KERNELS)."""
     territories = list(TERRITORIES if territories is None else territories)
     retired = RETIRED if retired is None else retired
-    validate(territories, retired)
+    kernels = list(KERNELS if kernels is None else kernels)
+    validate(territories, retired, kernels)
     df = with_context(df)
     if specs is None:
-        specs = [get_op(o) for o in dict.fromkeys([*df.op, *(t.op for t in territories)])]
+        specs = [get_op(o) for o in dict.fromkeys([*(s.name for s in all_ops()), *df.op,
+                                                   *(t.op for t in territories)])]
     names = {s.name for s in specs}
     territories = [t for t in territories if t.op in names]
     newest = latest(df)
@@ -231,13 +247,15 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
         stale_inside = sum(t.contains(*rows_and_len(t.op, r.problem), r.dtype, r.mode, r.context, r.problem)
                            for r in stale.itertuples())
         out.append(_held(t, inside, devices, stale_inside))
+    stays = {(k.op, k.impl): k for k in kernels}
+    statements = [_kernel(spec, impl.name, [t for t in territories if (t.op, t.impl) == (spec.name, impl.name)
+                                            and t.name not in retired], out, stays.get((spec.name, impl.name)), newest)
+                  for spec in specs for impl in spec.impls.values() if impl.tier == Tier.CUDA]
+    out += statements
     for spec in specs:
         for impl in (i for i in spec.impls.values() if i.tier == Tier.CUDA):
             mine = judged[(judged.op == spec.name) & (judged.impl == impl.name)]
             if not any((t.op, t.impl) == (spec.name, impl.name) for t in territories):
-                out.append(Finding("no-territory", spec.name, impl.name,
-                                   f"declares no territory (tiered_ops/analysis/territories.json); "
-                                   f"{len(mine)} cases measured"))
                 continue
             loose = mine[~placed[mine.index]]
             if len(loose):
@@ -245,6 +263,67 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
                                    "territories: " + "; ".join(sorted({f"{c.problem.split(',')[0]} {c.dtype} {c.mode}"
                                                                        for c in loose.itertuples()}))))
     return out
+
+
+def _picks(spec: OpSpec, impl: str, newest: pd.DataFrame) -> tuple[str, int]:
+    """In how many cases of the evidence (per device and context) the fastest correct tier of ours, the default
+    policy's pick (``analysis.winners``), is ``impl`` beyond the noise (its p20-p80 range clear of the runner-up's),
+    and its largest lead there; the stale rows of the kernel tiers left out. (text, cases picked beyond the noise)"""
+    rows = newest[newest.op == spec.name]
+    kernel_tiers = (Tier.CUDA, Tier.TRITON)
+    fresh = [i not in spec.impls or spec.impls[i].tier not in kernel_tiers or h == spec.impls[i].source_hash
+             for i, h in zip(rows.impl, rows.source_hash)]
+    rows = rows[pd.Series(fresh, index=rows.index, dtype=bool)]
+    parts = [winners(g) for _, g in rows.groupby(["device_key", "context"], sort=False)]
+    w = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if w.empty:
+        return "no case of its op with a correct timed result in this evidence", 0
+    mine = w[w.winner == impl]
+    clear = mine[~mine.tie.astype(bool)]
+    text = (f"on this evidence the fastest correct tier (the default policy's pick) is this kernel in {len(clear)} of "
+            f"{len(w)} cases beyond the noise")
+    if len(clear):
+        top = clear.loc[clear.margin.idxmax()]
+        text += (f" (its largest lead {top.margin:.2f}x over {top.runner_up} at {top.problem.split(',')[0]} "
+                 f"{top['dtype']} {top['mode']})")
+    if len(mine) > len(clear):
+        text += f", in {len(mine) - len(clear)} more within it"
+    return text, len(clear)
+
+
+def _kernel(spec: OpSpec, impl: str, held: list[Territory], found: list[Finding], stay: Stay | None,
+            newest: pd.DataFrame) -> Finding:
+    """One CUDA kernel's statement: the held territories it defends, else why it stays (``stay``) with its figures
+    on this evidence, not yet measured where the evidence has no row of it, or a failure where it states no reason."""
+    op = spec.name
+    defended = [f for f in found if f.kind == "defends" and (f.op, f.impl) == (op, impl)]
+    measured = bool(((newest.op == op) & (newest.impl == impl)).any())
+    if defended:
+        n = len(defended)
+        return Finding("kernel", op, impl, f"defends {n} {'territory' if n == 1 else 'territories'} / "
+                       f"{sum(f.won for f in defended)} cases: {', '.join(str(f.territory) for f in defended)}",
+                       kernel=True)
+    if held and measured:  # the held territories' own findings fail and say why
+        return Finding("kernel", op, impl, f"defends none of its {len(held)} held territories on this evidence: "
+                       + ", ".join(t.name for t in held), kernel=True)
+    if not measured and (held or stay is None):
+        return Finding("unmeasured", op, impl, f"not yet measured: no row of {op} {impl} in this evidence"
+                       + (f" (held territories: {', '.join(t.name for t in held)})" if held else ""), kernel=True)
+    figures, picked = _picks(spec, impl, newest) if measured else ("no row of it in this evidence", 0)
+    where = "holds no territory"
+    if stay is None:
+        return Finding("defends-nothing", op, impl, f"{where} and states no reason it stays: declare a territory it "
+                       f"holds, or give its reason ({', '.join(r for r in REASONS if r != 'remove')}) or mark it for "
+                       "removal (remove) under 'kernels' in tiered_ops/analysis/territories.json; " + figures,
+                       kernel=True)
+    if stay.reason == "picked" and measured and not picked:
+        return Finding("unfounded", op, impl, f"{where}; it stays as picked ({stay.why}), but {figures}: declare "
+                       "another reason or mark it for removal", kernel=True, reason=stay.reason)
+    if stay.reason == "remove":
+        return Finding("remove", op, impl, f"{where}; marked for removal (its sources stay until a change deletes "
+                       f"them): {stay.why}; {figures}", kernel=True, reason=stay.reason)
+    return Finding("stays", op, impl, f"{where}; stays as {stay.reason} ({REASONS[stay.reason]}): {stay.why}; "
+                   f"{figures}", kernel=True, reason=stay.reason)
 
 
 def live_plan(specs: list[OpSpec], territories: list[Territory] | None = None,
@@ -261,12 +340,24 @@ def live_plan(specs: list[OpSpec], territories: list[Territory] | None = None,
 
 
 def summary(findings: list[Finding]) -> str:
-    """``cuda: N kernels defend M cases in T territories; K territories retired``."""
+    """``cuda: N kernels defend M cases in T territories; K territories retired``, then where there are any: ``; S
+    kernels stay without one (picked 3, remove 1)``, ``; U kernels not yet measured``, ``; F kernels hold none and
+    state no reason``."""
     held = [f for f in findings if f.kind == "defends"]
     kernels = {(f.op, f.impl) for f in held}
     gone = sum(f.kind in ("retired", "retired-wins") for f in findings)
-    return (f"cuda: {len(kernels)} kernels defend {sum(f.won for f in held)} cases in {len(held)} territories; "
+    text = (f"cuda: {len(kernels)} kernels defend {sum(f.won for f in held)} cases in {len(held)} territories; "
             f"{gone} territories retired")
+    mine = [f for f in findings if f.kernel]
+    stay = [f.reason for f in mine if f.reason is not None]
+    if stay:
+        per = ", ".join(f"{r} {stay.count(r)}" for r in REASONS if r in stay)
+        text += f"; {len(stay)} kernels stay without one ({per})"
+    if n := sum(f.kind == "unmeasured" for f in mine):
+        text += f"; {n} kernels not yet measured"
+    if n := sum(f.kind == "defends-nothing" for f in mine):
+        text += f"; {n} kernels hold none and state no reason"
+    return text
 
 
 def report(findings: list[Finding]) -> str:

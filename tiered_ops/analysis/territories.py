@@ -15,6 +15,10 @@ modes, contexts, an optional margin and problem options, and for one given up th
 from the evidence, computed by the check. Kept out of every implementation's source files on purpose: declaring or
 retiring a territory must not change a kernel's source hash, or the evidence that justified it would turn stale.
 ``python benchmarks/territories_from_results.py`` prints, per kernel and case, the figures of a results file.
+
+A CUDA kernel that holds no territory says why it stays (``kernels`` in the same file, ``Stay``): one reason of
+``REASONS`` and a sentence with its evidence, or ``remove``: marked for removal (its sources stay until a change deletes
+them). ``tiered-ops check`` fails a kernel that holds no territory, states no reason and has evidence.
 """
 
 from __future__ import annotations
@@ -71,6 +75,28 @@ def _inside(v: int, span: tuple[int, int | None]) -> bool:
 def _span(span: tuple[int, int | None]) -> str:
     lo, hi = span
     return f"{lo}+" if hi is None else str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+# Why a CUDA kernel that holds no territory stays: the reasons a kernel entry may give, and what each means.
+REASONS: dict[str, str] = {
+    "picked": "the decision still picks it beyond the noise in cases no held territory covers, by too little or in too "
+              "few cases for a territory",
+    "fallback": "it runs where the compiler tiers cannot",
+    "reference": "a hand-written reference the package's other kernels or its tests are built on",
+    "feature": "the only tier with some form, dtype, mode or context",
+    "remove": "nothing justifies it: marked for removal (its sources stay until a change deletes them)",
+}
+
+
+@dataclass(frozen=True)
+class Stay:
+    """Why the CUDA kernel (op, impl) stays while it holds no territory: a ``REASONS`` key and a sentence with its
+    evidence. Read only while the kernel holds none (a kernel with a held territory is judged by it)."""
+
+    op: str
+    impl: str
+    reason: str
+    why: str
 
 
 # ------------------------------------------------------------------------------------------- rows and length
@@ -155,12 +181,50 @@ def _hi(v: Any) -> int | None:
 TERRITORIES, RETIRED = load()
 
 
+def load_kernels(path: Path | str = DATA) -> tuple[Stay, ...]:
+    """The kernel entries of a data file (``kernels``: op, impl, reason, why; none where it has no such list); a
+    ValueError naming the file and the entry when one is malformed, gives an unknown reason or names a kernel twice."""
+    try:
+        entries = json.loads(Path(path).read_text()).get("kernels", [])
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"territories: {path}: expected a JSON object ({e})") from None
+    out: list[Stay] = []
+    for k, e in enumerate(entries):
+        try:
+            s = Stay(str(e["op"]), str(e["impl"]), str(e["reason"]), str(e["why"]))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"territories: {path}: kernel entry {k} is malformed: {type(err).__name__}: {err} "
+                             "(expected op, impl, reason, why)") from None
+        if s.reason not in REASONS:
+            raise ValueError(f"territories: {path}: kernel entry {k} ({s.op} {s.impl}): reason {s.reason!r}: expected "
+                             f"one of {', '.join(REASONS)}")
+        if not s.why.strip():
+            raise ValueError(f"territories: {path}: kernel entry {k} ({s.op} {s.impl}): 'why' is empty: say why, "
+                             "with the evidence")
+        if any((x.op, x.impl) == (s.op, s.impl) for x in out):
+            raise ValueError(f"territories: {path}: kernel {s.op} {s.impl} has two entries")
+        out.append(s)
+    return tuple(out)
+
+
+KERNELS = load_kernels()
+
+
+def validate_kernels(kernels: tuple[Stay, ...] | list[Stay] = KERNELS) -> None:
+    """Raise ValueError naming the entry when a kernel entry names an unknown op or no CUDA implementation of it."""
+    for s in kernels:
+        impl = get_op(s.op).impls.get(s.impl)
+        if impl is None or impl.tier != Tier.CUDA:
+            raise ValueError(f"kernel entry {s.op} {s.impl}: {s.op} has no CUDA implementation {s.impl!r}")
+
+
 def validate(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
-             retired: dict[str, str] | None = None) -> None:
+             retired: dict[str, str] | None = None, kernels: tuple[Stay, ...] | list[Stay] = KERNELS) -> None:
     """Raise ValueError naming the entry when a territory names an unknown op, a non-CUDA implementation, an unknown
     dtype, mode or context, an empty range, a name used twice or retired without being declared, or overlaps
-    another territory of its kernel (a case must belong to one territory)."""
+    another territory of its kernel (a case must belong to one territory); or a kernel entry is not a CUDA kernel."""
     retired = RETIRED if retired is None else retired
+    validate_kernels(kernels)
     names = [t.name for t in territories]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"territories: names used twice: {', '.join(dup)}")
@@ -199,9 +263,9 @@ def _meet(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
 
 
 def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
-             retired: dict[str, str] | None = None) -> str:
-    """The section of docs/territories.md on which CUDA kernel defends what (tests/test_check.py holds the page to
-    it)."""
+             retired: dict[str, str] | None = None, kernels: tuple[Stay, ...] | list[Stay] = KERNELS) -> str:
+    """The section of docs/territories.md on which CUDA kernel defends what, and why each kernel that holds no
+    territory stays (tests/test_check.py holds the page to it)."""
     retired = RETIRED if retired is None else retired
     held = [t for t in territories if t.name not in retired]
     lines = ["## Which CUDA kernels defend what", "",
@@ -225,6 +289,14 @@ def markdown(territories: tuple[Territory, ...] | list[Territory] = TERRITORIES,
                   "measured (never failed); one whose rows are stale fails until a sweep measures it again."]
     whys = {t.why: [u.name for u in held if u.why == t.why] for t in held if t.why}
     lines += [""] + [f"Why {', '.join(names)}: {why}." for why, names in whys.items()]
+    held_kernels = {(t.op, t.impl) for t in held}
+    stays = [k for k in kernels if (k.op, k.impl) not in held_kernels]
+    if stays:
+        lines += ["", "A kernel that holds no territory says why it stays (`kernels` in the same file; `tiered-ops "
+                  "check` states it with the kernel's figures on the evidence, and fails a kernel that holds none, "
+                  "states no reason and has evidence):", "", "| kernel | stays as | why |", "|---|---|---|"]
+        lines += [f"| {k.op} {k.impl} | {'marked for removal' if k.reason == 'remove' else k.reason} | {k.why} |"
+                  for k in stays]
     gone = [t.name for t in territories if t.name in retired]
     lines += ["", f"Given up ({len(gone)}; reported by the check, never failed, each with its reason in "
               "`tiered_ops/analysis/territories.json` and its figures computed from the evidence by "
