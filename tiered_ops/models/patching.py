@@ -16,7 +16,9 @@ class back. Swapped:
 - transformers' GemmaRMSNorm (and any class with its forward's code): normalize and multiply by (1 + weight) in
   fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
 - transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
-  NewGELUActivation, FastGELUActivation, AccurateGELUActivation).
+  NewGELUActivation, FastGELUActivation, AccurateGELUActivation);
+- transformers' gated MLPs of Llama, Mistral, Qwen2, Qwen3 and Gemma (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+  with a SiLU or GELU act_fn): the activation and the product in one tiered_ops.swiglu call (``patch_mlp``).
 
 A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
 bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
@@ -26,32 +28,31 @@ when the model holds one of its classes.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
+from .patch_mlp import hf_gelu_form as _hf_gelu_form
+from .patch_mlp import mlp_plan
 from .swap import original_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
 log = logging.getLogger(__name__)
 
-PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy")
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "swiglu")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
 _CANDIDATE = re.compile(r"RMSNorm|LayerNorm|GELU|Gelu|Softmax")
 _LLAMA_STYLE = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 _GEMMA_STYLE = ("GemmaRMSNorm",)
-_TANH_GELUS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")
 
 
 @dataclass
@@ -171,26 +172,12 @@ def _plan_torch(m: nn.Module) -> _Plan | str | None:
     return None
 
 
-def _hf_gelu_form(m: nn.Module) -> str | None:
-    """'none' or 'tanh' for transformers' GELU activations whose function is F.gelu's, else None."""
-    name = type(m).__name__
-    if name in _TANH_GELUS:
-        return "tanh"
-    act = getattr(m, "act", None)
-    python = getattr(act, "__func__", None)
-    if name == "GELUActivation":
-        return "none" if act is F.gelu or (python is not None and python.__name__ == "_gelu_python") else None
-    if name in ("GELUTanh", "PytorchGELUTanh"):
-        if python is not None and python.__name__ == "_gelu_tanh_python":
-            return "tanh"
-        if isinstance(act, functools.partial) and act.func is F.gelu and act.keywords == {"approximate": "tanh"}:
-            return "tanh"
-    return None
-
-
 def _plan_hf(m: nn.Module) -> _Plan | str | None:
     cls = type(m)
     name = cls.__name__
+    mlp = mlp_plan(m)
+    if mlp is not None:
+        return mlp if isinstance(mlp, str) else _Plan("swiglu", *mlp)
     if "GELU" in name or "Gelu" in name:
         form = _hf_gelu_form(m)
         if form is None:
