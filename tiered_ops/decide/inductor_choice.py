@@ -1,13 +1,15 @@
 """Inductor's choice among an op's tiers inside torch.compile (``TIERED_OPS_COMPILE_CHOICE=inductor``).
 
 Where the installed torch has Inductor's custom-op autotuning (``register_custom_op_autotuning`` in
-``torch._inductor.kernel.custom_op``), a traced inference call of ``tiered_ops.<op>`` goes into the caller's graph as
-one custom op, ``tiered_ops::<op>_choice``, whose Inductor choices are the op's tiers that can run in a graph: the
-eager tier (and any other plain-torch implementation of the op), traced into Inductor's IR as the decomposition, and
-the kernel tiers (Triton, CUDA) where they run on the device and dtype. Its fallback is the op's plain eager call.
-Inductor times each choice on the call's sizes while it compiles the caller, takes the fastest (the fallback unless
-another beats it by ``TIERED_OPS_COMPILE_CHOICE_MIN_SPEEDUP``, where torch has the threshold) and inlines a winning
-decomposition into the graph, where it fuses with its neighbours as any traced code does.
+``torch._inductor.kernel.custom_op``) with ``min_speedup_threshold`` (2.13; 2.11's takes ``configs``, ``dispatch_on``
+and ``split_points`` but fails to lower an input that Inductor has not realized), a traced inference call of
+``tiered_ops.<op>`` goes into the caller's graph as one custom op, ``tiered_ops::<op>_choice``, whose Inductor choices
+are the op's tiers that can run in a graph: the eager tier (and any other plain-torch implementation of the op), traced
+into Inductor's IR as the decomposition, and the kernel tiers (Triton, CUDA) where they run on the device and dtype. Its
+fallback is the op's plain eager call. Inductor times each choice on the call's sizes while it compiles the caller,
+takes the fastest (the fallback unless another beats it by ``TIERED_OPS_COMPILE_CHOICE_MIN_SPEEDUP``, where torch has
+the threshold) and inlines a winning decomposition into the graph, where it fuses with its neighbours as any traced code
+does.
 
 What Inductor timed is stored as compiled-context rows of the bucket (``origin`` ``inductor``): its winner gated in
 float64 (a winner that fails the gate is stored not ok, so no decision takes it), the others timed, not gated (never
@@ -38,6 +40,7 @@ from ..measure.measure import base_row, bucket_str
 from ..registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Tier
 from ..store.rows import UNAVAILABLE, UNGATED
 from ..store.store import STORE_ERRORS
+from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from . import decide as _decide
 from .compiled import _assume_constant_result, _run_for_real
@@ -63,8 +66,13 @@ def unavailable() -> str | None:
             _why_not.append(f"torch {torch.__version__} has no Inductor custom-op autotuning ({e})")
         else:
             params = inspect.signature(register_custom_op_autotuning).parameters
-            _why_not.append(None if "configs" in params else
-                            f"torch {torch.__version__}'s register_custom_op_autotuning takes no configs")
+            # torch 2.11's has configs but not the threshold, and its lowering raises NotImplementedError (Pointwise)
+            # for an input that Inductor has not realized, such as the op's pointwise neighbour (seen on an H200):
+            # the threshold's arrival (2.13) marks the API this mode uses
+            _why_not.append(None if "configs" in params and "min_speedup_threshold" in params else
+                            f"torch {torch.__version__}'s register_custom_op_autotuning lacks "
+                            f"{'configs' if 'configs' not in params else 'min_speedup_threshold'} (its lowering "
+                            "of an unrealized input fails before 2.13)")
     return _why_not[0]
 
 
@@ -164,10 +172,20 @@ def choices(spec: OpSpec, device: torch.device, dtype: torch.dtype) -> list[Impl
     for impl in spec.impls.values():
         if impl.tier in (Tier.PEER, Tier.COMPILE) or impl.why_not(device, dtype) is not None:
             continue
-        if impl.tier in (Tier.TRITON, Tier.CUDA) and (impl.available(device) or impl.timeable(device)):
+        if _not_here(impl, device):
             continue
         out.append(impl)
     return out
+
+
+def _not_here(impl: Impl, device: torch.device) -> str | None:
+    """Why a kernel tier is no choice on ``device`` (None: it is): unavailable, not timeable (the Triton
+    interpreter), or, for the CUDA tier, its extension not built yet (a compile never builds it)."""
+    if impl.tier == Tier.CUDA and not cuda_ext.load_if_built(device):
+        return "the CUDA extension is not built here"
+    if impl.tier in (Tier.TRITON, Tier.CUDA):
+        return impl.available(device) or impl.timeable(device)
+    return None
 
 
 def _config_generator(spec: OpSpec) -> Callable[[dict[str, torch.Tensor]], list[Any]]:
@@ -298,7 +316,7 @@ def _store(spec: OpSpec, problem: Any, dtype: torch.dtype, device: torch.device,
         row = dict(base_row(spec, impl, problem, dtype, mode, fp), context="compiled", origin=ORIGIN)
         ms = eager_ms if impl.name in ("eager", "compile") else by_impl.get(impl.name)
         if ms is None:
-            why = impl.why_not(device, dtype) or impl.available(device) or impl.timeable(device) or "not a choice"
+            why = impl.why_not(device, dtype) or _not_here(impl, device) or "not a choice"
             rows.append(dict(row, reason=UNAVAILABLE + f"{why} (not among Inductor's choices here)"))
             continue
         us = ms * 1e3
