@@ -86,6 +86,9 @@ def _child(case: str, mode: str) -> dict:
         ran, how = sel.name, sel.record.get("reason", "")
         if mode == "table-cold":
             ran, how = "eager", "nothing stored when traced: the eager tier"
+        elif mode == "inductor":
+            why = inductor_choice.unavailable() or ("training: the table's" if train else "not routed")
+            how = f"not Inductor's choice ({why}): {how}"
     return dict(case=case, mode=mode, decide_s=round(decide_s, 2), steady_ms=round(ms, 4), ran=ran, how=how[:160])
 
 
