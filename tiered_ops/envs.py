@@ -20,6 +20,27 @@ def tune_mode() -> str:
     return "off" if v in OFF else "background" if v == "background" else "blocking"
 
 
+COMPILE_CHOICES = ("table", "inductor")
+
+
+def compile_choice() -> str:
+    """TIERED_OPS_COMPILE_CHOICE: who chooses an op's tier inside torch.compile. ``table`` (the default): the stored
+    compiled-context decision, else the eager tier. ``inductor``: Inductor's custom-op autotuning benchmarks the
+    tiers that can run in a graph inside the caller's compile and keeps the fastest (``decide/inductor_choice.py``),
+    where the installed torch has it (else ``table``, said once)."""
+    v = os.environ.get("TIERED_OPS_COMPILE_CHOICE", "table").strip().lower()
+    if v not in COMPILE_CHOICES:
+        raise ValueError(f"TIERED_OPS_COMPILE_CHOICE must be one of {', '.join(COMPILE_CHOICES)}, got {v!r}")
+    return v
+
+
+def compile_choice_min_speedup() -> float:
+    """TIERED_OPS_COMPILE_CHOICE_MIN_SPEEDUP: in the ``inductor`` compile choice, how much faster than the op's plain
+    eager call (Inductor's fallback) another choice must be to be taken (torch's ``min_speedup_threshold``, where the
+    installed torch has it; default 1.0: any speedup)."""
+    return max(1.0, float(os.environ.get("TIERED_OPS_COMPILE_CHOICE_MIN_SPEEDUP", "1.0")))
+
+
 def policy() -> str:
     """TIERED_OPS_POLICY: the process's default policy (fastest, cost-aware, cold-start)."""
     return os.environ.get("TIERED_OPS_POLICY", "fastest")

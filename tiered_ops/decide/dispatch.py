@@ -27,6 +27,7 @@ from . import decide as _decide
 from .compiled import trace_choice
 from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets, get_store, select_problem
 from .hot import _TRACE_FNS, hot_fn, trace_fn
+from .inductor_choice import call_traced, routed
 from .record import active, note
 from .signature import check_tensors, op_signature, tensor_args
 from .traced import bucket_key, symbolic_key
@@ -68,6 +69,10 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
         # Symbolic sizes: what an eager call of the bucket primed, by the bucket (its bounds become the graph's guards).
         symbolic = symbolic_key(key)
+        if not symbolic:  # Inductor's choice among the tiers where it is asked for (TIERED_OPS_COMPILE_CHOICE)
+            out = call_traced(spec, args, kwargs, mode, mixed)
+            if out is not None:
+                return out
         if symbolic:
             name = _traced_buckets.get(bucket_key(spec, problem, x.dtype, x.device, mode, mixed))
             if name is not None:
@@ -136,6 +141,8 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     sites of different signatures that run the same implementation reach it through one source, where reaching it
     through each signature's selection made dynamo add an aliasing guard that builds both keys in Python on every
     call of the compiled caller."""
+    if routed(spec, mode, mixed):
+        return  # a trace asks Inductor to choose (``inductor_choice``)
     key = signature + (1,)
     bucket = bucket_key(spec, problem, dtype, device, mode, mixed)  # what a trace with symbolic sizes reads
     if key in _calls and key in _traced:
