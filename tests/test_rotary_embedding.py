@@ -11,7 +11,8 @@ PROBLEMS = [
     P((1, 3, 5, 256), kv_heads=1),  # head_dim 256 (Gemma)
     P((2, 4, 9, 64), kv_heads=2, rotary_dim=32),  # partial rotary: the pass-through tile
     P((1, 2, 3, 80), kv_heads=2, rotary_dim=40),  # halves (20) and pass-through (40) of no power of two: masked
-    P((2, 2, 37, 64), kv_heads=1),  # rows over one program's block, a tail of rows
+    P((2, 2, 37, 64), kv_heads=1),  # rows over one program's 16, a tail of rows
+    P((1, 2, 19, 256), kv_heads=2),  # head_dim 256: 8 rows a program (pairs at most TILE), a tail
 ]
 
 

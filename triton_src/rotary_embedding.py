@@ -7,7 +7,8 @@ Bytes: 1 read + 1 write of q and of k per element, cos and sin once per (batch, 
 Limits: q and k are read through their batch, head and position strides (a transpose's view in place); a last dim
 that is not contiguous is copied first. cos and sin of batch 1 broadcast over the batch (stride 0). Outputs are
 contiguous. 64-bit row offsets; the grid's second axis is q (0) and k (1).
-Versions: v1 — ROWS rows of a tensor per program, the rotated halves and the pass-through as separate tiles.
+Versions: v1 — ROWS rows of a tensor per program (up to 16, TILE pairs at most), the rotated halves and the
+pass-through as separate tiles.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .launch import Step, register_ops
 
 OP = "rotary_embedding_triton"
 BWD = "rotary_embedding_bwd_triton"
-ROWS = 4
+TILE = 1024  # rotated pairs a program takes (ROWS rows of HALF pairs): 8 a thread at 4 warps
 
 
 @triton.jit
@@ -112,8 +113,10 @@ def _run(op: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     cos, sin = cos.contiguous(), sin.contiguous()
     half = rd // 2
     scb = 0 if cos.shape[0] == 1 else cos.stride(0)
-    step = Step(_rotary_embedding, (triton.cdiv(max(q_rows, k_rows), ROWS), 2), 4, BWD=bwd,
-                HALF=triton.next_power_of_2(half), PASS=triton.next_power_of_2(d - rd) if d > rd else 0, ROWS=ROWS)
+    block = triton.next_power_of_2(half)
+    rows = max(1, min(16, TILE // block))
+    step = Step(_rotary_embedding, (triton.cdiv(max(q_rows, k_rows), rows), 2), 4, BWD=bwd, HALF=block,
+                PASS=triton.next_power_of_2(d - rd) if d > rd else 0, ROWS=rows)
     step(False, q, k, qo, ko, cos, sin, q_rows, k_rows, hq, hk, s, q.stride(0), q.stride(1), q.stride(2),
          k.stride(0), k.stride(1), k.stride(2), scb, cos.stride(1), half, d)
     return qo, ko
