@@ -1,5 +1,6 @@
-"""patch's rotary-embedding route: each transformers attention's apply_rotary_pos_emb through
-tiered_ops.rotary_embedding (tiered_ops/models/patch_rope.py).
+"""patch's rotary-embedding routes: each transformers attention's apply_rotary_pos_emb through
+tiered_ops.rotary_embedding (tiered_ops/models/patch_rope.py), and Qwen3's q_norm/k_norm + RoPE through one
+tiered_ops.qk_norm_rope (tiered_ops/models/patch_qk_norm.py).
 
 Tiny models (hidden 64, 2 layers, weights off their init) of the five decoder families, and GPT-NeoX with a partial
 rotary (rotary_pct 0.25): logits, loss and every parameter gradient of the patched model against the stock one
@@ -89,7 +90,7 @@ def test_the_route_is_in_the_default_patch_and_pickles():
     with torch.no_grad():
         want = model(ids).logits
     report = patch(model)
-    assert sum("rotary_embedding" in s.replacement for s in report.swapped) == 2, str(report)
+    assert sum("tiered_ops.qk_norm_rope" in s.replacement for s in report.swapped) == 2, str(report)
     copy_ = pickle.loads(pickle.dumps(model))
     assert patched(copy_.model.layers[0].self_attn) == patched(model.model.layers[0].self_attn)
     with torch.no_grad():
@@ -146,3 +147,64 @@ def test_decoding_with_the_kv_cache_matches_stock():
     want = stock.generate(ids, max_new_tokens=4, do_sample=False)
     patch(model)
     assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False), want)
+
+
+@needs_hf
+@pytest.mark.parametrize("tier", ["eager", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_qwen3_qk_norm_and_rope_fused_trains_like_stock(dtype, tier, monkeypatch):
+    from tiered_ops.models import patch_qk_norm
+
+    force_tier(monkeypatch, tier)
+    model = tiny("qwen3").to(dtype)
+    ids, labels = _batch()
+    truth = train_step(copy.deepcopy(model).double(), ids, labels)
+    stock = train_step(model, ids, labels)
+    report = patch(model, ops=["qk_norm_rope", "rotary_embedding"])
+    assert [s.path for s in report.swapped] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], str(report)
+    assert all("tiered_ops.qk_norm_rope" in s.replacement for s in report.swapped)
+    seen = []
+    real = patch_qk_norm.qk_norm_rope
+    monkeypatch.setattr(patch_qk_norm, "qk_norm_rope", lambda *a: seen.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(patch_rope, "rotary_embedding", lambda *a: pytest.fail("the plain route ran"))
+    _compare(train_step(model, ids, labels), stock, truth, dtype)
+    assert seen == [torch.Size([2, 4, 8, 16])] * 2, seen  # q [batch, heads, seq, head_dim], one call per layer
+    assert unpatch(model) == 2
+    _compare(train_step(model, ids, labels), stock, truth, dtype)
+
+
+@needs_hf
+def test_qwen3_without_the_fused_op_takes_the_plain_route():
+    report = patch(tiny("qwen3"), ops=["rotary_embedding"])
+    assert [x.reason for x in report.left if "not fused" in x.reason] == [
+        "q_norm/k_norm + RoPE not fused: qk_norm_rope not in ops=['rotary_embedding']"] * 2
+    assert sum("tiered_ops.rotary_embedding" in s.replacement for s in report.swapped) == 2
+
+
+@needs_hf
+def test_an_attention_whose_lines_differ_is_not_fused(monkeypatch):
+    """A forward that normalizes k but not q (another code than Qwen3's): the fused rewrite leaves it, with why."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from tiered_ops.models import patch_qk_norm
+
+    class Other(modeling_qwen3.Qwen3Attention):
+        def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
+            hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)  # noqa: F821
+            return query_states, key_states
+
+    Other.__module__ = modeling_qwen3.__name__
+    for name in ("apply_rotary_pos_emb", "rotate_half"):  # this module's globals hold transformers' rope, as Qwen3's do
+        monkeypatch.setitem(globals(), name, getattr(modeling_qwen3, name))
+    model = tiny("qwen3")
+    model.model.layers[0].self_attn.__class__ = Other
+    patch_qk_norm._routed.cache_clear()
+    report = patch(model, ops=["qk_norm_rope"])
+    assert [(x.path, x.reason) for x in report.left if "not fused" in x.reason][0] == (
+        "model.layers.0.self_attn", "q_norm/k_norm + RoPE not fused: its forward does not hold Qwen3's "
+        "q_norm/k_norm and apply_rotary_pos_emb lines")
+    assert [s.path for s in report.swapped] == ["model.layers.1.self_attn"]

@@ -17,6 +17,7 @@ class back. Swapped:
   fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
 - transformers' attention modules whose forward calls the rotate-half ``apply_rotary_pos_emb`` (Llama, Mistral,
   Qwen2, Qwen3, Gemma, GPT-NeoX's partial form, ...): that call -> tiered_ops.rotary_embedding (``patch_rope``);
+  Qwen3's q_norm/k_norm + that call -> one tiered_ops.qk_norm_rope (``patch_qk_norm``), ahead of the plain route;
 - transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
   NewGELUActivation, FastGELUActivation, AccurateGELUActivation).
 
@@ -40,6 +41,8 @@ from torch import nn
 
 from ..decide.dispatch import public
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
+from .patch_qk_norm import install as install_qk_norm
+from .patch_qk_norm import qk_norm_plan
 from .patch_rope import install, rope_plan
 from .swap import original_class, swap, unswap
 
@@ -47,7 +50,8 @@ gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm",
 
 log = logging.getLogger(__name__)
 
-PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "rotary_embedding")
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "rotary_embedding",
+                                  "qk_norm_rope")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
@@ -259,7 +263,17 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
 
 
 def _route_rope(model: nn.Module, report: PatchReport, wanted: Sequence[str]) -> None:
-    """Each transformers attention's apply_rotary_pos_emb onto tiered_ops.rotary_embedding (``patch_rope``)."""
+    """Each Qwen3-style attention's q_norm/k_norm + RoPE onto tiered_ops.qk_norm_rope (``patch_qk_norm``), and each
+    other transformers attention's apply_rotary_pos_emb onto tiered_ops.rotary_embedding (``patch_rope``)."""
+    for path, m, cls, fused in _planned(model, qk_norm_plan):
+        if isinstance(fused, str) or "qk_norm_rope" not in wanted:
+            reason = fused if isinstance(fused, str) else f"qk_norm_rope not in ops={list(wanted)}"
+            report.left.append(Left(path, cls, f"q_norm/k_norm + RoPE not fused: {reason}"))
+            continue
+        swap(m, fused[0])
+        install_qk_norm(type(m))
+        object.__setattr__(m, _MARK, fused[1])
+        report.swapped.append(Swapped(path, cls, fused[1]))
     for path, m, cls, plan in _planned(model, rope_plan):
         if isinstance(plan, str) or "rotary_embedding" not in wanted:
             reason = plan if isinstance(plan, str) else f"rotary_embedding not in ops={list(wanted)}"
