@@ -22,8 +22,8 @@ import torch
 from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
 from ._common import call, check_eps, floating, gen, randn, same_device, values
 from .rotary_embedding import _inputs as _rope_inputs
+from .rotary_embedding import check_rope
 from .rotary_embedding import reference as rope_reference
-from .rotary_embedding import validate as rope_validate
 
 OP = "qk_norm_rope"
 
@@ -31,7 +31,7 @@ OP = "qk_norm_rope"
 def validate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor,
              k_weight: torch.Tensor, eps: float = 1e-6) -> None:
     """rotary_embedding's contract with cos and sin as wide as head_dim, and weights [head_dim] of q's dtype."""
-    rope_validate(q, k, cos, sin)
+    check_rope(OP, q, k, cos, sin)
     d = q.shape[-1]
     if cos.shape[-1] != d:
         raise ValueError(f"{OP}: cos must be as wide as head_dim {d} (no partial rotary), got {list(cos.shape)}")

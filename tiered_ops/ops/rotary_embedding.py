@@ -30,28 +30,33 @@ def validate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     """The contract of a call (every tier): q, k 4-D floating of one dtype and device with the same batch, seq and
     head_dim; cos, sin of one shape [batch or 1, seq, rotary_dim] (rotary_dim even, <= head_dim) and one dtype, not
     requiring grad."""
+    check_rope(OP, q, k, cos, sin)
+
+
+def check_rope(op: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """``validate``'s checks, their errors naming ``op`` (an op that takes these arguments too)."""
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        floating(OP, name, t)
+        floating(op, name, t)
     for name, t in (("k", k), ("cos", cos), ("sin", sin)):
-        same_device(OP, name, t, q, "q")
+        same_device(op, name, t, q, "q")
     if q.dim() != 4:
-        raise ValueError(f"{OP}: q must be 4-D [batch, heads, seq, head_dim], got shape {list(q.shape)}")
+        raise ValueError(f"{op}: q must be 4-D [batch, heads, seq, head_dim], got shape {list(q.shape)}")
     if k.dim() != 4 or (k.shape[0], k.shape[2], k.shape[3]) != (q.shape[0], q.shape[2], q.shape[3]):
-        raise ValueError(f"{OP}: k must be 4-D [batch, kv_heads, seq, head_dim] with q's batch, seq and head_dim "
+        raise ValueError(f"{op}: k must be 4-D [batch, kv_heads, seq, head_dim] with q's batch, seq and head_dim "
                          f"{[q.shape[0], q.shape[2], q.shape[3]]}, got shape {list(k.shape)}")
     if k.dtype != q.dtype:
-        raise TypeError(f"{OP}: k must have the dtype of q ({q.dtype}), got {k.dtype}")
+        raise TypeError(f"{op}: k must have the dtype of q ({q.dtype}), got {k.dtype}")
     if sin.dtype != cos.dtype:
-        raise TypeError(f"{OP}: sin must have the dtype of cos ({cos.dtype}), got {sin.dtype}")
+        raise TypeError(f"{op}: sin must have the dtype of cos ({cos.dtype}), got {sin.dtype}")
     b, s, d = q.shape[0], q.shape[2], q.shape[3]
     if (cos.dim() != 3 or cos.shape[0] not in (1, b) or cos.shape[1] != s or cos.shape[2] % 2
             or not 0 < cos.shape[2] <= d):
-        raise ValueError(f"{OP}: cos must have shape [batch or 1, seq, rotary_dim] with batch {b}, seq {s} and an even "
+        raise ValueError(f"{op}: cos must have shape [batch or 1, seq, rotary_dim] with batch {b}, seq {s} and an even "
                          f"rotary_dim in 2..head_dim {d}, got {list(cos.shape)}")
     if sin.shape != cos.shape:
-        raise ValueError(f"{OP}: sin must have the shape of cos {list(cos.shape)}, got {list(sin.shape)}")
+        raise ValueError(f"{op}: sin must have the shape of cos {list(cos.shape)}, got {list(sin.shape)}")
     if cos.requires_grad or sin.requires_grad:
-        raise ValueError(f"{OP}: cos and sin must not require grad (the op differentiates q and k only)")
+        raise ValueError(f"{op}: cos and sin must not require grad (the op differentiates q and k only)")
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
