@@ -85,3 +85,23 @@ def test_cos_that_requires_grad_is_refused():
     q, k, cos, sin = _qkcs(torch.device("cpu"))
     with pytest.raises(ValueError, match="cos and sin must not require grad"):
         tiered_ops.get_op("rotary_embedding").impls["eager"].fn(q, k, cos.requires_grad_(), sin)
+
+
+@gpu
+@pytest.mark.parametrize("op", ["rotary_embedding", "qk_norm_rope"])
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_more_rows_than_one_grid(op, impl):
+    """1 x 64 heads x 65600 positions x 128: the CUDA rotary kernel's work items (rows x 64 pairs) pass its capped
+    grid, so blocks stride over rows; the last head of the last positions as the float64 math."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 65600, 64, 128, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, 65600, 8, 128, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    ang = torch.randn(1, 65600, 64, generator=g, device="cuda").repeat(1, 1, 2)
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    w = [torch.randn(128, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    extra = (*w, 1e-6) if op == "qk_norm_rope" else ()
+    qe, ke = tiered_ops.get_op(op).impls[impl].fn(q, k, cos, sin, *extra)
+    tail = slice(65600 - 4096, 65600)
+    sub = (q[:, -1:, tail], k[:, -1:, tail], cos[:, tail], sin[:, tail], *extra)
+    want_q, want_k = truth64(op, *sub)
+    assert rel(qe[:, -1:, tail], want_q) < 1e-2 and rel(ke[:, -1:, tail], want_k) < 1e-2
