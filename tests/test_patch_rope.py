@@ -208,3 +208,25 @@ def test_an_attention_whose_lines_differ_is_not_fused(monkeypatch):
         "model.layers.0.self_attn", "q_norm/k_norm + RoPE not fused: its forward does not hold Qwen3's "
         "q_norm/k_norm and apply_rotary_pos_emb lines")
     assert [s.path for s in report.swapped] == ["model.layers.1.self_attn"]
+
+
+@needs_hf
+def test_both_routes_of_one_modeling_module_compile_in_one_process():
+    """Qwen3 routed plainly (ops without qk_norm_rope) and fused, in one process: each route's forward keeps its own
+    globals, which torch.compile finds by module name (a shared name made one route read the other's)."""
+    from torch._dynamo.utils import counters
+
+    ids = torch.randint(0, 128, (2, 8))
+    plain, fused = tiny("qwen3"), tiny("qwen3")
+    with torch.no_grad():
+        want = plain(ids).logits
+    patch(plain, ops=["rotary_embedding"])
+    patch(fused)
+    for model in (plain, fused):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch.no_grad():
+            got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+        assert dict(counters["graph_break"]) == {}
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

@@ -123,7 +123,7 @@ def _shadow(globals_: dict[str, Any], name: str, value: Any) -> types.ModuleType
     """A module holding a copy of ``globals_`` (a modeling module's) with ``name`` bound to ``value``, registered in
     sys.modules under its own name: torch.compile finds a function's globals through its module's name, so the copy
     must be a module of its own (a plain dict named as the original module would be read as the original)."""
-    qual = f"{__name__}._routed.{globals_.get('__name__', 'module')}"
+    qual = f"{__name__}._routed.{name}.{globals_.get('__name__', 'module')}"  # one per rebound name (both routes)
     mod = sys.modules.get(qual)
     if mod is None or mod.__dict__.get(name) is not value:
         mod = types.ModuleType(qual)
