@@ -17,7 +17,8 @@ from tiered_ops.decide import decide as select
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
 
-FAMILIES = ["llama", "qwen3", "gpt2"]  # the families patch supports: RMSNorm (two forms), LayerNorm + GELU, SwiGLU
+# the families patch supports: RMSNorm (two forms) + RoPE (qwen3: fused with its QK-norm) + SwiGLU, LayerNorm + GELU
+FAMILIES = ["llama", "qwen3", "gpt2"]
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def fresh_dynamo():
 def quick_tiers(monkeypatch):
     """Each patched op with its eager tier and one more correct one (``again``, its reference behind another name:
     fast to measure on the CPU, traceable), so that ``tune`` measures no compiler tier."""
-    for op in ("rms_norm", "layer_norm", "gelu", "softmax", "swiglu"):
+    for op in ("rms_norm", "layer_norm", "gelu", "softmax", "swiglu", "rotary_embedding", "qk_norm_rope"):
         spec = get_op(op)
         eager = spec.impls["eager"]
         again = Impl("again", Tier.COMPILE, lambda *a, _f=eager.fn, **k: _f(*a, **k), (spec.source,))
@@ -97,7 +98,9 @@ def test_patch_compile_call_with_a_fresh_store(family, monkeypatch):
     _assert_one_graph(_run(_compile(model), ids), _stock(stock, ids))
     assert asked and {c for _, c, _ in asked} == {"compiled"}, asked
     ops = {k[0] for k, _, _ in asked}
-    assert ops == ({"layer_norm", "gelu"} if family == "gpt2" else {"rms_norm", "swiglu"}), asked
+    want = {"gpt2": {"layer_norm", "gelu"}, "llama": {"rms_norm", "rotary_embedding", "swiglu"},
+            "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"}}
+    assert ops == want[family], asked
     assert not any(k[-1] == "compiled" for k in select._decisions), "a miss caches no decision"
 
 

@@ -15,6 +15,9 @@ class back. Swapped:
   ``cast_before_weight=True`` (the same two roundings as the original, the output promoted as its ``w * y``);
 - transformers' GemmaRMSNorm (and any class with its forward's code): normalize and multiply by (1 + weight) in
   fp32, then cast: one tiered_ops.rms_norm call with ``weight_offset=1.0`` ((1 + w) formed in fp32, one rounding);
+- transformers' attention modules whose forward calls the rotate-half ``apply_rotary_pos_emb`` (Llama, Mistral,
+  Qwen2, Qwen3, Gemma, GPT-NeoX's partial form, ...): that call -> tiered_ops.rotary_embedding (``patch_rope``);
+  Qwen3's q_norm/k_norm + that call -> one tiered_ops.qk_norm_rope (``patch_qk_norm``), ahead of the plain route;
 - transformers' GELU activations of the erf form (GELUActivation) and the tanh form (GELUTanh / PytorchGELUTanh,
   NewGELUActivation, FastGELUActivation, AccurateGELUActivation);
 - transformers' gated MLPs of Llama, Mistral, Qwen2, Qwen3 and Gemma (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
@@ -40,13 +43,17 @@ from ..decide.dispatch import public
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
 from .patch_mlp import hf_gelu_form as _hf_gelu_form
 from .patch_mlp import mlp_plan
+from .patch_qk_norm import install as install_qk_norm
+from .patch_qk_norm import qk_norm_plan
+from .patch_rope import install, rope_plan
 from .swap import original_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
 log = logging.getLogger(__name__)
 
-PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "swiglu")
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "swiglu",
+                                  "rotary_embedding", "qk_norm_rope")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
@@ -242,6 +249,29 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
         first = False
 
 
+def _route_rope(model: nn.Module, report: PatchReport, wanted: Sequence[str]) -> None:
+    """Each Qwen3-style attention's q_norm/k_norm + RoPE onto tiered_ops.qk_norm_rope (``patch_qk_norm``), and each
+    other transformers attention's apply_rotary_pos_emb onto tiered_ops.rotary_embedding (``patch_rope``)."""
+    for path, m, cls, fused in _planned(model, qk_norm_plan):
+        if isinstance(fused, str) or "qk_norm_rope" not in wanted:
+            reason = fused if isinstance(fused, str) else f"qk_norm_rope not in ops={list(wanted)}"
+            report.left.append(Left(path, cls, f"q_norm/k_norm + RoPE not fused: {reason}"))
+            continue
+        swap(m, fused[0])
+        install_qk_norm(type(m))
+        object.__setattr__(m, _MARK, fused[1])
+        report.swapped.append(Swapped(path, cls, fused[1]))
+    for path, m, cls, plan in _planned(model, rope_plan):
+        if isinstance(plan, str) or "rotary_embedding" not in wanted:
+            reason = plan if isinstance(plan, str) else f"rotary_embedding not in ops={list(wanted)}"
+            report.left.append(Left(path, cls, f"rotary embedding not routed: {reason}"))
+            continue
+        swap(m, plan[0])
+        install(type(m))
+        object.__setattr__(m, _MARK, plan[1])
+        report.swapped.append(Swapped(path, cls, plan[1]))
+
+
 def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: bool = False) -> PatchReport:
     """Swap ``model``'s norm, GELU and softmax modules onto tiered_ops in place (``unpatch`` reverts it).
 
@@ -265,6 +295,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
             swap(m, plan.forward)
             object.__setattr__(m, _MARK, plan.replacement)
             report.swapped.append(Swapped(path, cls, plan.replacement))
+    _route_rope(model, report, wanted)
     if fuse_residual:
         _fuse_residual(model, report)
     for path, m, cls, loss in _planned(model, loss_plan):

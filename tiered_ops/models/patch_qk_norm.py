@@ -1,0 +1,160 @@
+"""Qwen3-style attention's q_norm/k_norm + RoPE through one ``tiered_ops.qk_norm_rope`` call: a rewrite of
+``tiered_ops.patch``.
+
+transformers' Qwen3 attention (and any attention whose forward holds the same lines) normalizes the per-head
+projections with its RMSNorms, transposes them, and rotates them:
+
+    query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    ...
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+The rewrite is the class's own forward with those three statements changed, as syntax: the projections transposed
+without the norms, and the rotation replaced by ``qk_norm_rope_call(self, query_states, key_states, cos, sin)``,
+which normalizes and rotates both in one launch (the norm over head_dim gives the same values before or after the
+transpose). It applies where the forward holds those statements exactly, q_norm and k_norm are transformers'
+Llama-form RMSNorm and the modeling module's apply_rotary_pos_emb is the full rotate-half code (``patch_rope``). A
+call the op does not take (another dtype, a weight of another dtype than q's, cos narrower than head_dim) runs the
+norms and the original function.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import inspect
+import textwrap
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..decide.dispatch import public
+from .patch_layers import norm_form
+from .patch_rope import _NAME, _holds, _shadow, rope_form
+from .swap import original_class
+
+qk_norm_rope = public("qk_norm_rope")
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CALL = "_tiered_ops_qk_norm_rope"  # the name the rewritten forward calls
+
+_Q = "query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)"
+_K = "key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)"
+_ROPE = "query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)"
+_NEW = {_Q: "query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
+        _K: "key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
+        _ROPE: f"query_states, key_states = {_CALL}(self, query_states, key_states, cos, sin)"}
+_DUMPS = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in _NEW.items()}
+
+
+def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        wq, wk = self.q_norm.weight, self.k_norm.weight
+        eps = self.q_norm.variance_epsilon
+        if (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
+                and wq.dtype == q.dtype and wk.dtype == q.dtype and eps == self.k_norm.variance_epsilon
+                and q.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
+                and not cos.requires_grad and not sin.requires_grad):
+            return qk_norm_rope(q, k, cos, sin, wq, wk, eps)
+        return original(self.q_norm(q), self.k_norm(k), cos, sin)
+
+    return call
+
+
+def _rewritten(raw: types.FunctionType) -> types.FunctionType | str:
+    """The forward ``raw`` with the three statements replaced, or why not."""
+    if raw.__code__.co_freevars:
+        return "its forward uses a closure"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(raw)))
+    except (OSError, TypeError, SyntaxError):
+        return "no source to compare"
+    fn = tree.body[0]
+    if not isinstance(fn, ast.FunctionDef):
+        return "no source to compare"
+    found = [i for i, st in enumerate(fn.body) if ast.dump(st) in _DUMPS]
+    if len(found) != 3 or {ast.dump(fn.body[i]) for i in found} != set(_DUMPS):
+        return "its forward does not hold Qwen3's q_norm/k_norm and apply_rotary_pos_emb lines"
+    for i in found:
+        fn.body[i] = copy.deepcopy(_DUMPS[ast.dump(fn.body[i])])
+    fn.decorator_list = []
+    original = raw.__globals__[_NAME]
+    module = _shadow(raw.__globals__, _CALL, _norm_call(original))
+    ns: dict[str, Any] = {}
+    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<qk_norm_rope>", "exec"),  # noqa: S102
+         module.__dict__, ns)
+    new = ns[fn.name]
+    new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
+    return new
+
+
+def _rewrap(fwd: Any, raw: types.FunctionType, new: types.FunctionType) -> Callable[..., Any] | None:
+    """``fwd`` (``raw`` under its decorators) with ``new`` in place of ``raw``."""
+    if fwd is raw:
+        return new
+    inner = getattr(fwd, "__wrapped__", None)
+    if not isinstance(fwd, types.FunctionType) or inner is None:
+        return None
+    new_inner = _rewrap(inner, raw, new)
+    cells = fwd.__closure__ or ()
+    if new_inner is None or not any(_holds(c, inner) for c in cells):
+        return None
+    out = types.FunctionType(fwd.__code__, fwd.__globals__, fwd.__name__, fwd.__defaults__,
+                             tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
+    out.__kwdefaults__, out.__qualname__, out.__module__ = fwd.__kwdefaults__, fwd.__qualname__, fwd.__module__
+    out.__wrapped__ = new_inner  # type: ignore[attr-defined]
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _routed(cls: type) -> Callable[..., Any] | str:
+    fwd = getattr(cls, "forward", None)
+    raw = inspect.unwrap(fwd) if callable(fwd) else None
+    if not isinstance(raw, types.FunctionType):
+        return "its forward has no source"
+    if rope_form(raw.__globals__.get(_NAME), raw.__globals__) != "full":
+        return "its apply_rotary_pos_emb is not transformers' full rotate-half code"
+    new = _rewritten(raw)
+    if isinstance(new, str):
+        return new
+    return _rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
+
+
+_ROUTED = "_tiered_ops_qk_norm_forward"
+
+
+def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    fwd = getattr(type(self), _ROUTED, None)
+    if fwd is None:  # a swapped class made again by pickle: its forward made now
+        fwd = install(type(self))
+    return fwd(self, *args, **kwargs)
+
+
+def install(swapped: type) -> Callable[..., Any]:
+    routed = _routed(swapped.__dict__.get("_tiered_ops_base", swapped))
+    if isinstance(routed, str):
+        raise RuntimeError(f"tiered_ops.patch: {swapped.__qualname__} can no longer be routed: {routed}")
+    setattr(swapped, _ROUTED, routed)
+    return routed
+
+
+def qk_norm_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:
+    """(forward, description) for a Qwen3-style attention this rewrite takes, the reason it cannot (a str), or None
+    when ``m`` has no q_norm and k_norm RMSNorms (or is swapped already)."""
+    cls = original_class(m)
+    qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
+    if (cls is not type(m) or not cls.__module__.startswith("transformers.") or not isinstance(qn, nn.Module)
+            or not isinstance(kn, nn.Module) or "RMSNorm" not in type(qn).__name__):
+        return None
+    if "forward" in m.__dict__:
+        return "its forward is already replaced on the instance (by other code): left as it is"
+    if norm_form(original_class(qn)) != "llama" or norm_form(original_class(kn)) != "llama":
+        return "its q_norm/k_norm are not the Llama-form RMSNorm"
+    routed = _routed(cls)
+    if isinstance(routed, str):
+        return routed
+    return _qk_norm_attention_forward, "q_norm, k_norm + apply_rotary_pos_emb -> tiered_ops.qk_norm_rope (one launch)"

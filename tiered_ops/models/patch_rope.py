@@ -1,0 +1,210 @@
+"""The attention's rotary embedding through ``tiered_ops.rotary_embedding``: a rewrite of ``tiered_ops.patch``.
+
+transformers' attention modules (Llama, Mistral, Qwen2, Qwen3, Gemma and the many that copy them) call their modeling
+module's ``apply_rotary_pos_emb(query_states, key_states, cos, sin)`` from ``forward``. The rewrite swaps the module's
+class (``swap``) for one whose forward is the class's own forward code run with ``apply_rotary_pos_emb`` bound to a
+call of ``tiered_ops.rotary_embedding`` instead (a copy of the function with that one global rebound; decorators such
+as ``deprecate_kwarg`` kept around it): the rest of the forward is the class's, line for line. It applies where the
+modeling module's ``apply_rotary_pos_emb`` and ``rotate_half`` are, as syntax, transformers' rotate-half code: the full
+form (Llama's: cos as wide as head_dim) or the partial one (GPT-NeoX's, Bamba's: the dims past cos's width pass
+through), and where every call of it in the forward passes those four arguments (``unsqueeze_dim=1``). A call the op
+does not take (a dtype other than fp32, bf16, fp16; q and k of different dtypes; cos or sin that require grad; cos
+narrower than head_dim under the full form, where the original raises) runs the original function.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import sys
+import textwrap
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..decide.dispatch import public
+from .patch_layers import same_syntax
+from .swap import original_class
+
+rotary_embedding = public("rotary_embedding")
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_NAME = "apply_rotary_pos_emb"
+
+# The transformers code the rewrite replaces, compared as syntax (docstrings, annotations, decorators and comments
+# aside).
+_ROTATE_HALF = """
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+"""
+_ROPE_FULL = """
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+"""
+_ROPE_PARTIAL = """
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
+    q_embed = torch.cat([q_embed, q_pass], dim=-1)
+    k_embed = torch.cat([k_embed, k_pass], dim=-1)
+    return q_embed, k_embed
+"""
+
+
+def rope_form(fn: Any, globals_: dict[str, Any]) -> str | None:
+    """'full' or 'partial' for a function that is transformers' rotate-half apply_rotary_pos_emb (its module's
+    rotate_half too), else None."""
+    if not same_syntax(globals_.get("rotate_half"), _ROTATE_HALF):
+        return None
+    if same_syntax(fn, _ROPE_FULL):
+        return "full"
+    return "partial" if same_syntax(fn, _ROPE_PARTIAL) else None
+
+
+def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, partial: bool) -> bool:
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)) or unsqueeze_dim != 1:
+        return False
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or cos.dtype not in _DTYPES or sin.dtype != cos.dtype:
+        return False
+    if q.dim() != 4 or cos.dim() != 3 or cos.requires_grad or sin.requires_grad:
+        return False
+    return partial or cos.shape[-1] == q.shape[-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_call(original: Callable[..., Any], partial: bool) -> Callable[..., Any]:
+    """apply_rotary_pos_emb through tiered_ops.rotary_embedding, ``original`` for a call the op does not take."""
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                             unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        if not _takes(q, k, cos, sin, unsqueeze_dim, partial):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        return rotary_embedding(q, k, cos, sin)
+
+    return apply_rotary_pos_emb
+
+
+def _rebound(fn: Callable[..., Any], name: str, value: Any) -> Callable[..., Any] | None:
+    """A copy of ``fn`` whose global ``name`` is ``value``; a decorator's wrapper (``__wrapped__``) is copied around a
+    copy of what it wraps. None where a wrapper does not hold what it wraps in its closure."""
+    inner = getattr(fn, "__wrapped__", None)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    if inner is None:
+        new = types.FunctionType(fn.__code__, _shadow(fn.__globals__, name, value).__dict__, fn.__name__,
+                                 fn.__defaults__, fn.__closure__)
+    else:
+        new_inner = _rebound(inner, name, value)
+        cells = fn.__closure__ or ()
+        if new_inner is None or not any(_holds(c, inner) for c in cells):
+            return None
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                 tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
+        new.__wrapped__ = new_inner  # type: ignore[attr-defined]
+    new.__kwdefaults__, new.__qualname__, new.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
+    new.__dict__.update({k: v for k, v in fn.__dict__.items() if k != "__wrapped__"})
+    return new
+
+
+def _shadow(globals_: dict[str, Any], name: str, value: Any) -> types.ModuleType:
+    """A module holding a copy of ``globals_`` (a modeling module's) with ``name`` bound to ``value``, registered in
+    sys.modules under its own name: torch.compile finds a function's globals through its module's name, so the copy
+    must be a module of its own (a plain dict named as the original module would be read as the original)."""
+    qual = f"{__name__}._routed.{name}.{globals_.get('__name__', 'module')}"  # one per rebound name (both routes)
+    mod = sys.modules.get(qual)
+    if mod is None or mod.__dict__.get(name) is not value:
+        mod = types.ModuleType(qual)
+        mod.__dict__.update({k: v for k, v in globals_.items() if k not in ("__name__", "__spec__", "__loader__")})
+        mod.__dict__[name] = value
+        sys.modules[qual] = mod
+    return mod
+
+
+def _holds(cell: Any, obj: Any) -> bool:
+    try:
+        return cell.cell_contents is obj
+    except ValueError:  # an empty cell
+        return False
+
+
+def _calls_with_four_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether the forward calls apply_rotary_pos_emb, each time with four positional arguments and no keyword."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == _NAME]
+    return bool(calls) and all(len(c.args) == 4 and not c.keywords
+                               and not any(isinstance(a, ast.Starred) for a in c.args) for c in calls)
+
+
+@functools.lru_cache(maxsize=64)
+def _routed(cls: type) -> tuple[Callable[..., Any], str] | str:
+    """(the class's forward with apply_rotary_pos_emb through tiered_ops, its form) or why the class is left."""
+    fwd = cls.__dict__.get("forward") or getattr(cls, "forward", None)
+    raw = inspect.unwrap(fwd) if callable(fwd) else None
+    if not isinstance(raw, types.FunctionType) or _NAME not in raw.__code__.co_names:
+        return "its forward calls no apply_rotary_pos_emb"
+    original = raw.__globals__.get(_NAME)
+    form = rope_form(original, raw.__globals__)
+    if form is None:
+        return "its apply_rotary_pos_emb is not transformers' rotate-half code this rewrite reproduces"
+    if not _calls_with_four_arguments(fwd):
+        return "its forward calls apply_rotary_pos_emb with other arguments than (q, k, cos, sin)"
+    new = _rebound(fwd, _NAME, _rope_call(original, form == "partial"))
+    if new is None:
+        return "its forward is wrapped by a decorator this rewrite cannot see through"
+    return new, form
+
+
+_ROUTED = "_tiered_ops_rope_forward"  # class attribute of a swapped class: the routed forward of its base
+
+
+def _rope_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    fwd = getattr(type(self), _ROUTED, None)
+    if fwd is None:  # a swapped class made again by pickle (another process): its routed forward made now
+        fwd = install(type(self))
+    return fwd(self, *args, **kwargs)
+
+
+def install(swapped: type) -> Callable[..., Any]:
+    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
+    routed = _routed(swapped.__dict__.get("_tiered_ops_base", swapped))
+    if isinstance(routed, str):
+        raise RuntimeError(f"tiered_ops.patch: {swapped.__qualname__} can no longer be routed: {routed}")
+    setattr(swapped, _ROUTED, routed[0])
+    return routed[0]
+
+
+def rope_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:
+    """(forward, description) for an attention module this rewrite takes, the reason it cannot (a str), or None when
+    ``m`` is no transformers module whose forward applies a rotary embedding."""
+    cls = original_class(m)
+    if not cls.__module__.startswith("transformers.") or "Attention" not in cls.__name__:
+        return None
+    fwd = getattr(cls, "forward", None)
+    raw = inspect.unwrap(fwd) if callable(fwd) else None
+    if not isinstance(raw, types.FunctionType) or _NAME not in raw.__code__.co_names:
+        return None
+    if cls is not type(m):
+        return None  # swapped already: patch's own pass lists it as already patched
+    if "forward" in m.__dict__:
+        return "its forward is already replaced on the instance (by other code): left as it is"
+    routed = _routed(cls)
+    if isinstance(routed, str):
+        return routed
+    return _rope_attention_forward, f"apply_rotary_pos_emb -> tiered_ops.rotary_embedding ({routed[1]} rotary)"
