@@ -17,11 +17,11 @@ def truth(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias
 
 
 def random_problem(draw, shape: tuple[int, ...]) -> dict:
-    """Hypothesis: [N, H, V] drawn here (N up to 40, H up to 70, V up to 3000), a bias or not, any reduction, label
-    smoothing or not, some or all targets ignored."""
+    """Hypothesis: hidden [N, H] drawn here (N up to 40, H up to 70) and V up to 3000, a bias or not, any reduction,
+    label smoothing or not, some or all targets ignored."""
     import hypothesis.strategies as st
 
-    return dict(shape=(draw(st.integers(1, 40)), draw(st.integers(1, 70)), draw(st.integers(1, 3000))),
+    return dict(shape=(draw(st.integers(1, 40)), draw(st.integers(1, 70))), vocab=draw(st.integers(1, 3000)),
                 bias=draw(st.booleans()), reduction=draw(st.sampled_from(["mean", "sum", "none"])),
                 label_smoothing=draw(st.sampled_from([0.0, 0.0, 0.1, 1.0])),
                 ignored=draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])))

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
+from .lm_head_loss import head_plan
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
 from .swap import original_class, swap, unswap
 
@@ -44,7 +45,7 @@ gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm",
 
 log = logging.getLogger(__name__)
 
-PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy")
+PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "linear_cross_entropy")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
@@ -261,7 +262,9 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
     ``ops``: the tiered_ops ops to swap into (default all of ``PATCHABLE_OPS``). ``fuse_residual``: also fuse the
     residual add + RMSNorm pairs of decoder layers (needs an op ``fused_add_rms_norm``; without it the pairs are
     left and the report says so); off by default. ``cross_entropy`` in ``ops`` routes a transformers causal-LM
-    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy. Returns what was swapped and what was left, with
+    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy; ``linear_cross_entropy`` fuses such a model's LM head
+    and loss when it trains with labels (``lm_head_loss``: no logits then, the output's ``logits`` is None).
+    Returns what was swapped and what was left, with
     why."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -280,6 +283,14 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
         _fuse_residual(model, report)
+    for path, m, cls, head in _planned(model, head_plan):
+        if isinstance(head, str) or "linear_cross_entropy" not in wanted:
+            reason = head if isinstance(head, str) else f"linear_cross_entropy not in ops={list(wanted)}"
+            report.left.append(Left(path, cls, f"LM head + loss not fused: {reason}"))
+        else:
+            swap(m, head[0])
+            object.__setattr__(m, _MARK, head[1])
+            report.swapped.append(Swapped(path, cls, head[1]))
     for path, m, cls, loss in _planned(model, loss_plan):
         if isinstance(loss, str) or "cross_entropy" not in wanted:
             reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"

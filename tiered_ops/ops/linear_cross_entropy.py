@@ -23,9 +23,9 @@ each of ``CHUNK_VARIANTS`` is one more registered candidate of both tiers (``tri
 Targets outside [0, V) that are not ignore_index: a ValueError naming target on the CPU; NaN loss (and gradients) on
 a GPU, as cross_entropy's kernels give.
 
+Problem: hidden's shape [N, H] and the parameters ``vocab`` (V; 128 unless given), ``bias`` (whether the head has one),
+``reduction``, ``label_smoothing`` and ``ignored`` (the fraction of ignored targets: data, not a call argument).
 Bucket: (tokens rounded up to a power of two, H, V, bias?, reduction, label_smoothing > 0).
-Problem parameters ``bias`` (whether the head has one) and ``ignored`` (the fraction of ignored targets: data, not a
-call argument).
 Bytes: read hidden, weight (and bias) and targets once, write the loss (the GEMM's flops dominate; bytes are the
 floor). Backward: read hidden, weight, targets, lse, write dhidden and dweight (and dbias).
 """
@@ -44,6 +44,7 @@ from ._common import LOW_PRECISION, call, floating, gen, randn, same_device, ten
 from .cross_entropy import REDUCTIONS, check_targets
 
 OP = "linear_cross_entropy"
+VOCAB = 128  # a problem's vocabulary where none is given (small: the generic tests' problems are [N, H] shapes)
 CHUNK = 4096  # rows per chunk of the standard triton and cuda candidates
 CHUNK_VARIANTS = (("c1024", {"chunk": 1024}), ("c16384", {"chunk": 16384}))
 
@@ -114,32 +115,33 @@ def reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
                            label_smoothing=label_smoothing).to(out)
 
 
-def _problem(shape: tuple[int, ...], bias: bool = False, reduction: str = "mean", label_smoothing: float = 0.0,
-             ignored: float = 0.0) -> Problem:
-    if len(shape) != 3 or shape[1] < 1 or shape[2] < 1:
-        raise ValueError(f"{OP}: the shape is [N, H, V] (tokens, hidden size, vocabulary) with H, V >= 1, "
-                         f"got {list(shape)}")
+def _problem(shape: tuple[int, ...], vocab: int = VOCAB, bias: bool = False, reduction: str = "mean",
+             label_smoothing: float = 0.0, ignored: float = 0.0) -> Problem:
+    if len(shape) != 2 or shape[1] < 1:
+        raise ValueError(f"{OP}: the shape is hidden's [N, H] with H >= 1, got {list(shape)}")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"{OP}: vocab (V, the LM head's outputs) must be an int >= 1, got {vocab!r}")
     _check_args(reduction, label_smoothing)
     if not 0.0 <= float(ignored) <= 1.0:
         raise ValueError(f"{OP}: ignored (the fraction of ignored targets) must be in [0, 1], got {ignored}")
-    return make_problem(shape, bias=bool(bias), reduction=reduction, label_smoothing=float(label_smoothing),
-                        ignored=float(ignored))
+    return make_problem(shape, vocab=vocab, bias=bool(bias), reduction=reduction,
+                        label_smoothing=float(label_smoothing), ignored=float(ignored))
 
 
 def _problem_of(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
                 ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
                 dtype: torch.dtype | None = None) -> Problem:
-    return _problem((hidden.shape[0], hidden.shape[1], weight.shape[0]), bias is not None, reduction, label_smoothing)
+    return _problem(tuple(hidden.shape), int(weight.shape[0]), bias is not None, reduction, label_smoothing)
 
 
 def _bucket(p: Problem) -> tuple:
-    n, h, v = p.shape
-    return pow2_ceil(n), h, v, p.kw["bias"], p.kw["reduction"], p.kw["label_smoothing"] > 0
+    n, h = p.shape
+    return pow2_ceil(n), h, p.kw["vocab"], p.kw["bias"], p.kw["reduction"], p.kw["label_smoothing"] > 0
 
 
 def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
     g = gen(device, seed)
-    n, h, v = p.shape
+    (n, h), v = p.shape, p.kw["vocab"]
     hidden = randn((n, h), dtype, device, g)
     # logits of std ~2, like a trained LM head's: a few classes stand out, none dominates every row
     weight = (randn((v, h), torch.float32, device, g) * (2.0 / h ** 0.5)).to(dtype)
@@ -152,13 +154,13 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
 
 
 def _bytes(p: Problem, dt: torch.dtype) -> int:
-    n, h, v = p.shape
+    (n, h), v = p.shape, p.kw["vocab"]
     out = n if p.kw["reduction"] == "none" else 1
     return (n * h + v * h + v * p.kw["bias"] + out) * dt.itemsize + 8 * n
 
 
 def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
-    n, h, v = p.shape
+    (n, h), v = p.shape, p.kw["vocab"]
     return 2 * (n * h + v * h + v * p.kw["bias"]) * dt.itemsize + (8 + 4) * n
 
 
@@ -239,21 +241,21 @@ SPEC = register_op(OpSpec(
     bucket=_bucket, bytes_moved=_bytes, bwd_bytes=_bwd_bytes, grad_args=(0, 1, 3), autograd=(_setup, _backward_for),
     bwd_fake=_bwd_fake,
     edge_problems=lambda: [
-        _problem((1, 64, 1000)),  # one token
-        _problem((3, 33, 1001)),  # odd H and V: masked tails
-        _problem((2, 16, 20003)),  # a row longer than one Triton block: the looped path
-        _problem((9, 16, 64), ignored=1.0),  # every target ignored: mean NaN, gradients 0
-        _problem((16, 32, 100), bias=True, ignored=0.25),  # a head with a bias, some ignored
-        _problem((7, 16, 129), label_smoothing=0.1, ignored=0.25),  # label smoothing with ignored rows
-        _problem((6, 16, 33), reduction="none", ignored=0.25),  # per-row losses
-        _problem((6, 16, 33), reduction="sum", label_smoothing=0.2),  # summed
-        _problem((0, 16, 16)),  # empty: mean NaN
+        _problem((1, 64), 1000),  # one token
+        _problem((3, 33), 1001),  # odd H and V: masked tails
+        _problem((2, 16), 20003),  # a row longer than one Triton block: the looped path
+        _problem((9, 16), 64, ignored=1.0),  # every target ignored: mean NaN, gradients 0
+        _problem((16, 32), 100, bias=True, ignored=0.25),  # a head with a bias, some ignored
+        _problem((7, 16), 129, label_smoothing=0.1, ignored=0.25),  # label smoothing with ignored rows
+        _problem((6, 16), 33, reduction="none", ignored=0.25),  # per-row losses
+        _problem((6, 16), 33, reduction="sum", label_smoothing=0.2),  # summed
+        _problem((0, 16), 16),  # empty: mean NaN
     ],
     default_problems=lambda dev: [
-        _problem((8192, 4096, 128256)), _problem((16384, 4096, 32000)), _problem((4096, 2048, 151936)),
-        _problem((8192, 2304, 256000), ignored=0.25),
-        _problem((4096, 4096, 128256), reduction="none", label_smoothing=0.1, ignored=0.25),
-    ] if dev == "cuda" else [_problem((64, 64, 4096)), _problem((256, 128, 8000), ignored=0.25)],
+        _problem((8192, 4096), 128256), _problem((16384, 4096), 32000), _problem((4096, 2048), 151936),
+        _problem((8192, 2304), 256000, ignored=0.25),
+        _problem((4096, 4096), 128256, reduction="none", label_smoothing=0.1, ignored=0.25),
+    ] if dev == "cuda" else [_problem((64, 64), 4096), _problem((256, 128), 8000, ignored=0.25)],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
     validate=validate, check_values=check_values, bad_inputs=BAD_INPUTS,
     variants=({}, {"reduction": "none"}, {"reduction": "none", "label_smoothing": 0.1}),
