@@ -148,3 +148,28 @@ def test_a_target_out_of_range_makes_its_row_nan_on_the_gpu(impl):
     assert loss[[1, 3]].isnan().all() and loss[0].isfinite() and loss[2].item() == 0.0
     (dh,) = torch.autograd.grad(loss, h, torch.ones(4, device="cuda"))
     assert dh[[1, 3]].isnan().all() and dh[0].isfinite().all() and (dh[2] == 0).all()
+
+
+@gpu
+def test_peak_memory_follows_the_chunk_and_the_memory_policy_sees_it():
+    # the measurement's peak (measure.peak_bytes, what the memory policy reads) of a training step: chunks of 1024 <
+    # 4096 < 16384 rows, and the eager tier's materialized logits above the default chunk
+    from tiered_ops.measure.measure import peak_bytes
+
+    spec = tiered_ops.get_op(OP)
+    dev = torch.device("cuda")
+    h = torch.randn(16384, 1024, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(32000, 1024, device=dev) / 32).bfloat16().requires_grad_()
+    t = torch.randint(0, 32000, (16384,), device=dev)
+
+    def step(impl: str):
+        def call():
+            h.grad = w.grad = None
+            spec.impls[impl].fn(h, w, t).backward()
+        return call
+
+    peaks = {impl: peak_bytes(step(impl), dev) for impl in ("triton_c1024", "triton", "triton_c16384", "cuda_c1024",
+                                                            "cuda", "cuda_c16384", "eager")}
+    for tier in ("triton", "cuda"):
+        assert peaks[f"{tier}_c1024"] < peaks[tier] < peaks[f"{tier}_c16384"], peaks
+    assert peaks["eager"] > peaks["triton"] and peaks["eager"] > peaks["cuda"], peaks

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decide.dispatch import public
+from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
 from .swap import original_class, swap, unswap
@@ -218,8 +219,8 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
 
 def _plan(m: nn.Module) -> _Plan | str | None:
     """What to do with ``m``: a plan, the reason to leave it (a str), or None when it is no candidate."""
-    if _MARK in m.__dict__:
-        return "already patched"
+    if _MARK in m.__dict__:  # (a causal LM whose head is fused: _route_loss reports it)
+        return None if m.__dict__[_MARK] == LM_HEAD_ROUTE else "already patched"
     plan = _plan_torch(m)
     if plan is None and type(m).__module__.startswith("transformers."):
         plan = _plan_hf(m)
@@ -256,6 +257,30 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
         first = False
 
 
+def _route_loss(model: nn.Module, report: PatchReport, wanted: tuple[str, ...]) -> None:
+    """Each transformers causal LM's loss: its LM head and loss fused (``lm_head_loss``, linear_cross_entropy: the
+    forward swapped) and its loss_function through cross_entropy (``patch_layers``: the logits route, for the calls
+    the fused one leaves), reported as one entry per model (swapped, and left with why)."""
+    for path, m, cls, loss in _planned(model, loss_plan):
+        head, done, why = head_plan(m), [], []
+        if isinstance(head, tuple) and "linear_cross_entropy" in wanted:
+            swap(m, head[0])
+            object.__setattr__(m, _MARK, head[1])
+            done.append(head[1])
+        elif head is not None:
+            reason = head if isinstance(head, str) else f"linear_cross_entropy not in ops={list(wanted)}"
+            why.append(f"LM head + loss not fused: {reason}")
+        if isinstance(loss, str) or "cross_entropy" not in wanted:
+            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
+            why.append(f"causal-LM loss not routed: {reason}")
+        else:
+            done.append(route_loss(m))
+        if done:
+            report.swapped.append(Swapped(path, cls, "; ".join(done)))
+        if why:
+            report.left.append(Left(path, cls, "; ".join(why)))
+
+
 def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: bool = False) -> PatchReport:
     """Swap ``model``'s norm, GELU and softmax modules onto tiered_ops in place (``unpatch`` reverts it).
 
@@ -283,20 +308,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
             report.swapped.append(Swapped(path, cls, plan.replacement))
     if fuse_residual:
         _fuse_residual(model, report)
-    for path, m, cls, head in _planned(model, head_plan):
-        if isinstance(head, str) or "linear_cross_entropy" not in wanted:
-            reason = head if isinstance(head, str) else f"linear_cross_entropy not in ops={list(wanted)}"
-            report.left.append(Left(path, cls, f"LM head + loss not fused: {reason}"))
-        else:
-            swap(m, head[0])
-            object.__setattr__(m, _MARK, head[1])
-            report.swapped.append(Swapped(path, cls, head[1]))
-    for path, m, cls, loss in _planned(model, loss_plan):
-        if isinstance(loss, str) or "cross_entropy" not in wanted:
-            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
-            report.left.append(Left(path, cls, f"causal-LM loss not routed: {reason}"))
-        else:
-            report.swapped.append(Swapped(path, cls, route_loss(m)))
+    _route_loss(model, report, wanted)
     log.info("tiered_ops.patch: swapped %d module(s), left %d", len(report.swapped), len(report.left))
     return report
 
@@ -307,14 +319,16 @@ def unpatch(model: nn.Module) -> int:
         raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
     n = 0
     for m in model.modules():
-        n += unroute_loss(m)
+        restored = unroute_loss(m)
         if _MARK in m.__dict__:
             del m.__dict__[_MARK]
             unswap(m)
-            n += 1
+            restored = True
+        n += restored
     return n
 
 
 def patched(module: nn.Module) -> str | None:
     """The replacement ``patch`` put on ``module`` (a description), or None when it is not swapped."""
-    return module.__dict__.get(_MARK) or module.__dict__.get(LOSS_MARK)
+    marks = [d for d in (module.__dict__.get(_MARK), module.__dict__.get(LOSS_MARK)) if d]
+    return "; ".join(marks) or None
