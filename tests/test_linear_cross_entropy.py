@@ -10,11 +10,11 @@ PROBLEMS = [
     P((1, 64), 1000),  # one token
     P((3, 33), 1001),  # odd H and V: masked tails
     P((2, 16), 20003),  # a row longer than one Triton block: the looped path
-    P((64, 32), 256, bias=True),  # many tokens, a head with a bias
+    P((64, 32), 256, head_bias=True),  # many tokens, a head with a bias
     P((9, 16), 64, ignored=1.0),  # every target ignored: NaN mean, zero gradients
     P((16, 32), 100, ignored=0.25),  # some targets ignored
     P((7, 16), 129, label_smoothing=0.1, ignored=0.25),  # label smoothing with ignored rows
-    P((6, 16), 33, reduction="none", ignored=0.25, bias=True),  # per-row losses, ignored rows 0
+    P((6, 16), 33, reduction="none", ignored=0.25, head_bias=True),  # per-row losses, ignored rows 0
     P((6, 16), 33, reduction="sum", label_smoothing=0.2),  # summed
     P((9, 16), 64, reduction="sum", ignored=1.0),  # every target ignored: the sum is 0
 ]
@@ -28,9 +28,9 @@ def test_matches_float64(impl, dtype, problem):
     assert_matches(OP, impl, problem, dtype)
 
 
-@pytest.mark.parametrize("problem", [P((7, 16), 129, label_smoothing=0.1, ignored=0.25, bias=True),
-                                     P((6, 16), 33, reduction="none"), P((6, 16), 33, reduction="sum", bias=True),
-                                     P((9, 16), 64, ignored=1.0, bias=True)], ids=str)
+@pytest.mark.parametrize("problem", [P((7, 16), 129, label_smoothing=0.1, ignored=0.25, head_bias=True),
+                                     P((6, 16), 33, reduction="none"), P((6, 16), 33, reduction="sum", head_bias=True),
+                                     P((9, 16), 64, ignored=1.0, head_bias=True)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gradients_match_float64(impl, dtype, problem):
@@ -42,7 +42,7 @@ def test_gradients_match_float64(impl, dtype, problem):
 def test_variants_are_candidates_of_their_tier(impl):
     spec = tiered_ops.get_op(OP)
     assert spec.impls[impl].tier == spec.impls[impl.split("_")[0]].tier
-    assert_matches(OP, impl, P((5, 16), 40, bias=True, ignored=0.25), torch.float32, grad=True)
+    assert_matches(OP, impl, P((5, 16), 40, head_bias=True, ignored=0.25), torch.float32, grad=True)
 
 
 def _kernel_op(impl: str):
@@ -132,7 +132,7 @@ def test_public_op_trains():
 @gpu
 @pytest.mark.parametrize("impl", ["triton", "cuda", "triton_c1024", "cuda_c1024"])
 @pytest.mark.parametrize("problem", [P((5000, 256), 32000, ignored=0.25), P((2100, 128), 128256, label_smoothing=0.1),
-                                     P((1100, 96), 50257, reduction="none", bias=True)], ids=str)
+                                     P((1100, 96), 50257, reduction="none", head_bias=True)], ids=str)
 def test_model_sized_vocabularies_over_several_chunks(impl, problem):
     assert_matches(OP, impl, problem, torch.bfloat16, grad=True)
 

@@ -22,6 +22,6 @@ def random_problem(draw, shape: tuple[int, ...]) -> dict:
     import hypothesis.strategies as st
 
     return dict(shape=(draw(st.integers(1, 40)), draw(st.integers(1, 70))), vocab=draw(st.integers(1, 3000)),
-                bias=draw(st.booleans()), reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+                head_bias=draw(st.booleans()), reduction=draw(st.sampled_from(["mean", "sum", "none"])),
                 label_smoothing=draw(st.sampled_from([0.0, 0.0, 0.1, 1.0])),
                 ignored=draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])))

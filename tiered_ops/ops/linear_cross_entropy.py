@@ -23,8 +23,9 @@ each of ``CHUNK_VARIANTS`` is one more registered candidate of both tiers (``tri
 Targets outside [0, V) that are not ignore_index: a ValueError naming target on the CPU; NaN loss (and gradients) on
 a GPU, as cross_entropy's kernels give.
 
-Problem: hidden's shape [N, H] and the parameters ``vocab`` (V; 128 unless given), ``bias`` (whether the head has one),
-``reduction``, ``label_smoothing`` and ``ignored`` (the fraction of ignored targets: data, not a call argument).
+Problem: hidden's shape [N, H] and the parameters ``vocab`` (V; 128 unless given), ``head_bias`` (whether the head has
+a bias), ``reduction``, ``label_smoothing`` and ``ignored`` (the fraction of ignored targets: data, not a call
+argument).
 Bucket: (tokens rounded up to a power of two, H, V, bias?, reduction, label_smoothing > 0).
 Bytes: read hidden, weight (and bias) and targets once, write the loss (the GEMM's flops dominate; bytes are the
 floor). Backward: read hidden, weight, targets, lse, write dhidden and dweight (and dbias).
@@ -115,7 +116,7 @@ def reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
                            label_smoothing=label_smoothing).to(out)
 
 
-def _problem(shape: tuple[int, ...], vocab: int = VOCAB, bias: bool = False, reduction: str = "mean",
+def _problem(shape: tuple[int, ...], vocab: int = VOCAB, head_bias: bool = False, reduction: str = "mean",
              label_smoothing: float = 0.0, ignored: float = 0.0) -> Problem:
     if len(shape) != 2 or shape[1] < 1:
         raise ValueError(f"{OP}: the shape is hidden's [N, H] with H >= 1, got {list(shape)}")
@@ -124,7 +125,7 @@ def _problem(shape: tuple[int, ...], vocab: int = VOCAB, bias: bool = False, red
     _check_args(reduction, label_smoothing)
     if not 0.0 <= float(ignored) <= 1.0:
         raise ValueError(f"{OP}: ignored (the fraction of ignored targets) must be in [0, 1], got {ignored}")
-    return make_problem(shape, vocab=vocab, bias=bool(bias), reduction=reduction,
+    return make_problem(shape, vocab=vocab, head_bias=bool(head_bias), reduction=reduction,
                         label_smoothing=float(label_smoothing), ignored=float(ignored))
 
 
@@ -136,7 +137,7 @@ def _problem_of(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
 
 def _bucket(p: Problem) -> tuple:
     n, h = p.shape
-    return pow2_ceil(n), h, p.kw["vocab"], p.kw["bias"], p.kw["reduction"], p.kw["label_smoothing"] > 0
+    return pow2_ceil(n), h, p.kw["vocab"], p.kw["head_bias"], p.kw["reduction"], p.kw["label_smoothing"] > 0
 
 
 def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -145,7 +146,7 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
     hidden = randn((n, h), dtype, device, g)
     # logits of std ~2, like a trained LM head's: a few classes stand out, none dominates every row
     weight = (randn((v, h), torch.float32, device, g) * (2.0 / h ** 0.5)).to(dtype)
-    bias = (0.5 * randn((v,), torch.float32, device, g)).to(dtype) if p.kw["bias"] else None
+    bias = (0.5 * randn((v,), torch.float32, device, g)).to(dtype) if p.kw["head_bias"] else None
     target = torch.randint(0, v, (n,), generator=g, device=device, dtype=torch.int64)
     k = round(p.kw["ignored"] * n)
     if k:
@@ -156,12 +157,12 @@ def _inputs(p: Problem, dtype: torch.dtype, device: torch.device, seed: int) -> 
 def _bytes(p: Problem, dt: torch.dtype) -> int:
     (n, h), v = p.shape, p.kw["vocab"]
     out = n if p.kw["reduction"] == "none" else 1
-    return (n * h + v * h + v * p.kw["bias"] + out) * dt.itemsize + 8 * n
+    return (n * h + v * h + v * p.kw["head_bias"] + out) * dt.itemsize + 8 * n
 
 
 def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
     (n, h), v = p.shape, p.kw["vocab"]
-    return 2 * (n * h + v * h + v * p.kw["bias"]) * dt.itemsize + (8 + 4) * n
+    return 2 * (n * h + v * h + v * p.kw["head_bias"]) * dt.itemsize + (8 + 4) * n
 
 
 def _kernel_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
@@ -245,7 +246,7 @@ SPEC = register_op(OpSpec(
         _problem((3, 33), 1001),  # odd H and V: masked tails
         _problem((2, 16), 20003),  # a row longer than one Triton block: the looped path
         _problem((9, 16), 64, ignored=1.0),  # every target ignored: mean NaN, gradients 0
-        _problem((16, 32), 100, bias=True, ignored=0.25),  # a head with a bias, some ignored
+        _problem((16, 32), 100, head_bias=True, ignored=0.25),  # a head with a bias, some ignored
         _problem((7, 16), 129, label_smoothing=0.1, ignored=0.25),  # label smoothing with ignored rows
         _problem((6, 16), 33, reduction="none", ignored=0.25),  # per-row losses
         _problem((6, 16), 33, reduction="sum", label_smoothing=0.2),  # summed
