@@ -173,3 +173,23 @@ def test_peak_memory_follows_the_chunk_and_the_memory_policy_sees_it():
     for tier in ("triton", "cuda"):
         assert peaks[f"{tier}_c1024"] < peaks[tier] < peaks[f"{tier}_c16384"], peaks
     assert peaks["eager"] > peaks["triton"] and peaks["eager"] > peaks["cuda"], peaks
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_odd_sizes_over_several_chunks(impl):
+    # 1823 tokens in chunks of 500 (a short last chunk), V = 781 and H = 67 (no multiple of any block), a bias, a
+    # hidden read with a row stride: every gradient as the float64 math's
+    tiered_ops.get_op(OP).impls[impl].why_not(device_for(impl))  # loads the tier's ops
+    dev = device_for(impl)
+    h = torch.randn(1823, 80, device=dev)[:, :67].requires_grad_()
+    w = (torch.randn(781, 67, device=dev) / 8).requires_grad_()
+    b = torch.randn(781, device=dev, requires_grad=True)
+    t = torch.randint(0, 781, (1823,), device=dev)
+    t[::7] = -100
+    loss = _kernel_op(impl)(h, w, t, b, -100, "mean", 0.0, None, 500)[0]
+    got = torch.autograd.grad(loss, (h, w, b))
+    h64, w64, b64 = (x.detach().double().requires_grad_() for x in (h, w, b))
+    want = truth64(OP, h64, w64, t, b64)
+    assert_like_truth(loss, want, 1e-5)
+    for name, d, x in zip(("hidden", "weight", "bias"), got, torch.autograd.grad(want, (h64, w64, b64))):
+        assert_like_truth(d, x, 1e-5, f"d{name}")
