@@ -64,7 +64,9 @@ class Variant:
     def __init__(self, name: str, base: torch.nn.Module, arch: str) -> None:
         self.name, self.model, self.note, self._swap = name, copy.deepcopy(base), "", {}
         if name.startswith("tiered"):
-            report = tiered_ops.patch(self.model, fuse_residual=name == "tiered-fused")
+            # the fused LM head + loss off (as Liger's fused linear cross entropy here), so that training has logits
+            ops = [o for o in tiered_ops.models.patching.PATCHABLE_OPS if o != "linear_cross_entropy"]
+            report = tiered_ops.patch(self.model, ops=ops, fuse_residual=name == "tiered-fused")
             left = sorted({f"{x.cls}: {x.reason}" for x in report.left})
             self.note = f"{len(report.swapped)} swapped" + (f"; left {'; '.join(left)}" if left else "")
         elif name == "liger":

@@ -150,12 +150,15 @@ def test_tune_after_compile(family, quick_tiers, monkeypatch):
 
 
 @needs_hf
-def test_a_compiled_training_step_before_any_decision(monkeypatch):
-    """fwd+bwd: the loss and its backward through one graph, gradients as the stock model's."""
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
+def test_a_compiled_training_step_before_any_decision(family, monkeypatch):
+    """fwd+bwd: the loss and its backward through one graph, gradients as the stock model's; the loss through the
+    fused LM head + loss (linear_cross_entropy: no logits)."""
     _queued(monkeypatch)
-    model, stock, ids = _model("llama")
+    model, stock, ids = _model(family)
     model.train(), stock.train()
-    tiered_ops.patch(model)
+    report = tiered_ops.patch(model)
+    assert any("linear_cross_entropy" in s.replacement for s in report.swapped if s.path == ""), str(report)
 
     def step(m, x):
         return m(x, labels=x).loss
@@ -165,6 +168,7 @@ def test_a_compiled_training_step_before_any_decision(monkeypatch):
     ref = step(stock, ids)
     ref.backward()
     assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     grads = dict(stock.named_parameters())
     for name, p in model.named_parameters():

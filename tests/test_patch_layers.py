@@ -41,8 +41,8 @@ def train_step(model, ids, labels, **kw) -> tuple[torch.Tensor, torch.Tensor, di
     model.zero_grad()
     out = model(ids, labels=labels, **kw)
     out.loss.backward()
-    return out.loss.detach(), out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                                    if p.grad is not None}
+    logits = out.logits.detach() if out.logits is not None else None  # None: the fused LM head + loss in training
+    return out.loss.detach(), logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -246,6 +246,10 @@ class OpSpec:
     # at (the defaults; more where a parameter changes the kernels' code path).
     bad_inputs: tuple[BadInput, ...] = ()
     variants: tuple[dict[str, Any], ...] = ({},)
+    # More candidates of the kernel tiers: (suffix, keyword arguments of ``kernel_args``) each registers
+    # ``triton_<suffix>`` and ``cuda_<suffix>``, the same kernels at another setting of a tuned parameter (a chunk
+    # size).
+    kernel_variants: tuple[tuple[str, dict[str, Any]], ...] = ()
     impls: dict[str, Impl] = field(default_factory=dict)
 
     def mode_bytes(self, problem: Problem, dtype: torch.dtype, mode: str) -> int:

@@ -40,6 +40,8 @@ import torch
 from torch import nn
 
 from ..decide.dispatch import public
+from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
+from .lm_head_loss import head_plan
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
 from .patch_mlp import hf_gelu_form as _hf_gelu_form
 from .patch_mlp import mlp_plan
@@ -53,7 +55,7 @@ gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm",
 log = logging.getLogger(__name__)
 
 PATCHABLE_OPS: tuple[str, ...] = ("rms_norm", "layer_norm", "gelu", "softmax", "cross_entropy", "swiglu",
-                                  "rotary_embedding", "qk_norm_rope")
+                                  "rotary_embedding", "qk_norm_rope", "linear_cross_entropy")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MARK = "_tiered_ops_patched"  # instance attribute of a swapped module: the replacement's description
 # Class names that say "this may be a norm, GELU or softmax": listed as left when not swapped.
@@ -211,8 +213,8 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
 
 def _plan(m: nn.Module) -> _Plan | str | None:
     """What to do with ``m``: a plan, the reason to leave it (a str), or None when it is no candidate."""
-    if _MARK in m.__dict__:
-        return "already patched"
+    if _MARK in m.__dict__:  # (a causal LM whose head is fused: _route_loss reports it)
+        return None if m.__dict__[_MARK] == LM_HEAD_ROUTE else "already patched"
     plan = _plan_torch(m)
     if plan is None and type(m).__module__.startswith("transformers."):
         plan = _plan_hf(m)
@@ -272,13 +274,39 @@ def _route_rope(model: nn.Module, report: PatchReport, wanted: Sequence[str]) ->
         report.swapped.append(Swapped(path, cls, plan[1]))
 
 
+def _route_loss(model: nn.Module, report: PatchReport, wanted: tuple[str, ...]) -> None:
+    """Each transformers causal LM's loss: its LM head and loss fused (``lm_head_loss``, linear_cross_entropy: the
+    forward swapped) and its loss_function through cross_entropy (``patch_layers``: the logits route, for the calls
+    the fused one leaves), reported as one entry per model (swapped, and left with why)."""
+    for path, m, cls, loss in _planned(model, loss_plan):
+        head, done, why = head_plan(m), [], []
+        if isinstance(head, tuple) and "linear_cross_entropy" in wanted:
+            swap(m, head[0])
+            object.__setattr__(m, _MARK, head[1])
+            done.append(head[1])
+        elif head is not None:
+            reason = head if isinstance(head, str) else f"linear_cross_entropy not in ops={list(wanted)}"
+            why.append(f"LM head + loss not fused: {reason}")
+        if isinstance(loss, str) or "cross_entropy" not in wanted:
+            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
+            why.append(f"causal-LM loss not routed: {reason}")
+        else:
+            done.append(route_loss(m))
+        if done:
+            report.swapped.append(Swapped(path, cls, "; ".join(done)))
+        if why:
+            report.left.append(Left(path, cls, "; ".join(why)))
+
+
 def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: bool = False) -> PatchReport:
     """Swap ``model``'s norm, GELU and softmax modules onto tiered_ops in place (``unpatch`` reverts it).
 
     ``ops``: the tiered_ops ops to swap into (default all of ``PATCHABLE_OPS``). ``fuse_residual``: also fuse the
     residual add + RMSNorm pairs of decoder layers (needs an op ``fused_add_rms_norm``; without it the pairs are
     left and the report says so); off by default. ``cross_entropy`` in ``ops`` routes a transformers causal-LM
-    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy. Returns what was swapped and what was left, with
+    loss (``ForCausalLMLoss``) through tiered_ops.cross_entropy; ``linear_cross_entropy`` fuses such a model's LM head
+    and loss when it trains with labels (``lm_head_loss``: no logits then, the output's ``logits`` is None).
+    Returns what was swapped and what was left, with
     why."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -298,12 +326,7 @@ def patch(model: nn.Module, ops: Sequence[str] | None = None, fuse_residual: boo
     _route_rope(model, report, wanted)
     if fuse_residual:
         _fuse_residual(model, report)
-    for path, m, cls, loss in _planned(model, loss_plan):
-        if isinstance(loss, str) or "cross_entropy" not in wanted:
-            reason = loss if isinstance(loss, str) else f"cross_entropy not in ops={list(wanted)}"
-            report.left.append(Left(path, cls, f"causal-LM loss not routed: {reason}"))
-        else:
-            report.swapped.append(Swapped(path, cls, route_loss(m)))
+    _route_loss(model, report, wanted)
     log.info("tiered_ops.patch: swapped %d module(s), left %d", len(report.swapped), len(report.left))
     return report
 
@@ -314,14 +337,16 @@ def unpatch(model: nn.Module) -> int:
         raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
     n = 0
     for m in model.modules():
-        n += unroute_loss(m)
+        restored = unroute_loss(m)
         if _MARK in m.__dict__:
             del m.__dict__[_MARK]
             unswap(m)
-            n += 1
+            restored = True
+        n += restored
     return n
 
 
 def patched(module: nn.Module) -> str | None:
     """The replacement ``patch`` put on ``module`` (a description), or None when it is not swapped."""
-    return module.__dict__.get(_MARK) or module.__dict__.get(LOSS_MARK)
+    marks = [d for d in (module.__dict__.get(_MARK), module.__dict__.get(LOSS_MARK)) if d]
+    return "; ".join(marks) or None

@@ -12,7 +12,9 @@ timing loop re-uses). cross_entropy (``liger_cross_entropy``, which calls ``Lige
 logits' gradient over its input during a forward that requires grad: the peer gives it a copy of the logits then
 (the copy is timed with it), and its mean is made NaN where torch's is (every target ignored).
 fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma" mode: the
-sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight.
+sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight. linear_cross_entropy
+(``liger_fused_linear_cross_entropy``: chunks of tokens, the gradients computed in the forward), its mean NaN where
+torch's is.
 
 quack (``quack``, CuTe DSL kernels; sm80 and newer): softmax over the last dim, rms_norm and fused_add_rms_norm
 (``rmsnorm`` with a residual and ``prenorm``) over one trailing dim, cross_entropy without label smoothing. Its
@@ -122,6 +124,18 @@ def _liger_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, normalize
     return y.view(x.shape), s.view(x.shape)
 
 
+def _liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                                label_smoothing: float = 0.0, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    loss = liger_fused_linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index,
+                                            label_smoothing=label_smoothing, reduction=reduction)
+    if reduction == "mean":  # torch's mean is NaN when every target is ignored
+        loss = torch.where((target != ignore_index).any(), loss, torch.nan)
+    return loss.to(dtype or hidden.dtype)
+
+
 QUACK = "quack"
 
 
@@ -202,6 +216,7 @@ LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "layer_norm": (_liger_layer_norm, "layer_norm"),
     "cross_entropy": (_liger_cross_entropy, "cross_entropy"),
     "fused_add_rms_norm": (_liger_fused_add_rms_norm, "fused_add_rms_norm"),
+    "linear_cross_entropy": (_liger_linear_cross_entropy, "fused_linear_cross_entropy"),
 }
 
 

@@ -7,6 +7,7 @@ registrations, availability checks, source files for staleness) lives here and n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -288,6 +289,16 @@ def standard_impls(spec: OpSpec) -> None:
                   unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
                       cuda_ext.pybind_function(f"{name}_cuda")),
                   own_code=(cu_file, wrapper)))
+    # The same kernel ops at another setting of a tuned parameter: one candidate each (through the registered op: the
+    # eager fast path binds the default setting).
+    for suffix, extra in spec.kernel_variants:
+        def args_at(*a: Any, _extra: dict = extra, **k: Any) -> tuple:
+            return kernel_args(*a, **k, **_extra)
+
+        for base, load in ((spec.impls["triton"], lambda: _triton_load(spec)), (spec.impls["cuda"], cuda_ext.load)):
+            registered = _bind(_kernel_op(f"{name}_{base.name}", load), args_at, first_output, n_out)
+            spec.add(dataclasses.replace(base, name=f"{base.name}_{suffix}", fn=checked(spec, registered),
+                                         unchecked=registered, unregistered=None, _hash=None))
     for impl in declared.values():  # the declaration's own implementations, behind the same contract
         if impl.unchecked is None and impl.tier != Tier.PEER:
             impl.unchecked, impl.fn = impl.fn, checked(spec, impl.fn)

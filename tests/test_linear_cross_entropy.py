@@ -1,0 +1,195 @@
+import pytest
+import torch
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, truth64
+
+import tiered_ops
+from tiered_ops.ops.linear_cross_entropy import _problem as P
+
+OP = "linear_cross_entropy"
+PROBLEMS = [
+    P((1, 64), 1000),  # one token
+    P((3, 33), 1001),  # odd H and V: masked tails
+    P((2, 16), 20003),  # a row longer than one Triton block: the looped path
+    P((64, 32), 256, head_bias=True),  # many tokens, a head with a bias
+    P((9, 16), 64, ignored=1.0),  # every target ignored: NaN mean, zero gradients
+    P((16, 32), 100, ignored=0.25),  # some targets ignored
+    P((7, 16), 129, label_smoothing=0.1, ignored=0.25),  # label smoothing with ignored rows
+    P((6, 16), 33, reduction="none", ignored=0.25, head_bias=True),  # per-row losses, ignored rows 0
+    P((6, 16), 33, reduction="sum", label_smoothing=0.2),  # summed
+    P((9, 16), 64, reduction="sum", ignored=1.0),  # every target ignored: the sum is 0
+]
+KERNEL_IMPLS = ["triton", "triton_c1024", pytest.param("cuda", marks=gpu), pytest.param("cuda_c16384", marks=gpu)]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_float64(impl, dtype, problem):
+    assert_matches(OP, impl, problem, dtype)
+
+
+@pytest.mark.parametrize("problem", [P((7, 16), 129, label_smoothing=0.1, ignored=0.25, head_bias=True),
+                                     P((6, 16), 33, reduction="none"), P((6, 16), 33, reduction="sum", head_bias=True),
+                                     P((9, 16), 64, ignored=1.0, head_bias=True)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_match_float64(impl, dtype, problem):
+    # hidden, weight and bias
+    assert_matches(OP, impl, problem, dtype, seed=5, grad=True)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_variants_are_candidates_of_their_tier(impl):
+    spec = tiered_ops.get_op(OP)
+    assert spec.impls[impl].tier == spec.impls[impl.split("_")[0]].tier
+    assert_matches(OP, impl, P((5, 16), 40, head_bias=True, ignored=0.25), torch.float32, grad=True)
+
+
+def _kernel_op(impl: str):
+    return getattr(torch.ops.tiered_ops, f"{OP}_{impl}")
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("chunk", [1, 3, 7, 50])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunks_of_any_size_match_float64(impl, chunk, reduction):
+    # chunks that divide N, leave a short last chunk, or hold all of N: the loss and every gradient as one pass's
+    tiered_ops.get_op(OP).impls[impl].why_not(device_for(impl))  # loads the tier's ops
+    dev = device_for(impl)
+    h = torch.randn(11, 24, device=dev, requires_grad=True)
+    w = (torch.randn(37, 24, device=dev) / 3).requires_grad_()
+    b = torch.randn(37, device=dev, requires_grad=True)
+    t = torch.randint(0, 37, (11,), device=dev)
+    t[[2, 9]] = -100
+    loss = _kernel_op(impl)(h, w, t, b, -100, reduction, 0.1, None, chunk)[0]
+    g = torch.randn(loss.shape, device=dev)
+    got = torch.autograd.grad(loss, (h, w, b), g)
+    h64, w64, b64 = (x.detach().double().requires_grad_() for x in (h, w, b))
+    want = truth64(OP, h64, w64, t, b64, -100, reduction, 0.1)
+    assert_like_truth(loss, want, 1e-5, f"chunk {chunk}")
+    for name, d, x in zip(("hidden", "weight", "bias"), got, torch.autograd.grad(want, (h64, w64, b64), g.double())):
+        assert_like_truth(d, x, 1e-5, f"d{name}, chunk {chunk}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_are_scaled_by_any_output_gradient(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    h, w = torch.randn(6, 16, device=dev), torch.randn(50, 16, device=dev) / 2
+    t = torch.tensor([3, -100, 0, 49, 7, -100], device=dev)
+    for reduction, g in [("mean", torch.tensor(0.0)), ("mean", torch.tensor(-3.5)), ("sum", torch.tensor(1e4)),
+                         ("none", torch.tensor([1.0, 2.0, -1.0, 0.0, 5.0, 3.0]))]:
+        hl, wl = h.detach().requires_grad_(), w.detach().requires_grad_()
+        got = torch.autograd.grad(fn(hl, wl, t, None, -100, reduction), (hl, wl), g.to(dev))
+        h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+        want = torch.autograd.grad(truth64(OP, h64, w64, t, None, -100, reduction), (h64, w64), g.double().to(dev))
+        for d, x in zip(got, want):
+            assert_like_truth(d, x, 1e-5, f"{OP}/{impl} gradient, {reduction}, output gradient {g}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ignore_index_may_be_a_class_and_inputs_non_contiguous(impl):
+    dev = device_for(impl)
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    h = torch.randn(24, 8, device=dev).t()  # (8, 24), column-major
+    w = torch.randn(30, 48, device=dev)[:, ::2] / 3  # (30, 24), a column stride of 2
+    t = torch.tensor([0, 1, 2, 0, 5, 0, 29, 3], device=dev)
+    for reduction in ("mean", "none"):
+        assert_like_truth(fn(h, w, t, None, 0, reduction, 0.1), truth64(OP, h, w, t, None, 0, reduction, 0.1), 1e-5)
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_float32_loss_from_half_inputs(impl, reduction):
+    # dtype=torch.float32 at the kernel tiers: float32 logits and loss, no bfloat16 rounding anywhere (eager rounds its
+    # materialized logits to bfloat16, as the model's own LM head does)
+    dev = device_for(impl)
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    h, w = torch.randn(6, 32, device=dev).bfloat16(), (torch.randn(300, 32, device=dev) / 3).bfloat16()
+    t = torch.randint(0, 300, (6,), device=dev)
+    t[2] = -100
+    got = fn(h, w, t, None, -100, reduction, dtype=torch.float32)
+    assert got.dtype == torch.float32
+    want = truth64(OP, h, w, t, None, -100, reduction)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_public_op_trains():
+    h = torch.randn(6, 20, requires_grad=True)
+    w = torch.randn(30, 20, requires_grad=True)
+    b = torch.randn(30, requires_grad=True)
+    t = torch.tensor([1, 2, -100, 4, 5, 29])
+    loss = tiered_ops.linear_cross_entropy(h, w, t, b, label_smoothing=0.1)
+    loss.backward()
+    h64, w64, b64 = (x.detach().double().requires_grad_() for x in (h, w, b))
+    want = truth64(OP, h64, w64, t, b64, -100, "mean", 0.1)
+    want.backward()
+    assert_like_truth(loss, want, 1e-5)
+    for got, x in ((h.grad, h64), (w.grad, w64), (b.grad, b64)):
+        assert_like_truth(got, x.grad, 1e-5, "gradient")
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda", "triton_c1024", "cuda_c1024"])
+@pytest.mark.parametrize("problem", [P((5000, 256), 32000, ignored=0.25), P((2100, 128), 128256, label_smoothing=0.1),
+                                     P((1100, 96), 50257, reduction="none", head_bias=True)], ids=str)
+def test_model_sized_vocabularies_over_several_chunks(impl, problem):
+    assert_matches(OP, impl, problem, torch.bfloat16, grad=True)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+def test_a_target_out_of_range_makes_its_row_nan_on_the_gpu(impl):
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    h = torch.randn(4, 64, device="cuda", requires_grad=True)
+    w = torch.randn(1000, 64, device="cuda") / 8
+    t = torch.tensor([1, 1000, -100, -3], device="cuda")
+    loss = fn(h, w, t, None, -100, "none")
+    assert loss[[1, 3]].isnan().all() and loss[0].isfinite() and loss[2].item() == 0.0
+    (dh,) = torch.autograd.grad(loss, h, torch.ones(4, device="cuda"))
+    assert dh[[1, 3]].isnan().all() and dh[0].isfinite().all() and (dh[2] == 0).all()
+
+
+@gpu
+def test_peak_memory_follows_the_chunk_and_the_memory_policy_sees_it():
+    # the measurement's peak (measure.peak_bytes, what the memory policy reads) of a training step: chunks of 1024 <
+    # 4096 < 16384 rows, and the eager tier's materialized logits above the default chunk
+    from tiered_ops.measure.measure import peak_bytes
+
+    spec = tiered_ops.get_op(OP)
+    dev = torch.device("cuda")
+    h = torch.randn(16384, 1024, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(32000, 1024, device=dev) / 32).bfloat16().requires_grad_()
+    t = torch.randint(0, 32000, (16384,), device=dev)
+
+    def step(impl: str):
+        def call():
+            h.grad = w.grad = None
+            spec.impls[impl].fn(h, w, t).backward()
+        return call
+
+    peaks = {impl: peak_bytes(step(impl), dev) for impl in ("triton_c1024", "triton", "triton_c16384", "cuda_c1024",
+                                                            "cuda", "cuda_c16384", "eager")}
+    for tier in ("triton", "cuda"):
+        assert peaks[f"{tier}_c1024"] < peaks[tier] < peaks[f"{tier}_c16384"], peaks
+    assert peaks["eager"] > peaks["triton"] and peaks["eager"] > peaks["cuda"], peaks
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+def test_odd_sizes_over_several_chunks(impl):
+    # 1823 tokens in chunks of 500 (a short last chunk), V = 781 and H = 67 (no multiple of any block), a bias, a
+    # hidden read with a row stride: every gradient as the float64 math's
+    tiered_ops.get_op(OP).impls[impl].why_not(device_for(impl))  # loads the tier's ops
+    dev = device_for(impl)
+    h = torch.randn(1823, 80, device=dev)[:, :67].requires_grad_()
+    w = (torch.randn(781, 67, device=dev) / 8).requires_grad_()
+    b = torch.randn(781, device=dev, requires_grad=True)
+    t = torch.randint(0, 781, (1823,), device=dev)
+    t[::7] = -100
+    loss = _kernel_op(impl)(h, w, t, b, -100, "mean", 0.0, None, 500)[0]
+    got = torch.autograd.grad(loss, (h, w, b))
+    h64, w64, b64 = (x.detach().double().requires_grad_() for x in (h, w, b))
+    want = truth64(OP, h64, w64, t, b64)
+    assert_like_truth(loss, want, 1e-5)
+    for name, d, x in zip(("hidden", "weight", "bias"), got, torch.autograd.grad(want, (h64, w64, b64))):
+        assert_like_truth(d, x, 1e-5, f"d{name}")

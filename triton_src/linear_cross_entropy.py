@@ -1,0 +1,150 @@
+"""linear_cross_entropy, Triton tier: cross_entropy(hidden @ weight.T + bias, target) over chunks of tokens, never
+holding the [N, V] logits.
+
+Per chunk of ``chunk`` rows: the float32 logits [chunk, V] from one GEMM (``torch.mm``, float32 output from
+bfloat16/float16 inputs with ``out_dtype`` on CUDA: accumulated and kept in float32), then cross_entropy's forward
+kernel (``triton_src/cross_entropy.py``: online softmax, one pass per row) writes each row's float32 loss and lse;
+the reduction over all N rows is cross_entropy's reduction kernel. Backward, per chunk: the logits again (one GEMM),
+cross_entropy's backward kernel writes dlogits [chunk, V] in hidden's dtype from them and the saved lse (scaled by
+the output gradient, over the count of non-ignored targets for "mean"), then dhidden[chunk] = dlogits @ weight and
+dweight += dlogits.T @ hidden[chunk] (float32 accumulator), dbias += the column sums of dlogits.
+
+Bytes per chunk (forward): the GEMM writes 4 * chunk * V, the kernel reads them once; backward 4 * chunk * V written
+and read, 2 * chunk * V (bf16 dlogits) written and read twice by the GEMMs. Peak extra memory: one chunk's float32
+logits and dlogits, plus a float32 [V, H] dweight accumulator for bfloat16/float16 weights.
+Limits: the vocabulary is not split (a chunk holds whole rows); on the CPU (interpreter) the GEMM runs on float32
+copies (correctness only). Versions: v1 — token chunks, lse saved, the logits recomputed in the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import num_warps_for
+from .cross_entropy import GROUP, REDUCE_BLOCK, _block, _ce_bwd, _ce_fwd, _ce_reduce, _check_targets
+from .launch import Step, register_ops
+
+OP = "linear_cross_entropy_triton"
+
+
+def _check(op: str, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+           reduction: str, label_smoothing: float, chunk: int, dtype: torch.dtype | None = None) -> None:
+    if hidden.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{op}: hidden must be float32, bfloat16 or float16, got {hidden.dtype}")
+    if hidden.dim() != 2 or weight.dim() != 2 or weight.shape[1] != hidden.shape[1] or weight.shape[0] < 1:
+        raise ValueError(f"{op}: hidden must be [N, H] and weight [V, H] with V >= 1, got {list(hidden.shape)} and "
+                         f"{list(weight.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dtype != hidden.dtype or t.device != hidden.device):
+            raise TypeError(f"{op}: {name} must have hidden's dtype and device ({hidden.dtype}, {hidden.device}), "
+                            f"got {t.dtype} on {t.device}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"{op}: bias must have shape [V] = [{weight.shape[0]}], got {list(bias.shape)}")
+    if target.dtype != torch.int64 or tuple(target.shape) != (hidden.shape[0],) or target.device != hidden.device:
+        raise ValueError(f"{op}: target must be int64 [N] = [{hidden.shape[0]}] on {hidden.device}, got "
+                         f"{target.dtype} {list(target.shape)} on {target.device}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if dtype not in (None, torch.float32, hidden.dtype):
+        raise ValueError(f"{op}: dtype must be None, torch.float32 or hidden's dtype ({hidden.dtype}), got {dtype}")
+    if chunk < 1:
+        raise ValueError(f"{op}: chunk must be >= 1, got {chunk}")
+
+
+def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in float32: accumulated and written in float32 (cuBLAS with a float32 output on CUDA)."""
+    if a.dtype == torch.float32:
+        return torch.mm(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())  # the CPU has no mixed-precision mm: the interpreter checks correctness
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's float32 logits [rows, V], contiguous."""
+    out = _mm32(h, weight.t())
+    return out if bias is None else out + bias.float()
+
+
+def _fwd_step(v: int, smooth: bool, rows: int) -> Step:
+    block = _block(v)
+    return Step(_ce_fwd, (rows,), num_warps_for(block), BLOCK_V=block, GROUP=min(GROUP, block), SMOOTH=smooth)
+
+
+def _bwd_step(v: int, rows: int) -> Step:
+    block = _block(v)
+    return Step(_ce_bwd, (rows,), num_warps_for(block), BLOCK_V=block)
+
+
+def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                bias: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+                                dtype: torch.dtype | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss in ``dtype``, else hidden's: [] or [N] for "none"; lse float32 [N]), chunk by chunk."""
+    _check(OP, hidden, weight, target, bias, reduction, label_smoothing, chunk, dtype)
+    n, v = hidden.shape[0], int(weight.shape[0])
+    _check_targets(target, v, ignore_index)
+    tc = target.contiguous()
+    losses, lses = [], []
+    for start in range(0, n, chunk):
+        rows = min(chunk, n - start)
+        logits = _logits(hidden[start:start + rows], weight, bias)
+        loss, lse = logits.new_empty((rows,)), logits.new_empty((rows,))
+        _fwd_step(v, label_smoothing > 0, rows)(False, logits, tc[start:start + rows].contiguous(), loss, lse, v, v,
+                                                ignore_index, label_smoothing)
+        losses.append(loss)
+        lses.append(lse)
+    loss = torch.cat(losses) if losses else hidden.new_empty((0,), dtype=torch.float32)
+    lse = torch.cat(lses) if lses else hidden.new_empty((0,), dtype=torch.float32)
+    if reduction == "none":
+        return loss.to(dtype or hidden.dtype), lse
+    out = hidden.new_empty((), dtype=dtype or hidden.dtype)
+    Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=reduction == "mean", SUM_ROWS=True)(
+        False, loss, tc, out, n, ignore_index)
+    return out, lse
+
+
+def linear_cross_entropy_bwd_launch(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                                    target: torch.Tensor, bias: torch.Tensor | None, lse: torch.Tensor,
+                                    ignore_index: int, reduction: str, label_smoothing: float, chunk: int
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dhidden [N, H], dweight [V, H], dbias [V] or [0] without a bias), in hidden's dtype, chunk by chunk."""
+    op = "linear_cross_entropy_bwd_triton"
+    _check(op, hidden, weight, target, bias, reduction, label_smoothing, chunk)
+    n, v = hidden.shape[0], int(weight.shape[0])
+    want = (n,) if reduction == "none" else ()
+    if tuple(grad.shape) != want:
+        raise ValueError(f"{op}: grad must have shape {list(want)} for reduction {reduction!r}, got {list(grad.shape)}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (n,):
+        raise ValueError(f"{op}: lse must be a float32 [N] = [{n}] tensor, got {lse.dtype} {list(lse.shape)}")
+    tc, lc = target.contiguous(), lse.contiguous()
+    if reduction == "mean":  # the output gradient over the count of targets not ignored, one launch
+        scale = hidden.new_empty((1,), dtype=torch.float32)
+        Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)(False, grad, tc, scale, n,
+                                                                                 ignore_index)
+    else:
+        scale = grad.float().reshape(-1).contiguous()
+    per_row = 1 if reduction == "none" else 0
+    dw = weight.new_zeros(weight.shape, dtype=torch.float32)
+    db = weight.new_zeros((v,) if bias is not None else (0,), dtype=torch.float32)
+    dhs = []
+    for start in range(0, n, chunk):
+        rows = min(chunk, n - start)
+        h = hidden[start:start + rows]
+        logits = _logits(h, weight, bias)
+        dlogits = hidden.new_empty((rows, v))
+        g = scale[start:start + rows] if per_row else scale
+        _bwd_step(v, rows)(False, logits, tc[start:start + rows].contiguous(), lc[start:start + rows].contiguous(),
+                           g.contiguous(), per_row, dlogits, v, v, ignore_index, label_smoothing)
+        del logits
+        dhs.append(torch.mm(dlogits, weight))
+        dw.add_(_mm32(dlogits.t(), h))
+        if bias is not None:
+            db.add_(dlogits.sum(0, dtype=torch.float32))
+    dh = torch.cat(dhs) if dhs else torch.empty_like(hidden, memory_format=torch.contiguous_format)
+    return dh, dw.to(weight.dtype), db.to(weight.dtype)
+
+
+linear_cross_entropy_triton, linear_cross_entropy_bwd_triton = register_ops(
+    "linear_cross_entropy", linear_cross_entropy_launch, linear_cross_entropy_bwd_launch)
