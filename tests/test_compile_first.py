@@ -99,7 +99,7 @@ def test_patch_compile_call_with_a_fresh_store(family, monkeypatch):
     assert asked and {c for _, c, _ in asked} == {"compiled"}, asked
     ops = {k[0] for k, _, _ in asked}
     want = {"gpt2": {"layer_norm", "gelu"}, "llama": {"rms_norm", "rotary_embedding", "swiglu"},
-            "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"}}
+            "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"}, "gemma": {"rms_norm", "rotary_embedding", "swiglu"}}
     assert ops == want[family], asked
     assert not any(k[-1] == "compiled" for k in select._decisions), "a miss caches no decision"
 

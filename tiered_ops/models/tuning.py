@@ -165,10 +165,11 @@ def tune(model: torch.nn.Module, example_inputs: Any, train: bool = False, conte
     store = decide.get_store()
     for _, call in _progress(calls):
         t0, dname = time.perf_counter(), DTYPE_NAMES[call.dtype]
-        before = len(store.rows(op=call.op, dtype=dname, mode=call.mode))
+        before = {r["id"] for r in store.rows(op=call.op, dtype=dname, mode=call.mode)}
         sel = decide.select_backend(call.op, call.problem.shape, call.dtype, call.device, tune=True, mode=call.mode,
                                     context=call.context or Context.EAGER, **call.problem.kw)
-        taken = len(store.rows(op=call.op, dtype=dname, mode=call.mode)) - before
+        # implementations measured now (a candidate timed before its gate is stored again once gated: one measurement)
+        taken = len({r["impl"] for r in store.rows(op=call.op, dtype=dname, mode=call.mode) if r["id"] not in before})
         report.calls.append(TunedCall(call, sel.name, sel.tier.label, str(sel.record.get("reason", "")), taken,
                                       time.perf_counter() - t0))
     keep_unchanged(kept)
