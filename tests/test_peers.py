@@ -29,6 +29,10 @@ def test_a_peer_says_why_it_cannot_run_here(monkeypatch):
     monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
     assert peers.quack_available(torch.device("cuda")).startswith("quack is not installed")
     assert peers.liger_available(torch.device("cuda")).startswith("liger_kernel is not installed")
+    for op in ("swiglu", "rotary_embedding"):
+        impl = get_op(op).impls["liger"]
+        assert impl.why_not(torch.device("cpu")) == "runs on cuda only, not cpu"
+        assert impl.why_not(torch.device("cuda")).startswith("liger_kernel is not installed (a peer: pip install")
 
 
 @pytest.mark.parametrize("call, match", [
@@ -43,6 +47,57 @@ def test_a_peer_says_why_it_cannot_run_here(monkeypatch):
 def test_what_quack_does_not_support_is_refused_before_it_is_imported(call, match):
     with pytest.raises(NotImplementedError, match=match):  # not ImportError: quack is not installed here
         call()
+
+
+def _rope_inputs(head_dim=8, cos_dtype=torch.float32, repeat=True):
+    q, k = torch.randn(1, 2, 3, head_dim).transpose(1, 2), torch.randn(1, 3, 1, head_dim).transpose(1, 2)
+    half = torch.randn(1, 3, 4, dtype=cos_dtype)
+    cos = torch.cat((half, half if repeat else half + 1), dim=-1)
+    return q, k, cos, cos.clone()
+
+
+@pytest.mark.parametrize("fn", [peers._liger_swiglu, peers._liger_swiglu_on_copies])
+@pytest.mark.parametrize("args, match", [
+    ((torch.randn(4, 5), torch.randn(4, 5), "gelu"), "silu and gelu_tanh only, got activation='gelu'"),  # erf GeGLU
+    ((torch.randn(2, 65537), torch.randn(2, 65537), "silu"), r"a last dim of 1..65536 only"),  # over one row's block
+    ((torch.randn(()), torch.randn(()), "gelu_tanh"), r"a last dim of 1..65536 only .* got shape \[\]"),
+])
+def test_what_liger_s_swiglu_does_not_claim_is_refused_before_it_is_imported(fn, args, match):
+    with pytest.raises(NotImplementedError, match=r"swiglu \(Liger peer\): " + match):
+        fn(*args)
+
+
+@pytest.mark.parametrize("fn", [peers._liger_rotary_embedding, peers._liger_rotary_embedding_on_copies])
+@pytest.mark.parametrize("inputs, match", [
+    (lambda: _rope_inputs(cos_dtype=torch.float64), "cos and sin of q's dtype torch.float32 only"),  # torch promotes
+    (lambda: _rope_inputs(head_dim=9), "an even head_dim only, got 9"),
+])
+def test_what_liger_s_rope_does_not_claim_is_refused_before_it_is_imported(fn, inputs, match):
+    with pytest.raises(NotImplementedError, match=r"rotary_embedding \(Liger peer\): " + match):
+        fn(*inputs())
+
+
+def test_liger_s_rope_checked_call_refuses_cos_whose_halves_differ():
+    """Liger reads the first half of cos and sin (transformers repeats the halves); the checked call says so rather
+    than answer with other semantics. The timed call runs on the inputs factory's, whose halves repeat."""
+    with pytest.raises(NotImplementedError, match="cos and sin whose halves repeat only"):
+        peers._liger_rotary_embedding_on_copies(*_rope_inputs(repeat=False))
+    spec = get_op("rotary_embedding")
+    for seed in (0, 1):
+        _, _, cos, sin = spec.make_inputs(spec.problem((2, 4, 9, 64), kv_heads=2, rotary_dim=32), torch.float32,
+                                          torch.device("cpu"), seed).args
+        assert torch.equal(cos[..., :16], cos[..., 16:]) and torch.equal(sin[..., :16], sin[..., 16:])
+
+
+def test_liger_s_swiglu_and_rope_are_checked_on_copies_and_timed_as_a_model_runs_them():
+    """Both write over their inputs (SwiGLU's backward over gate and up, RoPE over q and k): the gate calls the
+    version that gives Liger copies, the timing the one that runs Liger as it is (Impl.unchecked)."""
+    for op, checked, timed in (("swiglu", peers._liger_swiglu_on_copies, peers._liger_swiglu),
+                               ("rotary_embedding", peers._liger_rotary_embedding_on_copies,
+                                peers._liger_rotary_embedding)):
+        impl = get_op(op).impls["liger"]
+        assert (impl.fn, impl.unchecked, impl.tier, impl.devices) == (checked, timed, Tier.PEER, ("cuda",))
+    assert all(get_op(op).impls["liger"].unchecked is None for op in peers.LIGER_OPS if op not in peers.LIGER_TIMED)
 
 
 def test_a_peer_s_source_hash_covers_its_installed_files_and_nothing_when_absent():

@@ -15,6 +15,19 @@ fused_add_rms_norm (``LigerFusedAddRMSNormFunction``, 0.8.5) likewise in "gemma"
 sum rounded once to the dtype, then the fp32 rms_norm of it; it needs a weight. linear_cross_entropy
 (``liger_fused_linear_cross_entropy``: chunks of tokens, the gradients computed in the forward), its mean NaN where
 torch's is.
+swiglu: ``liger_swiglu`` (``LigerSiLUMulFunction``) for "silu" and ``liger_geglu`` (``LigerGELUMulFunction``, GELU's
+tanh form) for "gelu_tanh", each act(gate) in fp32 rounded to the dtype, then times up (eager's rounding); no erf
+GeGLU ("gelu"), a last dim of 1..65536 (one row per program). rotary_embedding: ``liger_rotary_pos_emb`` (what
+Liger's model patches swap in: its Triton kernel, or its CuTe DSL one where that is installed and claims the case), q
+and k [batch, heads, seq, head_dim] in any layout, cos and sin [batch or 1, seq, rotary_dim] (partial rotary
+included); in the dtype of cos, so cos and sin of q's dtype only, and an even head_dim (its CuTe DSL path raises on
+an odd one). It reads the first half of cos and sin only: the checked call refuses cos or sin whose halves differ
+(transformers' cat(freqs, freqs) repeats them; the inputs factory makes them so).
+Both write over their inputs, as in a model, where those are activations nobody reads again: SwiGLU's backward writes
+the gradients over the saved gate and up, RoPE rotates q and k in place where they are the attention's transposed
+views (and the output gradients where those are). The checked call (``Impl.fn``: the gate, any other caller) gives
+Liger copies, so the caller's tensors stay as they were; the timed call (``Impl.unchecked``, on the harness's own
+inputs) runs Liger as a model does, without them.
 
 quack (``quack``, CuTe DSL kernels; sm80 and newer): softmax over the last dim, rms_norm and fused_add_rms_norm
 (``rmsnorm`` with a residual and ``prenorm``) over one trailing dim, cross_entropy without label smoothing. Its
@@ -26,13 +39,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..registry import OPS, Impl, OpSpec, Tier
 
 LIGER = "liger_kernel"
+LIGER_MAX_ROW = 65536  # Liger's one-row kernels: a row of at most this many elements
 
 
 def _package_files(package: str, modules: tuple[str, ...], folder: str = "") -> tuple[Path, ...]:
@@ -56,6 +70,66 @@ def liger_available(device: torch.device) -> str | None:
         return ("liger_kernel is not installed (a peer: pip install liger-kernel==0.8.5, or carry the wheel as "
                 "scripts/gpu.sh does)")
     return None
+
+
+def _liger_glu(gate: torch.Tensor, activation: str) -> Callable[..., torch.Tensor]:
+    """Liger's gated product for ``activation``, after the checks of what it claims (before its import)."""
+    if activation not in ("silu", "gelu_tanh"):
+        raise NotImplementedError(f"swiglu (Liger peer): silu and gelu_tanh only, got activation={activation!r}")
+    if gate.dim() == 0 or not 1 <= gate.shape[-1] <= LIGER_MAX_ROW:
+        raise NotImplementedError(f"swiglu (Liger peer): a last dim of 1..{LIGER_MAX_ROW} only (one row a program), "
+                                  f"got shape {list(gate.shape)}")
+    from liger_kernel.transformers.functional import liger_geglu, liger_swiglu
+
+    return liger_swiglu if activation == "silu" else liger_geglu
+
+
+def _liger_swiglu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """As a model runs it (the timed call): its backward writes dgate and dup over the saved gate and up."""
+    return _liger_glu(gate, activation)(gate, up)
+
+
+def _liger_swiglu_on_copies(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The checked call: gate and up copied where a backward may follow, so the caller's stay as they were."""
+    glu = _liger_glu(gate, activation)
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        gate, up = gate.clone(), up.clone()
+    return glu(gate, up)
+
+
+def _liger_rope_claims(q: torch.Tensor, cos: torch.Tensor) -> None:
+    if cos.dtype != q.dtype:  # Liger computes in cos's dtype and returns q's: torch would promote
+        raise NotImplementedError(f"rotary_embedding (Liger peer): cos and sin of q's dtype {q.dtype} only, got "
+                                  f"{cos.dtype}")
+    if q.shape[-1] % 2:
+        raise NotImplementedError(f"rotary_embedding (Liger peer): an even head_dim only, got {q.shape[-1]}")
+
+
+def _liger_rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """As a model runs it (the timed call): q and k rotated in place where they are transposed [b, s, h, d] views."""
+    _liger_rope_claims(q, cos)
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    return liger_rotary_pos_emb(q, k, cos, sin)
+
+
+def _liger_rotary_embedding_on_copies(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked call: cos and sin must repeat their halves (Liger reads the first); q, k and the output gradients
+    copied (in their layout), so the caller's stay as they were."""
+    _liger_rope_claims(q, cos)
+    r = cos.shape[-1] // 2
+    if not all(torch.equal(t[..., :r], t[..., r:]) for t in (cos, sin)):
+        raise NotImplementedError("rotary_embedding (Liger peer): cos and sin whose halves repeat only (transformers' "
+                                  "cat(freqs, freqs)): Liger reads their first half")
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    outs = liger_rotary_pos_emb(q.clone(), k.clone(), cos, sin)
+    for o in outs:
+        if o.requires_grad:
+            o.register_hook(torch.clone)  # Liger's backward rotates the gradient in place where its layout allows
+    return outs
 
 
 def _one_dim(op: str, normalized_shape: int | Sequence[int], peer: str = "Liger") -> int:
@@ -210,24 +284,34 @@ QUACK_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "cross_entropy": (_quack_cross_entropy, "cross_entropy"),
 }
 
-LIGER_OPS: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
+LIGER_OPS: dict[str, tuple[Callable[..., Any], str | tuple[str, ...]]] = {
     "softmax": (_liger_softmax, "softmax"),
     "rms_norm": (_liger_rms_norm, "rms_norm"),
     "layer_norm": (_liger_layer_norm, "layer_norm"),
     "cross_entropy": (_liger_cross_entropy, "cross_entropy"),
     "fused_add_rms_norm": (_liger_fused_add_rms_norm, "fused_add_rms_norm"),
     "linear_cross_entropy": (_liger_linear_cross_entropy, "fused_linear_cross_entropy"),
+    "swiglu": (_liger_swiglu_on_copies, ("swiglu", "geglu")),
+    "rotary_embedding": (_liger_rotary_embedding_on_copies,
+                         ("rope", "backends/_triton/rope", "backends/_cutedsl/rope", "cutedsl/ops/rope")),
+}
+# the timed call where it is not the checked one (Impl.unchecked): Liger as a model runs it, over its inputs
+LIGER_TIMED: dict[str, Callable[..., Any]] = {
+    "swiglu": _liger_swiglu,
+    "rotary_embedding": _liger_rotary_embedding,
 }
 
 
 def register(specs: Sequence[OpSpec] | None = None) -> list[Impl]:
     """Add the ``liger`` and ``quack`` peers to each op they cover (idempotent); returns the impls added."""
     added = []
-    for name, table, files, available in (("liger", LIGER_OPS, _liger_files, liger_available),
-                                          ("quack", QUACK_OPS, _quack_files, quack_available)):
-        for op, (fn, module) in table.items():
+    for name, table, timed, files, available in (("liger", LIGER_OPS, LIGER_TIMED, _liger_files, liger_available),
+                                                 ("quack", QUACK_OPS, {}, _quack_files, quack_available)):
+        for op, (fn, modules) in table.items():
             spec = OPS.get(op) if specs is None else next((s for s in specs if s.name == op), None)
             if spec is None or name in spec.impls:
                 continue
-            added.append(spec.add(Impl(name, Tier.PEER, fn, files(module), devices=("cuda",), available=available)))
+            sources = files(*((modules,) if isinstance(modules, str) else modules))
+            added.append(spec.add(Impl(name, Tier.PEER, fn, sources, devices=("cuda",), available=available,
+                                       unchecked=timed.get(op))))
     return added
