@@ -188,3 +188,14 @@ def test_the_timed_call_computes_what_the_checked_call_does_on_the_gpu(op, shape
         results.append([o.detach().clone() for o in outs] + list(grads))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["fwd_nograd", "fwd", "bwd", "fwd+bwd"])
+def test_liger_s_rope_is_gated_and_timed_in_every_mode_on_the_interpreter(liger_wheel, mode):
+    """The harness's measurement end to end: the gate on copies, the timing as a model runs it (in place over the
+    harness's own q and k, through autograd in the grad modes)."""
+    from tiered_ops.measure.measure import measure
+
+    spec, impl = _on_the_cpu("rotary_embedding")
+    row = measure(spec, impl, spec.problem((1, 4, 8, 64), kv_heads=2), torch.float32, CPU, mode)
+    assert row["ok"] == 1 and row["caller_us"] > 0, row.get("reason")
