@@ -164,3 +164,43 @@ def test_dispatch_uses_the_training_decision_when_inputs_require_grad():
 def test_select_backend_mode_is_validated():
     with pytest.raises(ValueError, match="mode"):
         tiered_ops.select_backend("softmax", (4, 8), mode="training")
+
+
+def test_a_backward_that_writes_into_its_output_gradient_or_inputs_cannot_move_the_reference():
+    """A wrong gradient hidden by writing into what the gate's reference reads: the backward returns twice the true
+    gradient and then doubles its output gradient in place (the float64 reference computed from that would agree);
+    a forward that writes into its input after computing its output (the reference would then see another input).
+    The gate computes its reference and eager's run from copies taken before the call, so both fail."""
+    from tiered_ops.measure.gate import check_one
+    from tiered_ops.registry import Impl, Tier
+
+    spec, cpu = get_op("softmax"), torch.device("cpu")
+
+    class HidesWrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dim):
+            y = torch.softmax(x, dim)
+            ctx.save_for_backward(y)
+            ctx.dim = dim
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            dx = 2 * y * (g - (g * y).sum(ctx.dim, keepdim=True))
+            g.mul_(2)
+            return dx, None
+
+    def writes_input(x, dim=-1):
+        y = torch.softmax(x, dim)
+        with torch.no_grad():
+            x.mul_(3)
+        return y
+
+    problem = spec.problem((8, 32))
+    err, why = check_one(spec, Impl("hides", Tier.EAGER, lambda x, dim=-1: HidesWrongGrad.apply(x, dim),
+                                    (spec.source,)), problem, torch.float32, cpu, seed=3, grad=True)
+    assert why is not None and "grad of x" in why, (err, why)
+    err, why = check_one(spec, Impl("writes", Tier.EAGER, writes_input, (spec.source,)), problem, torch.float32, cpu,
+                         seed=4)
+    assert why is None, (err, why)  # its output is right: the input it wrote is not what it was given

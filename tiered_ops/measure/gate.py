@@ -39,6 +39,14 @@ def _to64(v: Any) -> Any:
     return v
 
 
+def _clone(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (tuple, list)):
+        return type(v)(_clone(x) for x in v)
+    return v
+
+
 def _short(e: BaseException) -> str:
     """One line: the exception's type and first line (a Triton compile error's first line is only "at L:C:", its
     message is the last line: both are kept)."""
@@ -116,13 +124,14 @@ def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: in
     if not all(o.requires_grad for o in outs):
         raise _NoBackward()
     dy = grad_output(out, seed)
+    kept = _clone(dy)  # what the reference's backward gets: a backward that writes into its dy cannot change it
     _poison(inp, device)
     try:
         grads = torch.autograd.grad(out, [inp.args[i] for i in pos], dy, allow_unused=True)
         sync(device)
     except Exception as e:
         raise _InBackward(e) from e
-    return out, grads, dy
+    return out, grads, kept
 
 
 def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, seed: int,
@@ -136,6 +145,8 @@ def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
     reference tier, is held to the bound on its output; its gradients are what torch computes, and set the
     others' tolerance as above (NaN/Inf and shape mismatches still fail)."""
     inp = spec.make_inputs(problem, dtype, device, seed)
+    # the reference and eager read these: an implementation that writes into its inputs cannot move them
+    pristine = Inputs(_clone(inp.args), {k: _clone(v) for k, v in inp.kwargs.items()})
     try:
         out, grads, dy = _run(impl.fn, spec, inp, grad, seed, device)
     except _NoBackward:
@@ -151,14 +162,14 @@ def check_one(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, de
         if not isinstance(o, torch.Tensor) or o.dtype != dtype:
             got = o.dtype if isinstance(o, torch.Tensor) else type(o).__name__
             return math.inf, f"wrong {name} dtype at {problem}: {got}, expected {dtype}"
-    inp64, pos = Inputs(_to64(inp.args), _to64(inp.kwargs)), []
+    inp64, pos = Inputs(_to64(pristine.args), _to64(pristine.kwargs)), []
     if grad:
         inp64, pos = with_grad(spec, inp64)
     with torch.set_grad_enabled(grad):
         ref = spec.reference(*inp64.args, **inp64.kwargs)
     names = arg_names(spec)
     eager = spec.impls["eager"]
-    eager_res = None if impl is eager else _run(eager.fn, spec, inp, grad, seed, device)
+    eager_res = None if impl is eager else _run(eager.fn, spec, pristine, grad, seed, device)
     eager_outs = as_outputs(eager_res[0]) if eager_res is not None else (None,) * len(outs)
     # (what, candidate, float64 reference, bound, zero floor, eager's counterpart or None, a gradient)
     checks = [(name, o, r, spec.rtol[dtype], 0.0, e, False)
