@@ -43,6 +43,25 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["eager", "triton", pytest.param("cuda", marks=gpu)]
 
 
+def name_and_marks(impl: Any) -> tuple[str, tuple]:
+    """An entry of an implementation list: a name, or a ``pytest.param`` of one name with its marks."""
+    return (impl.values[0], tuple(impl.marks)) if hasattr(impl, "values") else (impl, ())
+
+
+def impls_of(op: str, impls: Sequence[Any] = IMPLS) -> list[Any]:
+    """The entries of ``impls`` (names, or ``pytest.param`` of one name with its marks) that ``op`` has: a tier an op
+    does not have (muladd has no cuda) gets no test case of it."""
+    have = get_op(op).impls
+    return [i for i in impls if name_and_marks(i)[0] in have]
+
+
+def op_impls(ops: Sequence[str], impls: Sequence[Any]) -> list[Any]:
+    """``(op, impl)`` cases, one per op and each of ``impls`` that it has (``impls_of``), with the impl's marks; the id
+    ``op-impl``."""
+    return [pytest.param(op, name, marks=marks, id=f"{op}-{name}")
+            for op in ops for name, marks in map(name_and_marks, impls_of(op, impls))]
+
+
 def builtin_ops() -> list:
     """The ops declared in tiered_ops/ops: a test's planted op (tests/plants), registered when a test imports it,
     is not one of them, whatever order the tests run in."""

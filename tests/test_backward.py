@@ -2,7 +2,20 @@
 
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, aten_ops, builtin_ops, device_for, gpu, truth64
+from helpers import (
+    DTYPES,
+    IMPLS,
+    assert_like_truth,
+    assert_matches,
+    aten_ops,
+    builtin_ops,
+    device_for,
+    gpu,
+    impls_of,
+    name_and_marks,
+    op_impls,
+    truth64,
+)
 
 import tiered_ops
 from tiered_ops.measure.measure import measure
@@ -18,6 +31,9 @@ def _grad_problems(op):
 
 
 CASES = [c for op in OPS for c in _grad_problems(op)]
+# each tier of IMPLS the op has, at each of its edge problems
+GRAD_CASES = [pytest.param(name, op, p, marks=marks, id=f"{name}-{op}-{p}") for op, p in CASES
+              for name, marks in map(name_and_marks, impls_of(op, IMPLS))]
 
 
 def _floating(a):
@@ -25,9 +41,8 @@ def _floating(a):
     return isinstance(a, torch.Tensor) and a.is_floating_point()
 
 
-@pytest.mark.parametrize("op,problem", CASES, ids=[f"{op}-{p}" for op, p in CASES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,op,problem", GRAD_CASES)
 def test_gradients_match_float64(impl, dtype, op, problem):
     assert_matches(op, impl, problem, dtype, seed=3, grad=True)
 
@@ -69,8 +84,7 @@ def test_gradcheck_float64(op):
     assert torch.autograd.gradcheck(lambda *t: spec.impls["eager"].fn(*t), tuple(args), eps=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("op,impl", op_impls(OPS, ["triton", pytest.param("cuda", marks=gpu)]))
 def test_kernel_tier_backward_is_its_own_kernel(op, impl):
     """The backward of a kernel tier runs that tier's backward, not eager autograd of the reference: the registered
     backward op, or in eager code the fast path's one autograd node, whose backward launches the tier's kernels

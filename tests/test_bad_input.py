@@ -5,7 +5,7 @@ op-specific arguments: normalized_shape, dim, approximate, bias shape)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import HAS_CUDA, builtin_ops, device_for, gpu
+from helpers import HAS_CUDA, builtin_ops, device_for, gpu, op_impls
 
 import tiered_ops
 from tiered_ops.decide import decide, dispatch
@@ -40,8 +40,7 @@ def _each_tensor_replaced(spec, inp, how):
             yield names[i], args
 
 
-@pytest.mark.parametrize("impl", KERNEL_TIERS)  # eager against the math: tests/test_<op>.py
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op,impl", op_impls(OPS, KERNEL_TIERS))  # eager against the math: tests/test_<op>.py
 def test_nan_and_inf_propagate_like_eager(op, impl):
     dev = _dev(impl)
     for params in get_op(op).variants:  # a few rows of an odd length at each of the op's parameter variants
@@ -69,8 +68,7 @@ def _other_kind(a: torch.Tensor) -> torch.Tensor:
     return a.to(torch.int32) if a.is_floating_point() else a.to(torch.float32)
 
 
-@pytest.mark.parametrize("impl", KERNEL_TIERS)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op,impl", op_impls(OPS, KERNEL_TIERS))
 def test_integer_input_names_the_argument(op, impl):
     """A floating argument given as int32, or an integer one (class indices) given as float32: a dtype error."""
     dev = _dev(impl)
@@ -82,8 +80,7 @@ def test_integer_input_names_the_argument(op, impl):
 
 
 @gpu
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op,impl", op_impls(OPS, ["triton", "cuda"]))
 def test_a_tensor_on_the_wrong_device_names_the_argument(op, impl):
     spec, inp = _inputs(op, torch.device("cuda"))
     for name, args in _each_tensor_replaced(spec, inp, lambda a: a.cpu()):

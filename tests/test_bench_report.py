@@ -11,7 +11,8 @@ from tiered_ops.cli.cli import main
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.store.rows import UNAVAILABLE
 
-SWEEP = ["bench", "--ops", "muladd", "--impls", "eager,eager_addcmul,cuda", "--shapes", "64x64", "300x7",
+# muladd's two eager implementations, and gelu's eager and CUDA ones (muladd has no CUDA tier): a CUDA row cannot run
+SWEEP = ["bench", "--ops", "muladd,gelu", "--impls", "eager,eager_addcmul,cuda", "--shapes", "64x64", "300x7",
          "--mode", "fwd_nograd,fwd+bwd", "--no-progress", "--in-process", "--no-meta", "--device", "cpu"]
 
 
@@ -21,10 +22,10 @@ def test_bench_writes_a_report_folder_and_a_short_summary(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     folder = tmp_path / "reports" / fingerprint(__import__("torch").device("cpu")).slug
     df = pd.read_csv(folder / "results.csv")
-    assert len(df) == 12  # 2 shapes x 2 modes x 3 implementations
+    assert len(df) == 16  # 2 shapes x 2 modes x (2 implementations of muladd + 2 of gelu)
     text = (folder / "README.md").read_text()
     assert f"; {len(df)} measurements;" in text
-    for png in ("muladd-gbps.png", "winners.png"):
+    for png in ("muladd-gbps.png", "gelu-gbps.png", "winners.png"):
         assert (folder / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     said = re.search(r"^(\d+) measurements, stored in .*\nreport: (\S+)/README\.md", out, re.M)
     assert said and int(said[1]) == len(df) and Path(said[2]) == folder, out

@@ -22,9 +22,10 @@ SPEC = get_op("softmax")
 SMALL = Territory("softmax.small", "softmax", "cuda", (1, 32), (4096, 4096), ("bf16",), ("fwd_nograd",),
                   ("eager", "graphed"))
 BIG = Territory("softmax.big", "softmax", "cuda", (1024, None), (1, None), ("bf16",), ("fwd_nograd",))
-# the kernels without a territory follow where there are any: "; 4 kernels stay without one (picked 3, remove 1)"
+# the kernels without a territory follow where there are any: "; 4 kernels stay without one (picked 3, remove 1)",
+# and the kernels removed from the catalog: "; 1 kernels removed, their rows ignored (muladd cuda)"
 SUMMARY = re.compile(r"^cuda: (\d+) kernels defend (\d+) cases in (\d+) territories; (\d+) territories retired"
-                     r"(?:; \d+ kernels [a-z ]+(?: \([a-z\d, ]+\))?)*$")
+                     r"(?:; \d+ kernels [a-z, ]+(?: \([a-z_\d, ]+\))?)*$")
 
 
 def _row(problem, impl, us, spread=0.02, host=None, host_spread=0.0, device="gpu", context=None, **kw):
@@ -332,7 +333,8 @@ def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, 
         df["reason"] = df["reason"].astype(object)  # all empty in a file where every row passed
         cuda = df.tier == "cuda"
         df.loc[cuda, ["ok", "reason"]] = [0, "crafted: wrong output"]
-        df.loc[cuda, "source_hash"] = [get_op(o).impls[i].source_hash for o, i in zip(df.op[cuda], df.impl[cuda])]
+        df.loc[cuda, "source_hash"] = [get_op(o).impls[i].source_hash if i in get_op(o).impls else h
+                                       for o, i, h in zip(df.op[cuda], df.impl[cuda], df.source_hash[cuda])]
     csv = tmp_path / "results.csv"
     df.to_csv(csv, index=False)
     assert main(["check", "--results", str(csv)]) == 1
@@ -344,7 +346,9 @@ def test_the_committed_evidence_without_working_cuda_rows_fails(drop, tmp_path, 
     for t in held:  # each held territory fails: broken where that file has a case inside it, else without evidence
         said = [line for line in lines if f"does not hold {t.name} (" in line]
         assert len(said) == 1 and (f"[{kind}]:" in said[0] or "[no-evidence]:" in said[0]), (t.name, said)
-    assert held and sum(f"[{kind}]: does not hold" in line for line in lines) >= 5  # the small-row territories
+    assert held and sum(f"[{kind}]: does not hold" in line for line in lines) >= 4  # the small-row territories
+    if drop == "fail":  # muladd's CUDA rows, failed or not, are not judged: that kernel is no longer in the catalog
+        assert "ok   muladd cuda [removed]: no longer in the catalog" in out
     assert SUMMARY.match(out.splitlines()[-1]).groups() == ("0", "0", "0", str(len(kept)))
 
 
@@ -379,6 +383,25 @@ def test_a_territory_margin_and_problem_options_are_its_own():
                       options=(("lengths", "powerlaw"),))
     assert not picky.contains(1, 4096, "bf16", "fwd_nograd", "eager", "1x4096,dim=-1")
     assert picky.contains(1, 4096, "bf16", "fwd_nograd", "eager", "1x4096,dim=-1,lengths=powerlaw")
+
+
+def test_rows_of_a_kernel_no_longer_in_the_catalog_are_reported_as_removed_and_ignored():
+    """A kernel whose sources were deleted leaves rows in the committed evidence: the check names it once per kernel
+    (its rows per GPU), never fails for it, judges nothing on them and takes no rival from them; the summary says so."""
+    gone = _frame(cuda_us=100.0, gpu_name="NVIDIA H200").assign(impl=lambda d: d.impl.replace({"cuda": "cuda_v0",
+                                                                                              "triton": "triton_v0"}))
+    findings = _run(pd.concat([_frame(cuda_us=100.0), gone[gone.impl != "eager"]]))
+    removed = [f for f in findings if f.kind == "removed"]
+    assert [(f.op, f.impl) for f in removed] == [("softmax", "cuda_v0"), ("softmax", "triton_v0")]
+    assert all(not f.fails and "(2 of NVIDIA H200) are ignored by the check" in f.text for f in removed)
+    held = _only(findings, territory="softmax.small")  # judged on the catalog's kernel alone, as without those rows
+    assert held.kind == "defends" and (held.cases, held.won) == (2, 2) and "1.50x against a bar of 1.12x" in held.text
+    # a removed Triton kernel 3x faster would have beaten the CUDA kernel as its rival: it is no rival
+    fast = gone[gone.impl == "triton_v0"].assign(p20_us=49.0, p50_us=50.0, p80_us=51.0, caller_us=50.0)
+    assert _only(_run(pd.concat([_frame(cuda_us=100.0), fast])), territory="softmax.small").kind == "defends"
+    last = report(findings).splitlines()[-1]
+    assert last.endswith("; 2 kernels removed, their rows ignored (softmax cuda_v0, softmax triton_v0)")
+    assert SUMMARY.match(last).groups() == ("1", "2", "1", "0")
 
 
 def test_the_data_file_loads_and_a_malformed_entry_is_named(tmp_path):

@@ -4,7 +4,8 @@ An op's CUDA code is cuda_src/<op>.cu (kernels, launchers) and cuda_src/<op>.cpp
 TIERED_OPS_CUDA_OP line: schemas, CUDA and CPU kernels, pybind11 functions of forward and backward). These tests read
 the sources (no CUDA build here): each op has both files and one registration of its own name, the registration macro
 expands into every part, the op's Python declaration gives the fakes, the autograd and the fast path, and editing one
-op's files leaves the other ops' source hashes alone. The C++ itself is checked by ``g++ -fsyntax-only`` (slow).
+op's files, or adding or removing an op's, leaves the other ops' source hashes alone; an op without CUDA files (muladd)
+has no cuda tier. The C++ itself is checked by ``g++ -fsyntax-only`` (slow).
 """
 
 from __future__ import annotations
@@ -143,9 +144,9 @@ def _edit(path: Path, old: str, new: str) -> None:
      'does not expand into m.def(#OP "_bwd_cuda", &OP##_bwd_cuda); in PybindExportEntry'),
     (lambda r: _edit(r / "binding.h", 'm.impl(#OP "_cuda", TORCH_FN(OP##_cuda));', ""),
      'does not expand into m.impl(#OP "_cuda", TORCH_FN(OP##_cuda)); in TORCH_LIBRARY_IMPL(tiered_ops, CUDA, m)'),
-    (lambda r: _edit(r / "muladd.cpp", "muladd_bwd_cuda(Tensor grad, Tensor a, Tensor b)",
-                     "muladd_bwd_cuda(Tensor grad, Tensor a, Tensor b, int extra)"),
-     "muladd: bwd_fake takes"),
+    (lambda r: _edit(r / "gelu.cpp", "gelu_bwd_cuda(Tensor dy, Tensor x, Tensor? bias, str approximate)",
+                     "gelu_bwd_cuda(Tensor dy, Tensor x, Tensor? bias, str approximate, int extra)"),
+     "gelu: bwd_fake takes"),
     (lambda r: _edit(r / "binding.cpp", "namespace tiered_ops {", "namespace tiered_ops {\n// softmax_cuda"),
      "binding.cpp names softmax"),
     (lambda r: shutil.copy(r / "gelu.cu", r / "planted.cu"), "planted.cu has no wrapper file planted.cpp"),
@@ -185,11 +186,12 @@ import json
 from tiered_ops.tiers import cuda_ext
 from tiered_ops.tiers.catalog import all_ops
 assert str(cuda_ext.CUDA_SRC).startswith({root!r}), cuda_ext.CUDA_SRC
-print(json.dumps({{s.name: s.impls["cuda"].source_hash for s in all_ops()}}))
+print(json.dumps({{s.name: s.impls["cuda"].source_hash for s in all_ops() if "cuda" in s.impls}}))
 """
 
 
 def _cuda_hashes(tree: Path) -> dict[str, str]:
+    """Op -> its cuda implementation's source hash, for the ops of ``tree`` that have one."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     r = subprocess.run([sys.executable, "-c", _HASHES.format(root=str(tree))], capture_output=True, text=True,
                        env=env, cwd=tree, timeout=300)
@@ -206,16 +208,20 @@ def test_one_ops_cuda_files_change_its_hash_alone(tmp_path):
     after_cu = _cuda_hashes(tree)
     _edit(tree / "cuda_src" / "softmax.cpp", "namespace tiered_ops {", "namespace tiered_ops {\n// an edit")
     after_wrapper = _cuda_hashes(tree)
-    shutil.copy(tree / "cuda_src" / "muladd.cu", tree / "cuda_src" / "newop.cu")  # an op added: nobody's hash moves
-    shutil.copy(tree / "cuda_src" / "muladd.cpp", tree / "cuda_src" / "newop.cpp")
+    shutil.copy(tree / "cuda_src" / "gelu.cu", tree / "cuda_src" / "newop.cu")  # an op added: nobody's hash moves
+    shutil.copy(tree / "cuda_src" / "gelu.cpp", tree / "cuda_src" / "newop.cpp")
     after_new = _cuda_hashes(tree)
+    for f in cuda_ext.op_files("segment_sum", tree / "cuda_src"):  # an op's CUDA kernel removed: its tier goes,
+        f.unlink()  # nobody else's hash moves
+    after_removed = _cuda_hashes(tree)
     _edit(tree / "cuda_src" / "binding.h", "#pragma once", "#pragma once\n// an edit")
     after_shared = _cuda_hashes(tree)
 
     assert {op for op in before if after_cu[op] != before[op]} == {"gelu"}
     assert {op for op in before if after_wrapper[op] != after_cu[op]} == {"softmax"}
     assert after_new == after_wrapper
-    assert all(after_shared[op] != after_new[op] for op in before)
+    assert after_removed == {op: h for op, h in after_new.items() if op != "segment_sum"} != after_new
+    assert all(after_shared[op] != after_removed[op] for op in after_removed)
 
 
 def _torch_includes() -> list[str]:

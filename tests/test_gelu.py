@@ -9,6 +9,7 @@ from helpers import (
     assert_matches,
     device_for,
     gpu,
+    op_impls,
     rel,
     torch_gelu_deviation,
     truth64,
@@ -92,8 +93,7 @@ def test_special_values_of_the_gradient_are_its_limits(impl, approximate, value)
 
 
 @gpu
-@pytest.mark.parametrize("op", ["gelu", "muladd"])
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("op,impl", op_impls(["gelu", "muladd"], ["triton", "cuda"]))
 def test_more_than_2_to_the_31_elements(op, impl):
     # 64-bit indexing: an int32 offset would wrap and write the tail over the head (or fault)
     n = (1 << 31) + 4099

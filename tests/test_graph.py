@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from helpers import HAS_CUDA, builtin_ops, gpu
+from helpers import HAS_CUDA, builtin_ops, gpu, op_impls
 
 import tiered_ops
 from tiered_ops.decide import decide as sel_mod
@@ -79,14 +79,12 @@ def test_public_op_compiles_fullgraph_on_cpu_tiers(private_store, op, tier):
 
 
 @gpu
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("tier", ["eager", "compile", "triton", "cuda"])
+@pytest.mark.parametrize("op,tier", op_impls(OPS, ["eager", "compile", "triton", "cuda"]))
 def test_public_op_compiles_fullgraph_on_gpu(private_store, op, tier):
     _compiled_public_op(private_store, op, tier, full_compile=True)
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("tier", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("op,tier", op_impls(OPS, ["triton", pytest.param("cuda", marks=gpu)]))
 def test_training_step_compiles_fullgraph_through_registered_backward(private_store, op, tier):
     # on the CPU inductor cannot build the interpreter's kernels: dynamo's trace (explain) is checked there
     _compiled_public_op(private_store, op, tier, full_compile=HAS_CUDA, train=True)
@@ -175,8 +173,7 @@ def test_opcheck_schema_of_triton_ops_on_cpu(op):
 
 
 @gpu
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("tier", ["triton", "cuda"])
+@pytest.mark.parametrize("op,tier", op_impls(OPS, ["triton", "cuda"]))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_opcheck_on_gpu(op, tier, dtype):
     assert get_op(op).impls[tier].why_not(DEV) is None

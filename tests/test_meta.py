@@ -107,7 +107,7 @@ def _shape(s: str) -> tuple[int, ...]:
 
 
 def test_metadata_is_stored_per_source_and_info_prints_it(private_store, capsys):
-    spec = get_op("muladd")
+    spec = get_op("gelu")
     store = Store(private_store)
     m = meta.stored_or_collect(store, spec, spec.impls["cuda"], CPU)
     assert m["loc"] > 20 and m["max_registers"] > 0 and m["spill_bytes"] == 0 and "sm_90" in m["archs"]
@@ -115,9 +115,9 @@ def test_metadata_is_stored_per_source_and_info_prints_it(private_store, capsys)
     from tiered_ops.measure.fingerprint import fingerprint
 
     key = fingerprint(CPU).key
-    assert store.get_meta("muladd", "cuda", key, spec.impls["cuda"].source_hash) == m
-    assert store.get_meta("muladd", "cuda", key, "another-source") is None  # stale metadata is never reused
-    assert main(["--db", str(private_store), "info", "muladd", "--device", "cpu"]) == 0
+    assert store.get_meta("gelu", "cuda", key, spec.impls["cuda"].source_hash) == m
+    assert store.get_meta("gelu", "cuda", key, "another-source") is None  # stale metadata is never reused
+    assert main(["--db", str(private_store), "info", "gelu", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     for impl in spec.impls:
         assert f"\n{impl} [" in out
@@ -131,8 +131,12 @@ def test_gpu_graph_breaks_registered_zero_unregistered_cuda_breaks():
     for spec in builtin_ops():
         op = spec.name
         for name in ("triton", "cuda"):
+            if name not in spec.impls:  # an op without a CUDA kernel (muladd)
+                continue
             gb = meta.graph_breaks(spec, spec.impls[name], dev)
             assert gb["registered"]["breaks"] == 0 and gb["registered"]["graphs"] == 1, (op, name, gb)
+        if "cuda" not in spec.impls:
+            continue
         contrast = meta.graph_breaks(spec, spec.impls["cuda"], dev)["unregistered"]
         assert contrast["breaks"] >= 1, (op, contrast)  # the pybind11 function is opaque to dynamo
 

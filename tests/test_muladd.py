@@ -1,22 +1,25 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, impls_of, rel, truth64
 
 import tiered_ops
 from tiered_ops.ops.muladd import _problem as P
+from tiered_ops.tiers import cuda_ext
 
 PROBLEMS = [
     P((1,)),  # one element: the scalar tail only
     P((1823, 781)),  # a tail after every block size
     P((3, 1, 5)),  # size-1 dim
     P((100003,)),  # several blocks plus a tail
-    P((64, 256)),  # exact multiple: the 16-byte CUDA path with no tail
+    P((64, 256)),  # exact multiple of every block size: no tail
 ]
+# muladd has no CUDA kernel (none defended a territory: docs/territories.md): its tiers of IMPLS, and eager's addcmul
+TIERS = impls_of("muladd", IMPLS)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS + ["eager_addcmul"])
+@pytest.mark.parametrize("impl", TIERS + ["eager_addcmul"])
 def test_matches_float64(impl, dtype, problem):
     assert_matches("muladd", impl, problem, dtype)
 
@@ -25,7 +28,7 @@ def test_compile_tier():
     assert_matches("muladd", "compile", P((1823, 781)), torch.float32)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", TIERS)
 def test_non_contiguous_and_misaligned(impl):
     dev = device_for(impl)
     fn = tiered_ops.get_op("muladd").impls[impl].fn
@@ -34,7 +37,7 @@ def test_non_contiguous_and_misaligned(impl):
     assert rel(fn(a, b, c), truth64("muladd", a, b, c)) < 1e-6
 
 
-@pytest.mark.parametrize("impl", IMPLS + ["eager_addcmul"])
+@pytest.mark.parametrize("impl", TIERS + ["eager_addcmul"])
 def test_special_values_match_the_math(impl):
     # IEEE 754: inf * 0 and inf - inf are NaN, NaN stays NaN, inf * finite + finite keeps its sign
     dev = device_for(impl)
@@ -52,9 +55,8 @@ def test_special_values_match_the_math(impl):
 
 
 @gpu
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
-def test_cpu_tensor_to_gpu_tier_is_rejected(impl):
-    fn = tiered_ops.get_op("muladd").impls[impl].fn
+def test_cpu_tensor_to_gpu_tier_is_rejected():
+    fn = tiered_ops.get_op("muladd").impls["triton"].fn
     x = torch.randn(8)
     with pytest.raises((ValueError, RuntimeError), match="a must be a CUDA tensor"):
         fn(x, x, x)
@@ -69,7 +71,7 @@ BROADCASTS = [
 
 
 @pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
-@pytest.mark.parametrize("impl", IMPLS + ["eager_addcmul"])
+@pytest.mark.parametrize("impl", TIERS + ["eager_addcmul"])
 def test_broadcasts_like_the_expression(impl, shapes):
     """Every tier broadcasts like a * b + c; gradients come back at each operand's own shape (summed)."""
     dev = device_for(impl)
@@ -97,6 +99,15 @@ def test_public_op_broadcasts_and_keys_its_fast_path_on_every_shape(private_stor
     not serve: muladd's BAD_INPUTS, tests/test_bad_input.py)."""
     a, b, c = torch.randn(6, 5), torch.randn(5), torch.randn(6, 1)
     torch.testing.assert_close(tiered_ops.muladd(a, b, c), a * b + c)  # its bad calls: muladd's BAD_INPUTS
+
+
+def test_three_tiers_and_no_cuda_kernel():
+    """muladd runs at eager (and eager's torch.addcmul), compile and triton: no CUDA sources, so no CUDA
+    implementation (the extension registers no muladd op: tests/test_cuda_registration.py)."""
+    ours = sorted(i.name for i in tiered_ops.get_op("muladd").impls.values() if i.tier.label != "peer")
+    assert ours == ["compile", "eager", "eager_addcmul", "triton"]
+    assert not [p.name for p in cuda_ext.sources() if p.stem == "muladd"]
+    assert [p.name for p in cuda_ext.sources() if p.stem == "gelu"] == ["gelu.cu", "gelu.cpp"]  # an op that has one
 
 
 def test_broadcast_problem_round_trips():

@@ -54,8 +54,8 @@ def variants(op: str, dev: torch.device) -> dict[str, Callable[..., Any] | str]:
     first = op == "layer_norm"
     out: dict[str, Callable[..., Any] | str] = {"eager": spec.impls["eager"].fn}
     for tier in ("triton", "cuda"):
-        impl = spec.impls[tier]
-        why = impl.why_not(dev, torch.bfloat16)
+        impl = spec.impls.get(tier)
+        why = f"{op} has no {tier} tier" if impl is None else impl.why_not(dev, torch.bfloat16)
         if why:
             out[f"{tier}_op"] = out[f"{tier}_fast"] = out[f"{tier}_fwd_only"] = why
             continue

@@ -17,7 +17,8 @@ measured and never fails. A territory may carry its own margin. A retired territ
 and its figures on this evidence (cases won, the best ratio against its bar, each case) and never fails; the
 check says where the kernel wins there again. A row the sweep pruned (``pruned: ...``: a short timing, clearly
 slower than the fastest of its case) is judged on that short timing. Cases of a kernel that fall in none of its
-territories are reported.
+territories are reported. Rows of a CUDA or Triton implementation no longer in the catalog (its sources deleted; the
+committed evidence keeps them) are ignored, neither judged nor rivals, and reported once per implementation as removed.
 
 Each CUDA kernel of the catalog then gets one statement: the territories it defends (territories / cases won), or,
 where it holds none, why it stays (``kernels`` in ``territories.json``: a reason and its evidence, with its figures
@@ -28,8 +29,8 @@ op's kernel before a sweep measured it) is reported as not yet measured and neve
 
 The report ends with one line: ``cuda: N kernels defend M cases in T territories; K territories retired``
 (the territories that hold, their kernels and cases; the retired territories checked), followed, where there are
-any, by the kernels that stay without a territory (per reason), those not yet measured and those failing for want
-of one.
+any, by the kernels that stay without a territory (per reason), those not yet measured, those failing for want
+of one and the kernels removed from the catalog whose rows were ignored.
 
 Which evidence gates (``check_gpus``): that of the current GPUs (``reports/gpus.toml``, ``gpus.py``), judged together,
 each device on its own rows. An archived GPU's evidence is history: checked for information only, one line per
@@ -58,7 +59,8 @@ class Finding:
     # (a kernel that holds no territory, states no reason and has rows), "unfounded" (stays as picked, picked nowhere);
     # reported: "defends", "retired", "retired-wins", "outside", "unmeasured" (a held territory whose op has no row
     # at all in the evidence: declared before any sweep measured it; a kernel with no row of its own), "kernel" (what
-    # a kernel with held territories defends), "stays" and "remove" (a kernel without one: its stated reason)
+    # a kernel with held territories defends), "stays" and "remove" (a kernel without one: its stated reason),
+    # "removed" (rows of a kernel no longer in the catalog: ignored)
     kind: str
     op: str
     impl: str
@@ -144,17 +146,35 @@ def _line(c: object) -> str:
             f"needs > {c.need:.2f}x [{c.verdict}]")
 
 
+def _gpu(rows: pd.DataFrame) -> pd.Series:
+    """Each row's GPU: its ``gpu_name`` where it has one, else its device key."""
+    return rows.gpu_name.where(rows.gpu_name.notna(), rows.device_key) if "gpu_name" in rows else rows.device_key
+
+
 def _stale(rows: pd.DataFrame, spec: OpSpec) -> list[Finding]:
     out = []
     mine = rows[rows.op == spec.name]
     for impl in (i for i in spec.impls.values() if i.tier in (Tier.CUDA, Tier.TRITON)):
         old = mine[(mine.impl == impl.name) & (mine.source_hash != impl.source_hash)]
-        gpu = old.gpu_name.where(old.gpu_name.notna(), old.device_key) if "gpu_name" in old else old.device_key
-        for name, rows_of in old.groupby(gpu, sort=True):  # the rows named by their GPU: the one to measure again
+        for name, rows_of in old.groupby(_gpu(old), sort=True):  # the rows named by their GPU: the one to measure again
             out.append(Finding("stale", spec.name, impl.name,
                                f"{len(rows_of)} rows of {name} measured source {sorted(set(rows_of.source_hash))[0]}"
                                f", the tree has {impl.source_hash}: measure again on the GPU (scripts/gpu.sh)"))
     return out
+
+
+def _removed(df: pd.DataFrame, specs: list[OpSpec]) -> tuple[pd.Series, list[Finding]]:
+    """The rows of a kernel tier (CUDA, Triton) of ``specs`` whose implementation is no longer in the catalog (its
+    sources deleted; the evidence keeps them), ignored; and one finding per such implementation, never failing."""
+    names = {s.name: s for s in specs}
+    gone = pd.Series([op in names and impl not in names[op].impls and tier in ("cuda", "triton")
+                      for op, impl, tier in zip(df.op, df.impl, df.tier)], index=df.index, dtype=bool)
+    out = []
+    for (op, impl), rows_of in df[gone].groupby(["op", "impl"], sort=True):
+        per = ", ".join(f"{n} of {g}" for g, n in rows_of.groupby(_gpu(rows_of), sort=True).size().items())
+        out.append(Finding("removed", op, impl, f"no longer in the catalog (its sources were deleted): its rows in "
+                           f"this evidence ({per}) are ignored by the check"))
+    return gone, out
 
 
 def _judge(inside: pd.DataFrame, margin: float) -> pd.DataFrame:
@@ -217,10 +237,12 @@ def check(df: pd.DataFrame, specs: list[OpSpec] | None = None, territories: list
                                                    *(t.op for t in territories)])]
     names = {s.name for s in specs}
     territories = [t for t in territories if t.op in names]
+    devices = list(dict.fromkeys(df.device_key))
+    gone, out = _removed(df, specs)
+    df = df[~gone]
     newest = latest(df)
     judged = cases(df, specs)
-    devices = list(dict.fromkeys(df.device_key))
-    out: list[Finding] = [f for spec in specs for f in _stale(newest, spec)]
+    out += [f for spec in specs for f in _stale(newest, spec)]
     placed = pd.Series(False, index=judged.index)
     measured_ops = set(df.op)
     for t in territories:
@@ -342,7 +364,7 @@ def live_plan(specs: list[OpSpec], territories: list[Territory] | None = None,
 def summary(findings: list[Finding]) -> str:
     """``cuda: N kernels defend M cases in T territories; K territories retired``, then where there are any: ``; S
     kernels stay without one (picked 3, remove 1)``, ``; U kernels not yet measured``, ``; F kernels hold none and
-    state no reason``."""
+    state no reason``, ``; R kernels removed, their rows ignored (muladd cuda)``."""
     held = [f for f in findings if f.kind == "defends"]
     kernels = {(f.op, f.impl) for f in held}
     gone = sum(f.kind in ("retired", "retired-wins") for f in findings)
@@ -357,6 +379,8 @@ def summary(findings: list[Finding]) -> str:
         text += f"; {n} kernels not yet measured"
     if n := sum(f.kind == "defends-nothing" for f in mine):
         text += f"; {n} kernels hold none and state no reason"
+    if gone := [f"{f.op} {f.impl}" for f in findings if f.kind == "removed"]:
+        text += f"; {len(gone)} kernels removed, their rows ignored ({', '.join(gone)})"
     return text
 
 

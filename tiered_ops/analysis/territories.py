@@ -18,7 +18,9 @@ retiring a territory must not change a kernel's source hash, or the evidence tha
 
 A CUDA kernel that holds no territory says why it stays (``kernels`` in the same file, ``Stay``): one reason of
 ``REASONS`` and a sentence with its evidence, or ``remove``: marked for removal (its sources stay until a change deletes
-them). ``tiered-ops check`` fails a kernel that holds no territory, states no reason and has evidence.
+them). ``tiered-ops check`` fails a kernel that holds no territory, states no reason and has evidence. A kernel whose
+sources are deleted leaves this file too (a territory or an entry must name a CUDA implementation of the catalog);
+the check reports its rows in the evidence as removed and ignores them.
 """
 
 from __future__ import annotations

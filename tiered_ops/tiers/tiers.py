@@ -1,8 +1,9 @@
 """The tiers: the four standard implementations of an op, built from its declaration and its kernel files.
 
 ``standard_impls(spec)`` turns a declaration (``tiered_ops/ops/<op>.py``) into its eager, compile, triton and cuda
-implementations; the plumbing of each tier (lazy torch.compile, the Triton interpreter, the CUDA extension's
-registrations, availability checks, source files for staleness) lives here and nowhere else.
+implementations (cuda where ``cuda_src`` has the op's files); the plumbing of each tier (lazy torch.compile, the
+Triton interpreter, the CUDA extension's registrations, availability checks, source files for staleness) lives here
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ def local_imports(path: Path) -> tuple[Path, ...]:
 
 def standard_impls(spec: OpSpec) -> None:
     """Register the eager, compile, triton and cuda implementations of ``spec`` (kernel files named after the op),
-    ahead of any implementation the declaration added itself.
+    ahead of any implementation the declaration added itself. The cuda tier exists where ``cuda_src/<op>.cu`` or
+    ``cuda_src/<op>.cpp`` does: a CUDA kernel stays only where it earns its keep (``analysis/territories.py``).
 
     ``spec.kernel_args`` maps the op's Python signature onto the kernel ops' schema (e.g. normalized_shape to a
     list); ``spec.first_output``: the kernel ops return (outputs..., saved statistics...) and the op returns its
@@ -281,21 +283,28 @@ def standard_impls(spec: OpSpec) -> None:
                   unregistered=lambda: _bind(getattr(_triton_module(name), f"{name}_launch"), kernel_args,
                                              first_output, n_out),
                   own_code=(triton_file,)))
-    cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
-    cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
-    cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
-    spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
-                  sources=(*op_files, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
-                  unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
-                      cuda_ext.pybind_function(f"{name}_cuda")),
-                  own_code=(cu_file, wrapper)))
+    # The CUDA tier where the op has CUDA code (either file: a missing half is reported by the registration test, not
+    # hidden); an op whose kernel defends nothing runs at the other three.
+    has_cuda = cu_file.exists() or wrapper.exists()
+    if has_cuda:
+        cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
+        cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
+        cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
+        spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
+                      sources=(*op_files, *cuda_files, fast_file), devices=("cuda",), available=cuda_ext.available,
+                      unregistered=lambda: (lambda f: f and _bind(f, kernel_args, first_output, n_out))(
+                          cuda_ext.pybind_function(f"{name}_cuda")),
+                      own_code=(cu_file, wrapper)))
     # The same kernel ops at another setting of a tuned parameter: one candidate each (through the registered op: the
     # eager fast path binds the default setting).
+    kernel_tiers = [(spec.impls["triton"], lambda: _triton_load(spec))]
+    if has_cuda:
+        kernel_tiers.append((spec.impls["cuda"], cuda_ext.load))
     for suffix, extra in spec.kernel_variants:
         def args_at(*a: Any, _extra: dict = extra, **k: Any) -> tuple:
             return kernel_args(*a, **k, **_extra)
 
-        for base, load in ((spec.impls["triton"], lambda: _triton_load(spec)), (spec.impls["cuda"], cuda_ext.load)):
+        for base, load in kernel_tiers:
             registered = _bind(_kernel_op(f"{name}_{base.name}", load), args_at, first_output, n_out)
             spec.add(dataclasses.replace(base, name=f"{base.name}_{suffix}", fn=checked(spec, registered),
                                          unchecked=registered, unregistered=None, _hash=None))
@@ -303,4 +312,5 @@ def standard_impls(spec: OpSpec) -> None:
         if impl.unchecked is None and impl.tier != Tier.PEER:
             impl.unchecked, impl.fn = impl.fn, checked(spec, impl.fn)
         spec.add(impl)
-    cuda_ext.on_load(lambda: register_kernel_ops(spec, "cuda", fakes=True))
+    if has_cuda:
+        cuda_ext.on_load(lambda: register_kernel_ops(spec, "cuda", fakes=True))
