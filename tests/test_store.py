@@ -364,7 +364,8 @@ def test_a_read_only_store_and_a_new_shape_through_the_op(how, two_softmaxes, tm
             y = tiered_ops.softmax(x)
         torch.testing.assert_close(y, torch.softmax(x, -1))
         assert "kept in memory only" in caplog.text
-        assert len(sel_mod.get_store().rows()) == n + 2  # measured here (2 implementations), kept in memory
+        kept = sel_mod.get_store().rows()  # measured here (2 implementations; one gated after its timing), in memory
+        assert len({r["impl"] for r in kept[n:]}) == 2 and len(kept) > n
         assert len(Store(path, read_only=True).rows()) == n  # the file is as it was
 
     place.run(body)
@@ -464,16 +465,19 @@ def test_an_environment_failure_is_measured_again_after_the_environment_changes(
     (failed,) = Store(private_store).rows(impl="needs_cxx")
     assert '"c++":null' in failed["env"]
     assert Store(private_store).rows(impl="wrong")[0]["env"] is None  # a wrong answer is the kernel's own
+    n = len(Store(private_store).rows())
     sel_mod.clear_cache()
     tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")  # same environment: the failure stands
-    assert len(Store(private_store).rows()) == 3
+    assert len(Store(private_store).rows()) == n
     _install_cxx(needs_cxx)
     sel_mod.clear_cache()
     again = tiered_ops.select_backend("softmax", (64, 300), "fp32", "cpu")
     rows = Store(private_store).rows()
-    assert [r["impl"] for r in rows[3:]] == ["needs_cxx"]  # measured again, alone
-    assert rows[-1]["ok"] == 1 and rows[-1]["env"] is None
-    assert {c["impl"]: c for c in again.record["candidates"]}["needs_cxx"]["ok"] == 1
+    assert {r["impl"] for r in rows[n:]} == {"needs_cxx"}  # measured again, alone
+    # it runs now: timed (and gated where the choice would take it over eager, else stored as never chosen)
+    assert rows[-1]["env"] is None and rows[-1]["p50_us"] is not None and "raised" not in (rows[-1]["reason"] or "")
+    now = {c["impl"]: c for c in again.record["candidates"]}["needs_cxx"]
+    assert now["ok"] == 1 or "(never chosen)" in now["reason"], now
 
 
 def test_a_sweep_measures_again_a_failure_recorded_in_another_environment(needs_cxx, private_store):
