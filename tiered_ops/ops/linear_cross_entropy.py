@@ -253,9 +253,7 @@ SPEC = register_op(OpSpec(
         _problem((0, 16), 16),  # empty: mean NaN
     ],
     default_problems=lambda dev: [
-        _problem((8192, 4096), 128256), _problem((16384, 4096), 32000), _problem((4096, 2048), 151936),
-        _problem((8192, 2304), 256000, ignored=0.25),
-        _problem((4096, 4096), 128256, reduction="none", label_smoothing=0.1, ignored=0.25),
+        _problem((8192, 4096), 128256), _problem((4096, 2048), 151936), _problem((8192, 2304), 256000, ignored=0.25),
     ] if dev == "cuda" else [_problem((64, 64), 4096), _problem((256, 128), 8000, ignored=0.25)],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, first_output=True,
     validate=validate, check_values=check_values, bad_inputs=BAD_INPUTS,

@@ -192,8 +192,8 @@ SPEC = register_op(OpSpec(
         _problem((2, 2, 0, 64)),  # empty
     ],
     default_problems=lambda dev: [_problem(s, kv_heads=kv) for s, kv in (
-        [((1, 32, 1, 128), 8), ((1, 32, 4096, 128), 8), ((8, 32, 2048, 128), 8), ((4, 16, 4096, 128), 8),
-         ((4, 16, 2048, 256), 8)] if dev == "cuda" else [((1, 8, 64, 64), 2), ((2, 8, 256, 128), 4)])],
+        [((1, 32, 1, 128), 8), ((1, 32, 4096, 128), 8), ((8, 32, 2048, 128), 8), ((4, 16, 2048, 256), 8)]
+        if dev == "cuda" else [((1, 8, 64, 64), 2), ((2, 8, 256, 128), 4)])],
     source=Path(__file__), fake=_fake, eager=reference, kernel_args=_kernel_args, validate=validate,
     result_dtype=lambda q, k, cos, sin: torch.promote_types(q.dtype, cos.dtype), bad_inputs=BAD_INPUTS,
 ))
