@@ -230,17 +230,17 @@ def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_nev
                  p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, caller_us=(lo + hi) / 2, first_call_s=0.1, **kw)
         return dict(r, tier=tier) if tier else r
 
-    eager, cuda = row("eager", 9.0, 11.0), row("cuda", 4.0, 5.0)
+    eager, fast = row("eager", 9.0, 11.0), row("compile", 4.0, 5.0)
     peer = row("eager_addcmul", 1.0, 1.2, tier="peer")
     flagged = flag_contended(row("compile", 1.0, 1.1), "p80/p20 = 3.0 over 10 blocks")
     assert prune_bar([eager, None, peer, flagged], 1.5) == (1.5 * 11.0, "eager")  # no peer, no contended row
-    assert prune_bar([eager, cuda], 1.5) == (7.5, "cuda") and prune_bar([eager, cuda], None) is None
+    assert prune_bar([eager, fast], 1.5) == (7.5, "compile") and prune_bar([eager, fast], None) is None
     assert prune_bar([dict(eager, p20_us=None, p80_us=None)], 1.5) is None  # no spread: no bar
     slow = row("triton", 8.0, 9.0, reason="pruned: a short timing's caller p20 8.0 us is above 7.5 us")
     assert prune_bar([slow], 1.5) is None  # a pruned row is no bar
-    df = pd.DataFrame([eager, cuda, slow])
-    assert winners(df).winner.tolist() == ["cuda"]
-    assert set(decisions(df, {}).iloc[0][["fastest", "cost_aware"]]) == {"cuda"}
+    df = pd.DataFrame([eager, fast, slow])
+    assert winners(df).winner.tolist() == ["compile"]
+    assert set(decisions(df, {}).iloc[0][["fastest", "cost_aware"]]) == {"compile"}
 
 
 def test_the_winner_per_mode_table_says_why_a_cell_is_empty():
