@@ -254,24 +254,18 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
 def _route_rope(model: nn.Module, report: PatchReport, wanted: Sequence[str]) -> None:
     """Each Qwen3-style attention's q_norm/k_norm + RoPE onto tiered_ops.qk_norm_rope (``patch_qk_norm``), and each
     other transformers attention's apply_rotary_pos_emb onto tiered_ops.rotary_embedding (``patch_rope``)."""
-    for path, m, cls, fused in _planned(model, qk_norm_plan):
-        if isinstance(fused, str) or "qk_norm_rope" not in wanted:
-            reason = fused if isinstance(fused, str) else f"qk_norm_rope not in ops={list(wanted)}"
-            report.left.append(Left(path, cls, f"q_norm/k_norm + RoPE not fused: {reason}"))
-            continue
-        swap(m, fused[0])
-        install_qk_norm(type(m))
-        object.__setattr__(m, _MARK, fused[1])
-        report.swapped.append(Swapped(path, cls, fused[1]))
-    for path, m, cls, plan in _planned(model, rope_plan):
-        if isinstance(plan, str) or "rotary_embedding" not in wanted:
-            reason = plan if isinstance(plan, str) else f"rotary_embedding not in ops={list(wanted)}"
-            report.left.append(Left(path, cls, f"rotary embedding not routed: {reason}"))
-            continue
-        swap(m, plan[0])
-        install(type(m))
-        object.__setattr__(m, _MARK, plan[1])
-        report.swapped.append(Swapped(path, cls, plan[1]))
+    routes = (("qk_norm_rope", qk_norm_plan, install_qk_norm, "q_norm/k_norm + RoPE not fused"),
+              ("rotary_embedding", rope_plan, install, "rotary embedding not routed"))
+    for op, plan_of, installed, left in routes:  # the fused route first
+        for path, m, cls, plan in _planned(model, plan_of):
+            if isinstance(plan, str) or op not in wanted:
+                reason = plan if isinstance(plan, str) else f"{op} not in ops={list(wanted)}"
+                report.left.append(Left(path, cls, f"{left}: {reason}"))
+                continue
+            swap(m, plan[0])
+            installed(type(m))
+            object.__setattr__(m, _MARK, plan[1])
+            report.swapped.append(Swapped(path, cls, plan[1]))
 
 
 def _route_loss(model: nn.Module, report: PatchReport, wanted: tuple[str, ...]) -> None:
