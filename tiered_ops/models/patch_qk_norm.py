@@ -34,7 +34,7 @@ from torch import nn
 from ..decide.dispatch import public
 from .patch_layers import norm_form
 from .patch_rope import _NAME, _holds, _shadow, rope_form
-from .swap import original_class
+from .swap import install_routed, original_class
 
 qk_norm_rope = public("qk_norm_rope")
 
@@ -135,11 +135,8 @@ def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> An
 
 
 def install(swapped: type) -> Callable[..., Any]:
-    routed = _routed(swapped.__dict__.get("_tiered_ops_base", swapped))
-    if isinstance(routed, str):
-        raise RuntimeError(f"tiered_ops.patch: {swapped.__qualname__} can no longer be routed: {routed}")
-    setattr(swapped, _ROUTED, routed)
-    return routed
+    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
+    return install_routed(swapped, _ROUTED, _routed)
 
 
 def qk_norm_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..decide.dispatch import public
 from .patch_layers import same_syntax
-from .swap import original_class
+from .swap import install_routed, original_class
 
 rotary_embedding = public("rotary_embedding")
 
@@ -183,11 +183,7 @@ def _rope_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 def install(swapped: type) -> Callable[..., Any]:
     """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
-    routed = _routed(swapped.__dict__.get("_tiered_ops_base", swapped))
-    if isinstance(routed, str):
-        raise RuntimeError(f"tiered_ops.patch: {swapped.__qualname__} can no longer be routed: {routed}")
-    setattr(swapped, _ROUTED, routed[0])
-    return routed[0]
+    return install_routed(swapped, _ROUTED, lambda base: r if isinstance(r := _routed(base), str) else r[0])
 
 
 def rope_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:

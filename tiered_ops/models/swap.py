@@ -36,6 +36,17 @@ def swapped_class(base: type, forward: Callable[..., Any]) -> type:
     return _CLASSES[key]
 
 
+def install_routed(swapped: type, attr: str, routed: Callable[[type], Callable[..., Any] | str]) -> Callable[..., Any]:
+    """The forward ``routed`` makes from ``swapped``'s base class (or why it cannot: then a RuntimeError), kept on
+    ``swapped`` as ``attr``: for a rewrite whose swapped forward runs a forward made per class (and made again for a
+    class rebuilt by pickle in another process)."""
+    made = routed(swapped.__dict__.get(_BASE, swapped))
+    if isinstance(made, str):
+        raise RuntimeError(f"tiered_ops.patch: {swapped.__qualname__} can no longer be routed: {made}")
+    setattr(swapped, attr, made)
+    return made
+
+
 def swap(m: nn.Module, forward: Callable[..., Any]) -> None:
     m.__class__ = swapped_class(original_class(m), forward)
 
