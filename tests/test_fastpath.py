@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import triton
 from helpers import HAS_CUDA, assert_like_truth, builtin_ops, gpu, truth64
 
 from tiered_ops.tiers.catalog import get_op
@@ -384,54 +385,140 @@ def test_direct_launch_merges_constexprs_before_runtime_arguments(monkeypatch):
     assert calls[-1] == ("run", (1, 1, 1, 7, "cufunction", "packed", None, None, None, 5, x, x, 16))
 
 
-_allocation = None  # the name the known launcher's source reads
+def test_installed_triton_has_a_known_launcher():
+    """The Triton installed here is one whose kernel launcher the fast path knows (triton_src.launch.LAUNCH_FORMS):
+    another one would run every Triton kernel through Triton's own launch, correct but slower. Read its
+    triton/backends/nvidia/driver.py (CudaLauncher, its C launch) and add it to the table."""
+    version = launch.triton_version()
+    assert launch.LAUNCH_FORM is not None, (
+        f"Triton {triton.__version__} ({version}) is not in triton_src.launch.LAUNCH_FORMS "
+        f"{sorted(launch.LAUNCH_FORMS)}: the Triton fast path launches its kernels the slow way on it")
+    assert launch.LAUNCH_FORMS[version] == launch.LAUNCH_FORM
 
 
-class _KnownLauncher:
-    """A launcher with the source of Triton 3.6's CudaLauncher.__call__ (never called here)."""
+def test_triton_version_reads_major_and_minor():
+    assert launch.triton_version("3.6.0") == (3, 6)
+    assert launch.triton_version("3.9.0+git1a2b3c") == (3, 9)
+    assert launch.triton_version("3.10.0.dev0") == (3, 10)
+    assert launch.triton_version("nightly") is None
 
-    global_scratch_size = profile_scratch_size = 0
-    launch_cooperative_grid, launch_pdl = False, True
 
-    def __init__(self, calls: list) -> None:
+class CudaLauncher:
+    """A fake of Triton's CudaLauncher (its name and attributes, as the fast path reads them), in one version's form:
+    its C launch records its arguments; calling the launcher itself records that instead."""
+
+    def __init__(self, calls: list, form: str) -> None:
         self.launch = lambda *a: calls.append(("c", a))
+        self.calls, self.global_scratch_size, self.profile_scratch_size = calls, 0, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        if form == launch.PACKED:
+            self.arg_annotations, self.kernel_signature, self.gsan_enabled = ("annotations",), b"sig", False
 
-    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
-        def allocate_scratch(size, align, allocator):
-            if size > 0:
-                grid_size = gridX * gridY * gridZ
-                alloc_size = grid_size * self.num_ctas * size
-                alloc_fn = allocator.get()
-                return alloc_fn(alloc_size, align, stream)
-            return None
-
-        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
-        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
-                                           _allocation._profile_allocator)
-        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
-                    global_scratch, profile_scratch, *args)
+    def __call__(self, *args):
+        self.calls.append(("run", args))
 
 
-def test_known_launcher_is_bypassed_in_the_same_order(monkeypatch):
-    """Where the compiled kernel's launcher is the known one, a plan's launch calls its C launch with the arguments
-    the launcher would pass; any other launcher, or a kernel needing scratch memory, is called as it is."""
+def _patch_gpu(monkeypatch, stream: int) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 99, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: stream, raising=False)
+
+
+@pytest.mark.parametrize("form", [launch.SPREAD, launch.PACKED])
+def test_c_launch_is_called_in_the_versions_form(monkeypatch, form):
+    """Under a CudaLauncher of a kernel without scratch memory, a plan's launch calls the C launch with the arguments
+    the launcher of that Triton version passes it (3.6: the kernel's arguments spread at the end; 3.7-3.9: after the
+    scratch buffers, the annotations and the signature, as one tuple), pointers as ints, constexprs included."""
+    _patch_gpu(monkeypatch, 99)
+    monkeypatch.setattr(launch, "LAUNCH_FORM", form)
     calls: list = []
     kern = _FakeJIT(calls)
-    kern.compiled.run = _KnownLauncher(calls)
-    assert launch.c_launch(kern.compiled.run) is not None
-    assert launch.c_launch(lambda *a: None) is None
+    kern.compiled.run = CudaLauncher(calls, form)
     b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (2, 3, 1))
     x = torch.empty(32)
     b(x, x, 32)
+    assert calls[-1][0] == "jit"
     b(x, x, 32)
-    assert calls[-1] == ("c", (2, 3, 1, 99, "cufunction", False, True, None, None, "packed", None, None, None,
-                               x.data_ptr(), x.data_ptr(), 32, 64))
-    scratch = _KnownLauncher(calls)
-    scratch.global_scratch_size = 128
-    assert launch.c_launch(scratch) is None
+    p = x.data_ptr()
+    if form == launch.SPREAD:
+        want = (2, 3, 1, 99, "cufunction", False, True, None, None, "packed", None, None, None, p, p, 32, 64)
+    else:
+        want = (2, 3, 1, 99, "cufunction", False, True, "packed", None, None, None, None, None, ("annotations",),
+                b"sig", (p, p, 32, 64))
+    assert calls[-1] == ("c", want)
+    assert launch.c_launch_args(b.entry[-1], (2, 3, 1), 99, "cufunction", "packed", (p, p, 32, 64)) == want
+    assert len(calls) == 2  # the launcher itself was never called
+
+
+@pytest.mark.parametrize("form", [launch.SPREAD, launch.PACKED])
+def test_launchers_the_c_launch_does_not_serve_are_called_as_they_are(form):
+    """Another launcher class, a kernel needing scratch memory (its launcher allocates it), a sanitizer build, a
+    launcher missing an attribute of its version's, an unknown Triton: no C launch, the launcher is called."""
+    calls: list = []
+    assert launch.c_launch(CudaLauncher(calls, form), form) is not None
+    assert launch.c_launch(lambda *a: None, form) is None
+    for attr, value in (("global_scratch_size", 128), ("profile_scratch_size", 64), ("gsan_enabled", True)):
+        odd = CudaLauncher(calls, form)
+        setattr(odd, attr, value)
+        assert launch.c_launch(odd, form) is None, attr
+    bare = CudaLauncher(calls, form)
+    del bare.launch_pdl
+    assert launch.c_launch(bare, form) is None
+    if form == launch.PACKED:
+        spread = CudaLauncher(calls, launch.SPREAD)  # a 3.6-shaped launcher under a 3.9 form: no signature to pass
+        assert launch.c_launch(spread, form) is None
+
+
+def test_unknown_triton_warns_once_and_launches_the_triton_way(monkeypatch, caplog):
+    """On a Triton missing from LAUNCH_FORMS the first direct launch logs one WARNING naming the version, and every
+    launch then goes through Triton's own (``kernel[grid](...)``): no kept kernel, no C launch."""
+    _patch_gpu(monkeypatch, 5)
+    monkeypatch.setattr(launch, "LAUNCH_FORM", None)
+    monkeypatch.setattr(launch, "_warned", [])
+    calls: list = []
+    kern = _FakeJIT(calls)
+    kern.compiled.run = CudaLauncher(calls, launch.PACKED)
+    x = torch.empty(32)
+    with caplog.at_level("WARNING", logger=launch.__name__):
+        for _ in range(3):
+            launch.Bound(launch.DirectKernel(kern, {"num_warps": 4}, {"BLOCK": 64}), (1, 1, 1))(x, x, 32)
+        b = launch.Bound(launch.DirectKernel(kern, {"num_warps": 2}, {"BLOCK": 32}), (1, 1, 1))
+        b(x, x, 32)
+        b(x, x, 32)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and triton.__version__ in warnings[0].getMessage()
+    assert [c[0] for c in calls] == ["jit"] * 5 and b.entry is None
+
+
+@gpu
+def test_the_c_launch_is_the_one_taken_on_this_gpus_triton(monkeypatch):
+    """On the GPU's Triton the fast path's later launches call Triton's C launch directly: the compiled kernel's
+    launcher (CudaLauncher.__call__) is not called once the first launch has kept the kernel, and the results are
+    right."""
+    from triton_src import softmax as ts
+    from triton_src.common import row_settings
+
+    assert launch.LAUNCH_FORM is not None, f"Triton {triton.__version__} not in LAUNCH_FORMS"
+    spec = get_op("softmax")
+    fast = tier_fast(spec, "triton")
+    x = torch.randn(64, 1000, device="cuda")
+    fast(x, -1)  # the first launch of this shape: through the JIT, the kernel kept
+    block, per, warps = row_settings(1000, ts.MAX_FUSED_FWD)
+    b = launch.bound(ts._softmax_rows, (triton.cdiv(64, per), 1, 1), warps, BLOCK_N=block, ROWS=per)
+    y = torch.empty_like(x)
+    b(x, y, 64, 1000)
+    run = b.entry[0]
+    assert type(run).__name__ == "CudaLauncher" and b.entry[-1] is not None, (type(run), b.entry[-1])
+    launched = []
+    cls = type(run)
+    original = cls.__call__
+    monkeypatch.setattr(cls, "__call__", lambda self, *a: launched.append(1) or original(self, *a))
+    for _ in range(3):
+        y.zero_()
+        b(x, y, 64, 1000)
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+        torch.testing.assert_close(fast(x, -1), torch.softmax(x, -1))
+    assert not launched, f"the launcher was called {len(launched)} times: the C launch was not the one taken"
 
 
 @pytest.mark.parametrize("op", FAST_OPS)

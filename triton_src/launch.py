@@ -6,10 +6,11 @@ for the current device and stream, and then calls the compiled kernel's launcher
 constexprs and options once, goes through that launch the first time per specialization key, keeps the
 ``CompiledKernel`` it returns, and afterwards calls the compiled kernel's launcher (``CompiledKernel.run``) itself.
 
-The launcher's arguments (Triton 3.4 to 3.9, the same as ``CompiledKernel.__getitem__`` passes them): grid x, y, z,
+The launcher's arguments (Triton 3.6 to 3.9, the same as ``CompiledKernel.__getitem__`` passes them): grid x, y, z,
 the raw stream, the CUfunction, the packed metadata, the launch metadata (None unless a launch-enter hook is set),
 the enter and exit hooks, then every argument of the kernel in signature order, constexprs included (the launcher
-skips them).
+skips them). Under the launcher, a plan's launch calls Triton's C launch itself, in the form of the installed Triton's
+version (:data:`LAUNCH_FORMS`, checked at import; an unknown version is told once and launched Triton's own way).
 
 The key here covers everything that changes Triton's specialization of an argument: a tensor's dtype and whether
 its data pointer is 16-byte aligned; an int's type (i32 / i64 / u64 by range), whether it is 1 (Triton makes it a
@@ -99,42 +100,72 @@ def _hooks() -> tuple[Any, Any]:
     return None, None
 
 
-# Triton's CudaLauncher.__call__ whose whole work, for a kernel without scratch memory, is to call its C launch with
-# the cooperative-grid and PDL flags and no scratch buffers (Triton 3.6; whitespace-normalized source). Where the
-# installed launcher is exactly this, a plan's launch calls the C launch itself; any other launcher is called as is.
-_KNOWN_LAUNCHER = " ".join("""
-    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
-        def allocate_scratch(size, align, allocator):
-            if size > 0:
-                grid_size = gridX * gridY * gridZ
-                alloc_size = grid_size * self.num_ctas * size
-                alloc_fn = allocator.get()
-                return alloc_fn(alloc_size, align, stream)
-            return None
-        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
-        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
-                                           _allocation._profile_allocator)
-        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
-                    global_scratch, profile_scratch, *args)
-""".split())
-_known_launchers: dict[type, bool] = {}
+# How the fast path calls the C launch under a compiled kernel's launcher (Triton's CudaLauncher), per Triton version,
+# read from each version's triton/backends/nvidia/driver.py (the launcher, its C launch) and triton/compiler/compiler.py
+# (``CompiledKernel.__getitem__``, whose launcher arguments are those of this module's docstring in all four):
+# SPREAD (3.6): the C launch generated per kernel takes grid x, y, z, stream, function, cooperative grid, PDL, global
+#   scratch, profile scratch, packed metadata, launch metadata, enter hook, exit hook, then the kernel's arguments;
+# PACKED (3.7 to 3.9): the shared C launch takes grid x, y, z, stream, function, cooperative grid, PDL, packed metadata,
+#   launch metadata, enter hook, exit hook, global scratch, profile scratch, the launcher's arg_annotations and
+#   kernel_signature, then the kernel's arguments as one tuple.
+# Both take a pointer argument as an int (the address itself). The table is read at import; another Triton logs one
+# WARNING at the first direct launch and every launch then goes through Triton's own launch (``kernel[grid](...)``):
+# correct, slower. tests/test_fastpath.py fails on a Triton missing here.
+SPREAD, PACKED = "spread", "packed"
+LAUNCH_FORMS: dict[tuple[int, int], str] = {(3, 6): SPREAD, (3, 7): PACKED, (3, 8): PACKED, (3, 9): PACKED}
 
 
-def c_launch(run: Any) -> tuple | None:
-    """(C launch, cooperative grid, PDL) under ``run`` when ``run`` is the known launcher (above) of a kernel that
-    needs no scratch memory, else None. The C launch then takes: grid x, y, z, stream, function, cooperative grid,
-    PDL, global scratch, profile scratch, packed metadata, launch metadata, enter hook, exit hook, kernel args."""
-    cls = type(run)
-    known = _known_launchers.get(cls)
-    if known is None:
-        try:
-            known = " ".join(inspect.getsource(cls.__call__).split()) == _KNOWN_LAUNCHER
-        except (TypeError, OSError):  # a launcher in C or without source
-            known = False
-        _known_launchers[cls] = known
-    if not known or getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0:
+def triton_version(version: str | None = None) -> tuple[int, int] | None:
+    """(major, minor) of ``version`` (default: the installed Triton's), or None where it does not read so."""
+    parts = (triton.__version__ if version is None else version).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
         return None
-    return run.launch, run.launch_cooperative_grid, run.launch_pdl
+
+
+LAUNCH_FORM: str | None = LAUNCH_FORMS.get(triton_version())
+_warned: list[bool] = []
+
+
+def launch_form() -> str | None:
+    """The installed Triton's launch form, or None (unsupported: one WARNING, the first time it is asked)."""
+    form = LAUNCH_FORM
+    if form is None and not _warned:
+        _warned.append(True)
+        log.warning("Triton %s is not one whose kernel launcher the Triton fast path knows (%s): its kernels go "
+                    "through Triton's own launch, correct but with more host time per call",
+                    triton.__version__, ", ".join(f"{a}.{b}" for a, b in sorted(LAUNCH_FORMS)))
+    return form
+
+
+def c_launch(run: Any, form: str | None = None) -> tuple | None:
+    """How to call the C launch under ``run`` (a compiled kernel's launcher) directly: (C launch, packed form,
+    cooperative grid, PDL, arg annotations, kernel signature), or None where ``run`` is to be called as it is: a
+    launcher other than Triton's CudaLauncher, a kernel needing scratch memory (the launcher allocates it), a
+    sanitizer build (GSan adds arguments), or a Triton missing from LAUNCH_FORMS. ``form``: the installed Triton's
+    by default. :func:`c_launch_args` lays the arguments out."""
+    form = LAUNCH_FORM if form is None else form
+    if form is None or type(run).__name__ != "CudaLauncher" or getattr(run, "gsan_enabled", False):
+        return None
+    try:
+        if run.global_scratch_size != 0 or run.profile_scratch_size != 0:
+            return None
+        if form == PACKED:
+            return run.launch, True, run.launch_cooperative_grid, run.launch_pdl, run.arg_annotations, \
+                run.kernel_signature
+        return run.launch, False, run.launch_cooperative_grid, run.launch_pdl, None, None
+    except AttributeError:  # a launcher of this name without the attributes its version has: called as it is
+        return None
+
+
+def c_launch_args(c: tuple, grid: tuple, stream: int, function: Any, packed: Any, args: tuple) -> tuple:
+    """The C launch's arguments (see :func:`c_launch`) for one launch without hooks; ``args``: every argument of the
+    kernel in signature order, constexprs included."""
+    if c[1]:
+        return (grid[0], grid[1], grid[2], stream, function, c[2], c[3], packed, None, None, None, None, None, c[4],
+                c[5], args)
+    return (grid[0], grid[1], grid[2], stream, function, c[2], c[3], None, None, packed, None, None, None, *args)
 
 
 class DirectKernel:
@@ -145,6 +176,8 @@ class DirectKernel:
         self._kernel, self.module, self.name = kernel, kernel.fn.__module__, kernel.fn.__name__
         self.options, self.consts = options, consts
         self._interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        # A Triton whose launcher this module does not know: Triton's own launch for every call (one WARNING).
+        self._unknown = not self._interpreted and launch_form() is None
         self._cache: dict[tuple, tuple] = {}
         self._key: Callable[..., tuple] | None = None
         # A JITFunction's params say which are constexprs; an interpreted function's annotations do.
@@ -187,7 +220,7 @@ class DirectKernel:
         log.debug("%s: compiled kernel kept for device %d, key %s", self.name, dev, key)
 
     def __call__(self, grid: tuple, *args: Any) -> None:
-        if self._interpreted:
+        if self._interpreted or self._unknown:
             self._launch_jit(grid, args)
             return
         dev = torch._C._cuda_getDevice()
@@ -232,8 +265,7 @@ class Bound:
     """A DirectKernel at one grid, for one launch plan whose key holds the dtypes and the ints of the arguments
     (the caller keeps them the same on every call). A call then checks only the current device and that every
     pointer is 16-byte aligned, and launches the kept compiled kernel with the pointers as ints (through the C launch
-    itself where the launcher is the known one, see :func:`c_launch`); any other call goes through the
-    DirectKernel's full key."""
+    itself where :func:`c_launch` knows how); any other call goes through the DirectKernel's full key."""
 
     __slots__ = ("dk", "grid", "dev", "pointers", "entry")
 
@@ -254,11 +286,14 @@ class Bound:
                 enter, exit_ = _hooks()
                 if enter is None:
                     full = raw + tail if tail is not None else self.dk._all_args(raw)
-                    if c is not None:
-                        c[0](grid[0], grid[1], grid[2], stream, function, c[1], c[2], None, None, packed, None, None,
-                             None, *full)
-                    else:
+                    if c is None:
                         run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None, *full)
+                    elif c[1]:  # PACKED (see c_launch)
+                        c[0](grid[0], grid[1], grid[2], stream, function, c[2], c[3], packed, None, None, None, None,
+                             None, c[4], c[5], full)
+                    else:  # SPREAD
+                        c[0](grid[0], grid[1], grid[2], stream, function, c[2], c[3], None, None, packed, None, None,
+                             None, *full)
                     return
                 full = self.dk._all_args(args)  # a launch hook sees the tensors, as Triton's own launch gives them
                 meta = ck.launch_metadata(grid, stream, *full)

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tiered_ops.ops.rms_norm import form_error, form_exception, out_dtype
+
 from .common import MAX_FUSED_FWD, _dy_times_w, _rows_tile, check_float, check_norm, row_settings
 from .launch import Plans, Step, param_key, register_ops
 from .norm_grads import MAX_FUSED_BWD, GradsPlan, partials, persistent_programs, plan_grads, reduce_grads
@@ -54,25 +56,24 @@ def _apply_weight(y, w, w_offset, x_dtype: tl.constexpr, OFFSET: tl.constexpr, C
 
 def check_form(op: str, x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                weight_offset: float, cast_before_weight: bool) -> int:
-    """check_norm, where a Hugging Face form's weight may also be float32 over bf16/fp16 x; the normalized size."""
-    if weight_offset and (cast_before_weight or weight is None):
-        raise ValueError(f"{op}: weight_offset={weight_offset} needs a weight and excludes cast_before_weight")
+    """check_norm with the Hugging Face forms' contract (tiered_ops/ops/rms_norm.py, FORM_CHECKS): a form's weight
+    may also be float32 over bf16/fp16 x; the normalized size."""
+    w_dtype = None if weight is None else weight.dtype
+    bad = form_error(weight_offset, cast_before_weight, weight is not None)
+    if bad is not None:
+        raise form_exception(bad, op)
     if not (weight_offset or cast_before_weight) or weight is None or weight.dtype == x.dtype:
         return check_norm(op, x, normalized_shape, weight=weight)
     n = check_norm(op, x, normalized_shape)
     check_float(op, "weight", weight)
-    if weight.dtype != torch.float32:
-        raise TypeError(f"{op}: weight must have the dtype of x ({x.dtype}) or float32, got {weight.dtype}")
+    bad = form_error(weight_offset, cast_before_weight, True, w_dtype, x.dtype)
+    if bad is not None:
+        raise form_exception(bad, op, x.dtype, w_dtype)
     if weight.device != x.device:
         raise ValueError(f"{op}: weight must be on {x.device} like x, got {weight.device}")
     if list(weight.shape) != list(normalized_shape):
         raise ValueError(f"{op}: weight must have shape {list(normalized_shape)}, got {list(weight.shape)}")
     return n
-
-
-def out_dtype(x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool) -> torch.dtype:
-    """y's dtype: x's, or promote(weight, x) where the weight multiplies after the cast."""
-    return torch.promote_types(weight.dtype, x.dtype) if cast_before_weight and weight is not None else x.dtype
 
 
 def check_dy(op: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool,

@@ -160,7 +160,7 @@ def layers(dev: torch.device) -> None:
 
     from triton_src import softmax as ts
     from triton_src.common import row_settings
-    from triton_src.launch import bound, c_launch, direct
+    from triton_src.launch import bound, c_launch, c_launch_args, direct
 
     spec = get_op("softmax")
     x = torch.randn(1, 4096, device=dev)
@@ -195,11 +195,10 @@ def layers(dev: torch.device) -> None:
     c = c_launch(run)
     if c is not None:
         xp, yp = x.data_ptr(), y.data_ptr()
-        v["C launch under it, all precomputed"] = lambda: c[0](grid[0], 1, 1, stream, fn, c[1], c[2], None, None,
-                                                               packed, None, None, None, x, y, rows, n, block,
-                                                               per) or y
-        v["C launch, pointers as ints"] = lambda: c[0](grid[0], 1, 1, stream, fn, c[1], c[2], None, None, packed,
-                                                       None, None, None, xp, yp, rows, n, block, per) or y
+        c_args = c_launch_args(c, grid, stream, fn, packed, (x, y, rows, n, block, per))
+        c_ints = c_launch_args(c, grid, stream, fn, packed, (xp, yp, rows, n, block, per))
+        v["C launch under it, all precomputed"] = lambda: c[0](*c_args) or y
+        v["C launch, pointers as ints"] = lambda: c[0](*c_ints) or y
     if cuda_fast is not None:
         v["cuda op (torch.library)"] = lambda: spec.impls["cuda"].fn(x, -1)
         v["cuda pybind softmax_cuda"] = lambda: cuda_ext.pybind_function("softmax_cuda")(x, -1)

@@ -29,18 +29,55 @@ import torch.nn.functional as F
 from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
 from ._common import call, check_eps, check_norm, gen, norm_param, norm_shape, norm_split, randn, values
 
+# ---- The Hugging Face norm forms' contract (this op's and fused_add_rms_norm's), declared once -----------------------
+# The flags, the weight dtype a form takes besides x's, the checks in the order they apply with their errors, y's dtype.
+# The Triton tier (triton_src/rms_norm.py) calls form_error, form_exception and out_dtype; the CUDA tier keeps its
+# TORCH_CHECKs for direct callers (cuda_src/binding.h: hf_norm_weight, hf_out_dtype), and tests/test_hf_norm.py reads
+# them and evaluates them against this declaration.
+FORM_FLAGS = ("weight_offset", "cast_before_weight")
+FORM_WEIGHT_DTYPE = torch.float32  # a form's weight over a bfloat16/float16 x: float32 or x's dtype
+# name -> (error, message after "<op>: "; {x} and {w} are x's and the weight's dtypes)
+FORM_CHECKS: dict[str, tuple[type[Exception], str]] = {
+    "exclusive": (ValueError, "weight_offset and cast_before_weight together: no such norm form"),
+    "offset_needs_weight": (ValueError, "weight_offset needs a weight (it multiplies by offset + weight)"),
+    "weight_dtype": (TypeError, "weight must have the dtype of x ({x}) or float32, got {w}"),
+}
+
+
+def form_error(weight_offset: float, cast_before_weight: bool, has_weight: bool,
+               weight_dtype: torch.dtype | None = None, x_dtype: torch.dtype | None = None) -> str | None:
+    """The first of FORM_CHECKS a call breaks (its name), or None. The weight's dtype is checked where both dtypes
+    are given; a float64 x (the float64 reference) takes any weight: the cast is exact there."""
+    if weight_offset and cast_before_weight:
+        return "exclusive"
+    if weight_offset and not has_weight:
+        return "offset_needs_weight"
+    if (weight_offset or cast_before_weight) and weight_dtype is not None and x_dtype is not None \
+            and weight_dtype not in (x_dtype, FORM_WEIGHT_DTYPE) and x_dtype != torch.float64:
+        return "weight_dtype"
+    return None
+
+
+def form_exception(name: str, op: str, x_dtype: torch.dtype | None = None,
+                   weight_dtype: torch.dtype | None = None) -> Exception:
+    """The error of the check ``name`` of FORM_CHECKS, for ``op``."""
+    error, text = FORM_CHECKS[name]
+    return error(f"{op}: " + text.format(x=x_dtype, w=weight_dtype))
+
+
+def out_dtype(x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool) -> torch.dtype:
+    """The output's dtype: x's, or promote(weight, x) where the weight multiplies after the cast."""
+    return torch.promote_types(weight.dtype, x.dtype) if cast_before_weight and weight is not None else x.dtype
+
 
 def check_form(x: torch.Tensor, weight: torch.Tensor | None, weight_offset: float, cast_before_weight: bool,
                op: str = "rms_norm") -> None:
-    """The Hugging Face form's arguments: a weight for an offset, not both flags, a weight of x's dtype or float32."""
-    if weight_offset and cast_before_weight:
-        raise ValueError(f"{op}: weight_offset and cast_before_weight together: no such norm form (Gemma's is "
-                         f"weight_offset=1.0, Llama's cast_before_weight=True), got {weight_offset} and True")
-    if weight_offset and weight is None:
-        raise ValueError(f"{op}: weight_offset={weight_offset} needs a weight (it multiplies by offset + weight)")
-    if weight is not None and weight.dtype not in (x.dtype, torch.float32) and x.dtype != torch.float64:
-        raise TypeError(f"{op}: weight must have the dtype of x ({x.dtype}) or float32 in a Hugging Face form, "
-                        f"got {weight.dtype}")
+    """The Hugging Face form's arguments (FORM_CHECKS): a weight for an offset, not both flags, a weight of x's dtype
+    or float32."""
+    w_dtype = None if weight is None else weight.dtype
+    bad = form_error(weight_offset, cast_before_weight, weight is not None, w_dtype, x.dtype)
+    if bad is not None:
+        raise form_exception(bad, op, x.dtype, w_dtype)
 
 
 def hf_norm(x: torch.Tensor, dims: tuple[int, ...], weight: torch.Tensor | None, eps: float, weight_offset: float,
@@ -101,8 +138,9 @@ def form_problem(op: str, shape: tuple[int, ...], normalized_shape: int | Sequen
     if not 1 <= len(ns) <= len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
         raise ValueError(f"{op}: normalized_shape {list(ns)} must match the trailing dims of x, "
                          f"got x of shape {list(shape)}")
-    if weight_offset and (cast_before_weight or not weight):
-        raise ValueError(f"{op}: weight_offset needs a weight and excludes cast_before_weight")
+    bad = form_error(weight_offset, cast_before_weight, bool(weight))
+    if bad is not None:
+        raise form_exception(bad, op)
     return make_problem(shape, normalized_shape=ns, weight=bool(weight),
                         **form_params(weight_offset, cast_before_weight))
 
@@ -159,11 +197,6 @@ def _kernel_args(x: torch.Tensor, normalized_shape: int | Sequence[int], weight:
     if weight_offset or cast_before_weight:
         check_form(x, weight, weight_offset, cast_before_weight)
     return x, list(norm_shape(normalized_shape)), weight, _eps(x, eps), float(weight_offset), bool(cast_before_weight)
-
-
-def out_dtype(x: torch.Tensor, weight: torch.Tensor | None, cast_before_weight: bool) -> torch.dtype:
-    """The output's dtype: x's, or promote(weight, x) where the weight multiplies after the cast."""
-    return torch.promote_types(weight.dtype, x.dtype) if cast_before_weight and weight is not None else x.dtype
 
 
 def _fake(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
