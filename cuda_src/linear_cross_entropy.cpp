@@ -74,7 +74,11 @@ at::Tensor bias_or_undefined(const c10::optional<at::Tensor>& bias) {
 void lce_chunk_grads(const at::Tensor& dlogits, const at::Tensor& h, const at::Tensor& weight, at::Tensor dh_rows,
                      at::Tensor& dw, at::Tensor& db) {
   at::mm_out(dh_rows, dlogits, weight);
-  dw.add_(mm32(dlogits.t(), h));
+  if (dlogits.scalar_type() == at::kFloat) {
+    dw.addmm_(dlogits.t(), h);  // into the accumulator: no [V, H] product
+  } else {
+    dw.add_(mm32(dlogits.t(), h));  // a float32 product of half inputs, then added
+  }
   if (db.numel() > 0) db.add_(dlogits.sum(0, false, at::kFloat));
 }
 

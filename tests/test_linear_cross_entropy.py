@@ -346,3 +346,20 @@ def test_compiled_training_step_matches_float64(impl, reduction):
         assert_like_truth(d, x, 1e-5, f"d{name}")
     with torch.no_grad():
         assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
+
+
+def test_a_scalar_loss_makes_each_chunks_logits_once(monkeypatch):
+    # the gradients made in the forward: one logits GEMM a chunk in all, the backward only scales; reduction "none"
+    # (and a forward without a gradient wanted) keeps the recomputing backward: the logits made twice a chunk
+    import triton_src.linear_cross_entropy as launcher
+    from tiered_ops.ops.linear_cross_entropy import _kernel_args
+
+    tiered_ops.get_op(OP).impls["triton"].why_not(torch.device("cpu"))  # loads the tier's ops
+    made, real = [], launcher._logits
+    monkeypatch.setattr(launcher, "_logits", lambda *a: made.append(a[0].shape[0]) or real(*a))
+    h, w = torch.randn(10, 8, requires_grad=True), torch.randn(12, 8, requires_grad=True)
+    t = torch.randint(0, 12, (10,))
+    for reduction, rows in (("mean", [4, 4, 2]), ("sum", [4, 4, 2]), ("none", [4, 4, 2] * 2)):
+        made.clear()
+        _kernel_op("triton")(*_kernel_args(h, w, t, None, -100, reduction, chunk=4))[0].sum().backward()
+        assert made == rows, (reduction, made)

@@ -16,8 +16,10 @@ computes and holds nothing more) the forward keeps the lse alone and the backwar
 
 Bytes per chunk (forward): the GEMM writes 4 * chunk * V, the kernel reads them once; with the gradients (and in the
 recomputing backward) 4 * chunk * V read again, 2 * chunk * V (bf16 dlogits) written and read twice by the GEMMs.
-Peak extra memory: one chunk's float32 logits and dlogits, and the float32 [V, H] dweight accumulator for any dtype
-(with the gradients in the forward it lives from the forward to the backward, with dhidden [N, H], as Liger's).
+Peak extra memory: one chunk's float32 logits and dlogits (one buffer in float32: the dlogits overwrite the logits),
+and the float32 [V, H] dweight accumulator for any dtype (with the gradients in the forward it lives from the forward
+to the backward, with dhidden [N, H], as Liger's). Half inputs add one float32 [V, H] product a chunk (the logits
+freed first), which float32 accumulates in place (addmm_).
 Limits: the vocabulary is not split (a chunk holds whole rows); on the CPU (interpreter) the GEMM runs on float32
 copies (correctness only). Versions: v1 — token chunks, lse saved, the logits recomputed in the backward; v2 — the
 gradients of a scalar loss made in the forward (one GEMM a chunk fewer; v1 stays for "none").
@@ -148,7 +150,10 @@ def _chunk_grads(dlogits: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, d
     """One chunk's share of the gradients from its dlogits: dhidden's rows written, dweight's (and dbias's) float32
     accumulators added to."""
     torch.mm(dlogits, weight, out=dh_rows)
-    dw.add_(_mm32(dlogits.t(), h))
+    if dlogits.dtype == torch.float32:
+        dw.addmm_(dlogits.t(), h)  # into the accumulator: no [V, H] product
+    else:
+        dw.add_(_mm32(dlogits.t(), h))  # a float32 product of half inputs, then added
     if db is not None:
         db.add_(dlogits.sum(0, dtype=torch.float32))
 
