@@ -69,36 +69,79 @@ at::Tensor bias_or_undefined(const c10::optional<at::Tensor>& bias) {
   return bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_cuda(const at::Tensor& hidden, const at::Tensor& weight,
-                                                             const at::Tensor& target,
-                                                             const c10::optional<at::Tensor>& bias,
-                                                             int64_t ignore_index, c10::string_view reduction,
-                                                             double label_smoothing,
-                                                             c10::optional<at::ScalarType> dtype, int64_t chunk) {
+// One chunk's share of the gradients from its dlogits: dhidden's rows written, the float32 dweight (and dbias)
+// accumulators added to.
+void lce_chunk_grads(const at::Tensor& dlogits, const at::Tensor& h, const at::Tensor& weight, at::Tensor dh_rows,
+                     at::Tensor& dw, at::Tensor& db) {
+  at::mm_out(dh_rows, dlogits, weight);
+  if (dlogits.scalar_type() == at::kFloat) {
+    dw.addmm_(dlogits.t(), h);  // into the accumulator: no [V, H] product
+  } else {
+    dw.add_(mm32(dlogits.t(), h));  // a float32 product of half inputs, then added
+  }
+  if (db.numel() > 0) db.add_(dlogits.sum(0, false, at::kFloat));
+}
+
+// (loss, lse, dhidden, dweight, dbias). With `grads` (a scalar loss only) the gradients of an output gradient of 1
+// are made from each chunk's logits at hand: dhidden [N, H] in hidden's dtype, dweight float32 [V, H], dbias float32
+// [V] or [0] (the backward scales them); else the three are empty and the backward recomputes the logits.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_cuda(
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target, const c10::optional<at::Tensor>& bias,
+    int64_t ignore_index, c10::string_view reduction, double label_smoothing, c10::optional<at::ScalarType> dtype,
+    int64_t chunk, bool grads) {
   const char* op = "linear_cross_entropy_cuda";
   check_lce(hidden, weight, target, bias, label_smoothing, chunk, op);
   const at::ScalarType out = dtype.value_or(hidden.scalar_type());
   TORCH_CHECK(out == at::kFloat || out == hidden.scalar_type(), op,
               ": dtype must be None, float32 or hidden's dtype (", hidden.scalar_type(), "), got ", out);
   const int red = lce_reduction(reduction, op);
+  TORCH_CHECK(!grads || red != 0, op, ": grads needs a scalar loss (reduction 'mean' or 'sum'), got 'none'");
   const c10::cuda::CUDAGuard guard(hidden.device());
   const at::Tensor tc = target.contiguous(), b = bias_or_undefined(bias);
   const int64_t n = hidden.size(0), v = weight.size(0);
   at::Tensor loss = f32_empty(hidden, {n}), lse = at::empty_like(loss);
+  at::Tensor dh = at::empty({0}, hidden.options()), dw = at::empty({0}, hidden.options());
+  at::Tensor db = at::empty({0}, hidden.options()), scale;
+  if (grads) {
+    dh = at::empty({n, hidden.size(1)}, hidden.options());
+    dw = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    db = at::zeros({b.defined() ? v : 0}, weight.options().dtype(at::kFloat));
+    scale = at::ones({1}, hidden.options().dtype(at::kFloat));
+    if (red == 1) {  // 1 over the count of targets not ignored, on the device
+      at::Tensor one = scale;
+      scale = f32_empty(hidden, {1});
+      check_launch(cross_entropy_reduce(one.data_ptr(), DType::F32, false, tc.data_ptr<int64_t>(), scale.data_ptr(),
+                                        DType::F32, n, ignore_index, true, stream()),
+                   op);
+    }
+  }
+  const DType dt = dtype_of(hidden, op, "hidden");
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t rows = std::min(chunk, n - start);
-    const at::Tensor logits = lce_logits(hidden.narrow(0, start, rows), weight, b);
+    const at::Tensor h = hidden.narrow(0, start, rows);
+    at::Tensor logits = lce_logits(h, weight, b);
     check_launch(cross_entropy_fwd(logits.data_ptr(), tc.data_ptr<int64_t>() + start, loss.data_ptr<float>() + start,
                                    lse.data_ptr<float>() + start, rows, v, v, ignore_index, (float)label_smoothing,
                                    DType::F32, stream()),
                  op);
+    if (!grads) continue;
+    // the logits become dlogits: in place in float32 (each element read, then written, by one thread), else into a
+    // chunk of hidden's dtype, the GEMMs' input
+    at::Tensor dlogits = dt == DType::F32 ? logits : at::empty({rows, v}, hidden.options());
+    check_launch(linear_cross_entropy_dlogits(logits.data_ptr<float>(), tc.data_ptr<int64_t>() + start,
+                                              lse.data_ptr<float>() + start, scale.data_ptr<float>(), 0,
+                                              dlogits.data_ptr(), rows, v, ignore_index, (float)label_smoothing, dt,
+                                              stream()),
+                 op);
+    logits.reset();  // freed before the GEMMs where dlogits is its own chunk
+    lce_chunk_grads(dlogits, h, weight, dh.narrow(0, start, rows), dw, db);
   }
-  if (red == 0) return {loss.to(out), lse};
+  if (red == 0) return {loss.to(out), lse, dh, dw, db};
   at::Tensor total = at::empty({}, hidden.options().dtype(out));
   check_launch(cross_entropy_reduce(loss.data_ptr(), DType::F32, true, tc.data_ptr<int64_t>(), total.data_ptr(),
                                     dtype_of(total, op, "dtype"), n, ignore_index, red == 1, stream()),
                op);
-  return {total, lse};
+  return {total, lse, dh, dw, db};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_bwd_cuda(
@@ -140,20 +183,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_bwd_cuda(
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows = std::min(chunk, n - start);
       const at::Tensor h = hidden.narrow(0, start, rows);
-      at::Tensor dlogits = at::empty({rows, v}, hidden.options());
-      {
-        const at::Tensor logits = lce_logits(h, weight, b);
-        check_launch(linear_cross_entropy_dlogits(logits.data_ptr<float>(), tc.data_ptr<int64_t>() + start,
-                                                  lc.data_ptr<float>() + start,
-                                                  scale.data_ptr<float>() + g_stride * start, g_stride,
-                                                  dlogits.data_ptr(), rows, v, ignore_index, (float)label_smoothing,
-                                                  dt, stream()),
-                     op);
-      }  // the chunk's float32 logits are freed before the GEMMs
-      at::Tensor dh_rows = dh.narrow(0, start, rows);
-      at::mm_out(dh_rows, dlogits, weight);
-      dw.add_(mm32(dlogits.t(), h));
-      if (b.defined()) db.add_(dlogits.sum(0, false, at::kFloat));
+      at::Tensor logits = lce_logits(h, weight, b);
+      at::Tensor dlogits = dt == DType::F32 ? logits : at::empty({rows, v}, hidden.options());
+      check_launch(linear_cross_entropy_dlogits(logits.data_ptr<float>(), tc.data_ptr<int64_t>() + start,
+                                                lc.data_ptr<float>() + start,
+                                                scale.data_ptr<float>() + g_stride * start, g_stride,
+                                                dlogits.data_ptr(), rows, v, ignore_index, (float)label_smoothing, dt,
+                                                stream()),
+                   op);
+      logits.reset();  // the chunk's float32 logits are freed before the GEMMs (kept as dlogits in float32)
+      lce_chunk_grads(dlogits, h, weight, dh.narrow(0, start, rows), dw, db);
     }
   }
   return {dh, dw.to(weight.scalar_type()), db.to(weight.scalar_type())};
@@ -163,8 +202,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_bwd_cuda(
 
 TIERED_OPS_CUDA_OP(linear_cross_entropy,
                   "linear_cross_entropy_cuda(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
-                  "int ignore_index, str reduction, float label_smoothing, ScalarType? dtype, int chunk) "
-                  "-> (Tensor, Tensor)",
+                  "int ignore_index, str reduction, float label_smoothing, ScalarType? dtype, int chunk, bool grads) "
+                  "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
                   "linear_cross_entropy_bwd_cuda(Tensor grad, Tensor hidden, Tensor weight, Tensor target, "
                   "Tensor? bias, Tensor lse, int ignore_index, str reduction, float label_smoothing, int chunk) "
                   "-> (Tensor, Tensor, Tensor)");

@@ -1,11 +1,15 @@
 // linear_cross_entropy's own kernel: the dlogits of one chunk of tokens, from its float32 logits [rows, n] (written
-// by the wrapper's GEMM, contiguous) and the rows' saved lse, in the dtype of hidden (the GEMMs that follow read it):
+// by the wrapper's GEMM, contiguous) and the rows' lse, in the dtype of hidden (the GEMMs that follow read it; in
+// float32 dx may be x itself: every element is read, then written, by one thread, so x and dx are not restrict):
 // dx[r, j] = (exp(x[r, j] - lse[r]) - s / n - (1 - s) [j == t]) * g[r * g_stride] (g_stride 0: one scale for every
 // row; for 'mean' the output gradient over the count of non-ignored targets), s = label_smoothing. An ignored row
 // (t == ignore_index) is 0, or NaN across the row where its lse is not finite (torch's 0 * softmax: its logits are
 // read for that); a target outside [0, n) makes its row NaN (targets are not checked on the device: no sync).
 // The forward (float32 loss and lse per row) and the reductions are cross_entropy's kernels (cross_entropy.cu) on
-// the chunk's float32 logits; the GEMMs are cuBLAS through ATen in the wrapper (linear_cross_entropy.cpp).
+// the chunk's float32 logits; the GEMMs are cuBLAS through ATen in the wrapper (linear_cross_entropy.cpp). The
+// wrapper runs this kernel in the forward, right after the loss, for a scalar loss whose gradient is wanted (scale:
+// 1, or 1 over the count for 'mean'; the backward then scales the gradients), else in the backward on recomputed
+// logits.
 //
 // Bytes: 1 read of the float32 logits (4 n per row) + 1 write of dx (2 n per row in bfloat16) + 12 bytes a row.
 // Limits: any n; one block of 256 threads per row, the grid striding over rows (grid_rows); indices in int64.
@@ -16,11 +20,10 @@
 namespace tiered_ops {
 
 template <typename T>
-__global__ void __launch_bounds__(256) lce_dlogits_kernel(const float* __restrict__ x,
-                                                          const int64_t* __restrict__ target,
+__global__ void __launch_bounds__(256) lce_dlogits_kernel(const float* x, const int64_t* __restrict__ target,
                                                           const float* __restrict__ lse, const float* __restrict__ g,
-                                                          int64_t g_stride, T* __restrict__ dx, int64_t rows,
-                                                          int64_t n, int64_t ignore_index, float smoothing) {
+                                                          int64_t g_stride, T* dx, int64_t rows, int64_t n,
+                                                          int64_t ignore_index, float smoothing) {
   __shared__ float smem[32];
   for_block_rows(rows, [&](int64_t r) {
     const float* xr = x + r * n;

@@ -4,16 +4,25 @@ holding the [N, V] logits.
 Per chunk of ``chunk`` rows: the float32 logits [chunk, V] from one GEMM (``torch.mm``, float32 output from
 bfloat16/float16 inputs with ``out_dtype`` on CUDA: accumulated and kept in float32), then cross_entropy's forward
 kernel (``triton_src/cross_entropy.py``: online softmax, one pass per row) writes each row's float32 loss and lse;
-the reduction over all N rows is cross_entropy's reduction kernel. Backward, per chunk: the logits again (one GEMM),
-cross_entropy's backward kernel writes dlogits [chunk, V] in hidden's dtype from them and the saved lse (scaled by
-the output gradient, over the count of non-ignored targets for "mean"), then dhidden[chunk] = dlogits @ weight and
-dweight += dlogits.T @ hidden[chunk] (float32 accumulator), dbias += the column sums of dlogits.
+the reduction over all N rows is cross_entropy's reduction kernel.
+Gradients, two ways. A scalar loss ("mean", "sum") whose forward runs with a gradient wanted (``grads``): the forward
+makes them from the logits it has, as Liger's fused linear cross-entropy does: cross_entropy's backward kernel turns
+the chunk's logits into dlogits (in place in float32; into a chunk of hidden's dtype otherwise) for an output
+gradient of 1 (over the count of non-ignored targets for "mean"), then dhidden[chunk] = dlogits @ weight and
+dweight += dlogits.T @ hidden[chunk] (float32 accumulator), dbias += the column sums of dlogits: 3 GEMMs a chunk in
+all. The backward only scales them by the output gradient. Otherwise ("none", or no gradient wanted: inference
+computes and holds nothing more) the forward keeps the lse alone and the backward, per chunk, makes the logits again
+(one GEMM), the dlogits from them and the saved lse (scaled by the output gradient), and the same two GEMMs: 4.
 
-Bytes per chunk (forward): the GEMM writes 4 * chunk * V, the kernel reads them once; backward 4 * chunk * V written
-and read, 2 * chunk * V (bf16 dlogits) written and read twice by the GEMMs. Peak extra memory: one chunk's float32
-logits and dlogits, plus a float32 [V, H] dweight accumulator for bfloat16/float16 weights.
+Bytes per chunk (forward): the GEMM writes 4 * chunk * V, the kernel reads them once; with the gradients (and in the
+recomputing backward) 4 * chunk * V read again, 2 * chunk * V (bf16 dlogits) written and read twice by the GEMMs.
+Peak extra memory: one chunk's float32 logits and dlogits (one buffer in float32: the dlogits overwrite the logits),
+and the float32 [V, H] dweight accumulator for any dtype (with the gradients in the forward it lives from the forward
+to the backward, with dhidden [N, H], as Liger's). Half inputs add one float32 [V, H] product a chunk (the logits
+freed first), which float32 accumulates in place (addmm_).
 Limits: the vocabulary is not split (a chunk holds whole rows); on the CPU (interpreter) the GEMM runs on float32
-copies (correctness only). Versions: v1 — token chunks, lse saved, the logits recomputed in the backward.
+copies (correctness only). Versions: v1 — token chunks, lse saved, the logits recomputed in the backward; v2 — the
+gradients of a scalar loss made in the forward (one GEMM a chunk fewer; v1 stays for "none").
 """
 
 from __future__ import annotations
@@ -78,31 +87,75 @@ def _bwd_step(v: int, rows: int) -> Step:
     return Step(_ce_bwd, (rows,), num_warps_for(block), BLOCK_V=block)
 
 
+def _unit_scale(target: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
+    """The dlogits' scale of an output gradient of 1: float32 [1], 1 for "sum", 1 over the count of targets not
+    ignored for "mean" (one launch: the count stays on the device)."""
+    one = torch.ones((1,), dtype=torch.float32, device=target.device)
+    if reduction == "sum":
+        return one
+    scale = torch.empty_like(one)
+    Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)(False, one, target, scale,
+                                                                             target.shape[0], ignore_index)
+    return scale
+
+
 def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                 bias: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
-                                dtype: torch.dtype | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss in ``dtype``, else hidden's: [] or [N] for "none"; lse float32 [N]), chunk by chunk."""
+                                dtype: torch.dtype | None, chunk: int, grads: bool
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss in ``dtype``, else hidden's: [] or [N] for "none"; lse float32 [N]; dhidden, dweight, dbias), chunk by
+    chunk. ``grads`` (a scalar loss only): the gradients of an output gradient of 1 made here, chunk by chunk from the
+    logits at hand (dhidden [N, H] in hidden's dtype, dweight float32 [V, H], dbias float32 [V] or [0]); else the
+    three are empty ([0]) and the backward recomputes the logits."""
     _check(OP, hidden, weight, target, bias, reduction, label_smoothing, chunk, dtype)
+    if grads and reduction == "none":
+        raise ValueError(f"{OP}: grads needs a scalar loss (reduction 'mean' or 'sum'), got reduction 'none'")
     n, v = hidden.shape[0], int(weight.shape[0])
     _check_targets(target, v, ignore_index)
     tc = target.contiguous()
     losses, lses = [], []
+    dh, dw, db = (hidden.new_empty((0,)) for _ in range(3))  # three outputs: three tensors
+    if grads:
+        dh = hidden.new_empty(hidden.shape)
+        dw = weight.new_zeros(weight.shape, dtype=torch.float32)
+        db = weight.new_zeros((v,) if bias is not None else (0,), dtype=torch.float32)
+        scale = _unit_scale(tc, reduction, ignore_index)
     for start in range(0, n, chunk):
         rows = min(chunk, n - start)
-        logits = _logits(hidden[start:start + rows], weight, bias)
+        h, t = hidden[start:start + rows], tc[start:start + rows]
+        logits = _logits(h, weight, bias)
         loss, lse = logits.new_empty((rows,)), logits.new_empty((rows,))
-        _fwd_step(v, label_smoothing > 0, rows)(False, logits, tc[start:start + rows].contiguous(), loss, lse, v, v,
-                                                ignore_index, label_smoothing)
+        _fwd_step(v, label_smoothing > 0, rows)(False, logits, t, loss, lse, v, v, ignore_index, label_smoothing)
         losses.append(loss)
         lses.append(lse)
+        if grads:
+            # the logits become dlogits: in place in float32, else into a chunk in hidden's dtype (the GEMMs' input)
+            dlogits = logits if hidden.dtype == torch.float32 else hidden.new_empty((rows, v))
+            _bwd_step(v, rows)(False, logits, t, lse, scale, 0, dlogits, v, v, ignore_index, label_smoothing)
+            del logits
+            _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None)
+            del dlogits
     loss = torch.cat(losses) if losses else hidden.new_empty((0,), dtype=torch.float32)
     lse = torch.cat(lses) if lses else hidden.new_empty((0,), dtype=torch.float32)
     if reduction == "none":
-        return loss.to(dtype or hidden.dtype), lse
+        return loss.to(dtype or hidden.dtype), lse, dh, dw, db
     out = hidden.new_empty((), dtype=dtype or hidden.dtype)
     Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=reduction == "mean", SUM_ROWS=True)(
         False, loss, tc, out, n, ignore_index)
-    return out, lse
+    return out, lse, dh, dw, db
+
+
+def _chunk_grads(dlogits: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, dh_rows: torch.Tensor,
+                 dw: torch.Tensor, db: torch.Tensor | None) -> None:
+    """One chunk's share of the gradients from its dlogits: dhidden's rows written, dweight's (and dbias's) float32
+    accumulators added to."""
+    torch.mm(dlogits, weight, out=dh_rows)
+    if dlogits.dtype == torch.float32:
+        dw.addmm_(dlogits.t(), h)  # into the accumulator: no [V, H] product
+    else:
+        dw.add_(_mm32(dlogits.t(), h))  # a float32 product of half inputs, then added
+    if db is not None:
+        db.add_(dlogits.sum(0, dtype=torch.float32))
 
 
 def linear_cross_entropy_bwd_launch(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
@@ -128,21 +181,18 @@ def linear_cross_entropy_bwd_launch(grad: torch.Tensor, hidden: torch.Tensor, we
     per_row = 1 if reduction == "none" else 0
     dw = weight.new_zeros(weight.shape, dtype=torch.float32)
     db = weight.new_zeros((v,) if bias is not None else (0,), dtype=torch.float32)
-    dhs = []
+    dh = hidden.new_empty(hidden.shape)
     for start in range(0, n, chunk):
         rows = min(chunk, n - start)
         h = hidden[start:start + rows]
         logits = _logits(h, weight, bias)
-        dlogits = hidden.new_empty((rows, v))
+        dlogits = logits if hidden.dtype == torch.float32 else hidden.new_empty((rows, v))
         g = scale[start:start + rows] if per_row else scale
         _bwd_step(v, rows)(False, logits, tc[start:start + rows].contiguous(), lc[start:start + rows].contiguous(),
                            g.contiguous(), per_row, dlogits, v, v, ignore_index, label_smoothing)
         del logits
-        dhs.append(torch.mm(dlogits, weight))
-        dw.add_(_mm32(dlogits.t(), h))
-        if bias is not None:
-            db.add_(dlogits.sum(0, dtype=torch.float32))
-    dh = torch.cat(dhs) if dhs else torch.empty_like(hidden, memory_format=torch.contiguous_format)
+        _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None)
+        del dlogits
     return dh, dw.to(weight.dtype), db.to(weight.dtype)
 
 

@@ -12,10 +12,15 @@ Tiers. Eager (the reference) is F.linear then F.cross_entropy on float32 logits:
 (and their float32 copy, and in training a gradient of the same size). The Triton and CUDA tiers never hold [N, V]:
 they walk the tokens in chunks of ``chunk`` rows; per chunk the logits [chunk, V] come from one GEMM accumulated and
 written in float32 (``torch.mm`` / cuBLAS: the tier is the fused loss around the GEMM, not the GEMM), and a kernel
-makes each row's log-sum-exp by an online softmax and its loss. Only the float32 lse [N] is saved. The backward
-recomputes each chunk's logits (one GEMM more than keeping them), a kernel writes the chunk's dlogits in hidden's
-dtype, and two GEMMs make dhidden for the chunk and add the chunk's share of dweight (float32 accumulator); dbias
-sums dlogits' rows. Peak memory beyond the inputs and gradients: the float32 logits and the dlogits of one chunk.
+makes each row's log-sum-exp by an online softmax and its loss. A scalar loss ("mean", "sum") called with a
+gradient wanted (grad mode on, an input requiring grad) gets its gradients in the forward, as Liger's fused linear
+cross-entropy does: per chunk, a kernel turns the logits at hand into dlogits for an output gradient of 1, and two
+GEMMs write dhidden's rows and add the chunk's share of dweight (float32 accumulator); dbias sums dlogits' rows: 3
+GEMMs a chunk. The forward then holds dhidden [N, H] (hidden's dtype), the float32 dweight [V, H] (and dbias [V])
+until the backward, which only scales them by the output gradient (double backward is refused, as before). Otherwise
+(reduction "none"; inference, which computes and holds nothing more) only the float32 lse [N] is saved, and the
+backward recomputes each chunk's logits (one GEMM more), makes the dlogits and the same two GEMMs. Peak memory beyond
+the inputs and gradients: the float32 logits and the dlogits of one chunk, and the float32 dweight accumulator.
 The chunk (rows per GEMM) is the tier's tuned parameter: ``triton`` and ``cuda`` run chunks of ``CHUNK`` rows, and
 each of ``CHUNK_VARIANTS`` is one more registered candidate of both tiers (``triton_c1024``, ...), so the measurement
 (or the ``memory`` policy under a budget) picks the chunk. The vocabulary is not split: a chunk's rows are whole.
@@ -39,6 +44,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch._C import _functions
 
 from ..registry import BadInput, Inputs, OpSpec, Problem, make_problem, pow2_ceil, register_op
 from ._common import LOW_PRECISION, call, floating, gen, randn, same_device, tensor, values
@@ -165,22 +171,34 @@ def _bwd_bytes(p: Problem, dt: torch.dtype) -> int:
     return 2 * (n * h + v * h + v * p.kw["head_bias"]) * dt.itemsize + (8 + 4) * n
 
 
+def _wants_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, reduction: str) -> bool:
+    """Whether the forward makes the gradients itself: a scalar loss whose inputs autograd records."""
+    return reduction != "none" and torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+
+
 def _kernel_args(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None,
                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
                  dtype: torch.dtype | None = None, chunk: int = CHUNK) -> tuple:
     """The op's signature onto the kernel ops' schema (hidden, weight, target, bias?, int ignore_index, str reduction,
-    float label_smoothing, ScalarType? dtype, int chunk); ``chunk``, the rows per GEMM, is set by the registered
-    candidate."""
+    float label_smoothing, ScalarType? dtype, int chunk, bool grads); ``chunk``, the rows per GEMM, is set by the
+    registered candidate; ``grads`` (the gradients made in the forward) where the loss is a scalar and a gradient is
+    wanted."""
     return (hidden, weight, target, bias, operator.index(ignore_index), reduction, float(label_smoothing), dtype,
-            chunk)
+            chunk, _wants_grads(hidden, weight, bias, reduction))
 
 
 def _fake(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-          ignore_index: int, reduction: str, label_smoothing: float, dtype: torch.dtype | None, chunk: int
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    n = hidden.shape[0]
+          ignore_index: int, reduction: str, label_smoothing: float, dtype: torch.dtype | None, chunk: int,
+          grads: bool) -> tuple[torch.Tensor, ...]:
+    n, v = hidden.shape[0], weight.shape[0]
     loss = hidden.new_empty((n,) if reduction == "none" else (), dtype=dtype or hidden.dtype)
-    return loss, hidden.new_empty((n,), dtype=torch.float32)
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    if not grads:
+        none = hidden.new_empty((0,))
+        return loss, lse, none, none.clone(), none.clone()
+    return (loss, lse, hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=torch.float32),
+            weight.new_empty((v,) if bias is not None else (0,), dtype=torch.float32))
 
 
 def _bwd_fake(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -192,18 +210,39 @@ def _bwd_fake(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, ta
 
 
 def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
-    hidden, weight, target, bias, ctx.ignore_index, ctx.reduction, ctx.label_smoothing, _, ctx.chunk = inputs
-    ctx.has_bias = bias is not None
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(hidden, weight, target, bias, output[1])
+    hidden, weight, target, bias, ctx.ignore_index, ctx.reduction, ctx.label_smoothing, _, ctx.chunk, grads = inputs
+    ctx.has_bias, ctx.grads = bias is not None, grads
+    ctx.mark_non_differentiable(*output[1:])
+    if grads:  # the gradients of an output gradient of 1, made by the forward: nothing else is needed
+        ctx.save_for_backward(*output[2:])
+    else:
+        ctx.save_for_backward(hidden, weight, target, bias, output[1])
+
+
+def _scaled(grad: torch.Tensor, dh: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, has_bias: bool) -> tuple:
+    """The forward's gradients times the output gradient, each rounded once to its input's dtype (dweight and dbias
+    from their float32 accumulators). Double backward is not supported: with create_graph the results carry a
+    gradient function that says so when reached (the recomputing path's backward op has no formula either)."""
+    g = grad.float()
+    out = [dh * g, torch.mul(dw, g, out=dw.new_empty(dw.shape, dtype=dh.dtype))]  # no float32 [V, H] product
+    if has_bias:
+        out.append(torch.mul(db, g).to(dh.dtype))
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        err = _functions.DelayedError(b"linear_cross_entropy: double backward is not supported by the triton and "
+                                      b"cuda tiers (their gradients come from kernels, without a graph)", len(out))
+        out = list(err(*[t.detach().requires_grad_() for t in out]))
+    return tuple(out) if has_bias else (*out, None)
 
 
 def _backward_for(bwd: Callable[..., tuple]) -> Callable[..., tuple]:
-    def backward(ctx: Any, grad: torch.Tensor, _glse: Any) -> tuple:
-        hidden, weight, target, bias, lse = ctx.saved_tensors
-        dh, dw, db = bwd(grad, hidden, weight, target, bias, lse, ctx.ignore_index, ctx.reduction,
-                         ctx.label_smoothing, ctx.chunk)
-        return dh, dw, None, (db if ctx.has_bias else None), None, None, None, None, None
+    def backward(ctx: Any, grad: torch.Tensor, *_stats: Any) -> tuple:
+        if ctx.grads:
+            dh, dw, db = _scaled(grad, *ctx.saved_tensors, ctx.has_bias)
+        else:
+            hidden, weight, target, bias, lse = ctx.saved_tensors
+            dh, dw, db = bwd(grad, hidden, weight, target, bias, lse, ctx.ignore_index, ctx.reduction,
+                             ctx.label_smoothing, ctx.chunk)
+        return dh, dw, None, (db if ctx.has_bias else None), None, None, None, None, None, None
 
     return backward
 
