@@ -108,3 +108,36 @@ def test_a_sweep_over_two_devices_measures_each_case_once_in_a_worker_per_device
     assert sorted(df.problem) == sorted(str(p) for p in problems) and df.ok.all()
     assert sorted(r["problem"] for r in Store(store_target).rows()) == sorted(str(p) for p in problems)
     assert sum("1 worker process(es) used" in s for s in said) == 2, said
+
+
+@pytest.mark.parametrize("visible, extra, spread_over", [
+    (2, [], [torch.device("cuda", 0), torch.device("cuda", 1)]),  # several GPUs: all of them, said so
+    (1, [], None),  # one GPU: as before
+    (2, ["--gpus", "1"], [torch.device("cuda", 0)]),  # the user's --gpus wins
+    (2, ["--device", "cuda:1"], None),  # a named device: that one alone
+    (2, ["--shard", "1/2"], None),  # a shard: one device, as the shard's runner chose
+])
+def test_bench_spreads_over_every_visible_gpu_unless_told_otherwise(monkeypatch, capsys, tmp_path, visible, extra,
+                                                                    spread_over):
+    """What `bash scripts/bench.sh` does on a host of several GPUs: the sweep is handed every visible GPU and stdout
+    says so; --gpus, --device and --shard keep their meaning. The sweep itself is stood in for (no GPU here)."""
+    from tiered_ops.cli import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(cli, "default_device", lambda: torch.device("cuda", 0))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_sweep(*a, devices=None, **kw):
+        seen["devices"] = devices
+        raise Stop
+
+    monkeypatch.setattr(cli, "sweep", fake_sweep)
+    with pytest.raises(Stop):
+        cli.main(["bench", "--db", str(tmp_path / "s.sqlite"), "--ops", "muladd", *extra])
+    assert seen["devices"] == spread_over
+    said = capsys.readouterr().out
+    assert ("GPUs visible: the cases are spread over all of them" in said) == (spread_over is not None and not extra)

@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the cases of shard I of N (by a stable hash of op, problem and dtype): N runs with "
                         "1/N ... N/N cover the sweep exactly once")
     s.add_argument("--gpus", type=_gpus, metavar="all|N",
-                   help="spread the cases over the visible GPUs (all) or the first N, one worker process per GPU")
+                   help="spread the cases over the visible GPUs (all) or the first N, one worker process per GPU "
+                        "(default: all where several are visible, unless --device, --shard or --in-process is given)")
 
     s = command("select", "the implementation chosen for an op at a shape, and why", device)
     s.add_argument("op", help=f"the op: {ops}")

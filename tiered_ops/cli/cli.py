@@ -45,6 +45,19 @@ def _device(arg: str | None) -> torch.device:
     return default_device()
 
 
+def _every_gpu(args: argparse.Namespace, dev: torch.device) -> list[torch.device] | None:
+    """The sweep's devices when neither --gpus nor --device names them: every visible GPU where there are several
+    (said on stdout, with how to keep to one), else None (the one device)."""
+    if args.device or args.in_process or dev.type != "cuda" or args.shard:
+        return None
+    visible = torch.cuda.device_count()
+    if visible < 2:
+        return None
+    print(f"{visible} GPUs visible: the cases are spread over all of them, one worker process each, into one store "
+          f"(--gpus 1 or --device cuda:N measures on one)")
+    return gpu_devices("all")
+
+
 def _gpu(args: argparse.Namespace, what: str, why: str) -> torch.device | None:
     """The device for a command that measures on a GPU only; None (after saying so) when there is none."""
     dev = _device(args.device)
@@ -86,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 for s in specs}
     dtypes = args.dtype or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
 
-    devices = gpu_devices(args.gpus) if args.gpus else None
+    devices = gpu_devices(args.gpus) if args.gpus else _every_gpu(args, dev)
     if devices and len(devices) > 1 and args.in_process:
         raise ValueError("--gpus: several GPUs are measured in one worker process each; drop --in-process")
     store = _store(args)
