@@ -156,6 +156,13 @@ def test_readme_snippet_runs(monkeypatch, capsys):
     assert stored and {r["mode"] for r in stored} == {"fwd_nograd"}
 
 
+def _bench_models():
+    spec = importlib.util.spec_from_file_location("bench_models", README.parent / "benchmarks" / "models.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 @needs_hf
 def test_model_benchmark_smoke(tmp_path, monkeypatch):
     """benchmarks/models.py --quick on the CPU: every variant x workload x context gets a timed row of interleaved
@@ -163,9 +170,7 @@ def test_model_benchmark_smoke(tmp_path, monkeypatch):
     gradients' norm), tiered-lce (the fused LM head + loss) runs for training only and is checked by its loss and
     gradient norm, Liger is skipped cleanly where missing, and the report's header names the command and commit."""
     monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # what --quick sets for its process: restored after the test
-    spec = importlib.util.spec_from_file_location("bench_models", README.parent / "benchmarks" / "models.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_models()
     assert bench.main(["--quick", "--models", "llama-tiny", "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "models.csv") as f:
         rows = list(csv.DictReader(f))
@@ -201,3 +206,26 @@ def test_model_benchmark_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "more" / "models.csv") as f:
         calls = {r["variant"]: int(r["calls"]) for r in csv.DictReader(f)}
     assert calls["stock"] == calls["tiered"] > 4 and calls["stock"] % 2 == 0, calls  # 2 rounds
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.timeout(400)
+def test_model_benchmark_fused_loss_variants_on_a_gpu(tmp_path, monkeypatch):
+    """benchmarks/models.py's training rows on a GPU with the fused LM head + loss on (tiered-lce, liger-lce): every
+    timed row has its peak memory and its loss and gradient norm checked against stock's; Liger's row is timed or says
+    why not."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    bench = _bench_models()
+    assert bench.main(["--quick", "--device", "cuda", "--models", "llama-tiny", "--variants",
+                       "stock,tiered,tiered-lce,liger-lce", "--workloads", "train", "--contexts", "eager",
+                       "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "models.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    timed = [r for r in rows.values() if r["ms_p50"]]
+    assert {"stock", "tiered", "tiered-lce"} <= {r["variant"] for r in timed}, rows
+    assert all(r["peak_mib"] != "" and float(r["peak_mib"]) >= 0 for r in timed), timed  # filled: the recorded step
+    for r in timed:
+        assert float(r["loss_rel_err_vs_stock"]) < 1e-2 and float(r["grad_norm_rel_err_vs_stock"]) < 2e-2, r
+    assert rows["tiered-lce"]["rel_err_vs_stock"] == ""  # fused: no logits
+    assert rows["liger-lce"]["ms_p50"] or rows["liger-lce"]["note"]
