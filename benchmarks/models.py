@@ -2,12 +2,16 @@
 
 Models, built from configs with random weights (nothing is downloaded), in bf16: Llama-3-8B dimensions with 2 layers
 (hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256), Qwen3-8B dimensions with 2 layers (hidden
-4096, intermediate 12288, 32 heads, 8 kv heads, head_dim 128, vocab 151936) and GPT-2 small; dropout 0.
+4096, intermediate 12288, 32 heads, 8 kv heads, head_dim 128, vocab 151936), Mistral-7B-v0.3 dimensions with 2 layers
+(hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 32768, no sliding window) and GPT-2 small; dropout 0.
 Workloads: prefill (1 x --seq tokens, inference), decode (1 x 1 without a cache: the launch-bound end) and train
 (1 x --seq: forward, LM loss, backward). Contexts: eager, torch.compile(fullgraph=True), CUDA graphs (inference, on a
 GPU; captured after an eager warm-up on a side stream, torch's recipe). Liger: apply_liger_kernel_to_<arch>(model=...)
 with its defaults except the fused linear cross entropy (off, so that logits exist); the module functions it
 replaces (RoPE) are put back after it and swapped in only while Liger's rows run, so every variant runs in one process.
+The variants tiered and tiered-fused keep the fused LM head + loss off too. With it on, for training only (a step then
+makes no logits): tiered-lce (tiered_ops.patch with every op, linear_cross_entropy included) and liger-lce (Liger's
+defaults, fused_linear_cross_entropy=True); their rows are checked by the loss and the gradients' norm against stock's.
 
 Timing: the variants of one row are measured in interleaved rounds (--rounds, each round times --reps calls of every
 variant, more on a fast row so that a round spans --min-round-ms, the order rotated per round), so drift hits all of
@@ -18,12 +22,12 @@ not independent samples), slower in the mirror case, else a tie within the sprea
 unpatched second copy of stock, timed as one more variant), is the run's own noise floor: two identical models that a
 verdict tells apart are noise. Each variant also gets a verdict against the control, and the row's verdict is faster
 or slower only where both verdicts say so, else tie. Also
-the logits' relative error against stock eager (float32), the seconds tiered_ops.tune took, and for training the peak
-memory.
+the logits' relative error against stock eager (float32; in training also the loss's and the norm of every
+parameter's gradient, from the row's first step), the seconds tiered_ops.tune took, and for training the peak memory.
 
 Writes models.csv and models.md into --out-dir (default reports/<gpu>/) after every row, so a cut run keeps what it
 measured. Expected runtime on an H100, one model per call (--models): ~4-6 min for llama-8b-dims-2l or qwen3-8b-dims-2l
-(compiles dominate), ~3 min for gpt2-small; all three exceed one 9-minute call.
+(compiles dominate), ~3 min for gpt2-small; all three exceed one 9-minute call (mistral-7b-dims-2l: not yet timed).
 
     python benchmarks/models.py --models llama-8b-dims-2l          # on a GPU
     python benchmarks/models.py --quick --out-dir /tmp/models      # CPU smoke: tiny configs, every code path
@@ -46,7 +50,17 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from benchmarks.models_build import CONTROL, Skip, Variant, base_model, graphed, models, own_compile, step_fn  # noqa: E402
+from benchmarks.models_build import (  # noqa: E402
+    CONTROL,
+    FUSED_LOSS,
+    Skip,
+    Variant,
+    base_model,
+    graphed,
+    models,
+    own_compile,
+    step_fn,
+)
 from benchmarks.models_rows import (  # noqa: E402
     agreed,
     rel_err,
@@ -58,7 +72,7 @@ from benchmarks.models_rows import (  # noqa: E402
 )
 from benchmarks.step_memory import Peak, differences, recorded_peak  # noqa: E402
 
-VARIANTS = ("stock", "stock-copy", "tiered", "tiered-fused", "liger")
+VARIANTS = ("stock", "stock-copy", "tiered", "tiered-fused", "liger", *FUSED_LOSS)
 WORKLOADS = ("prefill", "decode", "train")
 CONTEXTS = ("eager", "compile", "graphs")
 TUNE_CONTEXT = {"eager": "eager", "compile": "compiled", "graphs": "graphed"}
@@ -71,6 +85,22 @@ def build(v: Variant, workload: str, context: str, ids: torch.Tensor, args: argp
     if context == "compile":
         return step_fn(own_compile(v.model, v.name, args.backend), workload, ids)
     return graphed(step_fn(v.model, workload, ids))
+
+
+def grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The norm of every parameter's gradient together, in float32."""
+    return torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in model.parameters()
+                                                 if p.grad is not None]))
+
+
+def checked(fn: Callable[[], torch.Tensor], out: torch.Tensor, model: torch.nn.Module, workload: str
+            ) -> dict[str, torch.Tensor]:
+    """What a row's first call is checked by: its logits where it made them; in training its loss and the norm of the
+    gradients (the first step's: from none)."""
+    got = {"logits": out.float().clone()} if out.dim() == 3 else {}
+    if workload == "train":
+        got.update(loss=fn.loss.float().clone(), grad_norm=grad_norm(model))
+    return got
 
 
 def unsupported(workload: str, context: str, device: torch.device) -> str | None:
@@ -99,7 +129,8 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
                     kw = dict(input_ids=ids, use_cache=False) | ({"labels": ids} if workload == "train" else {})
                     row["tune_s"] = round(v.tune(kw, workload == "train", TUNE_CONTEXT[context], show=False), 2)
                 fn = build(v, workload, context, ids, args)
-                out = fn()
+                v.model.zero_grad(set_to_none=True)  # the first step's gradients alone: checked
+                got = checked(fn, fn(), v.model, workload)
                 for _ in range(args.warmup):
                     fn()
                 if workload == "train" and dev.type == "cuda":  # from zeroed gradients (optimizer.zero_grad()'s
@@ -112,9 +143,12 @@ def measure_row(name: str, variants: dict[str, Variant], workload: str, context:
             print(f"{name} {vname} {workload} {context}: {row['note']}", file=sys.stderr)
             continue
         if vname == "stock" and context == "eager":
-            reference[workload] = out.float().clone()
-        if workload in reference:
-            row["rel_err_vs_stock"] = f"{rel_err(out, reference[workload]):.3e}"
+            reference[workload] = got
+        for what, col in (("logits", "rel_err_vs_stock"), ("loss", "loss_rel_err_vs_stock"),
+                          ("grad_norm", "grad_norm_rel_err_vs_stock")):
+            if what in got and what in reference.get(workload, {}):
+                row[col] = f"{rel_err(got[what], reference[workload][what]):.3e}"
+        del got
         fns[vname] = fn
         prep_s[vname] = time.perf_counter() - t0
     for vname, p in peaks.items():  # a training peak above stock's: the allocations that differ, in the log
@@ -237,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             "p20-p80 and every round agrees (rounds slower: the rounds whose median was above stock's), and the same "
             "against stock-copy, an unpatched copy of stock (the control; vs copy: the rounds above its median), "
             "else tie. "
-            "Rel err: logits against stock eager, float32. Tune s: tiered_ops.tune for that "
+            "Rel err: logits against stock eager, float32; loss and grad norm rel err (training): the loss and the "
+            "norm of all the gradients of the row's first step against stock eager's (the fused-loss variants "
+            f"{' and '.join(FUSED_LOSS)} make no logits; they run for training only). Tune s: tiered_ops.tune for that "
             "workload and context. Peak MiB: one training step from zeroed gradients (set to None), above the "
             "memory held before it, in bytes the step requested (benchmarks/step_memory.py)."]
     rows: list[dict] = []
@@ -263,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                     rows += [dict(common, model=name, variant=v, workload=workload, context=context, note=why)
                              for v in variants]
                 else:
-                    rows += measure_row(name, variants, workload, context, ids[workload], args, common, reference)
+                    run = {k: v for k, v in variants.items() if workload == "train" or k not in FUSED_LOSS}
+                    rows += [dict(common, model=name, variant=k, workload=workload, context=context,
+                                  note="the fused LM head + loss: training only (a call without labels makes logits "
+                                       "as the unfused variant's)") for k in variants if k not in run]
+                    rows += measure_row(name, run, workload, context, ids[workload], args, common, reference)
                 write(rows, out, head)  # as it goes: a cut run keeps its rows
         del variants
     write(rows, out, head)

@@ -1,6 +1,7 @@
 """What benchmarks/models.py builds: the model tables (random weights from configs,
 nothing downloaded), the variants (stock, its unpatched copy, tiered_ops.patch with and without fuse_residual,
-Liger's patch), one step of a workload and the ways to run it (CUDA-graph capture, a compile of its own)."""
+Liger's patch; each patch's fused LM head + loss on, for training), one step of a workload and the ways to run it
+(CUDA-graph capture, a compile of its own)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import torch
 import tiered_ops
 
 CONTROL = "stock-copy"  # an unpatched copy of stock: what a verdict reads between two identical models
+# the variants whose LM head and loss are one fused op: a training step gives a loss and no logits, so they run only
+# for training and are checked by their loss and gradient norm against stock's
+FUSED_LOSS = ("tiered-lce", "liger-lce")
 
 
 class Skip(Exception):
@@ -38,9 +42,14 @@ def models(quick: bool, seq: int) -> dict[str, tuple[Any, Any, str]]:
     qwen3 = T.Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=2, num_attention_heads=32,
                           num_key_value_heads=8, head_dim=128, vocab_size=151936,
                           max_position_embeddings=max(8192, seq))
+    # Mistral 7B v0.3 (vocabulary 32768, no sliding window)
+    mistral = T.MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+                              num_key_value_heads=8, head_dim=128, vocab_size=32768, sliding_window=None,
+                              max_position_embeddings=max(8192, seq))
     gpt2 = T.GPT2Config(n_positions=max(1024, seq), **no_dropout)  # the defaults are GPT-2 small
     return {"llama-8b-dims-2l": (T.LlamaForCausalLM, llama, "llama"),
             "qwen3-8b-dims-2l": (T.Qwen3ForCausalLM, qwen3, "qwen3"),
+            "mistral-7b-dims-2l": (T.MistralForCausalLM, mistral, "mistral"),
             "gpt2-small": (T.GPT2LMHeadModel, gpt2, "gpt2")}
 
 
@@ -64,17 +73,18 @@ class Variant:
     def __init__(self, name: str, base: torch.nn.Module, arch: str) -> None:
         self.name, self.model, self.note, self._swap = name, copy.deepcopy(base), "", {}
         if name.startswith("tiered"):
-            # the fused LM head + loss off (as Liger's fused linear cross entropy here), so that training has logits
-            ops = [o for o in tiered_ops.models.patching.PATCHABLE_OPS if o != "linear_cross_entropy"]
+            # the fused LM head + loss off (as in Liger's variant), so that training has logits; on in tiered-lce
+            ops = [o for o in tiered_ops.models.patching.PATCHABLE_OPS
+                   if o != "linear_cross_entropy" or name in FUSED_LOSS]
             report = tiered_ops.patch(self.model, ops=ops, fuse_residual=name == "tiered-fused")
             left = sorted({f"{x.cls}: {x.reason}" for x in report.left})
             self.note = f"{len(report.swapped)} swapped" + (f"; left {'; '.join(left)}" if left else "")
-        elif name == "liger":
-            self._liger(arch)
+        elif name.startswith("liger"):
+            self._liger(arch, fused_loss=name in FUSED_LOSS)
         elif name == CONTROL:
             self.note = "the control: an unpatched copy of stock"
 
-    def _liger(self, arch: str) -> None:
+    def _liger(self, arch: str, fused_loss: bool) -> None:
         try:
             import liger_kernel.transformers as L
         except ImportError:
@@ -86,12 +96,12 @@ class Variant:
 
         mod = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
         before = dict(vars(mod))
-        apply(model=self.model, fused_linear_cross_entropy=False)
+        apply(model=self.model, **({} if fused_loss else {"fused_linear_cross_entropy": False}))
         # module functions Liger replaced (RoPE): back for the other variants, swapped in for Liger's calls
         self._swap = {(mod, k): v for k, v in vars(mod).items() if before.get(k, v) is not v}
         for (m, k) in self._swap:
             setattr(m, k, before[k])
-        self.note = "liger defaults, fused linear cross entropy off" + (
+        self.note = ("liger defaults" if fused_loss else "liger defaults, fused linear cross entropy off") + (
             f"; module functions swapped per call: {', '.join(k for _, k in self._swap)}" if self._swap else "")
 
     @contextlib.contextmanager
@@ -117,12 +127,15 @@ class Variant:
 
 
 def step_fn(model: Any, workload: str, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """One call of ``workload`` on ``model`` (an nn.Module or its compiled form), returning the logits."""
+    """One call of ``workload`` on ``model`` (an nn.Module or its compiled form), returning the logits. A training
+    step also keeps its loss as the function's ``loss``, and returns that loss where the model makes no logits (a
+    fused LM head + loss)."""
     if workload == "train":
         def train() -> torch.Tensor:
             out = model(input_ids=ids, labels=ids, use_cache=False)
             out.loss.backward()
-            return out.logits.detach()
+            train.loss = out.loss.detach()
+            return train.loss if out.logits is None else out.logits.detach()
 
         return train
 

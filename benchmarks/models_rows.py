@@ -13,7 +13,8 @@ import torch
 
 COLUMNS = ("model", "variant", "workload", "context", "tokens", "dtype", "ms_p50", "ms_p20", "ms_p80", "calls",
            "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy",
-           "rel_err_vs_stock", "tune_s", "peak_mib", "note", "device", "torch", "transformers", "liger")
+           "rel_err_vs_stock", "loss_rel_err_vs_stock", "grad_norm_rel_err_vs_stock", "tune_s", "peak_mib", "note",
+           "device", "torch", "transformers", "liger")
 
 
 def timed(fn: Callable[[], Any], reps: int, cuda: bool) -> list[float]:
@@ -76,8 +77,8 @@ def render(rows: list[dict], head: list[str]) -> str:
     out = ["# Model-level benchmark", "", *head, ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         out += [f"## {model}", "", "| workload | context | variant | median ms | p20-p80 ms | calls | vs stock | "
-                "verdict | rounds slower | vs copy | rel err | tune s | peak MiB | note |",
-                "|---|---|---|---:|---|---:|---:|---|---:|---|---:|---:|---:|---|"]
+                "verdict | rounds slower | vs copy | rel err | loss rel err | grad norm rel err | tune s | peak MiB | "
+                "note |", "|---|---|---|---:|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|"]
         mine = [r for r in rows if r["model"] == model]
         for r in mine:
             stock = next((s for s in mine if s["variant"] == "stock" and s.get("workload") == r.get("workload")
@@ -87,6 +88,7 @@ def render(rows: list[dict], head: list[str]) -> str:
             out.append(f"| {r.get('workload', '')} | {r.get('context', '')} | {r['variant']} | {r.get('ms_p50', '')} "
                        f"| {sp} | {r.get('calls', '')} | {speed} | {r.get('verdict', '')} "
                        f"| {r.get('rounds_slower', '')} | {_vs_copy(r)} | {r.get('rel_err_vs_stock', '')} "
+                       f"| {r.get('loss_rel_err_vs_stock', '')} | {r.get('grad_norm_rel_err_vs_stock', '')} "
                        f"| {r.get('tune_s', '')} | {r.get('peak_mib', '')} | {r.get('note', '')} |")
         out.append("")
     return "\n".join(out)

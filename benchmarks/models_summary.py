@@ -1,6 +1,7 @@
 """One page per GPU from the per-model results of benchmarks/models.py: every (model, workload, context) row of the
 tiered variants with its verdict against stock, the rows slower than stock, Liger beside it, and training memory
-(every variant's peak, and the tiered variants' peaks above stock's).
+(every variant's peak, the tiered variants' peaks above stock's, and with the fused LM head + loss on, tiered-lce's
+peaks above liger-lce's).
 
     python benchmarks/models_summary.py reports/nvidia-h100     # reads models/*.csv there, writes models.md there
 """
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+_PEAKS = ("stock", "tiered", "tiered-fused", "liger", "tiered-lce", "liger-lce")  # the training peaks shown
 
 
 def _trees(folder: Path) -> list[str]:
@@ -35,9 +38,9 @@ def summary(folder: Path) -> str:
            "timed the control stock-copy (an unpatched copy of stock), the same against it, else tie.", "",
            *_trees(folder), "",
            "| model | workload | context | stock ms | tiered ms | vs stock | verdict | tiered-fused | verdict | liger |"
-           " train peak MiB stock / tiered / tiered-fused / liger |",
-           "|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
-    slower, missing, heavier, noise = [], [], [], []
+           " tiered-lce | verdict | liger-lce | train peak MiB " + " / ".join(_PEAKS) + " |",
+           "|---|---|---|---:|---:|---:|---|---:|---|---:|---:|---|---:|---|"]
+    slower, missing, heavier, noise, over_liger = [], [], [], [], []
     for (model, wl, ctx), g in ran.groupby(["model", "workload", "context"], sort=False):
         v = {r["variant"]: r for _, r in g.iterrows()}
         if "stock" not in v:
@@ -60,23 +63,32 @@ def summary(folder: Path) -> str:
                          + (f", {rounds} rounds slower)" if isinstance(rounds, str) else ")"))
         t, tv = cell("tiered")
         f, fv = cell("tiered-fused")
-        lig = f"{v['liger']['ms_p50']:.3f} ({s / v['liger']['ms_p50']:.2f}x)" if "liger" in v else ""
-        peaks = {n: v[n]["peak_mib"] for n in ("stock", "tiered", "tiered-fused", "liger")
-                 if n in v and pd.notna(v[n]["peak_mib"])}
-        mem = " / ".join(f"{peaks[n]:.1f}" if n in peaks else "-" for n in ("stock", "tiered", "tiered-fused", "liger")
-                         ) if wl == "train" else ""
+        lt, ltv = cell("tiered-lce")
+        lig, lig_lce = (f"{v[n]['ms_p50']:.3f} ({s / v[n]['ms_p50']:.2f}x)" if n in v else "" for n in ("liger",
+                                                                                                     "liger-lce"))
+        peaks = {n: v[n]["peak_mib"] for n in _PEAKS if n in v and pd.notna(v[n]["peak_mib"])}
+        mem = " / ".join(f"{peaks[n]:.1f}" if n in peaks else "-" for n in _PEAKS) if wl == "train" else ""
+        if "tiered-lce" in peaks and peaks["tiered-lce"] > peaks.get("liger-lce", peaks["tiered-lce"]):
+            over_liger.append(f"{model} {wl} {ctx}: {peaks['tiered-lce']:.1f} MiB against liger-lce's "
+                              f"{peaks['liger-lce']:.1f}")
         control = v.get("stock-copy", {}).get("peak_mib")  # the same model's peak read again: what the figure moves
         also = f" (the control's: {control:.1f})" if control is not None and pd.notna(control) else ""
         heavier += [f"{model} {wl} {ctx} {n}: {peaks[n]:.1f} MiB against stock's {peaks['stock']:.1f}{also}"
-                    for n in ("tiered", "tiered-fused") if n in peaks and peaks[n] > peaks.get("stock", peaks[n])]
+                    for n in ("tiered", "tiered-fused", "tiered-lce") if n in peaks
+                    and peaks[n] > peaks.get("stock", peaks[n])]
         ratio = f"{s / v['tiered']['ms_p50']:.2f}x" if "tiered" in v else ""
-        out.append(f"| {model} | {wl} | {ctx} | {s:.3f} | {t} | {ratio} | {tv} | {f} | {fv} | {lig} | {mem} |")
-    for _, r in df[df["ms_p50"].isna() & df["variant"].str.startswith("tiered")].iterrows():
+        out.append(f"| {model} | {wl} | {ctx} | {s:.3f} | {t} | {ratio} | {tv} | {f} | {fv} | {lig} | {lt} | {ltv} "
+                   f"| {lig_lce} | {mem} |")
+    training_only = (df["variant"] == "tiered-lce") & (df["workload"] != "train")  # skipped by design, with a note
+    for _, r in df[df["ms_p50"].isna() & df["variant"].str.startswith("tiered") & ~training_only].iterrows():
         missing.append(f"{r['model']} {r['workload']} {r['context']} {r['variant']}: {r['note']}")
     out += ["", f"Rows of a tiered variant slower than stock: {len(slower)}" + (":" if slower else "."),
             *[f"- {x}" for x in slower],
             "", f"Training peaks of a tiered variant above stock's: {len(heavier)}" + (":" if heavier else "."),
             *[f"- {x}" for x in heavier]]
+    if "tiered-lce" in set(ran["variant"]):
+        out += ["", f"Training peaks of tiered-lce above liger-lce's (both with the fused LM head + loss): "
+                f"{len(over_liger)}" + (":" if over_liger else "."), *[f"- {x}" for x in over_liger]]
     if (ran["variant"] == "stock-copy").any():
         out += ["", "Rows where the control (stock-copy, the same model as stock) reads faster or slower than stock: "
                 f"{len(noise)}" + (":" if noise else "."), *[f"- {x}" for x in noise]]

@@ -163,3 +163,90 @@ def test_the_route_at_the_triton_tier_matches_stock(monkeypatch):
     got = _step(model, ids, labels)
     assert got[1] is None
     _compare(got, stock, None, torch.float32)
+
+
+# ---- each known form of the causal-LM forward (lm_head_loss.FORMS) ------------------------------------------------
+
+def _gemma3(**cfg):
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    return t.Gemma3ForCausalLM(t.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                                  head_dim=16, **cfg))
+
+
+def _as_517(monkeypatch, model):
+    """``model``'s class given transformers 5.17's forward (tests/hf517_causal_lm.py): it then runs, and reads to the
+    syntax check, as it does under 5.17."""
+    import hf517_causal_lm
+
+    soft = hasattr(model.config, "final_logit_softcapping")  # Gemma2/Gemma3: the soft-capping form
+    monkeypatch.setattr(type(model), "forward", hf517_causal_lm.Gemma2ForCausalLM.forward if soft else
+                        hf517_causal_lm.LlamaForCausalLM.forward)
+    return model
+
+
+@needs_hf
+@pytest.mark.parametrize("version,family,dtype", [
+    ("5.17", "llama", torch.float32), ("5.17", "llama", torch.bfloat16), ("5.17", "qwen3", torch.float32),
+    ("5.17", "gemma", torch.float32), ("5.17", "gemma3", torch.float32), ("installed", "gemma3", torch.float32),
+    ("installed", "gemma3", torch.bfloat16)], ids=str)
+def test_each_known_form_fuses_and_matches_stock(version, family, dtype, monkeypatch):
+    """The installed transformers' forms and 5.17's (its forward's code run on the installed model classes): the
+    fused loss and every gradient against the same model's own forward. Gemma3 without soft-capping (its default)
+    takes the Gemma2/3 form."""
+    model = (_gemma3() if family == "gemma3" else tiny(family)).to(dtype).train()
+    if version == "5.17":
+        _as_517(monkeypatch, model)
+    form = lm_head_loss.head_form(type(model))
+    assert form is not None and (version != "5.17" or "5.17" in form.name), form
+    ids, labels = _batch()
+    truth = _step(copy.deepcopy(model).double(), ids, labels)
+    stock = _step(model, ids, labels)
+    assert stock[1] is not None
+    with torch.no_grad():
+        want = model.eval()(ids).logits
+    model.train()
+    report = patch(model, ops=["linear_cross_entropy"])
+    assert [s.path for s in report.swapped if ROUTE in s.replacement] == [""], str(report)
+    got = _step(model, ids, labels)
+    assert got[1] is None and got[0].dtype == torch.float32
+    _compare(got, stock, truth, dtype)
+    with torch.no_grad():  # eval: the form's own forward, logits and all
+        assert torch.equal(model.eval()(ids).logits, want)
+    assert unpatch(model) == 1
+    _compare(_step(model.train(), ids, labels), stock, truth, dtype)
+
+
+@needs_hf
+def test_an_unknown_form_is_refused_with_why(monkeypatch):
+    """A forward that is neither form (here 5.17's with one more line) is left, with the reason it always had."""
+    import hf517_causal_lm
+
+    def other(self, input_ids=None, labels=None, **kwargs):
+        out = hf517_causal_lm.LlamaForCausalLM.forward(self, input_ids, labels=labels, **kwargs)
+        return out
+
+    model = tiny("mistral").train()
+    monkeypatch.setattr(type(model), "forward", other)
+    report = patch(model, ops=["linear_cross_entropy"])
+    assert not any(ROUTE in s.replacement for s in report.swapped)
+    reason = "LM head + loss not fused: its forward is not the causal-LM code this rewrite reproduces"
+    assert [x.reason.split("; ")[0] for x in report.left if x.path == ""] == [reason], str(report)
+
+
+@needs_hf
+@pytest.mark.parametrize("version", ["5.17", "installed"])
+def test_soft_capping_switched_on_after_the_patch_runs_the_original_tail(version, monkeypatch):
+    model = _gemma3().train()
+    if version == "5.17":
+        _as_517(monkeypatch, model)
+    patch(model, ops=["linear_cross_entropy"])
+    model.config.final_logit_softcapping = 3.0
+    ids, labels = _batch()
+    got = _step(model, ids, labels)
+    assert got[1] is not None  # the logits route: the head, the cap, then the loss
+    unpatch(model)
+    stock = _step(model, ids, labels)
+    assert got[1].abs().max() <= 3.0 and torch.equal(got[1], stock[1])
+    assert rel(got[0], stock[0]) < 1e-6 and rel(_flat(got[2]), _flat(stock[2])) < 1e-6

@@ -28,7 +28,24 @@ def test_slower_rows_and_heavier_peaks_are_listed(tmp_path):
     assert "Rows of a tiered variant slower than stock: 1:\n- m decode compile tiered: 0.83x" in page
     assert ("Training peaks of a tiered variant above stock's: 1:\n"
             "- m train compile tiered-fused: 100.4 MiB against stock's 100.0 (the control's: 100.2)") in page
-    assert "| 100.0 / 99.9 / 100.4 / - |" in page
+    assert "| 100.0 / 99.9 / 100.4 / - / - / - |" in page  # stock / tiered / tiered-fused / liger / the -lce two
+    assert "tiered-lce above liger-lce" not in page  # no fused-loss rows in this run
+
+
+def test_the_fused_loss_variants_have_their_columns_and_peaks(tmp_path):
+    """tiered-lce and liger-lce (the LM head + loss fused; training only): their times beside the others, their peaks
+    in the memory column, tiered-lce's peak above stock's or liger-lce's listed."""
+    (tmp_path / "models").mkdir()
+    pd.DataFrame([_row("stock", "train", 10.0, peak=100.0), _row("tiered", "train", 9.0, "faster", 90.0),
+                  _row("liger", "train", 9.5, "faster", 95.0), _row("tiered-lce", "train", 8.0, "faster", 60.0),
+                  _row("liger-lce", "train", 8.5, "faster", 55.0),
+                  _row("tiered-lce", "prefill", None)]).to_csv(tmp_path / "models" / "m.csv", index=False)
+    page = models_summary.summary(tmp_path)
+    assert "| 8.000 | faster | 8.500 (1.18x) | 100.0 / 90.0 / - / 95.0 / 60.0 / 55.0 |" in page
+    assert ("Training peaks of tiered-lce above liger-lce's (both with the fused LM head + loss): 1:\n"
+            "- m train compile: 60.0 MiB against liger-lce's 55.0") in page
+    assert "Training peaks of a tiered variant above stock's: 0." in page
+    assert "Rows without a figure" not in page  # tiered-lce's prefill: training only, by design
 
 
 def test_a_verdict_needs_every_paired_round_to_agree():

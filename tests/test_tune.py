@@ -156,22 +156,30 @@ def test_readme_snippet_runs(monkeypatch, capsys):
     assert stored and {r["mode"] for r in stored} == {"fwd_nograd"}
 
 
-@needs_hf
-def test_model_benchmark_smoke(tmp_path, monkeypatch):
-    """benchmarks/models.py --quick on the CPU: every variant x workload x context gets a timed row of interleaved
-    rounds with a verdict, the patched models' logits agree with stock's, Liger is skipped cleanly where missing, and
-    the report's header names the command and commit."""
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # what --quick sets for its process: restored after the test
+def _bench_models():
     spec = importlib.util.spec_from_file_location("bench_models", README.parent / "benchmarks" / "models.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@needs_hf
+def test_model_benchmark_smoke(tmp_path, monkeypatch):
+    """benchmarks/models.py --quick on the CPU: every variant x workload x context gets a timed row of interleaved
+    rounds with a verdict, the patched models' logits agree with stock's (in training also the loss and the
+    gradients' norm), tiered-lce (the fused LM head + loss) runs for training only and is checked by its loss and
+    gradient norm, Liger is skipped cleanly where missing, and the report's header names the command and commit."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # what --quick sets for its process: restored after the test
+    bench = _bench_models()
     assert bench.main(["--quick", "--models", "llama-tiny", "--out-dir", str(tmp_path)]) == 0
     with open(tmp_path / "models.csv") as f:
         rows = list(csv.DictReader(f))
     timed = [r for r in rows if r["ms_p50"]]
     assert {(r["variant"], r["workload"], r["context"]) for r in timed} == {
         (v, w, c) for v in ("stock", "stock-copy", "tiered", "tiered-fused") for w in ("prefill", "decode", "train")
-        for c in ("eager", "compile")}
+        for c in ("eager", "compile")} | {("tiered-lce", "train", c) for c in ("eager", "compile")}
+    assert all("training only" in r["note"] for r in rows if r["variant"] == "tiered-lce" and r["workload"] != "train"
+               and r["context"] != "graphs")
     # every patched row is judged against stock and against the control, and its verdict is where both agree
     for r in timed:
         if r["variant"].startswith("tiered"):
@@ -179,9 +187,16 @@ def test_model_benchmark_smoke(tmp_path, monkeypatch):
             assert r["verdict"] == bench.agreed(r["verdict"], r["verdict_vs_copy"]), r
     assert all(r["calls"] == "4" for r in timed)  # 2 rounds of 2 calls
     assert {r["verdict"] for r in timed if r["variant"] != "stock"} <= {"faster", "tie", "slower"}
-    assert all(float(r["rel_err_vs_stock"]) < 1.6e-2 for r in timed)
-    liger = [r for r in rows if r["variant"] == "liger"]
-    assert liger and (all(r["ms_p50"] or r["note"] for r in liger))
+    assert all(float(r["rel_err_vs_stock"]) < 1.6e-2 for r in timed if r["variant"] != "tiered-lce")
+    train = [r for r in timed if r["workload"] == "train"]
+    assert all(float(r["loss_rel_err_vs_stock"]) < 1e-2 and float(r["grad_norm_rel_err_vs_stock"]) < 1.6e-2
+               for r in train)
+    lce = [r for r in train if r["variant"] == "tiered-lce"]
+    assert all(not r["rel_err_vs_stock"] and "left" not in r["note"] for r in lce), lce  # fused: no logits
+    liger = [r for r in rows if r["variant"] in ("liger", "liger-lce")]
+    assert {r["variant"] for r in liger} == {"liger", "liger-lce"} and all(r["ms_p50"] or r["note"] for r in liger)
+    if importlib.util.find_spec("liger_kernel") is None:
+        assert all(r["note"] == "liger-kernel not installed" for r in liger)
     md = (tmp_path / "models.md").read_text()
     assert "| prefill | eager | tiered |" in md and "--quick" in md and "at commit" in md
     # a fast row takes more calls per round, as many for every variant (a round spans --min-round-ms); 2 s, not less:
@@ -191,3 +206,26 @@ def test_model_benchmark_smoke(tmp_path, monkeypatch):
     with open(tmp_path / "more" / "models.csv") as f:
         calls = {r["variant"]: int(r["calls"]) for r in csv.DictReader(f)}
     assert calls["stock"] == calls["tiered"] > 4 and calls["stock"] % 2 == 0, calls  # 2 rounds
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.timeout(400)
+def test_model_benchmark_fused_loss_variants_on_a_gpu(tmp_path, monkeypatch):
+    """benchmarks/models.py's training rows on a GPU with the fused LM head + loss on (tiered-lce, liger-lce): every
+    timed row has its peak memory and its loss and gradient norm checked against stock's; Liger's row is timed or says
+    why not."""
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    bench = _bench_models()
+    assert bench.main(["--quick", "--device", "cuda", "--models", "llama-tiny", "--variants",
+                       "stock,tiered,tiered-lce,liger-lce", "--workloads", "train", "--contexts", "eager",
+                       "--out-dir", str(tmp_path)]) == 0
+    with open(tmp_path / "models.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    timed = [r for r in rows.values() if r["ms_p50"]]
+    assert {"stock", "tiered", "tiered-lce"} <= {r["variant"] for r in timed}, rows
+    assert all(r["peak_mib"] != "" and float(r["peak_mib"]) >= 0 for r in timed), timed  # filled: the recorded step
+    for r in timed:
+        assert float(r["loss_rel_err_vs_stock"]) < 1e-2 and float(r["grad_norm_rel_err_vs_stock"]) < 2e-2, r
+    assert rows["tiered-lce"]["rel_err_vs_stock"] == ""  # fused: no logits
+    assert rows["liger-lce"]["ms_p50"] or rows["liger-lce"]["note"]
