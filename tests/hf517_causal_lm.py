@@ -3,7 +3,9 @@ LlamaForCausalLM.forward, the code Mistral, Qwen2, Qwen3 and Gemma share; models
 Gemma2ForCausalLM.forward, Gemma3's too), their example docstrings left out, each in a
 class of the name it has there (only the forward is copied): set as a class's forward, they make the
 installed transformers' model run and look (to ``tiered_ops.patch``'s syntax check) as 5.17's does, so the LM head +
-loss rewrite's 5.17 forms are tested without installing 5.17."""
+loss rewrite's 5.17 forms are tested without installing 5.17.
+
+The copied code is transformers' (Copyright The HuggingFace Team, Apache License 2.0)."""
 
 from __future__ import annotations
 
