@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from tiered_ops.analysis.analysis import latest, winners
+from tiered_ops.analysis.check import removed
 from tiered_ops.cli.cli import main
 from tiered_ops.store.store import COLUMN_NAMES
 
@@ -177,7 +178,8 @@ def test_a_resumed_store_reports_each_case_from_its_newest_rows(tmp_path):
     resumed.to_csv(csv, index=False)
     out = tmp_path / "report"
     assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
-    assert (f"; {len(resumed)} measurements in the results, of which the {len(df)} newest of each case and "
+    kept = len(df[~removed(df)])  # less a removed kernel's rows (muladd cuda): out of the figures
+    assert (f"; {len(resumed)} measurements in the results, of which the {kept} newest of each case and "
             "implementation make the figures below;") in (out / "README.md").read_text()
     assert (out / f"{case['op']}-gbps.png").stat().st_size > 0
 
@@ -196,12 +198,12 @@ def test_the_summary_opens_the_report_with_the_picture_and_the_winners_per_op(tm
     """The README opens with the picture, then per op the cases each tier wins, the ties, and the winners' fraction
     of the copy bandwidth over the cases moving at least 64 MiB (the lowest named); the tables go to cases.md."""
     big, mib = "16384x4096", 128 << 20  # 128 MiB moved: gbps * us * 1e3 bytes
-    rows = [_case("muladd", big, "bf16", "fwd_nograd", "eager", 200.0, mib / 200e3),
-            _case("muladd", big, "bf16", "fwd_nograd", "triton", 160.0, mib / 160e3),   # triton 1.25x
-            _case("muladd", big, "fp32", "fwd_nograd", "eager", 400.0, mib / 400e3),
-            _case("muladd", big, "fp32", "fwd_nograd", "cuda", 200.0, mib / 200e3),     # cuda 2x
-            _case("muladd", "1x4096", "bf16", "fwd_nograd", "eager", 5.0, 1.0),        # launch-bound: no % of copy
-            _case("muladd", "1x4096", "bf16", "fwd_nograd", "compile", 5.01, 1.0),     # a tie
+    rows = [_case("gelu", big, "bf16", "fwd_nograd", "eager", 200.0, mib / 200e3),
+            _case("gelu", big, "bf16", "fwd_nograd", "triton", 160.0, mib / 160e3),   # triton 1.25x
+            _case("gelu", big, "fp32", "fwd_nograd", "eager", 400.0, mib / 400e3),
+            _case("gelu", big, "fp32", "fwd_nograd", "cuda", 200.0, mib / 200e3),     # cuda 2x
+            _case("gelu", "1x4096", "bf16", "fwd_nograd", "eager", 5.0, 1.0),        # launch-bound: no % of copy
+            _case("gelu", "1x4096", "bf16", "fwd_nograd", "compile", 5.01, 1.0),     # a tie
             _case("softmax", big, "bf16", "fwd+bwd", "compile", 100.0, mib / 100e3),
             _case("softmax", big, "bf16", "fwd+bwd", "eager", 300.0, mib / 300e3)]
     csv = tmp_path / "results.csv"
@@ -214,17 +216,17 @@ def test_the_summary_opens_the_report_with_the_picture_and_the_winners_per_op(tm
     assert picture < 10 and not any(x.startswith("|") for x in lines[:picture])  # the picture before any table
     w = winners(pd.DataFrame(rows))
     assert set(zip(w.op, w.problem, w.dtype, w.winner, w.tie)) == {
-        ("muladd", big, "bf16", "triton", False), ("muladd", big, "fp32", "cuda", False),
-        ("muladd", "1x4096", "bf16", "eager", True), ("softmax", big, "bf16", "compile", False)}
-    muladd = next(x for x in lines if x.startswith("| [muladd](cases.md#muladd) |"))
-    cells = [c.strip() for c in muladd.split("|")[1:-1]]
+        ("gelu", big, "bf16", "triton", False), ("gelu", big, "fp32", "cuda", False),
+        ("gelu", "1x4096", "bf16", "eager", True), ("softmax", big, "bf16", "compile", False)}
+    gelu = next(x for x in lines if x.startswith("| [gelu](cases.md#gelu) |"))
+    cells = [c.strip() for c in gelu.split("|")[1:-1]]
     # cases, eager, compile, triton, cuda, ties, % of copy fwd_nograd, % of copy fwd+bwd, territories
     assert cells[1:7] == ["3", "1", "0", "1", "1", "1"]
     fp32 = 100 * mib / 200e3 / 1000  # the winners' own fractions: cuda's at fp32, triton's at bf16
     bf16 = 100 * mib / 160e3 / 1000
     assert cells[7] == (f"{(fp32 + bf16) / 2:.0f} % (lowest {min(fp32, bf16):.0f} %: "
                         f"{'cuda' if fp32 < bf16 else 'triton'} {big} {'fp32' if fp32 < bf16 else 'bf16'}; 2 cases)")
-    assert cells[8] == "-"  # muladd has no fwd+bwd case
+    assert cells[8] == "-"  # gelu has no fwd+bwd case
     softmax = next(x for x in lines if x.startswith("| [softmax](cases.md#softmax) |"))
     assert [c.strip() for c in softmax.split("|")[1:-1]][1:7] == ["1", "0", "1", "0", "0", "0"]
     assert "| 16384x4096 | bf16 | fwd_nograd | **triton** | 160.0 | 1.25x | eager |" in (out / "cases.md").read_text()
@@ -261,3 +263,20 @@ def test_the_picture_outlines_a_cuda_winner_inside_a_territory_it_holds():
     w = winners(pd.DataFrame(rows))
     assert dict(zip(w.problem + " " + w.dtype, in_territory(w))) == {
         "512x393216,dim=-1 bf16": True, "32x4096,dim=-1 bf16": False, "512x393216,dim=-1 fp32": False}
+
+
+def test_a_removed_kernels_rows_stay_in_the_csv_and_out_of_the_figures(tmp_path):
+    """muladd's CUDA kernel was deleted; a results file from before keeps its rows. The report's figures (winners,
+    tables) must not crown a kernel the tree no longer has, and the README says what it left out."""
+    big, mib = "16384x4096", 128 << 20
+    rows = [_case("muladd", big, "bf16", "fwd_nograd", impl, us, mib / (us * 1e3))
+            for impl, us in (("eager", 200.0), ("cuda", 100.0), ("triton", 160.0))]
+    csv = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    out = tmp_path / "report"
+    assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x"]) == 0
+    readme = (out / "README.md").read_text()
+    assert "Left out of the figures: the rows of muladd cuda" in readme
+    assert len(pd.read_csv(out / "results.csv")) == 3  # the CSV keeps every row
+    line = next(x for x in readme.splitlines() if x.startswith("| [muladd](cases.md#muladd) |"))
+    assert [c.strip() for c in line.split("|")[1:-1]][1:6] == ["1", "0", "0", "1", "0"]  # Triton wins, no CUDA

@@ -163,12 +163,17 @@ def _stale(rows: pd.DataFrame, spec: OpSpec) -> list[Finding]:
     return out
 
 
-def _removed(df: pd.DataFrame, specs: list[OpSpec]) -> tuple[pd.Series, list[Finding]]:
-    """The rows of a kernel tier (CUDA, Triton) of ``specs`` whose implementation is no longer in the catalog (its
-    sources deleted; the evidence keeps them), ignored; and one finding per such implementation, never failing."""
-    names = {s.name: s for s in specs}
-    gone = pd.Series([op in names and impl not in names[op].impls and tier in ("cuda", "triton")
+def removed(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.Series:
+    """Which rows are of a kernel tier (CUDA, Triton) of ``specs`` (default: the catalog) whose implementation is no
+    longer in the catalog (its sources deleted; the evidence keeps them)."""
+    names = {s.name: s for s in (all_ops() if specs is None else specs)}
+    return pd.Series([op in names and impl not in names[op].impls and tier in ("cuda", "triton")
                       for op, impl, tier in zip(df.op, df.impl, df.tier)], index=df.index, dtype=bool)
+
+
+def _removed(df: pd.DataFrame, specs: list[OpSpec]) -> tuple[pd.Series, list[Finding]]:
+    """The rows of a removed kernel (``removed``), ignored; and one finding per such implementation, never failing."""
+    gone = removed(df, specs)
     out = []
     for (op, impl), rows_of in df[gone].groupby(["op", "impl"], sort=True):
         per = ", ".join(f"{n} of {g}" for g, n in rows_of.groupby(_gpu(rows_of), sort=True).size().items())

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..store.store import COLUMN_NAMES
 from .analysis import decisions, latest, winners
+from .check import removed
 from .summary import in_territory, margin_label, row_labels, summary
 from .targets import render as render_targets
 
@@ -307,8 +308,16 @@ def render_frame(df: pd.DataFrame, out: str | Path, metas: dict, command: str, r
         written.append(csv)
     total = len(df)
     df = latest(df)  # the figures: each case's newest row per implementation (the CSV above keeps every row)
+    gone = removed(df)  # a removed kernel's rows stay in the CSV, never in the figures
+    left_out = sorted({f"{op} {impl}" for op, impl in zip(df.op[gone], df.impl[gone])})
+    df = df[~gone]
     again = latest(again) if again is not None else None
     pages = markdown(df, metas, command, rendered_by, again, total)
+    if left_out:
+        title, rest = pages["README.md"].split("\n", 1)
+        pages["README.md"] = (f"{title}\n\nLeft out of the figures: the rows of {', '.join(left_out)}, a kernel "
+                              f"no longer in the catalog (its sources were deleted; `results.csv` keeps its rows)."
+                              f"\n{rest}")
     if archived:
         title, rest = pages["README.md"].split("\n", 1)
         pages["README.md"] = (f"{title}\n\n**Archived GPU** ({archived}): this evidence is history, read and reported, "
