@@ -43,7 +43,7 @@ from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
-from . import background
+from . import background, table
 from .capture import is_warm, warm
 from .choice import _decide, _gated
 from .claimed import tune_bucket
@@ -60,14 +60,8 @@ _policy: tuple[str, int | None] | None = None
 _budget: int | None = None  # the memory policy's budget of the process default
 _store: Store | None = None
 _lock = threading.RLock()
-_decisions: dict[tuple, Selection] = {}
-_calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
-# a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
-_traced: dict[tuple, str] = {}
-# (op, bucket, dtype, device, mode, mixed) -> the same, for a trace whose sizes are symbolic (dynamic shapes)
-_traced_buckets: dict[tuple, str] = {}
-_hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
-_selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
+# exact select_backend arguments -> the table's Selection; follows the table (``_follow``)
+_selects: dict[tuple, Selection] = {}
 _told: set[tuple] = set()  # capture fallbacks logged once
 _unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
 
@@ -104,9 +98,9 @@ def tuning_enabled() -> bool:
 
 
 def _landed(job: background.Job) -> None:
-    """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and every
-    cached selection of the bucket is dropped, so the next call decides from them (and a selection that waited for
-    a full queue asks again)."""
+    """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and a
+    table without the bucket's decisions is published, so the next call decides from them (and a selection that
+    waited for a full queue asks again)."""
     with _lock:
         new = job.unsaved()
         if new:
@@ -115,21 +109,26 @@ def _landed(job: background.Job) -> None:
 
 
 def _forget(key: tuple[str, str, str, str, str]) -> None:
-    """Drop every cached selection of the bucket ``key`` (op, bucket, dtype, device key, mode), and those that waited
-    for a full background queue, so the next call decides again."""
-    with _lock:
-        _hot.clear()  # learnt again from the Python keys kept
-        for cache in (_decisions, _calls, _selects):
-            for k, sel in list(cache.items()):
-                r = sel.record
-                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == key
-                        or str(r.get("tuning", "")).startswith(_FULL)):
-                    cache.pop(k, None)
-        for k in [k for k in _traced if k not in _calls]:
-            del _traced[k]
-        _traced_buckets.clear()  # primed again by the next eager calls
+    """Publish a table without the decisions of the bucket ``key`` (op, bucket, dtype, device key, mode), nor those
+    that waited for a full background queue, so the next call decides again."""
+    def stale(_: tuple, sel: Selection) -> bool:
+        r = sel.record
+        return ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == key
+                or str(r.get("tuning", "")).startswith(_FULL))
+
+    table.publish(drop=stale)
 
 
+def _follow(old: table.DecisionTable, new: table.DecisionTable) -> None:
+    """``select_backend``'s memo keeps what is still the table's decision (what is not in it, until a publication
+    drops decisions)."""
+    for k, sel in list(_selects.items()):
+        now = new.get(getattr(sel, "key", None))
+        if now is not sel and (now is not None or new.pruned):
+            _selects.pop(k, None)
+
+
+table.subscribe(_follow)
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
 
 
@@ -172,12 +171,8 @@ def get_store() -> Store:
 
 
 def clear_cache() -> None:
-    _decisions.clear()
-    _calls.clear()
-    _traced.clear()
-    _traced_buckets.clear()
-    _hot.clear()
-    _selects.clear()
+    """Publish an empty decision table: every call decides again (from the store)."""
+    table.publish(clear=True)
 
 
 @dataclass
@@ -191,6 +186,8 @@ class Selection:
     fn: Callable[..., torch.Tensor]
     impl: Impl
     record: dict[str, Any] = field(default_factory=dict)
+    # the decision table's key this selection is (or is made from), None where it is in no table
+    key: tuple | None = field(default=None, compare=False, repr=False)
     bind: ClassVar[Callable[[Selection], type | None] | None] = None
 
     def __post_init__(self) -> None:  # not while dynamo traces (it cannot assign __class__): ``fn`` then
@@ -238,7 +235,7 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         budget = _budget if budget is None else budget
     bucket = spec.bucket(problem)
     key = (spec.name, bucket, dtype, device, policy, calls, budget, mode, context)
-    sel = _decisions.get(key)
+    sel = table.current().get(key)
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
@@ -307,11 +304,11 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
                 record["tuning"] = tuning
                 if job is not None and ctx == "eager":
                     impl = background.counting(job, impl)  # calls counted: the hottest bucket is measured first
-            made[ctx] = Selection(impl.fn, impl, record)
+            made[ctx] = Selection(impl.fn, impl, record, key[:-1] + (ctx,))
         if not provisional or job is not None:  # a bucket not queued asks again on its next decision
-            _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
+            table.publish(add={sel.key: sel for sel in made.values()})
         elif context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
-            _decisions[key] = made[context]  # call (until a bucket's measurement lands, which drops it)
+            table.publish(add={key: made[context]})  # call (until a bucket's measurement lands, which drops it)
         if busy:  # said once; forgotten when due to be timed again, so the next call re-times it
             provisional_decision(store, spec, bucket_key, rows, busy, tmode != "off", lambda: _forget(bucket_key))
         if warm_graphed:
@@ -330,8 +327,9 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     context's where warm, else the eager tier; a fallback is logged once."""
     policy, calls = default_policy()
     base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
+    decisions = table.current()
     for ctx in ("graphed", "eager"):
-        sel = _decisions.get(base + (ctx,))
+        sel = decisions.get(base + (ctx,))
         if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
             if ctx == "graphed":
                 return sel
