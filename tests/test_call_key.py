@@ -324,7 +324,7 @@ def test_a_changed_table_is_never_served_from_a_stale_hit(in_use):
         kept = sel._seen  # the old table stays alive: no event on it; the callable's own attributes are watched
         sel._seen = {skey: _planted("three")}
         assert sel(*(x, -1)) == "three" and kept[skey]() == "two"
-        made = type(sel).__mro__[1], sel.fn, sel.impl, sel.record
+        made = type(sel), sel.fn, sel.impl, sel.record
         del sel, kept  # a callable freed: one made next (often at the same address) is served its own table
         at = []
         for result in ("four", "five", "six"):

@@ -11,7 +11,7 @@ from helpers import builtin_ops, gpu
 
 import tiered_ops
 from tiered_ops.decide import decide, seam
-from tiered_ops.runtime import memo
+from tiered_ops.runtime import bound, memo
 from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
@@ -153,7 +153,7 @@ def test_a_selection_runs_its_implementation_unchecked_once_validated(no_tune, m
     impl = spec.impls["eager"]
     ran = []
     monkeypatch.setattr(impl, "unchecked", lambda *a, **k: ran.append(a) or torch.softmax(a[0], a[1]))
-    sel = decide.Selection(impl.fn, impl, {"op": "softmax"})
+    sel = bound.bind(decide.Selection(impl.fn, impl, {"op": "softmax"}))  # as tiered_ops.select_backend returns it
     x = torch.randn(3, 5)
     torch.testing.assert_close(sel(x, -1), torch.softmax(x, -1))
     assert len(ran) == 1
@@ -161,5 +161,5 @@ def test_a_selection_runs_its_implementation_unchecked_once_validated(no_tune, m
 
 def test_a_selection_of_no_catalogued_op_calls_its_fn():
     spec = get_op("softmax")
-    sel = decide.Selection(lambda *a: "planted", spec.impls["eager"], {"op": "no_such_op"})
+    sel = bound.bind(decide.Selection(lambda *a: "planted", spec.impls["eager"], {"op": "no_such_op"}))
     assert sel(torch.randn(2)) == "planted"

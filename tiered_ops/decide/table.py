@@ -16,12 +16,46 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import torch
+
+from ..registry import Impl, Tier
 
 log = logging.getLogger(__name__)
 
 # (op, bucket, dtype, device, policy, calls, budget, mode, context)
 Key = tuple
+
+
+@dataclass
+class Selection:
+    """A callable bound to the chosen implementation, with the record of why it was chosen.
+
+    Calling it calls ``fn`` (the implementation, checked). What ``tiered_ops.select_backend`` returns is the call
+    path's callable of the op's own signature made from it (``runtime.bound``), which validates each distinct call
+    signature once and then runs the implementation unchecked."""
+
+    fn: Callable[..., torch.Tensor]
+    impl: Impl
+    record: dict[str, Any] = field(default_factory=dict)
+    # the decision table's key this selection is (or is made from), None where it is in no table
+    key: tuple | None = field(default=None, compare=False, repr=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def tier(self) -> Tier:
+        return self.impl.tier
+
+    @property
+    def name(self) -> str:
+        return self.impl.name
+
+    def __repr__(self) -> str:
+        return f"Selection({self.record.get('op')}: {self.name} [{self.tier.label}], {self.record.get('reason')})"
 
 
 class DecisionTable(Mapping):

@@ -25,7 +25,7 @@ from ..decide.decide import Selection
 from ..decide.inductor_choice import call_traced, routed
 from ..decide.seam import ask
 from ..decide.signature import check_tensors, op_signature, tensor_args
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Context, Impl, OpSpec, Problem, needs_promotion
+from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from .hot import _TRACE_FNS, hot_fn, trace_fn
@@ -309,50 +309,6 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     return fn
 
 
-_BINDERS: dict[tuple[str, int], tuple[OpSpec, type]] = {}
-
-
-def bind_selection(sel: Selection) -> type | None:
-    """The class a ``select_backend`` result becomes, whose ``__call__`` is the op's signature over ``sel``'s
-    implementation: it validates each distinct call signature once (the key of ``tiered_ops.<op>`` without train and
-    context; ``sel._seen`` keeps what each runs) and then calls the implementation unchecked (``hot_fn``), as
-    ``tiered_ops.<op>`` does. None where the selection is of no catalogued op (its ``fn`` is called)."""
-    op = sel.record.get("op")
-    spec = get_op(op) if isinstance(op, str) and op in OPS else None
-    if spec is None or spec.impls.get(sel.impl.name) is not sel.impl:
-        return None
-    if (op, id(spec)) not in _BINDERS:
-        g = op_signature(spec)
-        # a method of the class (no frame but its own); traced, the selection's own fn (checked) as before binding
-        src = f'''def __call__(self, {g.params}):
-    key = None if _cached is None else _cached(self._seen, _KW, {spec.name!r}, {g.every})
-    if key.__class__ is not bytes:
-        if key is not None:
-            return key
-        if _dynamo():
-            return self.fn({g.call})
-        try:
-            _dev = {g.first}.get_device()
-            key = ({g.key})
-        except AttributeError:
-            raise {g.not_tensors} from None
-    fn = self._seen.get(key)
-    if fn is None:
-        fn = _admit(_SPEC, self.impl, self._seen, key, {g.first}, {g.slow})
-    return fn({g.call})
-'''
-        ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling, _cached=_cached,
-                  _KW=g.kwnames)
-        exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
-        call = ns["__call__"]
-        call.__source__, call.__qualname__ = src, f"Selection.{spec.name}.__call__"
-        cls = type("Selection", (Selection,), dict(__call__=call, __module__=__name__))
-        _generated(ns, call, cls, spec, g.kwnames)
-        _BINDERS[op, id(spec)] = (spec, cls)
-    sel._seen = {}
-    return _BINDERS[op, id(spec)][1]
-
-
 def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
     """The op's contract for a new call signature, on both per-call paths: every tensor argument a tensor, then the
     declaration's ``validate`` (an error names the argument)."""
@@ -361,17 +317,4 @@ def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
         spec.validate(*args, **kwargs)
 
 
-def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key: tuple, x: torch.Tensor,
-           args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
-    """A selection's first call of a signature: the op's contract checked (an error names the argument), then what
-    this signature runs (``hot_fn``) kept for the next calls of it."""
-    _contract(spec, args, kwargs)
-    fn = hot_fn(spec, impl, x.device, needs_promotion(spec, args, kwargs))
-    if len(seen) > 4096:
-        seen.clear()
-    seen[key] = fn
-    return fn
-
-
-Selection.bind = bind_selection
 cuda_ext.on_load(_extension_loaded)
