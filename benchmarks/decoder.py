@@ -31,8 +31,8 @@ from models import timed  # the sibling benchmark's timer (this script runs from
 from torch import nn
 
 import tiered_ops
-from tiered_ops.decide import decide
 from tiered_ops.registry import CONTEXTS
+from tiered_ops.runtime import memo
 
 
 @dataclass
@@ -117,7 +117,7 @@ def _graphed(fn, example: torch.Tensor):
 def _decisions(since: int) -> list[str]:
     """The decision each tiered_ops call signature made (the selection records), from index ``since`` on."""
     out = []
-    for key, sel in list(decide._calls.items())[since:]:
+    for key, sel in list(memo._calls.items())[since:]:
         r = dict(sel.record, context=CONTEXTS[key[-1]])
         out.append(f"{r.get('op')} {r.get('problem')} {r.get('dtype')} {r.get('mode')} {r.get('context', 'eager')}: "
                    f"{sel.name}")
@@ -138,7 +138,7 @@ def run(d: Dims, device: torch.device, dtype: torch.dtype, contexts: list[str], 
                 if ctx == "graphed" and train:
                     continue
                 x = torch.randn(1, tokens, d.hidden, device=device, dtype=dtype)
-                mark = len(decide._calls)
+                mark = len(memo._calls)
                 if tiered:
                     with torch.no_grad() if not train else torch.enable_grad():
                         model(x.requires_grad_(train))  # decide outside any trace or capture first

@@ -54,9 +54,9 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
-from tiered_ops.decide import dispatch  # noqa: E402
 from tiered_ops.measure import timing  # noqa: E402  (its rotated rounds)
 from tiered_ops.measure.timing import no_gc  # noqa: E402  (the harness's window without collections)
+from tiered_ops.runtime import dispatch  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
 
 
@@ -179,7 +179,7 @@ def stub_of(spec: tiered_ops.OpSpec) -> Callable[..., Any]:
 
 def _chosen(op: str) -> Any:
     """The selection the public function calls for its cached signature of ``op`` (inference, eager context)."""
-    calls = tiered_ops.decide.decide._calls
+    calls = tiered_ops.runtime.memo._calls
     key = next((k for k in calls if k[0] == op and k[-1] == 0 and not k[-2]), None)
     return calls.get(key) if key is not None else None
 
@@ -235,7 +235,7 @@ def measure_op(op: str, a: tuple, params: dict, dev: torch.device, calls: int, r
         bound.apply_defaults()
         with torch.no_grad():
             k = dispatch._ckey(op, *bound.arguments.values())
-        ckey = "none" if k is None else k in tiered_ops.decide.decide._hot
+        ckey = "none" if k is None else k in tiered_ops.runtime.memo._hot
     d_pub, d_sb = _diffs(t, "public"), _diffs(t, "select")
     pub, sb, pub_ci, sb_ci = spread(d_pub), spread(d_sb), median_ci(d_pub), median_ci(d_sb)
     return dict(op=op, shape="x".join(map(str, x.shape)), dtype=str(x.dtype).removeprefix("torch."), device=dev.type,

@@ -1,7 +1,7 @@
 // The key of a call of tiered_ops.<op> read in C++: one byte string of everything the op's Python key reads (each
 // tensor's shape, dtype, device; the other arguments' values), plus grad mode and each tensor's requires_grad, built
 // without a Python object per attribute. The per-call path looks its selection up by it
-// (tiered_ops/decide/dispatch.py) and falls back to the Python key wherever this returns None: an argument of a type
+// (tiered_ops/runtime/dispatch.py) and falls back to the Python key wherever this returns None: an argument of a type
 // not encoded here, an integer past 64 bits, a key past the buffer, or a CUDA tensor while its stream captures a graph
 // (the capture context is decided in Python), or a tensor that is traced (a Python-dispatched one: fake, functional;
 // symbolic sizes). Two calls with the same bytes have the same Python key: this key only ever holds more.

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import background, contexts
+from tiered_ops.decide import background, contexts, table
 from tiered_ops.decide import decide as select
-from tiered_ops.decide.dispatch import dispatch, public
 from tiered_ops.registry import Tier
+from tiered_ops.runtime import memo
+from tiered_ops.runtime.dispatch import dispatch, public
 from tiered_ops.store.rows import ungated
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
@@ -52,7 +53,7 @@ def _no_measuring(*args, **kwargs):
 
 
 def _eager_selection(op: str):
-    return next(s for k, s in select._calls.items() if k[0] == op and k[-1] == 0)
+    return next(s for k, s in memo._calls.items() if k[0] == op and k[-1] == 0)
 
 
 def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, private_store, monkeypatch, caplog):
@@ -78,7 +79,7 @@ def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, p
         # timed in full and passed over by the choice, so its gate never ran (which of the two depends on the timings)
         assert any(stored[i.name]["ok"] or "(never chosen)" in (stored[i.name]["reason"] or "")
                    for i in spec.impls.values() if i.tier == tier), (tier, stored)
-    assert not [k for k in select._calls if k[0] == "softmax"], "the landed bucket's selections were dropped"
+    assert not [k for k in memo._calls if k[0] == "softmax"], "the landed bucket's selections were dropped"
     tiered_ops.softmax(x, -1)
     now = _eager_selection("softmax")
     assert "tuning" not in now.record and "nearest" not in now.record["reason"], now.record
@@ -264,7 +265,7 @@ def test_a_trace_queues_its_bucket_once_and_a_capture_queues_nothing(bg, monkeyp
     torch.testing.assert_close(f(x), torch.softmax(x, -1))
     assert background.pending() == 1 and [k[:3] + k[4:] for k in asked] == [
         ("softmax", "[4,64,true]", "fp32", "fwd_nograd")], "the trace's miss queues its bucket, at trace time only"
-    assert not any(k[0] == "softmax" and k[-1] == "compiled" for k in select._decisions), "a miss caches nothing"
+    assert not any(k[0] == "softmax" and k[-1] == "compiled" for k in table.current()), "a miss caches nothing"
     background.shutdown()
     monkeypatch.undo()
     _only(monkeypatch, "softmax", "eager", "triton")

@@ -20,6 +20,7 @@ from helpers import (
 import tiered_ops
 from tiered_ops.measure.measure import measure
 from tiered_ops.registry import as_outputs
+from tiered_ops.runtime import memo
 from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
@@ -164,14 +165,12 @@ def test_no_backward_is_caught():
 
 
 def test_dispatch_uses_the_training_decision_when_inputs_require_grad():
-    from tiered_ops.decide import decide as sel
-
     x = torch.randn(6, 10)
     tiered_ops.softmax(x)
     tiered_ops.softmax(x.requires_grad_(True))
     with torch.no_grad():
         tiered_ops.softmax(x)
-    modes = {k[-2]: s.record["mode"] for k, s in sel._calls.items() if k[0] == "softmax"}  # key: ..., train, context
+    modes = {k[-2]: s.record["mode"] for k, s in memo._calls.items() if k[0] == "softmax"}  # key: ..., train, context
     assert modes == {False: "fwd_nograd", True: "fwd+bwd"}
     y = tiered_ops.softmax(x)
     y.sum().backward()

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from helpers import HAS_CUDA, builtin_ops, device_for, gpu, op_impls
 
 import tiered_ops
-from tiered_ops.decide import decide, dispatch
+from tiered_ops.decide import decide, seam
 from tiered_ops.measure.gate import arg_names
 from tiered_ops.registry import Tier, as_outputs
 from tiered_ops.tiers.catalog import get_op
@@ -114,7 +114,7 @@ def force(monkeypatch, tier: str) -> None:
         impl = spec.impls[tier]
         return decide.Selection(impl.fn, impl, {"op": spec.name, "chosen": impl.name, "reason": "forced by the test"})
 
-    monkeypatch.setattr(dispatch, "select_problem", chosen)
+    monkeypatch.setattr(seam, "select_problem", chosen)
     monkeypatch.setattr(decide, "select_problem", chosen)
     decide.clear_cache()
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import dispatch
-from tiered_ops.decide.decide import _calls, _hot
+from tiered_ops.runtime import dispatch, memo
+from tiered_ops.runtime.memo import _calls, _hot
 from tiered_ops.tiers import cuda_ext
 
 
@@ -179,12 +179,12 @@ def test_a_trace_reads_no_cpp_key(in_use):
     assert list(_hot)
     # the compiled context's selection planted apart from the eager one: three times the softmax
     from tiered_ops.decide import decide
-    from tiered_ops.decide.hot import _TRACE_FNS
+    from tiered_ops.runtime.hot import _TRACE_FNS
 
     key = next(k for k in _calls if k[0] == "softmax" and k[-1] == 1)
     impl = dataclasses.replace(_calls[key].impl, unchecked=lambda t, dim: 3 * torch.softmax(t, dim))
     _calls[key] = decide.Selection(impl.unchecked, impl, _calls[key].record)
-    decide._traced[key] = "softmax:planted"  # what a trace of the signature calls, by name
+    memo._traced[key] = "softmax:planted"  # what a trace of the signature calls, by name
     _TRACE_FNS["softmax:planted"] = impl.unchecked
     traced = torch.compile(lambda t: tiered_ops.softmax(t, -1) + sel(t, -1), fullgraph=True, backend="eager")
     torch.testing.assert_close(traced(x).double(), 4 * torch.softmax(x.double(), -1), atol=1e-6, rtol=1e-6)
@@ -324,7 +324,7 @@ def test_a_changed_table_is_never_served_from_a_stale_hit(in_use):
         kept = sel._seen  # the old table stays alive: no event on it; the callable's own attributes are watched
         sel._seen = {skey: _planted("three")}
         assert sel(*(x, -1)) == "three" and kept[skey]() == "two"
-        made = type(sel).__mro__[1], sel.fn, sel.impl, sel.record
+        made = type(sel), sel.fn, sel.impl, sel.record
         del sel, kept  # a callable freed: one made next (often at the same address) is served its own table
         at = []
         for result in ("four", "five", "six"):

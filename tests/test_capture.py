@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import capture, choice, contexts, decide, dispatch
+from tiered_ops.decide import capture, choice, contexts, decide, table
 from tiered_ops.registry import Impl, Tier
+from tiered_ops.runtime import dispatch, memo
 from tiered_ops.tiers.catalog import get_op
 
 
@@ -36,9 +37,9 @@ def _plant(x: torch.Tensor, impl: Impl) -> tuple:
     base = ("rms_norm", spec.bucket(spec.problem_of(x, (x.shape[-1],), torch.ones(x.shape[-1]))), x.dtype, x.device,
             policy, calls, decide._budget, "fwd_nograd")
     eager = spec.impls["eager"]
-    decide._decisions[base + ("eager",)] = decide.Selection(eager.fn, eager, {"reason": "planted"})
-    decide._decisions[base + ("compiled",)] = decide.Selection(eager.fn, eager, {"reason": "planted"})
-    decide._decisions[base + ("graphed",)] = decide.Selection(impl.fn, impl, {"reason": "planted"})
+    table.publish(add={base + ("eager",): decide.Selection(eager.fn, eager, {"reason": "planted"}),
+                       base + ("compiled",): decide.Selection(eager.fn, eager, {"reason": "planted"}),
+                       base + ("graphed",): decide.Selection(impl.fn, impl, {"reason": "planted"})})
     return base
 
 
@@ -65,7 +66,7 @@ def test_a_call_inside_capture_never_measures_and_runs_eager_once_logged(fresh, 
             out = dispatch.dispatch(spec, _key(x, w, 2), x, (x, (64,), w), {})
             torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (64,), w))
     assert sum("inside CUDA-graph capture" in r.message for r in caplog.records) == 1  # logged once
-    assert not decide._calls and not decide._decisions  # nothing decided or cached inside the capture
+    assert not memo._calls and not table.current()  # nothing decided or cached inside the capture
 
 
 def test_capture_runs_the_graphed_choice_only_once_it_is_warm(fresh, monkeypatch):

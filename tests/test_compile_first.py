@@ -12,7 +12,7 @@ from test_patch import _out, needs_hf, tiny
 from torch._dynamo.utils import counters
 
 import tiered_ops
-from tiered_ops.decide import background, compiled
+from tiered_ops.decide import background, compiled, table
 from tiered_ops.decide import decide as select
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
@@ -101,7 +101,7 @@ def test_patch_compile_call_with_a_fresh_store(family, monkeypatch):
     want = {"gpt2": {"layer_norm", "gelu"}, "llama": {"rms_norm", "rotary_embedding", "swiglu"},
             "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"}, "gemma": {"rms_norm", "rotary_embedding", "swiglu"}}
     assert ops == want[family], asked
-    assert not any(k[-1] == "compiled" for k in select._decisions), "a miss caches no decision"
+    assert not any(k[-1] == "compiled" for k in table.current()), "a miss caches no decision"
 
 
 @needs_hf
@@ -122,7 +122,7 @@ def test_tune_then_compile(family, quick_tiers, monkeypatch):
     tiered_ops.patch(model)
     _tune(model, ids)
     _assert_one_graph(_run(_compile(model), ids), _stock(stock, ids))
-    assert any(k[-1] == "compiled" for k in select._decisions)
+    assert any(k[-1] == "compiled" for k in table.current())
 
 
 @needs_hf

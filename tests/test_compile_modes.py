@@ -12,11 +12,12 @@ from test_patch import _out, needs_hf, tiny
 from torch._dynamo.utils import counters
 
 import tiered_ops
-from tiered_ops.decide import background, dispatch
+from tiered_ops.decide import background
 from tiered_ops.decide import decide as select
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
 from tiered_ops.registry import DTYPE_NAMES
+from tiered_ops.runtime import dispatch
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 

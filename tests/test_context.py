@@ -8,9 +8,10 @@ import torch
 
 import tiered_ops
 from tiered_ops.cli.cli import main
-from tiered_ops.decide import decide
+from tiered_ops.decide import decide, table
 from tiered_ops.decide.choice import _decide
 from tiered_ops.decide.contexts import in_context, measured_compiled
+from tiered_ops.runtime import memo
 
 
 def _row(impl: str, p50: float, host: float, device_key: str = "cuda-NVIDIA H100") -> dict:
@@ -100,8 +101,8 @@ def test_an_eager_call_is_keyed_as_eager_and_decides_every_context_at_once(priva
     decide.clear_cache()
     x = torch.randn(3, 17)
     torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x.double(), -1).float())
-    assert [k[-1] for k in decide._calls if k[0] == "softmax"] == [0, 1]  # the compiled one cached for a trace
-    contexts = {k[-1] for k in decide._decisions if k[0] == "softmax"}
+    assert [k[-1] for k in memo._calls if k[0] == "softmax"] == [0, 1]  # the compiled one cached for a trace
+    contexts = {k[-1] for k in table.current() if k[0] == "softmax"}
     assert contexts == {"eager", "compiled", "graphed"}  # a compiled region finds its decision at trace time
 
 
@@ -170,7 +171,7 @@ def test_a_compiled_caller_compiles_once_whatever_decided_first(private_decision
         module.forward = f
         report = tiered_ops.tune(module, (x,), context="compiled")
         assert [c.call.op for c in report.calls] == ["rms_norm"]
-    assert [k[-1] for k in decide._calls if k[0] == "rms_norm"] == ([0, 1] if first == "eager call" else [1])
+    assert [k[-1] for k in memo._calls if k[0] == "rms_norm"] == ([0, 1] if first == "eager call" else [1])
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     for _ in range(3):
         torch.testing.assert_close(compiled(x), f(x))  # f(x): an eager call of the same signature each time
@@ -188,7 +189,7 @@ def test_call_sites_of_one_implementation_add_no_aliasing_guard(private_decision
 
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from tiered_ops.decide.hot import _TRACE_FNS
+    from tiered_ops.runtime.hot import _TRACE_FNS
     from tiered_ops.tiers.catalog import get_op
 
     eager = get_op("rms_norm").impls["eager"]
@@ -211,11 +212,11 @@ def test_call_sites_of_one_implementation_add_no_aliasing_guard(private_decision
     torch.testing.assert_close(compiled(a, b), f(a, b))
     guards = str(_debug_get_cache_entry_list(f.__code__)[0].guard_manager).splitlines()
     assert not [g for g in guards if "LAMBDA_GUARD" in g and "_calls" in g], [g[:200] for g in guards if "_calls" in g]
-    traced = {k: v for k, v in decide._traced.items() if k[0] == "rms_norm"}
+    traced = {k: v for k, v in memo._traced.items() if k[0] == "rms_norm"}
     assert len(traced) == 2 and len(set(traced.values())) == 1, traced
     key = next(iter(traced))  # the first call site's signature
     _TRACE_FNS["rms_norm:planted"] = lambda *args, **kwargs: torch.zeros(3, 16)
-    decide._traced[key] = "rms_norm:planted"
+    memo._traced[key] = "rms_norm:planted"
     torch.testing.assert_close(compiled(a, b), tiered_ops.rms_norm(b, (32,), w2).sum())
     assert len(_debug_get_cache_entry_list(f.__code__)) == 2
 
@@ -245,4 +246,4 @@ def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(privat
     # f's own compiled entries, not the process's graph count: f(x) runs the eager context's choice, which may be the
     # compile tier where the stored timings favour it (a graph of its own, compiled on its first call)
     assert len(_debug_get_cache_entry_list(f.__code__)) == 1  # no recompile
-    assert {k[0] for k in decide._decisions} >= {"rms_norm", "softmax"}  # the first tune's decisions kept
+    assert {k[0] for k in table.current()} >= {"rms_norm", "softmax"}  # the first tune's decisions kept

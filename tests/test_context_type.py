@@ -13,8 +13,8 @@ import torch
 import tiered_ops
 from tiered_ops.analysis import territories
 from tiered_ops.cli.cli import main
-from tiered_ops.decide import dispatch
 from tiered_ops.registry import CONTEXTS, Context, check_context
+from tiered_ops.runtime import dispatch
 
 ALLOWED = "expected one of eager, compiled, graphed"
 

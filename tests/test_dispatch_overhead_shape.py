@@ -10,7 +10,8 @@ import torch
 from helpers import builtin_ops, gpu
 
 import tiered_ops
-from tiered_ops.decide import decide, dispatch
+from tiered_ops.decide import decide, seam
+from tiered_ops.runtime import bound, memo
 from tiered_ops.tiers.catalog import get_op
 
 OPS = [s.name for s in builtin_ops()]
@@ -34,13 +35,13 @@ def counted(monkeypatch):
                 n["validate"] += 1
                 return _v(*a, **k)
             monkeypatch.setattr(spec, "validate", validate)
-    select = dispatch.select_problem
+    select = seam.select_problem
 
     def counting(*a, **k):
         n["select"] += 1
         return select(*a, **k)
 
-    monkeypatch.setattr(dispatch, "select_problem", counting)
+    monkeypatch.setattr(seam, "select_problem", counting)
     return n
 
 
@@ -60,10 +61,10 @@ def test_a_repeated_call_runs_neither_the_contract_nor_the_decision(op, grad, no
     public = getattr(tiered_ops, op)
     first = public(*args, **kwargs)
     assert counted["validate"] == (get_op(op).validate is not None) and counted["select"] >= 1
-    before, keys = dict(counted), len(decide._calls)
+    before, keys = dict(counted), len(memo._calls)
     for _ in range(3):
         again = public(*args, **kwargs)
-    assert counted == before and len(decide._calls) == keys  # every repeat hit the cached key
+    assert counted == before and len(memo._calls) == keys  # every repeat hit the cached key
     for a, b in zip(tiered_ops.registry.as_outputs(first), tiered_ops.registry.as_outputs(again)):
         torch.testing.assert_close(a, b)
 
@@ -82,7 +83,7 @@ def test_cross_entropy_repeated_as_the_benchmark_calls_it_hits_the_cache(no_tune
         for _ in range(5):
             tiered_ops.cross_entropy(x, t)
     assert first["validate"] == 1 and counted == first
-    assert [k[-2:] for k in decide._calls if k[0] == "cross_entropy"] == [(False, 0), (False, 1)]
+    assert [k[-2:] for k in memo._calls if k[0] == "cross_entropy"] == [(False, 0), (False, 1)]
 
 
 def test_an_argument_the_key_holds_only_by_type_is_validated_when_its_type_changes(no_tune):
@@ -152,7 +153,7 @@ def test_a_selection_runs_its_implementation_unchecked_once_validated(no_tune, m
     impl = spec.impls["eager"]
     ran = []
     monkeypatch.setattr(impl, "unchecked", lambda *a, **k: ran.append(a) or torch.softmax(a[0], a[1]))
-    sel = decide.Selection(impl.fn, impl, {"op": "softmax"})
+    sel = bound.bind(decide.Selection(impl.fn, impl, {"op": "softmax"}))  # as tiered_ops.select_backend returns it
     x = torch.randn(3, 5)
     torch.testing.assert_close(sel(x, -1), torch.softmax(x, -1))
     assert len(ran) == 1
@@ -160,5 +161,5 @@ def test_a_selection_runs_its_implementation_unchecked_once_validated(no_tune, m
 
 def test_a_selection_of_no_catalogued_op_calls_its_fn():
     spec = get_op("softmax")
-    sel = decide.Selection(lambda *a: "planted", spec.impls["eager"], {"op": "no_such_op"})
+    sel = bound.bind(decide.Selection(lambda *a: "planted", spec.impls["eager"], {"op": "no_such_op"}))
     assert sel(torch.randn(2)) == "planted"

@@ -13,6 +13,7 @@ from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
 from tiered_ops.measure.meta import _between_pointwise
 from tiered_ops.registry import DTYPE_NAMES, as_outputs
+from tiered_ops.runtime import memo
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 
@@ -50,8 +51,8 @@ def _compiled_public_op(private_store, op, tier, full_compile, train=False, para
     try:
         eager_out = model(*args)  # decides outside the compiled region
         for ctx in (0, 1):  # the eager call's selection, and the one it cached for a compiled caller
-            key = next(k for k in sel_mod._calls if k[0] == op and k[-1] == ctx)
-            assert sel_mod._calls[key].name == tier and sel_mod._calls[key].record["mode"] == (
+            key = next(k for k in memo._calls if k[0] == op and k[-1] == ctx)
+            assert memo._calls[key].name == tier and memo._calls[key].record["mode"] == (
                 "fwd+bwd" if train else "fwd_nograd")
         torch._dynamo.reset()
         e = torch._dynamo.explain(model)(*args)

@@ -12,6 +12,7 @@ from tiered_ops.decide import decide as sel_mod
 from tiered_ops.measure import measure as measure_mod
 from tiered_ops.measure.measure import measure
 from tiered_ops.registry import Impl, Tier, rel_error
+from tiered_ops.runtime import memo
 from tiered_ops.store.store import COLUMN_NAMES, Store, StoreError
 from tiered_ops.sweep.bench import sweep
 from tiered_ops.tiers.catalog import get_op
@@ -200,7 +201,7 @@ def test_dispatch_uses_the_decision_and_is_correct(planted):
     y = tiered_ops.softmax(x)
     assert torch.allclose(y, torch.softmax(x, -1))
     key = ("softmax", x.shape, x.dtype, x.get_device(), -1, False, 0)  # False: not training; 0: an eager caller
-    assert sel_mod._calls[key].name == "eager"
+    assert memo._calls[key].name == "eager"
 
 
 def test_store_schema_version_is_checked(private_store):

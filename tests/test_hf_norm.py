@@ -230,14 +230,14 @@ def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
 @pytest.mark.parametrize("tier", ["eager", TRITON])
 def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeypatch):
     from tiered_ops.decide import decide as select
-    from tiered_ops.decide import dispatch
+    from tiered_ops.decide import seam
     from tiered_ops.models import patching
 
     def chosen(spec, problem, dt, device, *args, **kwargs):
         impl = spec.impls[tier]
         return select.Selection(impl.fn, impl, {"op": spec.name, "chosen": impl.name, "reason": "forced by the test"})
 
-    monkeypatch.setattr(dispatch, "select_problem", chosen)
+    monkeypatch.setattr(seam, "select_problem", chosen)
     select.clear_cache()
     calls = []
     real = patching.rms_norm

@@ -17,7 +17,7 @@ from torch import nn
 
 import tiered_ops
 from tiered_ops.decide import decide as select
-from tiered_ops.decide import dispatch
+from tiered_ops.decide import seam
 from tiered_ops.models.patching import PATCHABLE_OPS, patch, patched, unpatch
 from tiered_ops.registry import rel_error
 
@@ -70,7 +70,7 @@ def force_tier(monkeypatch: pytest.MonkeyPatch, tier: str, device: str = "cpu") 
         impl = spec.impls[tier]
         return select.Selection(impl.fn, impl, {"op": spec.name, "chosen": impl.name, "reason": "forced by the test"})
 
-    monkeypatch.setattr(dispatch, "select_problem", chosen)  # the per-call slow path decides through it
+    monkeypatch.setattr(seam, "select_problem", chosen)  # the per-call slow path decides through it
     select.clear_cache()
 
 

@@ -23,6 +23,7 @@ from tiered_ops.decide import decide as sel_mod
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import base_row
 from tiered_ops.registry import Impl, Tier
+from tiered_ops.runtime import memo
 from tiered_ops.store.store import Store, StoreError, StoreWarning
 from tiered_ops.sweep.bench import sweep
 from tiered_ops.tiers.catalog import get_op
@@ -380,7 +381,7 @@ def test_model_code_runs_eager_when_no_store_can_be_opened(tmp_path, monkeypatch
         y = tiered_ops.softmax(x)
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert f"{tmp_path}: is a directory" in caplog.text and "runs eager" in caplog.text
-    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
+    assert memo._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
     assert "is a directory" in sel_mod.get_store().unusable
 
 
@@ -413,7 +414,7 @@ def test_model_code_runs_eager_on_a_store_it_cannot_use_and_warns_once(abuse, wh
         for shape in ((64, 300), (8, 16)):
             x = torch.randn(*shape)
             torch.testing.assert_close(tiered_ops.softmax(x, -1), torch.softmax(x, -1))
-            assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
+            assert memo._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and str(path) in warned[0] and why in warned[0] and "runs eager" in warned[0]
     assert why in sel_mod.get_store().unusable
@@ -429,7 +430,7 @@ def test_model_code_runs_eager_when_the_store_fails_while_deciding(two_softmaxes
         y = tiered_ops.softmax(x)
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert "disk is full" in caplog.text
-    assert sel_mod._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
+    assert memo._calls[("softmax", x.shape, x.dtype, -1, -1, False, 0)].name == "eager"
 
 
 # ----------------------------------------------------------------------- failures that were the environment's

@@ -17,8 +17,9 @@ from torch import nn
 import tiered_ops
 from tiered_ops.cli import tune as tune_cli
 from tiered_ops.decide import decide as select
-from tiered_ops.decide.record import Recorder
 from tiered_ops.registry import Tier
+from tiered_ops.runtime import memo
+from tiered_ops.runtime.record import Recorder
 from tiered_ops.tiers.catalog import get_op
 
 tune_mod = importlib.import_module("tiered_ops.models.tuning")
@@ -53,7 +54,7 @@ def test_tune_measures_the_recorded_calls_and_the_first_real_call_measures_nothi
     with torch.no_grad():
         model(ids)
     # the eager call and the compiled context's selection of its signature (cached with it for a later trace)
-    assert [s.name for k, s in select._calls.items() if k[0] == "rms_norm" and k[-1] == 0] == [chosen]
+    assert [s.name for k, s in memo._calls.items() if k[0] == "rms_norm" and k[-1] == 0] == [chosen]
     again = tiered_ops.tune(model, (ids,))
     assert again.measured == 0 and again.calls[0].chosen == chosen
     assert "rms_norm 2x8x64" in str(again) and "stored" in str(again)
@@ -71,7 +72,7 @@ def test_a_training_step_records_fwd_bwd_calls_and_leaves_the_gradients(monkeypa
     # Gemma's norm runs tiered_ops.rms_norm in fp32 with the weight 1 + w
     assert all(c.dtype == torch.float32 for c in calls)
     assert all(p.grad is None for p in model.parameters())
-    assert select.tuning_setting() is None and not select._calls
+    assert select.tuning_setting() is None and not memo._calls
 
 
 def test_the_recorder_sees_each_signature_once_per_slow_path():

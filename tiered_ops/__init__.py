@@ -27,12 +27,13 @@ if not _os.environ.get("TRITON_INTERPRET"):
         pass
 
 from .decide.background import wait_for_tuning, warm_tuning  # noqa: E402
-from .decide.decide import Selection, clear_cache, get_store, select_backend, set_policy, set_tuning, use_store  # noqa: E402
-from .decide.dispatch import public  # noqa: E402
+from .decide.decide import Selection, clear_cache, get_store, set_policy, set_tuning, use_store  # noqa: E402
 from .decide.packs import load_decisions as _load  # noqa: E402
 from .models.patching import PatchReport, patch, unpatch  # noqa: E402
 from .models.tuning import TuneReport, tune  # noqa: E402
 from .registry import OPS, Impl, OpSpec, Tier  # noqa: E402
+from .runtime.bound import select_backend  # noqa: E402
+from .runtime.dispatch import public  # noqa: E402
 from .tiers.catalog import all_ops, get_op  # noqa: E402
 
 for _spec in all_ops():

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import tiered_ops  # noqa: E402
 from benchmarks.dispatch_overhead import cold  # noqa: E402  (single calls, the caches evicted before each)
-from tiered_ops.decide import dispatch  # noqa: E402
-from tiered_ops.decide.decide import _hot  # noqa: E402
+from tiered_ops.runtime import dispatch  # noqa: E402
+from tiered_ops.runtime.memo import _hot  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
 from benchmarks.models import models, step_fn  # noqa: E402
-from tiered_ops.decide import capture, decide  # noqa: E402
+from tiered_ops.decide import capture, table  # noqa: E402
 
 
 def main() -> int:
@@ -44,7 +44,7 @@ def main() -> int:
             print(f"warm-up call {i} done")
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    for k, sel in decide._decisions.items():
+    for k, sel in table.current().items():
         if k[-1] in ("eager", "graphed"):
             print("decision", k[0], k[1], k[-2], k[-1], "->", sel.name, "warm:",
                   sorted(w[1] for w in capture._warm if w[0] == k[0]))

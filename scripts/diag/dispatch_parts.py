@@ -28,8 +28,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import tiered_ops  # noqa: E402
 from benchmarks.dispatch_overhead import interleaved  # noqa: E402  (its batches and rotated rounds)
-from tiered_ops.decide import dispatch  # noqa: E402
-from tiered_ops.decide.decide import _hot  # noqa: E402
+from tiered_ops.runtime import dispatch  # noqa: E402
+from tiered_ops.runtime.memo import _hot  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
 
 

@@ -28,7 +28,7 @@ from ..measure.measure import bucket_str
 from ..registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem
 from ..store.store import STORE_ERRORS
 from ..tiers.catalog import get_op
-from . import background
+from . import background, table
 from . import decide as _decide
 from .packs import needs_first_use_gate
 
@@ -78,7 +78,7 @@ def trace_choice(op: str, bucket: tuple, shape: tuple | None, params: tuple, dty
 def _choose(spec: OpSpec, bucket: tuple, problem: Problem | None, dtype: torch.dtype, device: torch.device,
             mode: str) -> Impl:
     policy, calls = _decide.default_policy()
-    sel = _decide._decisions.get((spec.name, bucket, dtype, device, policy, calls, _decide._budget, mode, "compiled"))
+    sel = table.current().get((spec.name, bucket, dtype, device, policy, calls, _decide._budget, mode, "compiled"))
     if sel is not None:
         return sel.impl
     if problem is None:

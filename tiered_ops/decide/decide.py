@@ -31,8 +31,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 
@@ -40,10 +39,11 @@ from .. import envs
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import bucket_str, measure_kept
 from ..measure.timing import default_device
-from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem, Tier, check_context, check_dims, check_mode
+from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
-from . import background
+from . import background, table
+from .asked import Asked, Evidence
 from .capture import is_warm, warm
 from .choice import _decide, _gated
 from .claimed import tune_bucket
@@ -53,6 +53,7 @@ from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note
 from .provisional import provisional_decision, to_measure
+from .table import Selection
 
 log = logging.getLogger(__name__)
 _tune: bool | str | None = None
@@ -60,14 +61,8 @@ _policy: tuple[str, int | None] | None = None
 _budget: int | None = None  # the memory policy's budget of the process default
 _store: Store | None = None
 _lock = threading.RLock()
-_decisions: dict[tuple, Selection] = {}
-_calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
-# a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
-_traced: dict[tuple, str] = {}
-# (op, bucket, dtype, device, mode, mixed) -> the same, for a trace whose sizes are symbolic (dynamic shapes)
-_traced_buckets: dict[tuple, str] = {}
-_hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
-_selects: dict[tuple, Selection] = {}  # exact select_backend arguments -> Selection
+# exact select_backend arguments -> the table's Selection; follows the table (``_follow``)
+_selects: dict[tuple, Selection] = {}
 _told: set[tuple] = set()  # capture fallbacks logged once
 _unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
 
@@ -104,9 +99,9 @@ def tuning_enabled() -> bool:
 
 
 def _landed(job: background.Job) -> None:
-    """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and every
-    cached selection of the bucket is dropped, so the next call decides from them (and a selection that waited for
-    a full queue asks again)."""
+    """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and a
+    table without the bucket's decisions is published, so the next call decides from them (and a selection that
+    waited for a full queue asks again)."""
     with _lock:
         new = job.unsaved()
         if new:
@@ -115,21 +110,26 @@ def _landed(job: background.Job) -> None:
 
 
 def _forget(key: tuple[str, str, str, str, str]) -> None:
-    """Drop every cached selection of the bucket ``key`` (op, bucket, dtype, device key, mode), and those that waited
-    for a full background queue, so the next call decides again."""
-    with _lock:
-        _hot.clear()  # learnt again from the Python keys kept
-        for cache in (_decisions, _calls, _selects):
-            for k, sel in list(cache.items()):
-                r = sel.record
-                if ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == key
-                        or str(r.get("tuning", "")).startswith(_FULL)):
-                    cache.pop(k, None)
-        for k in [k for k in _traced if k not in _calls]:
-            del _traced[k]
-        _traced_buckets.clear()  # primed again by the next eager calls
+    """Publish a table without the decisions of the bucket ``key`` (op, bucket, dtype, device key, mode), nor those
+    that waited for a full background queue, so the next call decides again."""
+    def stale(_: tuple, sel: Selection) -> bool:
+        r = sel.record
+        return ((r.get("op"), r.get("bucket"), r.get("dtype"), r.get("device"), r.get("mode")) == key
+                or str(r.get("tuning", "")).startswith(_FULL))
+
+    table.publish(drop=stale)
 
 
+def _follow(old: table.DecisionTable, new: table.DecisionTable) -> None:
+    """``select_backend``'s memo keeps what is still the table's decision (what is not in it, until a publication
+    drops decisions)."""
+    for k, sel in list(_selects.items()):
+        now = new.get(getattr(sel, "key", None))
+        if now is not sel and (now is not None or new.pruned):
+            _selects.pop(k, None)
+
+
+table.subscribe(_follow)
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
 
 
@@ -172,45 +172,8 @@ def get_store() -> Store:
 
 
 def clear_cache() -> None:
-    _decisions.clear()
-    _calls.clear()
-    _traced.clear()
-    _traced_buckets.clear()
-    _hot.clear()
-    _selects.clear()
-
-
-@dataclass
-class Selection:
-    """A callable bound to the chosen implementation, with the record of why it was chosen.
-
-    Calling it validates each distinct call signature (shapes, dtypes, device, options) once and then runs the
-    implementation unchecked: a selection of a catalogued op becomes an instance of the op's subclass, whose
-    ``__call__`` is made from the op's declaration (``bind``: ``dispatch.bind_selection``); others call ``fn``."""
-
-    fn: Callable[..., torch.Tensor]
-    impl: Impl
-    record: dict[str, Any] = field(default_factory=dict)
-    bind: ClassVar[Callable[[Selection], type | None] | None] = None
-
-    def __post_init__(self) -> None:  # not while dynamo traces (it cannot assign __class__): ``fn`` then
-        cls = None if Selection.bind is None or torch.compiler.is_compiling() else Selection.bind(self)
-        if cls is not None:
-            self.__class__ = cls
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    @property
-    def tier(self) -> Tier:
-        return self.impl.tier
-
-    @property
-    def name(self) -> str:
-        return self.impl.name
-
-    def __repr__(self) -> str:
-        return f"Selection({self.record.get('op')}: {self.name} [{self.tier.label}], {self.record.get('reason')})"
+    """Publish an empty decision table: every call decides again (from the store)."""
+    table.publish(clear=True)
 
 
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
@@ -232,13 +195,15 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     """The selection for one problem in one context; the decisions of the other contexts are made from the same
     rows at the same time, so a compiled region finds its decision at trace time after any eager call decided.
     ``warm_graphed``: the graphed context's choice is called once on the problem's inputs when it is decided (a
-    caller with the call's own arguments warms it with those instead)."""
+    caller with the call's own arguments warms it with those instead).
+
+    In order: the table's entry, where there is one; else the rows (``_evidence``: stored, measured now, or the
+    nearest bucket's), a decision per context from them (``_decide_in``), and a new table published (``_publish``)."""
     if policy is None:
         policy, calls = default_policy()
         budget = _budget if budget is None else budget
-    bucket = spec.bucket(problem)
-    key = (spec.name, bucket, dtype, device, policy, calls, budget, mode, context)
-    sel = _decisions.get(key)
+    asked = Asked(spec, problem, dtype, device, mode, context, policy, calls, budget)
+    sel = table.current().get(asked.key)
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
@@ -250,77 +215,100 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
         return outside_graph(select_problem, spec, problem, dtype, device, tune, progress, policy, calls, mode, context,
                              budget)
     with _lock:
-        store = get_store()
-        if _unsaved:
-            store.add([r for rows in _unsaved for r in rows])
-            _unsaved.clear()
-        fp = fingerprint(device)
-        bkey, dname = bucket_str(bucket), DTYPE_NAMES[dtype]
-        bucket_key = (spec.name, bkey, dname, fp.key, mode)
-        rows = store.latest(*bucket_key)
-        # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
-        missing, _ = to_measure(store, spec, bucket_key, rows)
-        tmode, asked = tuning_mode(), tune is None
-        tune = tmode == "blocking" if tune is None else tune
-        tuned_s, job, busy = None, None, None
-        provisional = bool(missing) and tmode == "background" and not tune
-        if provisional:
-            job, tuning = background.request(
-                spec, problem, dtype, device, mode, context, bucket_key,
-                [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
-        if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
-            rows, tuned_s, busy = tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
-                                              measure=measure_kept)
-        busy = busy or busy_note(spec, rows)
-        # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
-        # gate at this problem, on the calling thread)
-        near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
-            not rows and not tune) else None
-        rows = near.rows if near is not None else rows
-        made: dict[str, Selection] = {}
-        compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
-                                   measure_missing=tune and context == "compiled" and near is None)
-        for ctx in CONTEXTS:
-            ctx_rows, why = measured_compiled(compiled, mode) if ctx == "compiled" and compiled else in_context(
-                rows, ctx)
-            if not ctx_rows and not tune:
-                impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
-                                                            "eager" if provisional else
-                                                            "tuning off and no stored decision: eager"), []
-            else:
-                impl, reason, cands = _decide(spec, ctx_rows, dtype, device, policy, calls, store, budget)
-                from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
-                if (near is not None and near.gate) or from_pack:
-                    impl, reason, cands = _gated(spec, problem, dtype, device, mode, ctx_rows,
-                                                 (policy, calls, store, budget), (impl, reason, cands))
-                if near is not None:
-                    reason = (f"{'tuning in the background' if provisional else 'tuning off'}, nothing measured in "
-                              f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
-                              f"shape (launch path, kernel time by bytes moved): {reason}")
-            record = dict(op=spec.name, problem=str(problem), bucket=bkey, dtype=dname, device=fp.key, mode=mode,
-                          context=ctx, policy=policy, budget=budget,
-                          calls=(calls or DEFAULT_CALLS) if policy == "cold-start" else None,
-                          chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
-            if busy:
-                record["provisional"] = busy
-            if provisional:
-                record["tuning"] = tuning
-                if job is not None and ctx == "eager":
-                    impl = background.counting(job, impl)  # calls counted: the hottest bucket is measured first
-            made[ctx] = Selection(impl.fn, impl, record)
-        if not provisional or job is not None:  # a bucket not queued asks again on its next decision
-            _decisions.update((key[:-1] + (ctx,), sel) for ctx, sel in made.items())
-        elif context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
-            _decisions[key] = made[context]  # call (until a bucket's measurement lands, which drops it)
-        if busy:  # said once; forgotten when due to be timed again, so the next call re-times it
-            provisional_decision(store, spec, bucket_key, rows, busy, tmode != "off", lambda: _forget(bucket_key))
-        if warm_graphed:
-            warm(spec, made["graphed"].impl, problem, dtype, device, mode)
-        if tuned_s is not None:
-            chosen = made[context]
-            log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", spec.name, problem, dname, mode,
-                     context, tuned_s, chosen.name, chosen.tier.label, chosen.record["reason"])
+        ev = _evidence(asked, tune, progress)
+        made = {ctx: _decide_in(asked, ev, ctx) for ctx in CONTEXTS}
+        _publish(asked, ev, made, warm_graphed)
         return made[context]
+
+
+def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | None) -> Evidence:
+    """The rows of the asked bucket: stored; measured now where tuning blocks (or queued where it runs in the
+    background); else the nearest measured bucket's."""
+    store = get_store()
+    if _unsaved:
+        store.add([r for rows in _unsaved for r in rows])
+        _unsaved.clear()
+    spec, problem, dtype, device, mode, context = a.spec, a.problem, a.dtype, a.device, a.mode, a.context
+    fp = fingerprint(device)
+    bkey, dname = bucket_str(spec.bucket(problem)), DTYPE_NAMES[dtype]
+    bucket_key = (spec.name, bkey, dname, fp.key, mode)
+    rows = store.latest(*bucket_key)
+    # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
+    missing, _ = to_measure(store, spec, bucket_key, rows)
+    tmode, asked = tuning_mode(), tune is None
+    tune = tmode == "blocking" if tune is None else tune
+    tuned_s, job, busy, tuning = None, None, None, None
+    provisional = bool(missing) and tmode == "background" and not tune
+    if provisional:
+        job, tuning = background.request(
+            spec, problem, dtype, device, mode, context, bucket_key,
+            [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
+    if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
+        rows, tuned_s, busy = tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
+                                          measure=measure_kept)
+    busy = busy or busy_note(spec, rows)
+    # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
+    # gate at this problem, on the calling thread)
+    near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
+        not rows and not tune) else None
+    rows = near.rows if near is not None else rows
+    compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
+                              measure_missing=tune and context == "compiled" and near is None)
+    return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s)
+
+
+def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
+    """The decision of context ``ctx`` from the evidence: the policy's choice among the rows as that context pays
+    them (gated at the problem first where they come from another bucket or a pack), or eager with none."""
+    spec, near = a.spec, ev.near
+    ctx_rows, why = measured_compiled(ev.compiled, a.mode) if ctx == "compiled" and ev.compiled else in_context(
+        ev.rows, ctx)
+    if not ctx_rows and not ev.tune:
+        impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
+                                                    "eager" if ev.provisional else
+                                                    "tuning off and no stored decision: eager"), []
+    else:
+        how = (a.policy, a.calls, ev.store, a.budget)
+        impl, reason, cands = _decide(spec, ctx_rows, a.dtype, a.device, *how)
+        from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
+        if (near is not None and near.gate) or from_pack:
+            impl, reason, cands = _gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how,
+                                         (impl, reason, cands))
+        if near is not None:
+            reason = (f"{'tuning in the background' if ev.provisional else 'tuning off'}, nothing measured in "
+                      f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
+                      f"shape (launch path, kernel time by bytes moved): {reason}")
+    _, bkey, dname, device_key, _ = ev.bucket_key
+    record = dict(op=spec.name, problem=str(a.problem), bucket=bkey, dtype=dname, device=device_key, mode=a.mode,
+                  context=ctx, policy=a.policy, budget=a.budget,
+                  calls=(a.calls or DEFAULT_CALLS) if a.policy == "cold-start" else None,
+                  chosen=impl.name, tier=impl.tier.label, reason=f"{why}{reason}", candidates=cands)
+    if ev.busy:
+        record["provisional"] = ev.busy
+    if ev.provisional:
+        record["tuning"] = ev.tuning
+        if ev.job is not None and ctx == "eager":
+            impl = background.counting(ev.job, impl)  # calls counted: the hottest bucket is measured first
+    return Selection(impl.fn, impl, record, a.key[:-1] + (ctx,))
+
+
+def _publish(a: Asked, ev: Evidence, made: dict[str, Selection], warm_graphed: bool) -> None:
+    """A new table with the decisions made; then what is said once (a busy bucket, a tuned one) and, where asked,
+    the graphed context's choice warmed."""
+    if not ev.provisional or ev.job is not None:  # a bucket not queued asks again on its next decision
+        table.publish(add={sel.key: sel for sel in made.values()})
+    elif a.context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
+        table.publish(add={a.key: made[a.context]})  # call (until a bucket's measurement lands, which drops it)
+    if ev.busy:  # said once; forgotten when due to be timed again, so the next call re-times it
+        provisional_decision(ev.store, a.spec, ev.bucket_key, ev.rows, ev.busy, ev.tmode != "off",
+                             lambda: _forget(ev.bucket_key))
+    if warm_graphed:
+        warm(a.spec, made["graphed"].impl, a.problem, a.dtype, a.device, a.mode)
+    if ev.tuned_s is not None:
+        chosen = made[a.context]
+        log.info("tiered_ops: tuned %s %s %s %s %s in %.1f s: %s (%s) - %s", a.spec.name, a.problem,
+                 DTYPE_NAMES[a.dtype], a.mode, a.context, ev.tuned_s, chosen.name, chosen.tier.label,
+                 chosen.record["reason"])
 
 
 def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
@@ -330,8 +318,9 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     context's where warm, else the eager tier; a fallback is logged once."""
     policy, calls = default_policy()
     base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
+    decisions = table.current()
     for ctx in ("graphed", "eager"):
-        sel = _decisions.get(base + (ctx,))
+        sel = decisions.get(base + (ctx,))
         if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
             if ctx == "graphed":
                 return sel

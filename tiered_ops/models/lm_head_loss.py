@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .patch_layers import LOSS_MARK, causal_lm_loss, same_syntax
 from .swap import original_class
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .swap import original_class
 
 cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_rms_norm")

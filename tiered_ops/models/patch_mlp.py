@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .patch_layers import same_syntax
 from .swap import original_class
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .patch_layers import norm_form
 from .patch_rope import _NAME, _holds, _shadow, rope_form
 from .swap import install_routed, original_class

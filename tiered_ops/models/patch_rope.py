@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .patch_layers import same_syntax
 from .swap import install_routed, original_class
 

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..decide.dispatch import public
+from ..runtime.dispatch import public
 from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
 from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss

@@ -24,10 +24,10 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from ..decide import decide
-from ..decide.dispatch import prime_trace
-from ..decide.record import RecordedCall, Recorder
-from ..decide.traced import cache_state, keep_unchanged
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, check_context
+from ..runtime.dispatch import prime_trace
+from ..runtime.memo import cache_state, keep_unchanged
+from ..runtime.record import RecordedCall, Recorder
 from ..tiers.catalog import get_op
 
 log = logging.getLogger(__name__)

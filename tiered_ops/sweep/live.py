@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 
 from ..decide import decide as sel
-from ..decide.dispatch import make_public
 from ..measure.timing import host_time_per_call, interleaved
 from ..registry import DTYPES, MODES
+from ..runtime.dispatch import make_public
 from ..store.store import Store
 from ..tiers.catalog import all_ops, get_op
 from .bench import sweep_cases

@@ -18,19 +18,19 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import CONTEXTS, DTYPE_NAMES, OPS, Impl, OpSpec, Problem, needs_promotion
-from ..store.store import STORE_ERRORS
+from ..decide import capture
+from ..decide import decide as _decide
+from ..decide.compiled import trace_choice
+from ..decide.decide import Selection
+from ..decide.inductor_choice import call_traced, routed
+from ..decide.seam import ask
+from ..decide.signature import check_tensors, op_signature, tensor_args
+from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
-from . import capture
-from . import decide as _decide
-from .compiled import trace_choice
-from .decide import Selection, _as_dtype, _calls, _hot, _traced, _traced_buckets, get_store, select_problem
 from .hot import _TRACE_FNS, hot_fn, trace_fn
-from .inductor_choice import call_traced, routed
+from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, symbolic_key
 from .record import active, note
-from .signature import check_tensors, op_signature, tensor_args
-from .traced import bucket_key, symbolic_key
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,9 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     """Slow path of ``tiered_ops.<op>``: resolve the call's selection, cache it by exact signature.
 
     ``train`` picks the fwd+bwd decision, else the fwd_nograd one; the key's last element is the caller's context
-    (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture). ``ckey``:
-    the call's C++ key where one was read (the selection is cached under it too)."""
+    (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture: the int
+    keeps the per-call key cheap to hash), read here once as its ``Context``. ``ckey``: the call's C++ key where one was
+    read (the selection is cached under it too)."""
     _contract(spec, args, kwargs)  # once per call signature (the key holds what it reads)
     if spec.check_values is not None:
         spec.check_values(*args, **kwargs)
@@ -52,18 +53,19 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
                         f"tiered_ops.get_op({spec.name!r}).reference takes it")
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
+    context = CONTEXTS[key[-1]]
     global _load_tried
-    if _ckey is None and key[-1] == 0 and x.is_cuda and not _load_tried and not _python_key:
+    if _ckey is None and context is Context.EAGER and x.is_cuda and not _load_tried and not _python_key:
         _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
         load_call_key(x.device)
     if active():
-        note(spec, problem, x.dtype, mode, x.device, CONTEXTS[key[-1]], (key[:-1], needs_promotion(spec, args, kwargs)))
-    if key[-1] == 2:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a later
-        # capture may find the graphed decision warm)
-        return _decide.capture_selection(spec, problem, _as_dtype(x.dtype), x.device, mode,
-                                         capture.flavor(args, kwargs)).fn(*args, **kwargs)
+        note(spec, problem, x.dtype, mode, x.device, context, (key[:-1], needs_promotion(spec, args, kwargs)))
+    if context is Context.GRAPHED:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a
+        # later capture may find the graphed decision warm)
+        return ask(spec, problem, x.dtype, x.device, mode, Context.GRAPHED,
+                   capturing=capture.flavor(args, kwargs)).fn(*args, **kwargs)
     mixed = needs_promotion(spec, args, kwargs)
-    if key[-1] == 1:
+    if context is Context.COMPILED:
         # traced: the decision made before is read (the store is not looked at: its lock would break the graph) and
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
         # (a key's absence, its length), and the trace's own write would fail that guard on the next call: a recompile.
@@ -82,38 +84,25 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         name = trace_choice(spec.name, spec.bucket(problem), None if symbolic else problem.shape, problem.params,
                             DTYPE_NAMES[x.dtype], str(x.device), mode)
         return hot_fn(spec, spec.impls[name], x.device, mixed)(*args, **kwargs)
-    # no store to measure into: eager (tuning off, nothing stored); a store failing now: eager, said once
-    unusable = get_store().unusable
-    try:
-        sel = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False if unusable else None,
-                             mode=mode, context=CONTEXTS[key[-1]], warm_graphed=False)
-    except STORE_ERRORS as e:
-        log.warning("tiered_ops.%s: the store failed while deciding (%s); eager for this call signature", spec.name, e)
-        eager = spec.impls["eager"]
-        sel = Selection(eager.fn, eager, dict(op=spec.name, problem=str(problem), chosen=eager.name, tier="eager",
-                                              reason=f"the store failed: {e}: eager", candidates=[]))
-    sel = Selection(hot_fn(spec, sel.impl, x.device, mixed), sel.impl, sel.record)
-    if len(_calls) > 4096:
+    sel = ask(spec, problem, x.dtype, x.device, mode, context)
+    sel = Selection(hot_fn(spec, sel.impl, x.device, mixed), sel.impl, sel.record, sel.key)
+    if len(_calls) > 4096:  # a bound on what many distinct sizes leave (the table holds their buckets)
         _calls.clear()
         _hot.clear()
         _traced.clear()
     _calls[key] = sel
-    if key[-1] == 0 and ckey is not None:
+    if context is Context.EAGER and ckey is not None:
         _hot[ckey] = sel.fn
-    if key[-1] == 0:
+    if context is Context.EAGER:
         prime_trace(spec, key[:-1], mixed, problem, x.dtype, x.device, mode)
-    if key[-1] == 0 and capture.capturable(x.device):
+    if context is Context.EAGER and capture.capturable(x.device):
         # an eager call (a user's warm-up before capturing): the graphed context's choice is called once too, on
         # this call's arguments (copies of them where a backward runs), so a capture of this call finds it compiled and
         # loaded for tensors of these very flavours
-        try:
-            graphed = select_problem(spec, problem, _as_dtype(x.dtype), x.device, tune=False, mode=mode,
-                                     context="graphed", warm_graphed=False).impl
-        except STORE_ERRORS:
-            graphed = spec.impls["eager"]  # what a capture then runs: always warm
-        capture.warm(spec, graphed, problem, _as_dtype(x.dtype), x.device, mode, args, kwargs)
+        graphed = ask(spec, problem, x.dtype, x.device, mode, Context.GRAPHED).impl
+        capture.warm(spec, graphed, problem, x.dtype, x.device, mode, args, kwargs)
         out = sel.fn(*args, **kwargs)
-        capture.mark_warm(spec, sel.impl, problem, _as_dtype(x.dtype), x.device, mode, capture.flavor(args, kwargs))
+        capture.mark_warm(spec, sel.impl, problem, x.dtype, x.device, mode, capture.flavor(args, kwargs))
         return out
     return sel.fn(*args, **kwargs)
 
@@ -148,13 +137,9 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
     if key in _calls and key in _traced:
         _traced_buckets[bucket] = _traced[key]  # primed again after ``tune``'s clear
         return
-    try:
-        sel = select_problem(spec, problem, _as_dtype(dtype), device, tune=False, mode=mode, context="compiled",
-                             warm_graphed=False)
-    except STORE_ERRORS:
-        return  # the trace reads the decision then
+    sel = ask(spec, problem, dtype, device, mode, Context.COMPILED)
     name = trace_fn(spec, sel.impl, device, mixed)
-    _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record)  # the table's function: hot_fn made it once
+    _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record, sel.key)  # the table's function: hot_fn made it
     _traced[key] = name
     _traced_buckets[bucket] = name
 
@@ -324,50 +309,6 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     return fn
 
 
-_BINDERS: dict[tuple[str, int], tuple[OpSpec, type]] = {}
-
-
-def bind_selection(sel: Selection) -> type | None:
-    """The class a ``select_backend`` result becomes, whose ``__call__`` is the op's signature over ``sel``'s
-    implementation: it validates each distinct call signature once (the key of ``tiered_ops.<op>`` without train and
-    context; ``sel._seen`` keeps what each runs) and then calls the implementation unchecked (``hot_fn``), as
-    ``tiered_ops.<op>`` does. None where the selection is of no catalogued op (its ``fn`` is called)."""
-    op = sel.record.get("op")
-    spec = get_op(op) if isinstance(op, str) and op in OPS else None
-    if spec is None or spec.impls.get(sel.impl.name) is not sel.impl:
-        return None
-    if (op, id(spec)) not in _BINDERS:
-        g = op_signature(spec)
-        # a method of the class (no frame but its own); traced, the selection's own fn (checked) as before binding
-        src = f'''def __call__(self, {g.params}):
-    key = None if _cached is None else _cached(self._seen, _KW, {spec.name!r}, {g.every})
-    if key.__class__ is not bytes:
-        if key is not None:
-            return key
-        if _dynamo():
-            return self.fn({g.call})
-        try:
-            _dev = {g.first}.get_device()
-            key = ({g.key})
-        except AttributeError:
-            raise {g.not_tensors} from None
-    fn = self._seen.get(key)
-    if fn is None:
-        fn = _admit(_SPEC, self.impl, self._seen, key, {g.first}, {g.slow})
-    return fn({g.call})
-'''
-        ns = dict(g.ns, _admit=_admit, _dynamo=_DYNAMO or torch.compiler.is_compiling, _cached=_cached,
-                  _KW=g.kwnames)
-        exec(compile(src, f"<tiered_ops.select_backend.{spec.name}>", "exec"), ns)  # noqa: S102 (see make_public)
-        call = ns["__call__"]
-        call.__source__, call.__qualname__ = src, f"Selection.{spec.name}.__call__"
-        cls = type("Selection", (Selection,), dict(__call__=call, __module__=__name__))
-        _generated(ns, call, cls, spec, g.kwnames)
-        _BINDERS[op, id(spec)] = (spec, cls)
-    sel._seen = {}
-    return _BINDERS[op, id(spec)][1]
-
-
 def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
     """The op's contract for a new call signature, on both per-call paths: every tensor argument a tensor, then the
     declaration's ``validate`` (an error names the argument)."""
@@ -376,17 +317,4 @@ def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:
         spec.validate(*args, **kwargs)
 
 
-def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key: tuple, x: torch.Tensor,
-           args: tuple, kwargs: dict[str, Any]) -> Callable[..., Any]:
-    """A selection's first call of a signature: the op's contract checked (an error names the argument), then what
-    this signature runs (``hot_fn``) kept for the next calls of it."""
-    _contract(spec, args, kwargs)
-    fn = hot_fn(spec, impl, x.device, needs_promotion(spec, args, kwargs))
-    if len(seen) > 4096:
-        seen.clear()
-    seen[key] = fn
-    return fn
-
-
-Selection.bind = bind_selection
 cuda_ext.on_load(_extension_loaded)

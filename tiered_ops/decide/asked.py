@@ -1,0 +1,54 @@
+"""What ``select_problem`` passes between its steps: the decision asked for (``Asked``) and the rows it is made
+from (``Evidence``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..registry import OpSpec, Problem
+from ..store.store import Store
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One decision asked for: the problem, where, what for, under which policy."""
+
+    spec: OpSpec
+    problem: Problem
+    dtype: torch.dtype
+    device: torch.device
+    mode: str
+    context: str
+    policy: str
+    calls: int | None
+    budget: int | None
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """Its key in the decision table."""
+        return (self.spec.name, self.spec.bucket(self.problem), self.dtype, self.device, self.policy, self.calls,
+                self.budget, self.mode, self.context)
+
+
+@dataclass
+class Evidence:
+    """The rows a decision is made from, and how they came: ``bucket_key`` (op, bucket, dtype, device key, mode) in
+    the store's terms; ``near``, the nearest measured bucket's where this one has none; ``compiled``, the compiled
+    context's; ``provisional``, tuning in the background with rows missing (``job``: its queued bucket)."""
+
+    store: Store
+    bucket_key: tuple[str, str, str, str, str]
+    rows: list[dict]
+    near: Any
+    compiled: Any
+    tune: bool
+    tmode: str
+    provisional: bool
+    job: Any
+    tuning: str | None
+    busy: str | None
+    tuned_s: float | None
