@@ -8,13 +8,13 @@ enabled and an input requires grad, else ``fwd_nograd``, so inference and traini
 documents its bucket (leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
 decision of its bucket. The decision is derived from the freshest stored measurement of every
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
-sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
-persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
-``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2;
-for fp16 or bf16 with nothing measured in that dtype: of the other one; with nothing of those flags measured:
-the fewest flags apart, its choice gated at the requested problem), each candidate's time predicted at
-the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
-the eager tier when nothing of the op is measured; the record says which. Peers
+sees wins. With no fresh measurement for the bucket it measures then, at the requested shape (on a GPU in
+background tuning's worker, the call waiting: ``blocking``), and persists (like ``triton.autotune``), unless
+tuning is off (``TIERED_OPS_TUNE=0`` or ``set_tuning(False)``): then it decides from the nearest measured
+bucket (same flags, nearest sizes in log2; for fp16 or bf16 with nothing measured in that dtype: of the other one;
+with nothing of those flags measured: the fewest flags apart, its choice gated at the requested problem), each
+candidate's time predicted at the requested shape (``predict``: its launch path, and its kernel time scaled by the
+bytes moved), or returns the eager tier when nothing of the op is measured; the record says which. Peers
 (``tiered_ops.peers``) are never measured or chosen here. With ``TIERED_OPS_TUNE=background`` (or
 ``set_tuning("background")``) a miss measures nothing on the calling thread: it decides as with tuning off, from
 the nearest measured bucket of its own dtype only (rows that passed the gate at that dtype), else eager, and queues
@@ -252,8 +252,7 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
             spec, problem, dtype, device, mode, context, bucket_key,
             [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
     if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
-        # on a GPU in background tuning's worker and its gate helpers (the call waits), else (or where they cannot)
-        # in this process
+        # on a GPU in background tuning's worker (the call waits), else (or where it cannot) in this process
         tuned = blocking.tune_aside(store, spec, problem, dtype, device, mode, context, _landed, progress) if (
             blocking.applies(device)) else None
         if tuned is not None:
