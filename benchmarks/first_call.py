@@ -161,7 +161,8 @@ def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: s
                   candidates: Candidates) -> int:
     """Each op's default bucket tuned blocking on its first call, in a store of its own, one op after another. On a
     GPU the call waits for background tuning's worker (``measured_in``: worker; the first op's seconds include the
-    worker's start, ``worker_start_s``), else, or where the worker could not measure it, in this process."""
+    worker's start, ``worker_start_s``; each candidate's seconds there go to ``<csv stem>_candidates.csv``), else, or
+    where the worker could not measure it, in this process."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         store_dir = Path(out_dir or tmp)
@@ -180,14 +181,14 @@ def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: s
             print(f"{op:<20} {r['problem'][:40]:<40} blocking tuning: {r['blocking_chosen']} in "
                   f"{r['blocking_s']:.2f} s, measured in {r['measured_in']}"
                   + ("" if not start else f" (the worker's start {start[0]:.2f} s of it)"), flush=True)
-            for c in mine:
-                first = "-" if c["first_call_s"] is None else f"{c['first_call_s']:.2f} s"
-                print(f"    {c['impl']:<16} {c['seconds']:6.2f} s in the worker, first call {first}: "
-                      f"{str(c['outcome'])[:90]}", flush=True)
     said_blocking(rows)
     if csv and rows:
         pd.DataFrame(rows).to_csv(csv, index=False)
         print(f"wrote {csv}")
+        if candidates.rows:  # each candidate's seconds in the worker, as the background run writes them
+            path = Path(csv).with_name(f"{Path(csv).stem}_candidates.csv")
+            pd.DataFrame(candidates.rows).to_csv(path, index=False)
+            print(f"wrote {path}")
     return 0
 
 
