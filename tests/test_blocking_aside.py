@@ -4,6 +4,7 @@ after measuring them in its own process; a worker that cannot measure it says so
 itself. Never a provisional decision."""
 
 import logging
+import os
 import threading
 import time
 
@@ -16,7 +17,10 @@ import tiered_ops
 from tiered_ops import envs
 from tiered_ops.decide import background, blocking, claimed, contexts, first_use
 from tiered_ops.decide import decide as select
+from tiered_ops.measure.fingerprint import fingerprint
+from tiered_ops.measure.measure import bucket_str
 from tiered_ops.store.store import Store
+from tiered_ops.tiers.catalog import get_op
 
 TIMES = {"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}
 
@@ -191,3 +195,57 @@ def test_a_blocking_first_call_on_a_gpu_is_measured_in_the_worker(private_store,
     finally:
         background.shutdown()
         select.set_tuning(None)
+
+
+def test_a_worker_that_outlasts_the_wait_falls_back_to_measuring_in_the_process(aside, private_store, monkeypatch,
+                                                                                 caplog):
+    monkeypatch.setenv("TIERED_OPS_BLOCKING_WAIT_S", "1")
+    release, asked = threading.Event(), []
+    monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, TIMES, release))  # compile hangs
+    mine: list = []
+    _in_process(monkeypatch, mine)
+    caplog.set_level(logging.INFO, logger="tiered_ops")
+    try:
+        tiered_ops.softmax(torch.randn(4, 64), -1)
+    finally:
+        release.set()
+    assert [n for n, _ in mine] == ["compile"], mine  # what the worker had not stored yet
+    _settled(select.select_backend("softmax", (4, 64), dim=-1))
+    lines = [r.getMessage() for r in caplog.records if "did not measure it" in r.getMessage()]
+    assert len(lines) == 1 and "not measured within 1 s" in lines[0], lines
+
+
+def test_a_bucket_another_process_measures_is_waited_for_not_measured_again(aside, private_store, monkeypatch):
+    """The bucket's claim, held by another owner of the store, is waited for as in the caller's own measuring; what
+    it stored is used, nothing is handed to the worker."""
+    monkeypatch.setattr(select, "measure_kept", _no_measuring)
+    asked: list = []
+    monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, TIMES))
+    spec, cpu = get_op("softmax"), torch.device("cpu")
+    problem = spec.problem((4, 64), dim=-1)
+    key5 = ("softmax", bucket_str(spec.bucket(problem)), "fp32", fingerprint(cpu).key, "fwd_nograd")
+    held, done = threading.Event(), threading.Event()
+
+    def other() -> None:  # another owner of the store: claims the bucket, measures it (made up), releases
+        st = Store(str(private_store))
+        st.owner = ("another-host", os.getpid(), "a-rank-elsewhere")  # as tests/test_contended_tuning.py holds one
+        assert st.claim(claimed.bucket_key(spec, key5), 60)
+        held.set()
+        time.sleep(0.5)
+        rows = []
+        for name in ("eager", "triton", "compile"):
+            rows.append(_fake_measure([], TIMES)(st, spec, spec.impls[name], problem, torch.float32, cpu,
+                                                 "fwd_nograd"))
+        st.add(rows)
+        st.release()
+        st.close()
+        done.set()
+
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    assert held.wait(30)
+    tiered_ops.softmax(torch.randn(4, 64), -1)
+    assert done.is_set() and not asked, asked
+    sel = select.select_backend("softmax", (4, 64), dim=-1)
+    _settled(sel)
+    assert sel.name == "triton", sel.record
