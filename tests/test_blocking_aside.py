@@ -180,7 +180,7 @@ def test_a_blocking_first_call_on_a_gpu_is_measured_in_the_worker(private_store,
     """On a GPU by default: the first call waits for the worker and its gate helpers, and decides from the stored
     rows of every candidate."""
     background.shutdown()
-    monkeypatch.delenv("TIERED_OPS_BLOCKING_ASIDE", raising=False)
+    monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")  # the default: on a GPU, the worker measures
     select.set_tuning("blocking")
     caplog.set_level(logging.INFO, logger="tiered_ops")
     try:
