@@ -16,7 +16,8 @@ the first op's call starts it, and its start counts in that op's seconds (``work
 
 Then (unless --no-vs-blocking) the same bucket tuned blocking in a store of its own: what it picks, and the caller
 time of background tuning's pick over that pick's, both from the blocking tuning's measurements (the regret of tuning
-in the background against tuning on the call; target: no worse).
+in the background against tuning on the call; target: no worse). On a GPU blocking tuning measures in background
+tuning's worker too (``TIERED_OPS_BLOCKING_ASIDE=0``: in the calling process), on a device left quiet meanwhile.
 
 With ``--busy`` the application does not wait idle for the decision: it goes on calling the op (fresh inputs), each
 call beside a 4096x4096x4096 bf16 matrix product on a GPU (a 512-cube in fp32 on a CPU) and one synchronization, as a
@@ -156,8 +157,12 @@ def said_blocking(rows: list[dict[str, Any]]) -> None:
               "median)", flush=True)
 
 
-def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: str | None) -> int:
-    """Each op's default bucket tuned blocking on its first call, in a store of its own, one op after another."""
+def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: str | None,
+                  candidates: Candidates) -> int:
+    """Each op's default bucket tuned blocking on its first call, in a store of its own, one op after another. On a
+    GPU the call waits for background tuning's worker (``measured_in``: worker; the first op's seconds include the
+    worker's start, ``worker_start_s``; each candidate's seconds there go to ``<csv stem>_candidates.csv``), else, or
+    where the worker could not measure it, in this process."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         store_dir = Path(out_dir or tmp)
@@ -165,15 +170,25 @@ def blocking_only(ops: list[str], dev: torch.device, csv: str | None, out_dir: s
         for op in ops:
             spec, problem, dtype = default_case(op, dev)
             r = dict(op=op, problem=str(problem), dtype=str(dtype).removeprefix("torch."), device=dev.type)
+            seen = len(candidates.rows)
             r.update(vs_blocking(op, dev, store_dir, ""))
             r.pop("vs_blocking")
+            mine = candidates.rows[seen:]
+            start = [c["seconds"] for c in mine if c["impl"] == background.WORKER_START]
+            r["measured_in"] = "worker" if any(c["op"] == op for c in mine) else "this process"
+            r["worker_start_s"] = round(start[0], 3) if start else None
             rows.append(r)
             print(f"{op:<20} {r['problem'][:40]:<40} blocking tuning: {r['blocking_chosen']} in "
-                  f"{r['blocking_s']:.2f} s", flush=True)
+                  f"{r['blocking_s']:.2f} s, measured in {r['measured_in']}"
+                  + ("" if not start else f" (the worker's start {start[0]:.2f} s of it)"), flush=True)
     said_blocking(rows)
     if csv and rows:
         pd.DataFrame(rows).to_csv(csv, index=False)
         print(f"wrote {csv}")
+        if candidates.rows:  # each candidate's seconds in the worker, as the background run writes them
+            path = Path(csv).with_name(f"{Path(csv).stem}_candidates.csv")
+            pd.DataFrame(candidates.rows).to_csv(path, index=False)
+            print(f"wrote {path}")
     return 0
 
 
@@ -189,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not start background tuning's worker before the first op (its start counts in that op's)")
     p.add_argument("--blocking-only", action="store_true",
                    help="tune each op's bucket blocking only, on its first call (no background tuning before it: with "
-                        "empty compile caches, every kernel compiles in the blocking tuning's seconds)")
+                        "empty compile caches, every kernel compiles in the blocking tuning's seconds; on a GPU the "
+                        "call waits for background tuning's worker, whose start counts in the first op's seconds)")
     p.add_argument("--busy", action="store_true",
                    help="keep calling the op beside a matrix product until each decision is stored (a loaded device)")
     args = p.parse_args(argv)
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     blog.addHandler(candidates)
     blog.setLevel(logging.INFO)
     if args.blocking_only:
-        return blocking_only(ops, dev, args.csv, args.out_dir)
+        return blocking_only(ops, dev, args.csv, args.out_dir, candidates)
     if not args.cold:
         took = tiered_ops.warm_tuning(dev, wait=True, timeout=args.timeout)
         start = next((c for c in candidates.rows if c["impl"] == background.WORKER_START), None)

@@ -26,6 +26,14 @@ def no_contention_check(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def blocking_in_process(monkeypatch):
+    """Blocking tuning measures in the test's own process on a GPU too (on the CPU it does anyway): tests that time or
+    patch the caller's measuring keep doing so, and a parallel GPU run does not start a measuring worker and its gate
+    helpers per test process. tests/test_blocking_aside.py turns the hand-over to the worker on."""
+    monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "0")
+
+
+@pytest.fixture(autouse=True)
 def private_report(tmp_path, monkeypatch):
     """A bench in a test writes its report folder under the test's own directory, not into the checkout."""
     monkeypatch.setenv("TIERED_OPS_REPORT", str(tmp_path / "tiered_ops_report"))

@@ -111,6 +111,21 @@ def first_calls_aside() -> bool:
     return os.environ.get("TIERED_OPS_FIRST_CALLS_ASIDE", "1").strip().lower() not in OFF
 
 
+def blocking_aside(device_type: str) -> bool:
+    """TIERED_OPS_BLOCKING_ASIDE: whether blocking tuning hands a missing bucket to background tuning's worker and gate
+    helpers and waits for it to land (``auto``, the default: on a GPU, where the helpers compile the candidates' kernels
+    at once; on the CPU the call measures in its own process), ``1`` on any device, ``0`` never (the call measures in
+    its own process, kernel after kernel)."""
+    v = os.environ.get("TIERED_OPS_BLOCKING_ASIDE", "auto").strip().lower()
+    return device_type == "cuda" if v == "auto" else v not in OFF
+
+
+def blocking_wait_s() -> float:
+    """TIERED_OPS_BLOCKING_WAIT_S: how long a blocking call waits for background tuning's worker to measure its bucket
+    before it measures the bucket in its own process (default 600 s)."""
+    return max(0.0, float(os.environ.get("TIERED_OPS_BLOCKING_WAIT_S", "600")))
+
+
 def retime_s() -> float:
     """TIERED_OPS_RETIME_S: how long after a bucket's timings were taken on a busy machine they are taken again (the
     back-off's first step; it doubles with each busy pass, up to 32 x; default 60 s)."""

@@ -133,19 +133,20 @@ NOT_QUEUED = "not queued: "
 
 def request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
             key: tuple[str, str, str, str, str], impls: list[str], store: Store,
-            landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
+            landed_hook: Callable[[Job], None], waited: bool = False) -> tuple[Job | None, str]:
     """Queue ``key``'s bucket for measuring (unless it is queued or being measured already) for a caller in
     ``context`` deciding from ``store``; (the job, QUEUED) or (None, NOT_QUEUED + why): what the decision's record
     says. Nothing is queued while dynamo traces (a trace's miss queues through ``compiled.trace_choice``, which dynamo
     runs for real), nor inside a CUDA-graph capture. ``context`` is the asking caller's (any: a compiled one's bucket
-    is measured as an eager one's, its compiled decision made from the same rows)."""
-    job, why = _request(spec, problem, dtype, device, mode, context, key, impls, store, landed_hook)
+    is measured as an eager one's, its compiled decision made from the same rows). ``waited``: a blocking call waits
+    for it (``wait_for_job``): it is measured before the buckets of calls that do not wait."""
+    job, why = _request(spec, problem, dtype, device, mode, context, key, impls, store, landed_hook, waited)
     return job, QUEUED if job is not None else NOT_QUEUED + why
 
 
 def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, context: str,
              key: tuple[str, str, str, str, str], impls: list[str], store: Store,
-             landed_hook: Callable[[Job], None]) -> tuple[Job | None, str]:
+             landed_hook: Callable[[Job], None], waited: bool) -> tuple[Job | None, str]:
     if torch.compiler.is_compiling():
         return None, "inside a torch.compile trace"
     if _capturing(device):
@@ -156,6 +157,7 @@ def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.d
             return None, "its background measurement failed earlier in this process"
         job = _s.queue.get(key) or (_s.current if _s.current is not None and _s.current.key == key else None)
         if job is not None:
+            job.waited = job.waited or waited
             return job, ""
         if len(_s.queue) >= QUEUE_MAX:
             if not _s.full_told:
@@ -163,7 +165,7 @@ def _request(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.d
                 log.warning("tiered_ops: background tuning queue full (%d buckets): %s runs its prediction until "
                             "the queue has room", QUEUE_MAX, key)
             return None, f"the background tuning queue is full ({QUEUE_MAX} buckets)"
-        job = Job(key, spec, problem, dtype, device, mode, impls, target, landed_hook)
+        job = Job(key, spec, problem, dtype, device, mode, impls, target, landed_hook, waited=waited)
         _s.queue[key] = job
         log.info("tiered_ops: background tuning: queued %s on %s (%d implementation(s): %s); %d queued", job, device,
                  len(impls), ", ".join(impls), len(_s.queue))
@@ -265,6 +267,31 @@ def wait_for_tuning(timeout: float | None = None) -> bool:
         return _s.cond.wait_for(lambda: not _s.queue and _s.current is None, timeout)
 
 
+def wait_for_job(job: Job, timeout: float, tick: Callable[[], object] | None = None) -> str | None:
+    """Wait until ``job``'s last landing (every candidate measured and stored; a job queued ``waited`` is measured
+    before the buckets of calls that do not wait); ``tick`` is called about once a second meanwhile. None once it
+    landed, else why not: its measurement failed in the harness (a worker that could not start), background tuning
+    stopped, or ``timeout`` seconds passed (the job is then taken out of the queue where it still waits there)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _s.cond:
+            # done once the thread is through with it (its landing's hook has run: rows of a store kept in memory)
+            _s.cond.wait_for(lambda: (job.landed or job.failed is not None) and _s.current is not job
+                             or _s.runner is None, max(0.0, min(1.0, deadline - time.monotonic())))
+            if job.landed and _s.current is not job:
+                return None
+            if job.failed is not None and _s.current is not job:
+                return f"its measurement in the worker failed ({' '.join(job.failed.split())[:300]})"
+            if _s.runner is None:
+                return "background tuning stopped"
+            if time.monotonic() >= deadline:
+                if _s.queue.get(job.key) is job:
+                    del _s.queue[job.key]
+                return f"not measured within {timeout:.0f} s"
+        if tick is not None:
+            tick()
+
+
 def shutdown(timeout: float = 10.0) -> None:
     """Stop the thread: queued buckets are dropped, a measurement in flight is killed with its worker (what was
     stored stays). The next request starts a thread again."""
@@ -297,7 +324,7 @@ def _run(me: _Runner) -> None:
                 idle = not _s.cond.wait_for(lambda: _s.queue or _s.warm or me.stopping, IDLE_S)
                 if me.stopping:
                     return
-                job = None if idle or not _s.queue else max(_s.queue.values(), key=lambda j: j.calls)
+                job = None if idle or not _s.queue else max(_s.queue.values(), key=lambda j: (j.waited, j.calls))
                 warm = _s.warm.pop(0) if job is None and _s.warm else None
                 if job is not None:
                     del _s.queue[job.key]
@@ -313,8 +340,10 @@ def _run(me: _Runner) -> None:
                 tune(me, job)
             except Exception as e:  # noqa: BLE001 (a harness or store failure: said, the bucket is not queued again)
                 if not me.stopping:
-                    log.warning("tiered_ops: background tuning of %s failed (%s: %s); it keeps its prediction in "
-                                "this process", job, type(e).__name__, e)
+                    job.failed = f"{type(e).__name__}: {e}"
+                    if not job.waited:  # a blocking caller says it, as it measures the bucket itself
+                        log.warning("tiered_ops: background tuning of %s failed (%s); it keeps its prediction in "
+                                    "this process", job, job.failed)
                     with _s.cond:
                         _s.given_up.add(job.key)
             finally:

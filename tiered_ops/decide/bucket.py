@@ -52,6 +52,8 @@ class Job:
     landings: int = 0  # decisions handed to the callers so far (the last one when ``landed``)
     chosen: str | None = None  # what the last landing chose
     queued_at: float = field(default_factory=time.perf_counter)
+    waited: bool = False  # a blocking call waits for it (``background.wait_for_job``): measured before the others
+    failed: str | None = None  # why its measurement failed in the harness (it is not queued again)
 
     def unsaved(self) -> list[dict]:
         """The rows measured for a store in memory since the last call: the caller's thread adds them."""

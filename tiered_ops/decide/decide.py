@@ -8,13 +8,13 @@ enabled and an input requires grad, else ``fwd_nograd``, so inference and traini
 documents its bucket (leading dims rounded up to a power of two, reduced dims exact), so a new batch size reuses the
 decision of its bucket. The decision is derived from the freshest stored measurement of every
 implementation whose source is unchanged: the correct implementation with the lowest time a caller
-sees wins. With no fresh measurement for the bucket it measures then, at the requested shape, and
-persists (like ``triton.autotune``), unless tuning is off (``TIERED_OPS_TUNE=0`` or
-``set_tuning(False)``): then it decides from the nearest measured bucket (same flags, nearest sizes in log2;
-for fp16 or bf16 with nothing measured in that dtype: of the other one; with nothing of those flags measured:
-the fewest flags apart, its choice gated at the requested problem), each candidate's time predicted at
-the requested shape (``predict``: its launch path, and its kernel time scaled by the bytes moved), or returns
-the eager tier when nothing of the op is measured; the record says which. Peers
+sees wins. With no fresh measurement for the bucket it measures then, at the requested shape (on a GPU in
+background tuning's worker, the call waiting: ``blocking``), and persists (like ``triton.autotune``), unless
+tuning is off (``TIERED_OPS_TUNE=0`` or ``set_tuning(False)``): then it decides from the nearest measured
+bucket (same flags, nearest sizes in log2; for fp16 or bf16 with nothing measured in that dtype: of the other one;
+with nothing of those flags measured: the fewest flags apart, its choice gated at the requested problem), each
+candidate's time predicted at the requested shape (``predict``: its launch path, and its kernel time scaled by the
+bytes moved), or returns the eager tier when nothing of the op is measured; the record says which. Peers
 (``tiered_ops.peers``) are never measured or chosen here. With ``TIERED_OPS_TUNE=background`` (or
 ``set_tuning("background")``) a miss measures nothing on the calling thread: it decides as with tuning off, from
 the nearest measured bucket of its own dtype only (rows that passed the gate at that dtype), else eager, and queues
@@ -42,7 +42,7 @@ from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
-from . import background, table
+from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
 from .choice import _decide, _gated
@@ -65,6 +65,7 @@ _lock = threading.RLock()
 _selects: dict[tuple, Selection] = {}
 _told: set[tuple] = set()  # capture fallbacks logged once
 _unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
+_unsaved_lock = threading.Lock()
 
 
 def set_tuning(enabled: bool | str | None) -> None:
@@ -101,12 +102,21 @@ def tuning_enabled() -> bool:
 def _landed(job: background.Job) -> None:
     """A bucket measured in the background: its rows of a store kept in memory wait for the next decision, and a
     table without the bucket's decisions is published, so the next call decides from them (and a selection that
-    waited for a full queue asks again)."""
-    with _lock:
+    waited for a full queue asks again). Not under ``_lock``: a blocking call holds it while it waits for a landing."""
+    with _unsaved_lock:
         new = job.unsaved()
         if new:
             _unsaved.append(new)
-        _forget(job.key)
+    _forget(job.key)
+
+
+def _add_unsaved(store: Store) -> None:
+    """The rows measured in the background for a store kept in memory, added to it."""
+    with _unsaved_lock:
+        new = [r for rows in _unsaved for r in rows]
+        _unsaved.clear()
+    if new:
+        store.add(new)
 
 
 def _forget(key: tuple[str, str, str, str, str]) -> None:
@@ -225,9 +235,7 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     """The rows of the asked bucket: stored; measured now where tuning blocks (or queued where it runs in the
     background); else the nearest measured bucket's."""
     store = get_store()
-    if _unsaved:
-        store.add([r for rows in _unsaved for r in rows])
-        _unsaved.clear()
+    _add_unsaved(store)
     spec, problem, dtype, device, mode, context = a.spec, a.problem, a.dtype, a.device, a.mode, a.context
     fp = fingerprint(device)
     bkey, dname = bucket_str(spec.bucket(problem)), DTYPE_NAMES[dtype]
@@ -244,8 +252,14 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
             spec, problem, dtype, device, mode, context, bucket_key,
             [i.name for i in missing], store, _landed) if asked else (None, "not queued: tune=False")
     if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
-        rows, tuned_s, busy = tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
-                                          measure=measure_kept)
+        # on a GPU in background tuning's worker (the call waits), else (or where it cannot) in this process
+        tuned = blocking.tune_aside(store, spec, problem, dtype, device, mode, context, _landed, progress) if (
+            blocking.applies(device)) else None
+        if tuned is not None:
+            _add_unsaved(store)  # a store kept in memory: the worker's rows came back with the job
+            tuned = (store.latest(*bucket_key), *tuned[1:])
+        rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
+                                                   measure=measure_kept)
     busy = busy or busy_note(spec, rows)
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)

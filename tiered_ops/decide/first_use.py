@@ -61,3 +61,11 @@ class Announce:
                     self.done, len(self.impls), now - self.t0, impl.name)
             self.last = now
         self.done += 1
+
+    def waiting(self, where: str) -> None:
+        """While the implementations are measured elsewhere (``where``): a progress line when the tune has gone on
+        long since its last line."""
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_EVERY_S:
+            log.log(self.level, "tiered_ops: still tuning %s: %.0f s so far, %s", self.what, now - self.t0, where)
+            self.last = now
