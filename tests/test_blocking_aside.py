@@ -168,6 +168,8 @@ def test_the_cpu_measures_in_the_process_unless_forced():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TIERED_OPS_BLOCKING_ASIDE", raising=False)
+        assert not blocking.applies(cpu) and not blocking.applies(gpu)  # the default: in the process
+        mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")
         assert not blocking.applies(cpu) and blocking.applies(gpu)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "0")
         assert not blocking.applies(gpu)
@@ -177,10 +179,10 @@ def test_the_cpu_measures_in_the_process_unless_forced():
 
 @pytest.mark.gpu
 def test_a_blocking_first_call_on_a_gpu_is_measured_in_the_worker(private_store, monkeypatch, caplog):
-    """On a GPU by default: the first call waits for the worker and its gate helpers, and decides from the stored
+    """On a GPU with ``auto``: the first call waits for the worker and its gate helpers, and decides from the stored
     rows of every candidate."""
     background.shutdown()
-    monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")  # the default: on a GPU, the worker measures
+    monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")  # on a GPU, the worker measures
     select.set_tuning("blocking")
     caplog.set_level(logging.INFO, logger="tiered_ops")
     try:
