@@ -25,7 +25,7 @@ from ..measure.fingerprint import fingerprint
 from ..measure.measure import bucket_str, check_fits
 from ..registry import DTYPE_NAMES, OpSpec, Problem
 from ..store.store import Store
-from . import background, claimed, provisional
+from . import background, claimed
 from .bucket import Job
 from .first_use import Announce
 
@@ -52,19 +52,11 @@ def tune_aside(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype,
     key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fp.key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
     lease, wait_s = envs.claim_lease_s(), envs.claim_wait_s()
-    claim = claimed.bucket_key(spec, key5)
-    had, waited = claimed.wait_for(store, claim, f"measuring {what}", wait_s, lease)
-    if not had:
-        return (store.latest(*key5), None,
-                f"provisional: another process sharing the store is measuring it (waited {waited:.0f} s)")
+    claim, rows, todo, again, early = claimed.open_bucket(store, spec, key5, what, wait_s, lease)
+    if early is not None:
+        return early
     slot, have_slot = claimed.slot_key(device), False
     try:
-        rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows)
-        if not todo:
-            if waited:
-                log.info("tiered_ops: %s measured by another process sharing the store (waited %.1f s)", what, waited)
-            return rows, None, None
         if again:
             log.info("tiered_ops: %s: its timings were taken on a busy machine; timing them again side by side in "
                      "this process", what)

@@ -109,6 +109,31 @@ def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
     return store.latest(*key5)
 
 
+def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str], what: str, wait_s: float,
+                lease: float) -> tuple[tuple[str, ...], list[dict], list[Impl], bool, tuple | None]:
+    """Take the claim of the bucket ``key5`` (waiting for another owner's as ``wait_for``), then read what it holds:
+    (the claim, the bucket's newest rows, what is still to measure, whether those are timed again, ``early``).
+    ``early`` is the result to return at once, the claim not held: the rows, provisional, where another process's
+    claim outlasted the wait; the rows, where nothing is left to measure (another process measured it)."""
+    claim = bucket_key(spec, key5)
+    had, waited = wait_for(store, claim, f"measuring {what}", wait_s, lease)
+    if not had:
+        return claim, [], [], False, (store.latest(*key5), None, "provisional: another process sharing the store is "
+                                      f"measuring it (waited {waited:.0f} s)")
+    try:
+        rows = store.latest(*key5)
+        todo, again = provisional.to_measure(store, spec, key5, rows)
+    except BaseException:
+        store.release(claim)
+        raise
+    if not todo:
+        store.release(claim)
+        if waited:
+            log.info("tiered_ops: %s measured by another process sharing the store (waited %.1f s)", what, waited)
+        return claim, rows, todo, again, (rows, None, None)
+    return claim, rows, todo, again, None
+
+
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 context: str, progress: Callable[[str], None] | None = None,
                 measure: Callable[..., dict[str, Any]] = measure_kept) -> tuple[list[dict], float | None, str | None]:
@@ -119,18 +144,10 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
     key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fp.key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
     lease, wait_s = envs.claim_lease_s(), envs.claim_wait_s()
-    claim = bucket_key(spec, key5)
-    had, waited = wait_for(store, claim, f"measuring {what}", wait_s, lease)
-    if not had:
-        return (store.latest(*key5), None,
-                f"provisional: another process sharing the store is measuring it (waited {waited:.0f} s)")
+    claim, rows, todo, again, early = open_bucket(store, spec, key5, what, wait_s, lease)
+    if early is not None:
+        return early
     try:
-        rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows)
-        if not todo:
-            if waited:
-                log.info("tiered_ops: %s measured by another process sharing the store (waited %.1f s)", what, waited)
-            return rows, None, None
         check_fits(spec, problem, dtype, device, mode)
         where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
         said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
