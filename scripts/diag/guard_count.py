@@ -104,7 +104,7 @@ def report(a: dict, b: dict, show: int) -> None:
           f"{len(tiered_guards(b['lines']))}")
     ga = collections.Counter(re.sub(r"\d{6,}", "N", group(s)) for s in map(source_of, a["lines"]) if s)
     gb = collections.Counter(re.sub(r"\d{6,}", "N", group(s)) for s in map(source_of, b["lines"]) if s)
-    diff = {k: gb[k] - ga.get(k, 0) for k in gb if gb[k] != ga.get(k, 0)}
+    diff = {k: gb[k] - ga[k] for k in gb.keys() | ga.keys() if gb[k] != ga[k]}
     print("  guard lines by source, patched minus stock (largest first):")
     for k, n in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:show]:
         print(f"    {n:+5d}  {k}")
