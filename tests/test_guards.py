@@ -74,3 +74,17 @@ def test_patched_graph_guards_few_more_than_stock(family):
     extra = len(patched) - len(stock)
     assert extra <= EXTRA, (f"{family}: the patched graph carries {extra} guard lines more than stock's {len(stock)} "
                             f"(bound {EXTRA}); scripts/diag/guard_count.py --model {family} lists them")
+
+
+def test_a_refused_traced_call_raises_its_own_error():
+    """The slow path a trace runs outside the trace refuses a call the same way: compiled without fullgraph, the
+    caller sees the contract's own error (the call is traced again through ``dispatch``, whose raise dynamo passes on
+    after falling back), not dynamo's internal error."""
+    x = torch.randn(4, 64)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: tiered_ops.rms_norm(t, (32,)), backend="aot_eager")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        f(x)
+    g = torch.compile(lambda t: tiered_ops.rms_norm(t.double(), (64,)), backend="aot_eager")
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        g(x)

@@ -328,7 +328,8 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     slow path of a compiled-context call (``dispatch``: contract, problem, decision), run for real at trace time on
     stand-ins of the call's tensors. Returns the name of the implementation in the op's table (``spec.impls``) and
     whether the call's dtypes are promoted (``hot_fn``'s ``mixed``), or None where Inductor is asked to choose
-    (``routed``: ``dispatch`` traces that call).
+    (``routed``) or the call is refused: ``dispatch`` traces those calls, so a refused one raises as it did (an
+    exception raised here would reach the caller as dynamo's internal error, also without ``fullgraph``).
 
     ``described``: the call's arguments in the reference's order, each tensor as (shape, dtype, device,
     requires_grad) and stood in for by a fake tensor of those (contiguous: the contract and the problem read no
@@ -340,13 +341,16 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     spec = get_op(key[0])
     args, kwargs = stand_ins(spec, described)
     x = args[0]
-    _contract(spec, args, kwargs)
-    if spec.check_values is not None:
-        spec.check_values(*args, **kwargs)
-    _check_dtype(spec, x)
-    problem = spec.problem_of(*args, **kwargs)
+    try:
+        _contract(spec, args, kwargs)
+        if spec.check_values is not None:
+            spec.check_values(*args, **kwargs)
+        _check_dtype(spec, x)
+        problem = spec.problem_of(*args, **kwargs)
+        mixed = needs_promotion(spec, args, kwargs)
+    except Exception:  # noqa: BLE001 (raised again where the caller sees it: dispatch, traced, as before)
+        return None
     mode = "fwd+bwd" if key[-2] else "fwd_nograd"
-    mixed = needs_promotion(spec, args, kwargs)
     if routed(spec, mode, mixed):
         return None
     if active():
