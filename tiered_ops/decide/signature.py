@@ -114,3 +114,35 @@ def op_signature(spec: OpSpec) -> Signature:
                       f"({', '.join(positional)},), {{{', '.join(f'{k!r}: {k}' for k in keywords)}}}",
                       f"_not_tensors({spec.name!r}, {optional!r}, {', '.join(f'{t}={t}' for t in tensors)})", first,
                       ", ".join(names), tuple(keywords))
+
+
+def describe(spec: OpSpec) -> str:
+    """Generated code: the call's arguments in the reference's order as constants a trace can pass to a function
+    dynamo calls for real (``dispatch.trace_plan``): each tensor as (shape, dtype, device, requires_grad), None for
+    an optional one left out; the others as they are."""
+    tensors, optional = tensor_args(spec)
+
+    def one(n: str) -> str:
+        d = f"({n}.shape, {n}.dtype, {n}.device, {n}.requires_grad)"
+        return f"None if {n} is None else {d}" if n in optional else d
+    return ", ".join(one(p) if p in tensors else p for p in inspect.signature(spec.reference).parameters)
+
+
+def stand_ins(spec: OpSpec, described: tuple) -> tuple[tuple, dict[str, Any]]:
+    """(args, kwargs) of a call ``describe`` described: each tensor a fake tensor of its shape, dtype, device and
+    requires_grad, contiguous (the contract and the problem read no strides), made in the fake mode of the trace
+    that runs (a fresh one outside a trace); the other arguments as they were."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    params = list(inspect.signature(spec.reference).parameters.values())
+    values = []
+    with detect_fake_mode() or FakeTensorMode():
+        for p, d in zip(params, described):
+            if is_tensor(p) and d is not None:
+                shape, dtype, device, grad = d
+                d = torch.empty(shape, dtype=dtype, device=device).requires_grad_(grad)
+            values.append(d)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return (tuple(v for p, v in zip(params, values) if p.kind is not kw),
+            {p.name: v for p, v in zip(params, values) if p.kind is kw})

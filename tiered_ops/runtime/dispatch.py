@@ -4,8 +4,9 @@ path that resolves a call signature's selection once.
 Each public function is generated from its op's eager signature (like ``dataclasses`` makes ``__init__``): its
 fast path reads ``requires_grad`` of each tensor argument, builds a key of every tensor's shape and dtype, the
 first tensor's device, the other arguments and whether the call trains, and calls the cached selection; a miss
-goes to ``dispatch``. Generated code keeps the hot path as short as a hand-written one. A traced call whose key holds
-a symbolic size (dynamic shapes) goes to ``dispatch`` too: the decision is found by its bucket, not its exact sizes.
+goes to ``dispatch``. Generated code keeps the hot path as short as a hand-written one. A call dynamo traces goes to
+``traced_call``, whose slow path runs at trace time outside the trace (``trace_plan``); one whose key holds a symbolic
+size (dynamic shapes) goes to ``dispatch``: the decision is found by its bucket, not its exact sizes.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import torch
 
 from ..decide import capture
 from ..decide import decide as _decide
-from ..decide.compiled import trace_choice
+from ..decide.compiled import _assume_constant_result, trace_choice
 from ..decide.decide import Selection
 from ..decide.inductor_choice import call_traced, routed
 from ..decide.seam import ask
-from ..decide.signature import check_tensors, op_signature, tensor_args
+from ..decide.signature import check_tensors, describe, op_signature, stand_ins, tensor_args
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
@@ -46,11 +47,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     _contract(spec, args, kwargs)  # once per call signature (the key holds what it reads)
     if spec.check_values is not None:
         spec.check_values(*args, **kwargs)
-    if x.dtype not in DTYPE_NAMES:
-        first = next(iter(inspect.signature(spec.reference).parameters))
-        raise TypeError(f"tiered_ops.{spec.name}: {first} must be float32, bfloat16 or float16 (the dtypes its tiers "
-                        f"are selected for), got {x.dtype}; float64 is the gate's reference: "
-                        f"tiered_ops.get_op({spec.name!r}).reference takes it")
+    _check_dtype(spec, x)
     problem = spec.problem_of(*args, **kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
     context = CONTEXTS[key[-1]]
@@ -263,7 +260,7 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     optional = tensor_args(spec)[1]
     req = " or ".join(f"{n}.requires_grad" if n not in optional else f"({n} is not None and {n}.requires_grad)"
                       for n in (names[i] for i in spec.grad_args))
-    ns = dict(g.ns, _calls=_calls, _traced=_traced, _TFN=_TRACE_FNS, _dispatch=dispatch, _symbolic=symbolic_key,
+    ns = dict(g.ns, _calls=_calls, _dispatch=dispatch, _traced_call=traced_call,
               _grad=torch.is_grad_enabled,
               _compiling=torch.compiler.is_compiling, _dynamo=_DYNAMO, _tc=torch.compiler, _capturing=_CAPTURING)
     # The key: (op, every tensor's shape and dtype, the first one's device index, the other arguments as
@@ -285,11 +282,11 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     except AttributeError:
         raise {g.not_tensors} from None
     if key[-1] == 1:
-        if _symbolic(key):
-            return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2], None)
-        t = _traced.get(key)
-        if t is not None:
-            return _TFN[t]({g.call})
+        try:
+            _desc = ({describe(spec)},)
+        except AttributeError:
+            raise {g.not_tensors} from None
+        return _traced_call(_SPEC, key, _desc, {g.slow})
     sel = _calls.get(key)
     if sel is None:
         return _dispatch(_SPEC, key, {g.first}, {g.slow}, key[-2], ck)
@@ -307,6 +304,67 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     fn.__source__ = src
     _generated(ns, fn, _hot, spec, g.kwnames)
     return fn
+
+
+def traced_call(spec: OpSpec, key: tuple, described: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A call of ``tiered_ops.<op>`` while dynamo traces it (context 1), from the generated function: what
+    ``prime_trace`` cached for its signature (``_traced``: a guard on that key, so a signature primed later traces
+    the caller again), else ``trace_plan``'s choice; symbolic sizes, and a call Inductor chooses for, go to
+    ``dispatch``. One function for every op: what dynamo guards of it is shared by every call site."""
+    if symbolic_key(key):
+        return dispatch(spec, key, args[0], args, kwargs, key[-2], None)
+    name = _traced.get(key)
+    if name is not None:
+        return _TRACE_FNS[name](*args, **kwargs)
+    plan = trace_plan(key, described)
+    if plan is None:
+        return dispatch(spec, key, args[0], args, kwargs, key[-2], None)
+    return hot_fn(spec, spec.impls[plan[0]], args[0].device, plan[1])(*args, **kwargs)
+
+
+@_assume_constant_result
+def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
+    """What a trace of one call signature with static sizes and no primed selection (``prime_trace``) calls: the
+    slow path of a compiled-context call (``dispatch``: contract, problem, decision), run for real at trace time on
+    stand-ins of the call's tensors. Returns the name of the implementation in the op's table (``spec.impls``) and
+    whether the call's dtypes are promoted (``hot_fn``'s ``mixed``), or None where Inductor is asked to choose
+    (``routed``) or the call is refused: ``dispatch`` traces those calls, so a refused one raises as it did (an
+    exception raised here would reach the caller as dynamo's internal error, also without ``fullgraph``).
+
+    ``described``: the call's arguments in the reference's order, each tensor as (shape, dtype, device,
+    requires_grad) and stood in for by a fake tensor of those (contiguous: the contract and the problem read no
+    strides), the others as they are. Dynamo calls this for real (``torch.compiler.assume_constant_result``'s mark)
+    and takes its result as a constant: nothing it reads becomes a guard, where tracing the slow path made a guard of
+    every read of the op's declaration, its validation helpers and the call path's tables (each evaluated on every
+    call of the compiled caller). A later publication reaches the next trace, as ``trace_choice``'s decision does; a
+    selection primed later (an eager call) fails the trace's guard on ``_traced`` and the caller is traced again."""
+    spec = get_op(key[0])
+    args, kwargs = stand_ins(spec, described)
+    x = args[0]
+    try:
+        _contract(spec, args, kwargs)
+        if spec.check_values is not None:
+            spec.check_values(*args, **kwargs)
+        _check_dtype(spec, x)
+        problem = spec.problem_of(*args, **kwargs)
+        mixed = needs_promotion(spec, args, kwargs)
+    except Exception:  # noqa: BLE001 (raised again where the caller sees it: dispatch, traced, as before)
+        return None
+    mode = "fwd+bwd" if key[-2] else "fwd_nograd"
+    if routed(spec, mode, mixed):
+        return None
+    if active():
+        note(spec, problem, x.dtype, mode, x.device, Context.COMPILED, (key[:-1], mixed))
+    return trace_choice(spec.name, spec.bucket(problem), problem.shape, problem.params, DTYPE_NAMES[x.dtype],
+                        str(x.device), mode), mixed
+
+
+def _check_dtype(spec: OpSpec, x: torch.Tensor) -> None:
+    if x.dtype not in DTYPE_NAMES:
+        first = next(iter(inspect.signature(spec.reference).parameters))
+        raise TypeError(f"tiered_ops.{spec.name}: {first} must be float32, bfloat16 or float16 (the dtypes its tiers "
+                        f"are selected for), got {x.dtype}; float64 is the gate's reference: "
+                        f"tiered_ops.get_op({spec.name!r}).reference takes it")
 
 
 def _contract(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> None:

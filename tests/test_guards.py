@@ -1,0 +1,90 @@
+"""How many guards ``tiered_ops.patch`` adds to a compiled model: dynamo evaluates every guard of a graph's cache
+entry on each call of the compiled model, so a guard added by the call path is host time on every decode step.
+
+A tiny Llama and a tiny Qwen3 (tests/test_patch.py's), compiled with ``backend="aot_eager", fullgraph=True`` and
+called on one token, stock and patched. Two checks:
+
+- what the trace of a call of ``tiered_ops.<op>`` decides is read by a function dynamo calls for real
+  (``dispatch.trace_plan``), so no guard reads the op's declaration (``validate``, ``problem_of``, ``bucket``) or
+  the signature helpers' tables (``_TENSOR_ARGS``, ``_POSITIONAL``): named sources, stable across torch versions;
+- the guard lines of the patched graph (``str`` of each cache entry's guard tree, one guard or accessor a line)
+  exceed the stock graph's by no more than ``EXTRA``. The tree's printed form can change with torch, but both
+  variants change together: the difference is what the patch adds. ``scripts/diag/guard_count.py`` lists them.
+"""
+
+import pytest
+import torch
+
+import tiered_ops
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=128)
+# patched minus stock guard lines, measured with torch 2.13 / transformers 5.24: 521 (Llama) and 536 (Qwen3) while
+# the trace ran the call path's slow path; 224 and 230 with it read at trace time (the rest: the patched forwards'
+# own code, the eager tier's code, the rope forward's shadowed globals). A margin of ~15 %.
+EXTRA = 260
+READ_AT_TRACE_TIME = ("_TENSOR_ARGS", "_POSITIONAL", "'_SPEC'].validate", "'_SPEC'].problem_of", "'_SPEC'].bucket",
+                      "_calls")
+
+
+@pytest.fixture(autouse=True)
+def no_tuning(monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+
+
+def _model(family: str) -> torch.nn.Module:
+    t = transformers
+    torch.manual_seed(0)
+    if family == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(**SMALL)).eval()
+    return t.Qwen3ForCausalLM(t.Qwen3Config(**SMALL, head_dim=16)).eval()
+
+
+def _guards(family: str, patched: bool) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """The guard lines (comments left out) of the compiled model's one cache entry, its output and the stock
+    model's output on the same token."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model = _model(family)
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 1))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    if patched:
+        tiered_ops.patch(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        compiled(ids, use_cache=False)
+        got = compiled(ids, use_cache=False).logits
+    entries = _debug_get_cache_entry_list(model.forward.__func__.__code__)
+    assert len(entries) == 1, f"{len(entries)} cache entries: the second call recompiled"
+    lines = [ln.split("  #")[0] for ln in str(entries[0].guard_manager).splitlines() if ln.strip()]
+    return lines, got, want
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_patched_graph_guards_few_more_than_stock(family):
+    stock, _, _ = _guards(family, patched=False)
+    patched, got, want = _guards(family, patched=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    read = [ln.strip() for ln in patched if any(s in ln for s in READ_AT_TRACE_TIME)]
+    assert not read, f"guards on what the trace should read as constants: {read[:5]}"
+    extra = len(patched) - len(stock)
+    assert extra <= EXTRA, (f"{family}: the patched graph carries {extra} guard lines more than stock's {len(stock)} "
+                            f"(bound {EXTRA}); scripts/diag/guard_count.py --model {family} lists them")
+
+
+def test_a_refused_traced_call_raises_its_own_error():
+    """The slow path a trace runs outside the trace refuses a call the same way: compiled without fullgraph, the
+    caller sees the contract's own error (the call is traced again through ``dispatch``, whose raise dynamo passes on
+    after falling back), not dynamo's internal error."""
+    x = torch.randn(4, 64)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: tiered_ops.rms_norm(t, (32,)), backend="aot_eager")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        f(x)
+    g = torch.compile(lambda t: tiered_ops.rms_norm(t.double(), (64,)), backend="aot_eager")
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        g(x)
