@@ -129,19 +129,23 @@ def test_measure_in_each_mode_checks_gradients_and_times():
     assert rows["fwd+bwd"]["gbps"] * rows["fwd+bwd"]["p50_us"] > rows["fwd"]["gbps"] * rows["fwd"]["p50_us"]
 
 
+class _SavesSoftmax(torch.autograd.Function):
+    """softmax's forward, saving its output for a backward the tests write wrong on purpose."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        y = torch.softmax(x, dim)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+
 def test_a_wrong_backward_is_caught_and_never_timed():
     from tiered_ops.registry import Impl, Tier
 
     spec, cpu = get_op("softmax"), torch.device("cpu")
 
-    class WrongGrad(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, dim):
-            y = torch.softmax(x, dim)
-            ctx.save_for_backward(y)
-            ctx.dim = dim
-            return y
-
+    class WrongGrad(_SavesSoftmax):
         @staticmethod
         def backward(ctx, g):
             (y,) = ctx.saved_tensors
@@ -192,14 +196,7 @@ def test_a_backward_that_writes_into_its_output_gradient_or_inputs_cannot_move_t
 
     spec, cpu = get_op("softmax"), torch.device("cpu")
 
-    class HidesWrongGrad(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, dim):
-            y = torch.softmax(x, dim)
-            ctx.save_for_backward(y)
-            ctx.dim = dim
-            return y
-
+    class HidesWrongGrad(_SavesSoftmax):
         @staticmethod
         def backward(ctx, g):
             (y,) = ctx.saved_tensors
