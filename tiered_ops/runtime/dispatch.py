@@ -44,11 +44,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
     (an index into ``registry.CONTEXTS``: 0 eager, 1 traced by torch.compile, 2 inside CUDA-graph capture: the int
     keeps the per-call key cheap to hash), read here once as its ``Context``. ``ckey``: the call's C++ key where one was
     read (the selection is cached under it too)."""
-    _contract(spec, args, kwargs)  # once per call signature (the key holds what it reads)
-    if spec.check_values is not None:
-        spec.check_values(*args, **kwargs)
-    _check_dtype(spec, x)
-    problem = spec.problem_of(*args, **kwargs)
+    problem = _admitted(spec, x, args, kwargs)  # once per call signature (the key holds what it reads)
+    mixed = needs_promotion(spec, args, kwargs)
     mode = "fwd+bwd" if train else "fwd_nograd"
     context = CONTEXTS[key[-1]]
     global _load_tried
@@ -56,12 +53,11 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         _load_tried = True  # once per process: the C++ key, where the CUDA extension is built already
         load_call_key(x.device)
     if active():
-        note(spec, problem, x.dtype, mode, x.device, context, (key[:-1], needs_promotion(spec, args, kwargs)))
+        note(spec, problem, x.dtype, mode, x.device, context, (key[:-1], mixed))
     if context is Context.GRAPHED:  # inside CUDA-graph capture: never measure, compile or sync here; not cached (a
         # later capture may find the graphed decision warm)
         return ask(spec, problem, x.dtype, x.device, mode, Context.GRAPHED,
                    capturing=capture.flavor(args, kwargs)).fn(*args, **kwargs)
-    mixed = needs_promotion(spec, args, kwargs)
     if context is Context.COMPILED:
         # traced: the decision made before is read (the store is not looked at: its lock would break the graph) and
         # its code goes into the caller's graph. Nothing is cached: dynamo guards what a trace reads of ``_calls``
@@ -342,11 +338,7 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     args, kwargs = stand_ins(spec, described)
     x = args[0]
     try:
-        _contract(spec, args, kwargs)
-        if spec.check_values is not None:
-            spec.check_values(*args, **kwargs)
-        _check_dtype(spec, x)
-        problem = spec.problem_of(*args, **kwargs)
+        problem = _admitted(spec, x, args, kwargs)
         mixed = needs_promotion(spec, args, kwargs)
     except Exception:  # noqa: BLE001 (raised again where the caller sees it: dispatch, traced, as before)
         return None
@@ -357,6 +349,16 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
         note(spec, problem, x.dtype, mode, x.device, Context.COMPILED, (key[:-1], mixed))
     return trace_choice(spec.name, spec.bucket(problem), problem.shape, problem.params, DTYPE_NAMES[x.dtype],
                         str(x.device), mode), mixed
+
+
+def _admitted(spec: OpSpec, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> Problem:
+    """A new call signature admitted (the contract, the declaration's value checks, a selectable dtype: an error names
+    the argument) and its problem; the slow path's first steps, eager and traced alike."""
+    _contract(spec, args, kwargs)
+    if spec.check_values is not None:
+        spec.check_values(*args, **kwargs)
+    _check_dtype(spec, x)
+    return spec.problem_of(*args, **kwargs)
 
 
 def _check_dtype(spec: OpSpec, x: torch.Tensor) -> None:
