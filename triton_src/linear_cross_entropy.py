@@ -87,14 +87,13 @@ def _bwd_step(v: int, rows: int) -> Step:
     return Step(_ce_bwd, (rows,), num_warps_for(block), BLOCK_V=block)
 
 
-def _unit_scale(target: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
-    """The dlogits' scale of an output gradient of 1: float32 [1], 1 for "sum", 1 over the count of targets not
-    ignored for "mean" (one launch: the count stays on the device)."""
-    one = torch.ones((1,), dtype=torch.float32, device=target.device)
-    if reduction == "sum":
-        return one
-    scale = torch.empty_like(one)
-    Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)(False, one, target, scale,
+def _scale(grad: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
+    """The dlogits' scale of the output gradient ``grad``, float32: for "mean" over the count of targets not ignored
+    ([1], one launch: the count stays on the device), else ``grad`` itself ([1] for "sum", [N] for "none")."""
+    if reduction != "mean":
+        return grad.float().reshape(-1).contiguous()
+    scale = torch.empty((1,), dtype=torch.float32, device=target.device)
+    Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)(False, grad, target, scale,
                                                                              target.shape[0], ignore_index)
     return scale
 
@@ -119,7 +118,7 @@ def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, targ
         dh = hidden.new_empty(hidden.shape)
         dw = weight.new_zeros(weight.shape, dtype=torch.float32)
         db = weight.new_zeros((v,) if bias is not None else (0,), dtype=torch.float32)
-        scale = _unit_scale(tc, reduction, ignore_index)
+        scale = _scale(torch.ones((1,), dtype=torch.float32, device=tc.device), tc, reduction, ignore_index)
     for start in range(0, n, chunk):
         rows = min(chunk, n - start)
         h, t = hidden[start:start + rows], tc[start:start + rows]
@@ -172,12 +171,7 @@ def linear_cross_entropy_bwd_launch(grad: torch.Tensor, hidden: torch.Tensor, we
     if lse.dtype != torch.float32 or tuple(lse.shape) != (n,):
         raise ValueError(f"{op}: lse must be a float32 [N] = [{n}] tensor, got {lse.dtype} {list(lse.shape)}")
     tc, lc = target.contiguous(), lse.contiguous()
-    if reduction == "mean":  # the output gradient over the count of targets not ignored, one launch
-        scale = hidden.new_empty((1,), dtype=torch.float32)
-        Step(_ce_reduce, (1,), 4, BLOCK=REDUCE_BLOCK, MEAN=True, SUM_ROWS=False)(False, grad, tc, scale, n,
-                                                                                 ignore_index)
-    else:
-        scale = grad.float().reshape(-1).contiguous()
+    scale = _scale(grad, tc, reduction, ignore_index)
     per_row = 1 if reduction == "none" else 0
     dw = weight.new_zeros(weight.shape, dtype=torch.float32)
     db = weight.new_zeros((v,) if bias is not None else (0,), dtype=torch.float32)
