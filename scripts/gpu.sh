@@ -311,8 +311,8 @@ PY
       # seconds until its bucket's decision is stored (targets: <= eager + 50 ms; <= 3 s median, <= 8 s max).
       # FIRSTCALL_COLD=1: Triton's and Inductor's caches empty too (new folders), as on a machine that never compiled.
       # FIRSTCALL_ARGS adds to the command (--busy: the op keeps being called beside a matrix product while it tunes;
-      # --blocking-only: blocking tuning alone, in the calling process; TIERED_OPS_BLOCKING_ASIDE=auto before the command:
-      # in background tuning's worker and gate helpers, for an A/B).
+      # --blocking-only: blocking tuning alone, in background tuning's worker and gate helpers (the default);
+      # TIERED_OPS_BLOCKING_ASIDE=0 before the command: in the calling process, for an A/B).
       echo "== firstcall: background tuning from an empty store${FIRSTCALL_COLD:+, empty compile caches}"
       first_call "$OUT" "${FIRSTCALL_COLD:-}" ${FIRSTCALL_ARGS:-} | tail -14
       ;;

@@ -168,7 +168,7 @@ def test_the_cpu_measures_in_the_process_unless_forced():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TIERED_OPS_BLOCKING_ASIDE", raising=False)
-        assert not blocking.applies(cpu) and not blocking.applies(gpu)  # the default: in the process
+        assert not blocking.applies(cpu) and blocking.applies(gpu)  # the default (auto): the worker on a GPU alone
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")
         assert not blocking.applies(cpu) and blocking.applies(gpu)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "0")

@@ -113,10 +113,10 @@ def first_calls_aside() -> bool:
 
 def blocking_aside(device_type: str) -> bool:
     """TIERED_OPS_BLOCKING_ASIDE: whether blocking tuning hands a missing bucket to background tuning's worker and gate
-    helpers and waits for it to land: ``auto`` on a GPU, where the helpers compile the candidates' kernels at once;
-    ``1`` on any device; ``0``, the default until the GPU's first-call figures show the worker's path faster, never
-    (the call measures in its own process, kernel after kernel)."""
-    v = os.environ.get("TIERED_OPS_BLOCKING_ASIDE", "0").strip().lower()
+    helpers and waits for it to land: ``auto`` (the default) on a GPU, where the helpers compile the candidates'
+    kernels at once (benchmarks/first_call.py --blocking-only: the faster first call there); ``1`` on any device;
+    ``0`` never (the call measures in its own process, kernel after kernel)."""
+    v = os.environ.get("TIERED_OPS_BLOCKING_ASIDE", "auto").strip().lower()
     return device_type == "cuda" if v == "auto" else v not in OFF
 
 
