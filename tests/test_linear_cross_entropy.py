@@ -311,7 +311,6 @@ def test_gradients_in_the_forward_hold_no_more_memory_than_recomputing_them(tier
 
     def step(grads: bool):
         def call():
-            hidden.grad = w.grad = None
             _kernel_op(tier)(hidden, w, t, None, -100, "mean", 0.0, None, 4096, grads)[0].backward()
         return call
 
@@ -319,7 +318,14 @@ def test_gradients_in_the_forward_hold_no_more_memory_than_recomputing_them(tier
         with torch.no_grad():
             _kernel_op(tier)(hidden, w, t, None, -100, "mean", 0.0, None, 4096, False)
 
-    fwd_grads, recompute, inference = peak_bytes(step(True), dev), peak_bytes(step(False), dev), peak_bytes(infer, dev)
+    def peak(call) -> int:
+        # each step measured alike: warmed once (one-time allocations fall outside), then from a baseline of the
+        # inputs alone (an earlier step's gradients freed inside the measured call made its peak read that much low)
+        call()
+        hidden.grad = w.grad = None
+        return peak_bytes(call, dev)
+
+    fwd_grads, recompute, inference = peak(step(True)), peak(step(False)), peak(infer)
     assert fwd_grads <= recompute + 2 ** 20, (fwd_grads, recompute)  # slack: the allocator's blocks of the scalars
     assert inference + v * h * 4 <= min(fwd_grads, recompute), (inference, fwd_grads, recompute)
 
@@ -367,34 +373,3 @@ def test_a_scalar_loss_makes_each_chunks_logits_once(monkeypatch):
         _kernel_op("triton")(*_kernel_args(h, w, t, None, -100, reduction, chunk=4))[0].sum().backward()
         assert made == rows, (reduction, made)
 
-
-@pytest.mark.parametrize("impl", ["triton", "triton_c1024"])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_a_compiled_step_traces_once_per_grad_mode(impl, reduction):
-    # the kernel op traced (dynamo, fullgraph) and called again and again, in training and under no_grad, with fresh
-    # inputs of the same shapes: one graph per grad mode (the grads argument is fixed from it at trace time), no
-    # other recompile; and the cases of one test, one code object, fit under dynamo's recompile limit
-    from torch._dynamo.utils import counters
-
-    tiered_ops.get_op(OP).impls[impl].why_not(torch.device("cpu"))  # loads the tier's ops
-    fn = tiered_ops.get_op(OP).impls[impl].fn
-    torch._dynamo.reset()
-    counters.clear()
-    step = torch.compile(lambda h, w, t: fn(h, w, t, None, -100, reduction, 0.1) * 3.0, fullgraph=True,
-                         backend="eager")
-    for _ in range(3):
-        h = torch.randn(12, 16, requires_grad=True)
-        w = (torch.randn(40, 16) / 4).requires_grad_()
-        t = torch.randint(0, 40, (12,))
-        t[::4] = -100
-        loss = step(h, w, t)
-        g = torch.randn(loss.shape)
-        got = torch.autograd.grad(loss, (h, w), g)
-        h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
-        want = truth64(OP, h64, w64, t, None, -100, reduction, 0.1) * 3.0
-        assert_like_truth(loss, want, 1e-5)
-        for name, d, x in zip(("hidden", "weight"), got, torch.autograd.grad(want, (h64, w64), g.double())):
-            assert_like_truth(d, x, 1e-5, f"d{name}")
-        with torch.no_grad():
-            assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
-    assert counters["stats"]["unique_graphs"] == 2, (dict(counters["stats"]), dict(counters["recompiles"]))
