@@ -77,7 +77,8 @@ void lce_chunk_grads(const at::Tensor& dlogits, const at::Tensor& h, const at::T
   if (dlogits.scalar_type() == at::kFloat) {
     dw.addmm_(dlogits.t(), h);  // into the accumulator: no [V, H] product
   } else {
-    const int64_t v = dlogits.size(1), step = std::max<int64_t>(1, (v + parts - 1) / parts);
+    // slices of a multiple of 8 columns: each starts 16-byte aligned (half elements) for cuBLAS
+    const int64_t v = dlogits.size(1), step = (v + 8 * parts - 1) / (8 * parts) * 8;
     for (int64_t a = 0; a < v; a += step) {  // a float32 product of half inputs, then added
       const int64_t len = std::min(step, v - a);
       dw.narrow(0, a, len).add_(mm32(dlogits.narrow(1, a, len).t(), h));

@@ -216,7 +216,7 @@ def _chunk_grads(dlogits: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, d
         dw.addmm_(dlogits.t(), h)  # into the accumulator: no [V, H] product
     else:
         v = dlogits.shape[1]
-        step = max(1, -(-v // parts))
+        step = -(-v // (8 * parts)) * 8  # slices start 16-byte aligned (half elements) for the GEMMs
         for a in range(0, v, step):  # a float32 product of half inputs, then added
             dw[a:a + step].add_(_mm32(dlogits[:, a:a + step].t(), h))
     if db is not None:
