@@ -17,11 +17,13 @@
 // Bytes: 1 read of the float32 logits (4 n per row) + 1 write of dx (2 n per row in bfloat16) + 12 bytes a row.
 // Limits: any n; one block of 256 threads per row, the grid striding over rows (grid_rows); indices in int64.
 // Versions: v1 — block per row, one element per thread per step (the float32 chunk is contiguous and n-aligned rows
-// are not assumed: an odd vocabulary makes rows start anywhere); v2 — a row stride for dx and a barrier per tile,
-// so that dx may lie over x in a half dtype.
+// are not assumed: an odd vocabulary makes rows start anywhere); v2 — a row stride for dx and a barrier per tile
+// of 8 elements a thread, so that dx may lie over x in a half dtype.
 #include "common.cuh"
 
 namespace tiered_ops {
+
+constexpr int kTile = 8;  // elements a thread reads, then writes, per tile of a row
 
 template <typename T>
 __global__ void __launch_bounds__(256) lce_dlogits_kernel(const float* x, const int64_t* __restrict__ target,
@@ -45,14 +47,23 @@ __global__ void __launch_bounds__(256) lce_dlogits_kernel(const float* x, const 
     }
     const float l = lse[r], scale = g[r * g_stride], off = smoothing / (float)n, hit = 1.f - smoothing;
     const bool ok = t >= 0 && t < n;
-    // tiles of blockDim.x elements, each read, then (after a barrier) written: where dx lies over x (half-width
-    // dlogits over the row's own float32 bytes) a write reaches back only to elements of this tile or earlier ones
-    for (int64_t base = 0; base < n; base += blockDim.x) {
-      const int64_t j = base + threadIdx.x;
-      float d = 0.f;
-      if (j < n) d = ok ? (__expf(xr[j] - l) - off - (j == t ? hit : 0.f)) * scale : NAN;
+    // tiles of kTile elements a thread, each read (the loads in flight together), then (after a barrier) written:
+    // where dx lies over x (half-width dlogits over the row's own float32 bytes) a write reaches back only to
+    // elements of this tile or earlier ones
+    const int64_t tile = (int64_t)blockDim.x * kTile;
+    for (int64_t base = 0; base < n; base += tile) {
+      float d[kTile];
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) {
+        const int64_t j = base + threadIdx.x + (int64_t)k * blockDim.x;
+        d[k] = j < n ? (ok ? (__expf(xr[j] - l) - off - (j == t ? hit : 0.f)) * scale : NAN) : 0.f;
+      }
       __syncthreads();
-      if (j < n) dr[j] = from_f<T>(d);
+#pragma unroll
+      for (int k = 0; k < kTile; ++k) {
+        const int64_t j = base + threadIdx.x + (int64_t)k * blockDim.x;
+        if (j < n) dr[j] = from_f<T>(d[k]);
+      }
     }
   });
 }
