@@ -65,3 +65,29 @@ def test_a_long_call_is_timed_in_few_calls_and_a_short_one_as_before(ms, quick):
         assert made <= 1 + 4 + 4 + samples + 1, made
     else:
         assert made >= 20 + 15 + 15, made  # the short call's floors: 20 samples, two host windows of 5 x 3 calls
+
+
+def test_only_a_long_gpu_call_skips_the_quick_look(monkeypatch):
+    # the pruning's quick look of a long call costs about what its full timing does: it is timed in full at once;
+    # the one more call that says so is made only where the first call took that long, and never on the CPU
+    from tiered_ops.measure import measure
+
+    took = []
+    monkeypatch.setattr(measure, "one_call_s", lambda call, device: took.append(1) or 0.12)
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert measure.long_call(lambda: None, gpu, 0.3) and len(took) == 1
+    assert not measure.long_call(lambda: None, gpu, 0.01) and len(took) == 1  # a first call of 10 ms: short
+    assert not measure.long_call(lambda: None, cpu, 5.0) and len(took) == 1
+    monkeypatch.setattr(measure, "one_call_s", lambda call, device: 0.004)  # a long compile, a short call
+    assert not measure.long_call(lambda: None, gpu, 3.0)
+
+
+@pytest.mark.gpu
+def test_a_long_call_is_timed_in_full_not_pruned():
+    from tiered_ops.measure.measure import measure
+    from tiered_ops.tiers.catalog import get_op
+
+    spec = get_op("linear_cross_entropy")
+    p = spec.problem((8192, 4096), 128256)  # fp32: a call of ~170 ms on an H200
+    row = measure(spec, spec.impls["cuda"], p, torch.float32, torch.device("cuda"), prune_above_us=1.0)
+    assert row["ok"] and not str(row.get("reason") or "").startswith("pruned"), row
