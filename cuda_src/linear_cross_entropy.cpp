@@ -12,8 +12,8 @@ cudaError_t cross_entropy_reduce(const void* num, DType num_dtype, bool sum_rows
 
 // Host launcher of linear_cross_entropy.cu: dlogits [rows, n] in `dtype` from contiguous float32 logits.
 cudaError_t linear_cross_entropy_dlogits(const float* x, const int64_t* target, const float* lse, const float* g,
-                                         int64_t g_stride, void* dx, int64_t rows, int64_t n, int64_t ignore_index,
-                                         float smoothing, DType dtype, cudaStream_t stream);
+                                         int64_t g_stride, void* dx, int64_t dx_stride, int64_t rows, int64_t n,
+                                         int64_t ignore_index, float smoothing, DType dtype, cudaStream_t stream);
 
 namespace {
 
@@ -70,16 +70,33 @@ at::Tensor bias_or_undefined(const c10::optional<at::Tensor>& bias) {
 }
 
 // One chunk's share of the gradients from its dlogits: dhidden's rows written, the float32 dweight (and dbias)
-// accumulators added to.
+// accumulators added to; a half dweight product in `parts` slices of the vocabulary (each [V / parts, H]).
 void lce_chunk_grads(const at::Tensor& dlogits, const at::Tensor& h, const at::Tensor& weight, at::Tensor dh_rows,
-                     at::Tensor& dw, at::Tensor& db) {
+                     at::Tensor& dw, at::Tensor& db, int64_t parts = 1) {
   at::mm_out(dh_rows, dlogits, weight);
   if (dlogits.scalar_type() == at::kFloat) {
     dw.addmm_(dlogits.t(), h);  // into the accumulator: no [V, H] product
   } else {
-    dw.add_(mm32(dlogits.t(), h));  // a float32 product of half inputs, then added
+    // slices of a multiple of 8 columns: each starts 16-byte aligned (half elements) for cuBLAS
+    const int64_t v = dlogits.size(1), step = (v + 8 * parts - 1) / (8 * parts) * 8;
+    for (int64_t a = 0; a < v; a += step) {  // a float32 product of half inputs, then added
+      const int64_t len = std::min(step, v - a);
+      dw.narrow(0, a, len).add_(mm32(dlogits.narrow(1, a, len).t(), h));
+    }
   }
   if (db.numel() > 0) db.add_(dlogits.sum(0, false, at::kFloat));
+}
+
+// The forward's dweight product of half inputs is made in this many slices of the vocabulary.
+constexpr int64_t kDwParts = 8;
+
+// Where the forward's dlogits of a chunk go: over its float32 logits (in place in float32; in a half dtype over the
+// first half of each row's bytes, row stride 2 V), so that the chunk holds one buffer, not two. A chunk of its own
+// where V % 8 != 0 (a row of the view would not start 16-byte aligned for cuBLAS).
+at::Tensor lce_dlogits_over(const at::Tensor& logits, at::ScalarType dtype) {
+  if (dtype == at::kFloat) return logits;
+  if (logits.size(1) % 8 != 0) return at::empty(logits.sizes(), logits.options().dtype(dtype));
+  return logits.view(dtype).narrow(1, 0, logits.size(1));
 }
 
 // (loss, lse, dhidden, dweight, dbias). With `grads` (a scalar loss only) the gradients of an output gradient of 1
@@ -125,16 +142,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cr
                                    DType::F32, stream()),
                  op);
     if (!grads) continue;
-    // the logits become dlogits: in place in float32 (each element read, then written, by one thread), else into a
-    // chunk of hidden's dtype, the GEMMs' input
-    at::Tensor dlogits = dt == DType::F32 ? logits : at::empty({rows, v}, hidden.options());
+    // the logits become dlogits over themselves (lce_dlogits_over), the GEMMs' input; dweight's product of half
+    // inputs in slices of the vocabulary: the chunk's buffer and one slice alive, never a [V, H] product
+    at::Tensor dlogits = lce_dlogits_over(logits, hidden.scalar_type());
     check_launch(linear_cross_entropy_dlogits(logits.data_ptr<float>(), tc.data_ptr<int64_t>() + start,
                                               lse.data_ptr<float>() + start, scale.data_ptr<float>(), 0,
-                                              dlogits.data_ptr(), rows, v, ignore_index, (float)label_smoothing, dt,
-                                              stream()),
+                                              dlogits.data_ptr(), dlogits.stride(0), rows, v, ignore_index,
+                                              (float)label_smoothing, dt, stream()),
                  op);
     logits.reset();  // freed before the GEMMs where dlogits is its own chunk
-    lce_chunk_grads(dlogits, h, weight, dh.narrow(0, start, rows), dw, db);
+    lce_chunk_grads(dlogits, h, weight, dh.narrow(0, start, rows), dw, db, kDwParts);
   }
   if (red == 0) return {loss.to(out), lse, dh, dw, db};
   at::Tensor total = at::empty({}, hidden.options().dtype(out));
@@ -188,8 +205,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_bwd_cuda(
       check_launch(linear_cross_entropy_dlogits(logits.data_ptr<float>(), tc.data_ptr<int64_t>() + start,
                                                 lc.data_ptr<float>() + start,
                                                 scale.data_ptr<float>() + g_stride * start, g_stride,
-                                                dlogits.data_ptr(), rows, v, ignore_index, (float)label_smoothing, dt,
-                                                stream()),
+                                                dlogits.data_ptr(), v, rows, v, ignore_index, (float)label_smoothing,
+                                                dt, stream()),
                    op);
       logits.reset();  // the chunk's float32 logits are freed before the GEMMs (kept as dlogits in float32)
       lce_chunk_grads(dlogits, h, weight, dh.narrow(0, start, rows), dw, db);

@@ -19,15 +19,22 @@ recomputing backward) 4 * chunk * V read again, 2 * chunk * V (bf16 dlogits) wri
 Peak extra memory: one chunk's float32 logits and dlogits (one buffer in float32: the dlogits overwrite the logits),
 and the float32 [V, H] dweight accumulator for any dtype (with the gradients in the forward it lives from the forward
 to the backward, with dhidden [N, H], as Liger's). Half inputs add one float32 [V, H] product a chunk (the logits
-freed first), which float32 accumulates in place (addmm_).
+freed first), which float32 accumulates in place (addmm_). The forward's gradients hold less: a half chunk's dlogits
+are written over its float32 logits (``_lce_dlogits``: the first half of each row's bytes, V % 8 == 0) and the
+product is made in ``DW_PARTS`` slices of the vocabulary, so that the chunk's one buffer and a slice [V / 8, H] are
+alive beside the accumulators: its peak stays below the recomputing backward's, which holds the logits and a
+dlogits chunk beside them.
 Limits: the vocabulary is not split (a chunk holds whole rows); on the CPU (interpreter) the GEMM runs on float32
 copies (correctness only). Versions: v1 — token chunks, lse saved, the logits recomputed in the backward; v2 — the
-gradients of a scalar loss made in the forward (one GEMM a chunk fewer; v1 stays for "none").
+gradients of a scalar loss made in the forward (one GEMM a chunk fewer; v1 stays for "none"); v3 — v2's dlogits
+over the logits and its product in slices (its peak was the recomputing backward's).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .common import num_warps_for
 from .cross_entropy import GROUP, REDUCE_BLOCK, _block, _ce_bwd, _ce_fwd, _ce_reduce, _check_targets
@@ -87,6 +94,59 @@ def _bwd_step(v: int, rows: int) -> Step:
     return Step(_ce_bwd, (rows,), num_warps_for(block), BLOCK_V=block)
 
 
+@triton.jit
+def _lce_dlogits(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, dx_stride, n_cols, ignore_index, smoothing,
+                 BLOCK_V: tl.constexpr):
+    # cross_entropy's backward of one row of float32 logits (x, rows of n_cols) for the output gradient g[0], into dx
+    # rows of dx_stride elements. dx may lie over x: half-width dlogits written over the first half of the row's own
+    # float32 bytes, each block stored after a barrier that follows every load of the block (a store reaches back to
+    # elements of this block or of earlier ones, all read by then; never forward to a block not yet read).
+    smoothing = tl.cast(smoothing, tl.float32)  # Inductor passes float arguments as fp64
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row)
+    cols = tl.arange(0, BLOCK_V)
+    x_row = x_ptr + row * n_cols
+    dx_row = dx_ptr + row * dx_stride
+    if t == ignore_index:
+        # torch's gradient of an ignored row is 0 * softmax: 0, or NaN across the row where its lse is not finite
+        m = tl.full([BLOCK_V], -float("inf"), tl.float32)
+        for start in range(0, n_cols, BLOCK_V):
+            x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+            m = tl.maximum(m, tl.where(x != x, float("inf"), x))
+        z = tl.zeros([BLOCK_V], tl.float32) + tl.max(m, axis=0) * 0.0  # NaN for +-inf
+        tl.debug_barrier()
+        for start in range(0, n_cols, BLOCK_V):
+            tl.store(dx_row + start + cols, z.to(dx_ptr.dtype.element_ty), mask=start + cols < n_cols)
+    else:
+        g = tl.load(g_ptr)
+        lse = tl.load(lse_ptr + row)
+        ok = (t >= 0) & (t < n_cols)
+        off = smoothing / n_cols
+        for start in range(0, n_cols, BLOCK_V):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0)
+            d = tl.exp(x - lse) - off - tl.where(start + cols == t, 1.0 - smoothing, 0.0)
+            d = tl.where(ok, d * g, float("nan"))
+            tl.debug_barrier()
+            tl.store(dx_row + start + cols, d.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+DW_PARTS = 8  # the forward's dweight product of half inputs, made in this many slices of the vocabulary
+
+
+def _dlogits_over(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where the forward's dlogits of a chunk go: over the chunk's float32 logits (in place in float32; in a half
+    dtype over the first half of each row's bytes, a view of row stride 2 V), so that the chunk holds one buffer,
+    not the logits and a dlogits chunk beside them. A separate chunk where V % 8 != 0 (a row of the view would not
+    start 16-byte aligned for the GEMMs) and inside a torch.compile trace (its functionalization would copy)."""
+    if dtype == torch.float32:
+        return logits
+    rows, v = logits.shape
+    if v % 8 or torch.compiler.is_compiling():
+        return logits.new_empty((rows, v), dtype=dtype)
+    return logits.view(dtype)[:, :v]
+
+
 def _scale(grad: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int) -> torch.Tensor:
     """The dlogits' scale of the output gradient ``grad``, float32: for "mean" over the count of targets not ignored
     ([1], one launch: the count stays on the device), else ``grad`` itself ([1] for "sum", [N] for "none")."""
@@ -128,11 +188,14 @@ def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, targ
         losses.append(loss)
         lses.append(lse)
         if grads:
-            # the logits become dlogits: in place in float32, else into a chunk in hidden's dtype (the GEMMs' input)
-            dlogits = logits if hidden.dtype == torch.float32 else hidden.new_empty((rows, v))
-            _bwd_step(v, rows)(False, logits, t, lse, scale, 0, dlogits, v, v, ignore_index, label_smoothing)
+            # the logits become dlogits over themselves (``_dlogits_over``), the GEMMs' input; dweight's product of
+            # half inputs in slices of the vocabulary: the chunk's buffer and one slice alive, never a [V, H] product
+            dlogits = _dlogits_over(logits, hidden.dtype)
+            block = _block(v)
+            Step(_lce_dlogits, (rows,), num_warps_for(block), BLOCK_V=block)(
+                False, logits, t, lse, scale, dlogits, dlogits.stride(0), v, ignore_index, label_smoothing)
             del logits
-            _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None)
+            _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None, DW_PARTS)
             del dlogits
     loss = torch.cat(losses) if losses else hidden.new_empty((0,), dtype=torch.float32)
     lse = torch.cat(lses) if lses else hidden.new_empty((0,), dtype=torch.float32)
@@ -145,14 +208,17 @@ def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, targ
 
 
 def _chunk_grads(dlogits: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, dh_rows: torch.Tensor,
-                 dw: torch.Tensor, db: torch.Tensor | None) -> None:
+                 dw: torch.Tensor, db: torch.Tensor | None, parts: int = 1) -> None:
     """One chunk's share of the gradients from its dlogits: dhidden's rows written, dweight's (and dbias's) float32
-    accumulators added to."""
+    accumulators added to; a half dweight product in ``parts`` slices of the vocabulary (each [V / parts, H])."""
     torch.mm(dlogits, weight, out=dh_rows)
     if dlogits.dtype == torch.float32:
         dw.addmm_(dlogits.t(), h)  # into the accumulator: no [V, H] product
     else:
-        dw.add_(_mm32(dlogits.t(), h))  # a float32 product of half inputs, then added
+        v = dlogits.shape[1]
+        step = -(-v // (8 * parts)) * 8  # slices start 16-byte aligned (half elements) for the GEMMs
+        for a in range(0, v, step):  # a float32 product of half inputs, then added
+            dw[a:a + step].add_(_mm32(dlogits[:, a:a + step].t(), h))
     if db is not None:
         db.add_(dlogits.sum(0, dtype=torch.float32))
 

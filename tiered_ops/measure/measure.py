@@ -20,7 +20,7 @@ from ..store.store import Store
 from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
-from .timing import COPY_BYTES, copy_bandwidth_gbps, sync, time_call
+from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     above it ends the measurement there: the row keeps the short timing's figures, with the reason
     ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
     decision may read it, and it never wins against ``best``: its whole range lies above best's p80.
+    A long GPU call (``long_call``) is never pruned: its short timing would cost what its full one does.
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
     problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
@@ -127,6 +128,15 @@ def _first(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str, devic
     return call
 
 
+def long_call(call: Callable[[], Any], device: torch.device, first_s: float) -> bool:
+    """Whether ``call`` is a long GPU call (``timing.LONG_CALL_MS``): timed within a time budget, its quick look (the
+    pruning's) costs about what its full timing does, so it is never pruned, timed in full at once. Asked (one more
+    call, synchronized) only where its first call took that long."""
+    if device.type != "cuda" or first_s * 1e3 < LONG_CALL_MS:
+        return False
+    return one_call_s(call, device) * 1e3 >= LONG_CALL_MS
+
+
 def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
                 row: dict[str, Any]) -> dict[str, Any]:
     passed = edges_passed(spec, impl, dtype, device, grad)
@@ -156,6 +166,8 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
         return row
     row["first_call_s"] = time.perf_counter() - t0
     nbytes = spec.mode_bytes(problem, dtype, mode)
+    if prune_above_us is not None and long_call(call, device, row["first_call_s"]):
+        prune_above_us = None  # its quick look would cost what its full timing does: timed in full at once
     if prune_above_us is not None and not gate_first and not impl.timeable(device):
         if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
             return row

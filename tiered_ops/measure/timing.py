@@ -55,18 +55,25 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def batch_times_us(fn: Callable[[], object], device: torch.device, budget_s: float, batches: int = 5,
-                   wait: bool = False) -> list[float]:
-    """Host time per call (us) of each of ``batches`` batches of back-to-back calls (the GPU synchronized before each
-    batch, untimed). ``wait=False``: timed up to the return of the last call, the GPU not waited for: the launch path
-    a caller pays (a GPU-bound call returns early and reads below its kernel time; one that synchronizes inside
-    waits and reads it). ``wait=True``: up to a final synchronize, the throughput of back-to-back calls."""
+def one_call_s(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``, synchronized before and after (the GPU's time for a GPU-bound call)."""
     sync(device)
     t0 = time.perf_counter()
     fn()
     sync(device)
-    one = max(time.perf_counter() - t0, 1e-6)
-    n = int(min(max(budget_s / batches / one, 3), 2000))
+    return max(time.perf_counter() - t0, 1e-6)
+
+
+def batch_times_us(fn: Callable[[], object], device: torch.device, budget_s: float, batches: int = 5,
+                   wait: bool = False, one_s: float | None = None, min_calls: int = 3) -> list[float]:
+    """Host time per call (us) of each of ``batches`` batches of back-to-back calls (the GPU synchronized before each
+    batch, untimed). ``wait=False``: timed up to the return of the last call, the GPU not waited for: the launch path
+    a caller pays (a GPU-bound call returns early and reads below its kernel time; one that synchronizes inside
+    waits and reads it). ``wait=True``: up to a final synchronize, the throughput of back-to-back calls. A batch
+    holds ``budget_s / batches`` of calls, at least ``min_calls``, the length of one call taken from one untimed
+    call first, or ``one_s`` where the caller has it."""
+    one = one_s if one_s is not None else one_call_s(fn, device)
+    n = int(min(max(budget_s / batches / one, min_calls), 2000))
     per = []
     for _ in range(batches):
         sync(device)
@@ -104,17 +111,20 @@ def _cycles_per_us(device: torch.device) -> float:
 FLUSH_BYTES = 256 << 20  # as triton.testing.do_bench: more than any GPU's L2
 
 
-def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100
-                 ) -> list[float]:
+def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+                 long: bool = False) -> list[float]:
     """GPU time of each of many calls of ``fn`` (ms), L2 flushed before each, the way ``do_bench`` does it, with one
     change: the GPU sleeps before each timed call for twice the host's time to enqueue it. Without that, a call
     whose host path (Python launcher, autograd, guards) takes longer than the flush leaves the GPU idle between
     the start event and the kernel, and the "kernel time" carries host time and its jitter: seen on the H100 as
-    a Triton kernel at 417 us median (p20 309, p80 680) that takes 140 us. Host cost is measured separately."""
+    a Triton kernel at 417 us median (p20 309, p80 680) that takes 140 us. Host cost is measured separately.
+    ``long`` (a call of at least ``LONG_CALL_MS``): fewer probe calls, no warm-up beyond them, and the samples
+    ``gpu_samples`` allows a long call."""
     cache = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
     cyc = _cycles_per_us(device)
+    probes = LONG_PROBES if long else 5
     enq = []
-    for _ in range(5):
+    for _ in range(probes):
         sync(device)
         t0 = time.perf_counter()
         fn()
@@ -133,13 +143,31 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
         sync(device)
         return [s.elapsed_time(e) for s, e in ev]
 
-    est = max(statistics.median(timed(5)), 1e-3)
+    est = max(statistics.median(timed(probes)), 1e-3)
     per_rep = est + sleep_cycles / cyc / 1e3 + 0.1  # + the flush
     # The warm-up lasts about warmup_ms of wall time, each repetition counted with its flush and sleep (a warm-up
-    # counted in kernel time alone ran ~200 ms for every microsecond kernel: a fifth of a sweep's time).
-    timed(max(1, int(warmup_ms / per_rep)))
-    n = max(20, min(int(rep_ms / est), 300, int(1000 / per_rep)))
-    return timed(n)
+    # counted in kernel time alone ran ~200 ms for every microsecond kernel: a fifth of a sweep's time). A long
+    # call is warm: made before the timing (a measurement's first call) and by the probes.
+    timed(max(0 if long else 1, int(warmup_ms / per_rep)))
+    return timed(gpu_samples(est, per_rep, rep_ms, long))
+
+
+LONG_CALL_MS = 50.0  # a call at least this long (synchronized): its timing is bounded by time, not by sample counts
+LONG_PROBES = 2  # a long call's probe calls (the enqueue time, the estimate); a short call's: 5
+LONG_MIN_SAMPLES = {100.0: 5, 10.0: 3}  # a long call's fewest timed samples, by rep_ms (the full timing's, the quick)
+GPU_BUDGET_MS = 1000.0  # the timed repetitions' GPU time, at most (a short call's floor of 20 samples comes first)
+
+
+def gpu_samples(est_ms: float, per_rep_ms: float, rep_ms: float, long: bool = False) -> int:
+    """The timed calls of ``gpu_times_ms``: ``rep_ms`` of kernel time, at most 300 and ``GPU_BUDGET_MS`` of
+    repetitions (flush and sleep counted), at least 20. For a long call the budget comes first: the floor of 20
+    made a 0.5 s call time 20 samples (10 s) in each of a measurement's two timings, its quick look as many as
+    its full timing; it takes ``GPU_BUDGET_MS / per_rep_ms`` samples (the quick look a tenth of that), at least
+    ``LONG_MIN_SAMPLES``. A call shorter than ``LONG_CALL_MS`` takes what it took before (the same method)."""
+    if not long:
+        return max(20, min(int(rep_ms / est_ms), 300, int(GPU_BUDGET_MS / per_rep_ms)))
+    floor = LONG_MIN_SAMPLES.get(rep_ms, 5)
+    return max(floor, min(300, int(GPU_BUDGET_MS * rep_ms / 100.0 / per_rep_ms)))
 
 
 def rotated(names: list[str], rounds: int) -> Iterator[str]:
@@ -189,9 +217,14 @@ def time_call(fn: Callable[[], object], device: torch.device, quick: bool = Fals
         with no_gc(), torch.cuda.device(device):
             # Timing the host up to a final synchronize would add the GPU's back-to-back time and its noise:
             # on an H100 (2026-11-23) a Triton rms_norm of 184 us kernel time read 247 us, then 202 us.
-            host = batch_times_us(fn, device, k["host_budget_s"])
-            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device, k["warmup_ms"], k["rep_ms"]))
-            host = sorted(host + batch_times_us(fn, device, k["host_budget_s"]))
+            # A long call (LONG_CALL_MS) is GPU-bound: its host windows are 2 batches of 1 call each (the floor of
+            # 3 calls a batch made them 30 calls), with no untimed call of their own.
+            one = one_call_s(fn, device)
+            long = one * 1e3 >= LONG_CALL_MS
+            hk = dict(batches=2, one_s=one, min_calls=1) if long else {}
+            host = batch_times_us(fn, device, k["host_budget_s"], **dict(hk, one_s=one))
+            times = sorted(t * 1e3 for t in gpu_times_ms(fn, device, k["warmup_ms"], k["rep_ms"], long))
+            host = sorted(host + batch_times_us(fn, device, k["host_budget_s"], **hk))
         return Timing(quantile(times, 0.2), statistics.median(times), quantile(times, 0.8), host[0],
                       quantile(host, 0.2), quantile(host, 0.8))
     return cpu_timing(fn, device, k["cpu_budget_s"] or CPU_BUDGET_S, k["cpu_samples"] or CPU_MIN_SAMPLES)

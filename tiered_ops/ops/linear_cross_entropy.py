@@ -20,7 +20,9 @@ GEMMs a chunk. The forward then holds dhidden [N, H] (hidden's dtype), the float
 until the backward, which only scales them by the output gradient (double backward is refused, as before). Otherwise
 (reduction "none"; inference, which computes and holds nothing more) only the float32 lse [N] is saved, and the
 backward recomputes each chunk's logits (one GEMM more), makes the dlogits and the same two GEMMs. Peak memory beyond
-the inputs and gradients: the float32 logits and the dlogits of one chunk, and the float32 dweight accumulator.
+the inputs and gradients: the float32 dweight accumulator and dhidden, with, recomputing, the float32 logits and the
+dlogits of one chunk; with the gradients in the forward, the chunk's float32 logits (its dlogits written over them,
+where V % 8 == 0) and one eighth of a float32 [V, H] product.
 The chunk (rows per GEMM) is the tier's tuned parameter: ``triton`` and ``cuda`` run chunks of ``CHUNK`` rows, and
 each of ``CHUNK_VARIANTS`` is one more registered candidate of both tiers (``triton_c1024``, ...), so the measurement
 (or the ``memory`` policy under a budget) picks the chunk. The vocabulary is not split: a chunk's rows are whole.

@@ -1,0 +1,125 @@
+"""linear_cross_entropy's kernel tiers in training: a compiled step traced once per grad mode, and the forward's
+gradients of a half-precision head with its dlogits written over the chunk's logits."""
+
+import pytest
+import torch
+from helpers import assert_like_truth, device_for, gpu, truth64
+
+import tiered_ops
+
+OP = "linear_cross_entropy"
+
+
+def _kernel_op(impl: str):
+    return getattr(torch.ops.tiered_ops, f"{OP}_{impl}")
+
+
+@pytest.mark.parametrize("impl", ["triton", "triton_c1024"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_compiled_step_traces_once_per_grad_mode(impl, reduction):
+    # the kernel op traced (dynamo, fullgraph) and called again and again, in training and under no_grad, with fresh
+    # inputs of the same shapes: one graph per grad mode (the grads argument is fixed from it at trace time), no
+    # other recompile; and the cases of one test, one code object, fit under dynamo's recompile limit
+    from torch._dynamo.utils import counters
+
+    tiered_ops.get_op(OP).impls[impl].why_not(torch.device("cpu"))  # loads the tier's ops
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(lambda h, w, t: fn(h, w, t, None, -100, reduction, 0.1) * 3.0, fullgraph=True,
+                         backend="eager")
+    for _ in range(3):
+        h = torch.randn(12, 16, requires_grad=True)
+        w = (torch.randn(40, 16) / 4).requires_grad_()
+        t = torch.randint(0, 40, (12,))
+        t[::4] = -100
+        loss = step(h, w, t)
+        g = torch.randn(loss.shape)
+        got = torch.autograd.grad(loss, (h, w), g)
+        h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
+        want = truth64(OP, h64, w64, t, None, -100, reduction, 0.1) * 3.0
+        assert_like_truth(loss, want, 1e-5)
+        for name, d, x in zip(("hidden", "weight"), got, torch.autograd.grad(want, (h64, w64), g.double())):
+            assert_like_truth(d, x, 1e-5, f"d{name}")
+        with torch.no_grad():
+            assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
+    assert counters["stats"]["unique_graphs"] == 2, (dict(counters["stats"]), dict(counters["recompiles"]))
+
+
+@pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("v", [1000, 1001])
+def test_half_dlogits_written_over_the_logits_match_float64(impl, dtype, v):
+    # the forward's gradients of a half-precision head: a vocabulary of a multiple of 8 has each chunk's dlogits
+    # written over its float32 logits (a view of row stride 2 V) and dweight's product made in slices; an odd one a
+    # chunk of its own. Chunks of 7 rows (a short last chunk), ignored rows, label smoothing, a bias
+    tiered_ops.get_op(OP).impls[impl].why_not(device_for(impl))  # loads the tier's ops
+    dev = device_for(impl)
+    h = torch.randn(30, 40, device=dev).to(dtype).requires_grad_()
+    w = (torch.randn(v, 40, device=dev) / 5).to(dtype).requires_grad_()
+    b = (torch.randn(v, device=dev) / 2).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (30,), device=dev)
+    t[::6] = -100
+    loss = _kernel_op(impl)(h, w, t, b, -100, "mean", 0.1, None, 7, True)[0]
+    g = torch.tensor(1.5, device=dev, dtype=loss.dtype)
+    got = torch.autograd.grad(loss, (h, w, b), g)
+    l64 = [x.detach().double().requires_grad_() for x in (h, w, b)]
+    want = truth64(OP, l64[0], l64[1], t, l64[2], -100, "mean", 0.1)
+    spec = tiered_ops.get_op(OP)
+    assert_like_truth(loss, want, spec.rtol[dtype])
+    for name, d, x in zip(("hidden", "weight", "bias"), got, torch.autograd.grad(want, l64, g.double())):
+        assert_like_truth(d, x, spec.grad_rtol[dtype], f"d{name}")
+
+
+def test_the_forwards_half_dlogits_lie_over_the_logits():
+    from triton_src.linear_cross_entropy import _dlogits_over
+
+    logits = torch.randn(5, 16)
+    over = _dlogits_over(logits, torch.bfloat16)
+    assert over.shape == (5, 16) and over.stride() == (32, 1) and over.data_ptr() == logits.data_ptr()
+    assert _dlogits_over(logits, torch.float32) is logits
+    odd = torch.randn(5, 12)  # V % 8 != 0: a chunk of its own
+    assert _dlogits_over(odd, torch.bfloat16).untyped_storage().data_ptr() != odd.untyped_storage().data_ptr()
+
+
+def _allocations(fn) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each tensor ``fn`` allocates through torch (an output whose storage no input of its op has)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    made = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen and t.numel():
+                    made.append((tuple(t.shape), t.dtype))
+            return out
+
+    with Allocations():
+        fn()
+    return made
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_forwards_gradients_hold_one_chunk_buffer_and_no_whole_product(dtype):
+    # the accounting of the forward's gradients (the GPU's peak: the float32 dweight accumulator and dhidden, plus,
+    # per chunk, its float32 logits and the dweight product): no half dlogits chunk beside the logits and no float32
+    # [V, H] product but the accumulator, only slices of V / DW_PARTS rows; the recomputing backward, for contrast,
+    # allocates a dlogits chunk of its own
+    import triton_src.linear_cross_entropy as lce
+
+    n, hd, v, chunk = 40, 32, 64, 16
+    h, w = torch.randn(n, hd).to(dtype), (torch.randn(v, hd) / 4).to(dtype)
+    t = torch.randint(0, v, (n,))
+    fwd = _allocations(lambda: lce.linear_cross_entropy_launch(h, w, t, None, -100, "mean", 0.1, None, chunk, True))
+    assert ((chunk, v), torch.float32) in fwd  # the chunk's logits
+    assert ((chunk, v), dtype) not in fwd, fwd  # written over them
+    assert fwd.count(((v, hd), torch.float32)) == 1, fwd  # the accumulator alone
+    assert ((8, hd), torch.float32) in fwd  # a slice of the product: V / DW_PARTS rows, a multiple of 8
+    lse = torch.rand(n)
+    bwd = _allocations(lambda: lce.linear_cross_entropy_bwd_launch(torch.tensor(1.0), h, w, t, None, lse, -100,
+                                                                   "mean", 0.1, chunk))
+    assert ((chunk, v), dtype) in bwd and bwd.count(((v, hd), torch.float32)) >= 2, bwd
