@@ -16,8 +16,9 @@ the first op's call starts it, and its start counts in that op's seconds (``work
 
 Then (unless --no-vs-blocking) the same bucket tuned blocking in a store of its own: what it picks, and the caller
 time of background tuning's pick over that pick's, both from the blocking tuning's measurements (the regret of tuning
-in the background against tuning on the call; target: no worse), on a device left quiet meanwhile: on a GPU in background tuning's
-worker (``TIERED_OPS_BLOCKING_ASIDE``, default ``auto``), with ``TIERED_OPS_BLOCKING_ASIDE=0`` in the calling process.
+in the background against tuning on the call; target: no worse), on a device left quiet meanwhile: on a GPU in
+background tuning's worker (``TIERED_OPS_BLOCKING_ASIDE``, default ``auto``), with ``TIERED_OPS_BLOCKING_ASIDE=0`` in
+the calling process.
 
 With ``--busy`` the application does not wait idle for the decision: it goes on calling the op (fresh inputs), each
 call beside a 4096x4096x4096 bf16 matrix product on a GPU (a 512-cube in fp32 on a CPU) and one synchronization, as a
