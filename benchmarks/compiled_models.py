@@ -290,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.environ.get('TIERED_OPS_TUNE', '(unset)')}, TORCHINDUCTOR_CACHE_DIR="
             f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', '(unset)')}{_held('TORCHINDUCTOR_CACHE_DIR')}, "
             f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '(unset)')}{_held('TRITON_CACHE_DIR')}.",
-            f"Each variant compiled in a process of its own; {args.parallel} row(s) a batch (started and compiled "
-            f"together, then timed one row at a time: 'beside' counts the other compiles a first call ran beside"
+            f"Each variant compiled in a process of its own; {args.parallel} row(s) a batch, their workers started "
+            f"together, then compiled {'at once (max-autotune modes alone)' if args.parallel > 1 else 'one at a time'}"
+            f", then timed one row at a time ('beside': the other compiles a first call ran beside"
             f"{f'; {var}={threads}' if threads else ''}); "
             f"{args.rounds} interleaved rounds of at least {args.reps} "
             f"calls (order rotated), after {args.warmup} warm-up calls. Breaks: dynamo's graph_break counter of the "
