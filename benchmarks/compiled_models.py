@@ -16,7 +16,10 @@ compile one at a time, alone), then the rows are timed one after another with ev
 interleaves a row's timing rounds (A, B, A, B, ..., the order rotated per round), so each compiled model lives in its
 own process and the comparison is interleaved all the same, and no compile or tuning runs anywhere while a call is
 timed (compiled_models_events.csv, every request's span by the workers' clocks, shows it). A row's variants compile
-beside the same neighbours; first_call_beside counts them (0: alone) and the note says so.
+beside the same neighbours; first_call_beside counts them (0: alone) and the note says so. With K > 1 a tiered worker's
+tuning (a fresh store's misses, measured before its row is timed) times its candidates beside the batch's other
+compiles, as the rows' notes say; ``--tune-alone`` compiles each tiered variant alone instead, at the price of its
+row's equal neighbours and of time (the tiered compiles one at a time).
 
 Columns: graph_breaks (``sum(counters["graph_break"].values())`` of the worker after timing; the reasons are in note),
 recompiles (frames dynamo compiled after the first call: during warm-up and timing; torch 2.13 keeps no
@@ -218,6 +221,12 @@ def _held(var: str) -> str:
     return f" ({sum(len(f) for *_, f in os.walk(d))} files at the start)" if d and Path(d).is_dir() else ""
 
 
+def _how(args: argparse.Namespace) -> str:
+    if args.parallel <= 1:
+        return "one at a time"
+    return f"at once (max-autotune modes{' and tiered variants' * args.tune_alone} alone, one at a time)"
+
+
 def _part(text: str) -> tuple[int, int]:
     i, _, n = text.partition("/")
     if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
@@ -249,12 +258,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", help="default: cuda when there is one (cpu with --quick)")
     p.add_argument("--backend", help="torch.compile backend (default inductor; eager with --quick)")
     p.add_argument("--part", type=_part, default=(1, 1), metavar="I/N",
-                   help="the I-th of N parts of the plan (rows I, I+N, I+2N, ...): N calls cover it once")
+                   help="the I-th of N parts of the plan (row k in part (k + k // N) mod N + 1: each a share of "
+                   "every config, mode and workload): N calls cover it once")
     p.add_argument("--done", metavar="CSV", help="an earlier call's compiled_models.csv: its rows timed for every "
                    "variant are kept as they are and not run again (a cut call's rerun does only the rest)")
     p.add_argument("--parallel", type=int, default=1, metavar="K",
                    help="rows per batch: their workers start and compile at once, then each row is timed alone "
                    "(default 1)")
+    p.add_argument("--tune-alone", action="store_true",
+                   help="with --parallel above 1: each tiered variant compiles (and tunes) alone, after the batch's "
+                   "other compiles, so that no tuning times kernels beside a compile (slower: the tiered compiles run "
+                   "one at a time)")
     p.add_argument("--deadline-s", type=float, help="start no batch after this many seconds from the start, nor one "
                    "that the longest batch so far would carry past it")
     p.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds a worker may take to answer")
@@ -291,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', '(unset)')}{_held('TORCHINDUCTOR_CACHE_DIR')}, "
             f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '(unset)')}{_held('TRITON_CACHE_DIR')}.",
             f"Each variant compiled in a process of its own; {args.parallel} row(s) a batch, their workers started "
-            f"together, then compiled {'at once (max-autotune modes alone)' if args.parallel > 1 else 'one at a time'}"
+            f"together, then compiled {_how(args)}"
             f", then timed one row at a time ('beside': the other compiles a first call ran beside"
             f"{f'; {var}={threads}' if threads else ''}); "
             f"{args.rounds} interleaved rounds of at least {args.reps} "
@@ -309,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keys, k, longest = plan(args), max(1, args.parallel), 0.0
     if args.done:
-        mine = {(n, d, m, w): key for key in keys for n, _, d, m, w in [key]}
+        mine = {(key[0], *key[2:]): key for key in keys}  # (config, dtype, mode, workload), as _key
         rows += [r for r in finished(args.done, args.variants.split(",")) if _key(r) in mine]
         keys = [key for k4, key in mine.items() if k4 not in {_key(r) for r in rows}]
         head.append(f"{len(rows)} rows taken from {args.done} (finished by an earlier call); {len(keys)} rows run.")

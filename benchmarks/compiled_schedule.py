@@ -5,15 +5,16 @@ A batch runs in three stages, each ended before the next begins:
 
 1. start: every worker of every row of the batch is spawned at once (imports, the model's build and the stock eager
    reference step overlap; nothing is measured);
-2. compile (patch, ``torch.compile``, the first call, and for tiered the wait for the tuning its trace queued): with
-   more than one row a batch, every variant of every row at once, except a row whose mode searches kernels by timing
-   them on the GPU (``ALONE_MODES``): its variants compile one at a time, each with nothing else compiling; with one
-   row a batch, each variant alone, one after another. A row's variants so meet the same neighbours; the number of
-   other workers compiling while a variant's compile ran is its row's ``first_call_beside`` (0: alone), from the
-   workers' own timestamps, and a note says so where it is not 0;
+2. compile (patch, ``torch.compile``, the first call, and for tiered the wait for the tuning its trace queued): with one
+   row a batch, each variant alone, one after another; with more, every variant of every row at once, except a row whose
+   mode searches kernels by timing them on the GPU (``ALONE_MODES``), whose variants compile one at a time after the
+   others, each with nothing else compiling, and with ``--tune-alone`` every tiered variant likewise (its tuning then
+   times no kernel beside a compile, but its row's variants meet unequal neighbours). The number of other workers
+   compiling while a variant's compile ran is its row's ``first_call_beside`` (0: alone), from the workers' own
+   timestamps, and a note says so where it is not 0;
 3. time, row after row: the row's warm-up calls, then its rounds (A, B, A, B, ..., the order rotated per round); no
    worker of the batch compiles or tunes then (the tiered workers' tuning was waited for in stage 2; a worker whose
-   jobs were still pending after ``--settle-s`` says so in its note, and so does every row timed after it).
+   jobs were still pending after ``--settle-s`` says so in its note, and so does every row of its batch).
 
 Every request's span (start, compile, warm, time) is kept as an event, written as compiled_models_events.csv: what
 shows that no timed call ran beside a compile.
@@ -163,11 +164,16 @@ class Row:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def compile_all(batch: list[Row], timeout: float, together: bool) -> None:
+def compile_all(batch: list[Row], timeout: float, together: bool, tune_alone: bool = False) -> None:
     """Stage 2: ``together``: every variant of the batch's rows compiled at once, but a row of ``ALONE_MODES`` one
-    variant at a time with nothing beside it; else every variant alone, one after another. Then each variant's
+    variant at a time with nothing beside it, and with ``tune_alone`` every tiered variant too (after the others: its
+    tuning times kernels with nothing compiling beside it; its row's first calls then meet unequal neighbours, which
+    first_call_beside shows); else every variant alone, one after another. Then each variant's
     ``first_call_beside``."""
-    at_once = [(row, v) for row in batch if together and row.mode not in ALONE_MODES for v in list(row.alive)]
+    def alone(row: Row, v: str) -> bool:
+        return not together or row.mode in ALONE_MODES or (tune_alone and v.startswith("tiered"))
+
+    at_once = [(row, v) for row in batch for v in list(row.alive) if not alone(row, v)]
     for row, v in at_once:
         row.alive[v].send(("compile",))
     for row, v in at_once:
@@ -175,13 +181,11 @@ def compile_all(batch: list[Row], timeout: float, together: bool) -> None:
             row.compiled(v, row.alive[v].ask(None, timeout, "compile"))
         except WorkerError as e:
             row.fail(v, e)
-    for row in batch:
-        if not together or row.mode in ALONE_MODES:
-            for v in list(row.alive):
-                try:
-                    row.compiled(v, row.alive[v].ask(("compile",), timeout))
-                except WorkerError as e:
-                    row.fail(v, e)
+    for row, v in [(row, v) for row in batch for v in list(row.alive) if alone(row, v)]:
+        try:
+            row.compiled(v, row.alive[v].ask(("compile",), timeout))
+        except WorkerError as e:
+            row.fail(v, e)
     spans = [(row, v, r["t0"], r["t1"]) for row in batch for v, r in row.first.items()]
     for row, v, t0, t1 in spans:
         row.rows[v]["first_call_beside"] = sum(1 for o, u, s0, s1 in spans if (o, u) != (row, v) and s0 < t1
@@ -250,7 +254,7 @@ def run_batch(keys: list[tuple[str, dict, str, str, str]], args: Any, common: di
             batch.append(Row(key, args, common, compile_threads(args)))
         for row in batch:
             row.ready(args.worker_timeout)
-        compile_all(batch, args.worker_timeout, args.parallel > 1)
+        compile_all(batch, args.worker_timeout, args.parallel > 1, args.tune_alone)
         pending = sum(r.get("pending", 0) for row in batch for r in row.first.values())
         for row in batch:
             time_row(row, args, pending)

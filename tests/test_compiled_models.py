@@ -153,12 +153,16 @@ def _fake_row(mode: str) -> compiled_schedule.Row:
     return row
 
 
-def test_a_batch_compiles_together_but_a_gpu_searching_mode_alone():
+def test_a_batch_compiles_together_but_a_gpu_searching_mode_alone_and_with_tune_alone_each_tiered_alone():
     rows = [_fake_row("default"), _fake_row("max-autotune"), _fake_row("reduce-overhead")]
     compiled_schedule.compile_all(rows, 10, together=True)
     for row in (rows[0], rows[2]):  # each beside the 3 other variants of the together rows
         assert [row.rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [3, 3]
     assert [rows[1].rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [0, 0]
+    tuned = [_fake_row("default"), _fake_row("default")]
+    compiled_schedule.compile_all(tuned, 10, together=True, tune_alone=True)  # stock together, each tiered alone
+    for row in tuned:
+        assert [row.rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [1, 0]
     alone = [_fake_row("default")]
     compiled_schedule.compile_all(alone, 10, together=False)  # one row a batch: each variant alone, as before
     assert [alone[0].rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [0, 0]
