@@ -52,8 +52,8 @@ ready for the tiny rows on this project's 2 shared CPU cores); stock's compile a
 prefill, 18-21 s for training; tiered's, with the tuning its trace queued from a fresh store, 8-13 s and 31-49 s; the
 warm-up (3 calls, plus reduce-overhead's CUDA-graph recording: not measured); 5 interleaved rounds 1-5 s. One row alone
 (``--parallel 1``, each variant's compile alone) so takes ~25-90 s (Llama's decode, prefill, training: 14, 18, 75 s plus
-a start each): at their mean, ~49 s, the 36 rows need ~30 min and more, past the ~22 usable minutes of 3 calls. Batched
-by 4 (``--parallel 4``: 8 workers start at once, each Inductor with 2 compile threads of the 16 cores), a batch of
+a start each): at their mean, ~49 s, the 36 rows need ~30 min and more, past the ~25 usable minutes of 3 calls. Batched
+by 4 (``--parallel 4``: 8 workers start at once, each Inductor with cores / 8 compile threads: 2 of 16), a batch of
 default or reduce-overhead rows pays one start (~15 s), its slowest compile (up to ~50 s alone for a tiered training
 row, slower beside 7 others: the factor is not measured) and its rows' timing one after another (~5 s each): an estimate
 of 80-110 s a batch, 20-28 s a row. Each third of the plan holds 10 such rows and the 2 rows of the GPU-searching modes
@@ -73,10 +73,12 @@ rerun of that part, on the same machine or with the folder carried, finds them):
         bash scripts/gpu.sh build compiledmodels
 
 (``build``: the CUDA extension, built once a machine: its first build took 36 s on the H200.) A call that ended with
-"deadline:" or was cut: take compiled_models/compiled_models.csv and compiled_cache.tar.xz out of its logs.tar.gz, carry
-both, and run the same part again with ``COMPILED_MODELS_CACHE=compiled_cache.tar.xz`` and ``--done
-compiled_models.csv`` added to COMPILED_MODELS_ARGS (its new rows' first calls then load what the cut call compiled: the
-header says so).
+"deadline:" or was cut: take compiled_models/compiled_models.csv (and compiled_cache.tar.xz) out of its logs.tar.gz and
+carry them; one more call runs every row the three left, from their three CSVs: ``COMPILED_MODELS_ARGS="--parallel 4
+--done 1.csv --done 2.csv --done 3.csv"`` (the finished rows are copied into its output, the rest run; with
+COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-4 their first calls start from an empty cache), or one part's rest with ``--part
+I/3 --done I.csv`` and ``COMPILED_MODELS_CACHE=compiled_cache.tar.xz`` (its new rows' first calls then load what the cut
+call compiled: the header says how many files the caches held).
 
     python benchmarks/compiled_models.py --out-dir /tmp/cm                        # GPU: the whole matrix, row by row
     python benchmarks/compiled_models.py --part 2/3 --parallel 4 --out-dir /tmp/cm   # GPU: one third, batched by 4
@@ -260,8 +262,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--part", type=_part, default=(1, 1), metavar="I/N",
                    help="the I-th of N parts of the plan (row k in part (k + k // N) mod N + 1: each a share of "
                    "every config, mode and workload): N calls cover it once")
-    p.add_argument("--done", metavar="CSV", help="an earlier call's compiled_models.csv: its rows timed for every "
-                   "variant are kept as they are and not run again (a cut call's rerun does only the rest)")
+    p.add_argument("--done", metavar="CSV", action="append", default=[],
+                   help="an earlier call's compiled_models.csv (repeatable): its rows timed for every variant are kept "
+                   "as they are and not run again (a cut call's rerun does only the rest)")
     p.add_argument("--parallel", type=int, default=1, metavar="K",
                    help="rows per batch: their workers start and compile at once, then each row is timed alone "
                    "(default 1)")
@@ -324,9 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     keys, k, longest = plan(args), max(1, args.parallel), 0.0
     if args.done:
         mine = {(key[0], *key[2:]): key for key in keys}  # (config, dtype, mode, workload), as _key
-        rows += [r for r in finished(args.done, args.variants.split(",")) if _key(r) in mine]
+        for path in args.done:
+            rows += [r for r in finished(path, args.variants.split(",")) if _key(r) in mine
+                     and _key(r) not in {_key(x) for x in rows if x["variant"] == r["variant"]}]
         keys = [key for k4, key in mine.items() if k4 not in {_key(r) for r in rows}]
-        head.append(f"{len(rows)} rows taken from {args.done} (finished by an earlier call); {len(keys)} rows run.")
+        head.append(f"{len(rows)} rows taken from {', '.join(args.done)} (finished by earlier calls); {len(keys)} "
+                    "rows run.")
     try:
         for b in range(0, len(keys), k):
             now = time.monotonic() - t0

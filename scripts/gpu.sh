@@ -360,7 +360,7 @@ PY
       # $OUT/compiled_models/ (rows and compiled_models_events.csv, every worker request's span, written as rows
       # finish); no batch of rows started that the longest batch so far would carry past the stage's limit less 30 s.
       # COMPILED_MODELS_ARGS adds to it: --part I/N (the I-th of N calls covering the plan once), --parallel K (rows
-      # whose workers start and compile at once, then are timed one row at a time), --done CSV (rows a cut call
+      # whose workers start and compile at once, then are timed one row at a time), --done CSV (repeatable: rows a call
       # finished, skipped), --configs, --modes, --workloads, --variants stock,stock-copy,tiered for the control.
       # The plan of calls is in the module's docstring. COMPILED_MODELS_CARRY=1: every tiered worker uses $TIERED_OPS_DB
       # (the store that comes back; RESUME_DB carries it into the next call, whose rows then say "carried").

@@ -214,9 +214,9 @@ def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_r
     stock_only = compiled_models.finished(str(done), ["stock"])  # a run of stock alone: every stock row is done
     assert [(r["workload"], r["variant"]) for r in stock_only] == [("prefill", "stock"), ("decode", "stock"),
                                                                    ("train", "stock")]
-    out = tmp_path / "out"  # every row of this plan is done: nothing runs, the kept rows are written again
+    out = tmp_path / "out"  # every row of this plan is done: nothing runs, the kept rows are written again, once
     assert compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill", "--done", str(done),
-                                 "--out-dir", str(out)]) == 0
+                                 "--done", str(done), "--out-dir", str(out)]) == 0
     with open(out / "compiled_models.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["workload"], r["variant"], r["pid"]) for r in rows] == [("prefill", "stock", "77"),
