@@ -8,10 +8,18 @@ dynamo's cache (inlined modules are not guarded by identity), so compiling varia
 cache. A worker builds the model from the config (seed 0, the same inputs in every worker), runs one stock eager step
 (the reference: the rel err column compares its compiled first step with it, float32), patches (tiered), compiles with
 plain ``torch.compile(model, mode=...)`` (fullgraph not forced: breaks are what is counted), makes the first call
-(first_call_s: tracing, compiling and, for tiered, whatever a miss costs), warms up, then serves timing requests. The
-row's workers start together (imports and builds overlap) but compile one at a time, so a first call is never timed
-beside another's compile; the parent then interleaves timing rounds between them (A, B, A, B, ..., the order rotated
-per round), so each compiled model lives in its own process and the comparison is interleaved all the same.
+(first_call_s: tracing, compiling and, for tiered, whatever a miss costs; a tiered worker then waits for the tuning its
+trace queued), then, when asked, warms up and serves timing requests. Rows run in batches (``--parallel K`` rows,
+default 1; benchmarks/compiled_schedule.py): the batch's workers start together, then compile (K = 1: one variant at a
+time, alone; K > 1: every variant of the batch at once, except the GPU-searching max-autotune modes, whose variants
+compile one at a time, alone), then the rows are timed one after another with every other worker idle: the parent
+interleaves a row's timing rounds (A, B, A, B, ..., the order rotated per round), so each compiled model lives in its
+own process and the comparison is interleaved all the same, and no compile or tuning runs anywhere while a call is
+timed (compiled_models_events.csv, every request's span by the workers' clocks, shows it). A row's variants compile
+beside the same neighbours; first_call_beside counts them (0: alone) and the note says so. With K > 1 a tiered worker's
+tuning (a fresh store's misses, measured before its row is timed) times its candidates beside the batch's other
+compiles, as the rows' notes say; ``--tune-alone`` compiles each tiered variant alone instead, at the price of its
+row's equal neighbours and of time (the tiered compiles one at a time).
 
 Columns: graph_breaks (``sum(counters["graph_break"].values())`` of the worker after timing; the reasons are in note),
 recompiles (frames dynamo compiled after the first call: during warm-up and timing; torch 2.13 keeps no
@@ -31,20 +39,49 @@ token, no KV cache, as benchmarks/models.py), train (forward, LM loss, backward;
 Carried state: ``--store PATH`` makes every tiered worker use PATH (created on first use) instead of a fresh store, so a
 rerun finds its decisions (its rows say "carried"); Inductor's cache is the caller's: point TORCHINDUCTOR_CACHE_DIR
 (and TRITON_CACHE_DIR) at a kept folder and a rerun's first calls load compiled code instead of compiling it
-(first_call_s then measures a warm cache). Rows are written as they finish (compiled_models.csv and .md in --out-dir),
-and ``--deadline-s`` stops starting rows past it, so a cut run keeps what it finished.
+(first_call_s then measures a warm cache; the header says how many files each folder held at the start). Rows are
+written as they finish (compiled_models.csv and .md in --out-dir, with compiled_models_events.csv), ``--deadline-s``
+starts no batch that the longest batch so far would carry past it, so a cut run keeps what it finished, and ``--done
+CSV`` (that run's compiled_models.csv) keeps its finished rows and runs only the rest. ``--part I/N`` runs the I-th of N
+parts of the plan (each a share of every config, mode and workload; N calls cover the plan once).
 
-GPU time, an estimate (not measured with this file): on the H200, benchmarks/models.py's in-process compiles of
-stock 8B-dimension 2-layer models (Inductor, default mode) took 4-6 s for decode, 13 s for prefill and 21-22 s for
-training, and 5 timed rounds 2-5 s (reports/nvidia-h200/models/*.log); a row here pays that per variant, plus each
-worker's start (imports, build, the eager reference step) and, for tiered from a fresh store, its tuning on a miss (the
-CUDA extension's first build took 36 s there, once per machine). Reckon about a minute per default-mode row, more
-with reduce-overhead's recording and minutes for max-autotune's GEMM search: the 36 rows of the full plan do not fit
-one 10-minute call; run a config (or a mode) per call, with --store and TORCHINDUCTOR_CACHE_DIR carried so a rerun
-repeats little. In scripts/gpu.sh: the stage compiledmodels (COMPILED_MODELS_ARGS, COMPILED_MODELS_CARRY).
+Where a row's time goes, H200 figures from benchmarks/models.py (reports/nvidia-h200/models/*.log: torch 2.11, 8B
+dimensions and GPT-2 small, 2 layers, default mode, each variant "prepared" in one process: tuning, compiling, warm-up):
+a worker's start (spawn, imports, the model's build, the stock eager step; not measured on the H200; ~13 s from spawn to
+ready for the tiny rows on this project's 2 shared CPU cores); stock's compile and first call 3-9 s for decode and
+prefill, 18-21 s for training; tiered's, with the tuning its trace queued from a fresh store, 8-13 s and 31-49 s; the
+warm-up (3 calls, plus reduce-overhead's CUDA-graph recording: not measured); 5 interleaved rounds 1-5 s. One row alone
+(``--parallel 1``, each variant's compile alone) so takes ~25-90 s (Llama's decode, prefill, training: 14, 18, 75 s plus
+a start each): at their mean, ~49 s, the 36 rows need ~30 min and more, past the ~25 usable minutes of 3 calls. Batched
+by 4 (``--parallel 4``: 8 workers start at once, each Inductor with cores / 8 compile threads: 2 of 16), a batch of
+default or reduce-overhead rows pays one start (~15 s), its slowest compile (up to ~50 s alone for a tiered training
+row, slower beside 7 others: the factor is not measured) and its rows' timing one after another (~5 s each): an estimate
+of 80-110 s a batch, 20-28 s a row. Each third of the plan holds 10 such rows and the 2 rows of the GPU-searching modes
+(gpt2-medium, one of max-autotune and one of max-autotune-no-cudagraphs, their 4 compiles one at a time, each alone: not
+measured, the old estimate said minutes for the GEMM search): 5.5-9 min a call by this estimate; a call cut by its
+deadline leaves the rest to a fourth call with ``--done``.
 
-    python benchmarks/compiled_models.py --out-dir /tmp/cm                        # GPU: the whole matrix
-    COMPILED_MODELS_ARGS="--configs qwen2-1.5b-dims-2l" bash scripts/gpu.sh compiledmodels   # one config a call
+The plan of calls (scripts/gpu.sh; the stage ends batches by DEADLINE - RESERVE, then packs the compile caches (at most
+40 s) and the files; each part's caches in a folder of their own, so its first calls start from an empty cache and a
+rerun of that part, on the same machine or with the folder carried, finds them):
+
+    COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-1 COMPILED_MODELS_ARGS="--part 1/3 --parallel 4" DEADLINE=560 RESERVE=55 \\
+        bash scripts/gpu.sh build compiledmodels
+    COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-2 COMPILED_MODELS_ARGS="--part 2/3 --parallel 4" DEADLINE=560 RESERVE=55 \\
+        bash scripts/gpu.sh build compiledmodels
+    COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-3 COMPILED_MODELS_ARGS="--part 3/3 --parallel 4" DEADLINE=560 RESERVE=55 \\
+        bash scripts/gpu.sh build compiledmodels
+
+(``build``: the CUDA extension, built once a machine: its first build took 36 s on the H200.) A call that ended with
+"deadline:" or was cut: take compiled_models/compiled_models.csv (and compiled_cache.tar.xz) out of its logs.tar.gz and
+carry them; one more call runs every row the three left, from their three CSVs: ``COMPILED_MODELS_ARGS="--parallel 4
+--done 1.csv --done 2.csv --done 3.csv"`` (the finished rows are copied into its output, the rest run; with
+COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-4 their first calls start from an empty cache), or one part's rest with ``--part
+I/3 --done I.csv`` and ``COMPILED_MODELS_CACHE=compiled_cache.tar.xz`` (its new rows' first calls then load what the cut
+call compiled: the header says how many files the caches held).
+
+    python benchmarks/compiled_models.py --out-dir /tmp/cm                        # GPU: the whole matrix, row by row
+    python benchmarks/compiled_models.py --part 2/3 --parallel 4 --out-dir /tmp/cm   # GPU: one third, batched by 4
     python benchmarks/compiled_models.py --configs gpt2-medium-2l --modes max-autotune --workloads train
     python benchmarks/compiled_models.py --quick --configs llama-tiny --workloads prefill --out-dir /tmp/cm  # CPU
 """
@@ -52,15 +89,10 @@ repeats little. In scripts/gpu.sh: the stage compiledmodels (COMPILED_MODELS_ARG
 from __future__ import annotations
 
 import argparse
-import contextlib
+import csv
 import datetime
-import math
-import multiprocessing as mp
 import os
-import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -68,18 +100,17 @@ from typing import Any, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from benchmarks.compiled_worker import serve  # noqa: E402
+from benchmarks.compiled_schedule import CONTROL, EVENT_COLUMNS, compile_threads, run_batch  # noqa: E402
 from benchmarks.models import _commit  # noqa: E402
-from benchmarks.models_rows import agreed, rounds_slower, save, spread, verdict  # noqa: E402
+from benchmarks.models_rows import save  # noqa: E402
 
 MODES = ("default", "reduce-overhead")
 MORE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")  # for the config marked ``autotune``
 WORKLOADS = ("prefill", "decode", "train")
-CONTROL = "stock-copy"
 COLUMNS = ("config", "family", "dtype", "mode", "workload", "shape", "variant", "ms_p50", "ms_p20", "ms_p80", "calls",
            "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy", "graph_breaks", "recompiles",
-           "graphs", "cudagraph_skips", "first_call_s", "rel_err", "store", "pid", "error", "note", "backend", "device",
-           "torch", "transformers")
+           "graphs", "cudagraph_skips", "first_call_s", "first_call_beside", "rel_err", "store", "pid", "error", "note",
+           "backend", "device", "torch", "transformers")
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
@@ -117,8 +148,16 @@ def configs(quick: bool) -> dict[str, dict[str, Any]]:
     }
 
 
-def plan(args: argparse.Namespace) -> Iterator[tuple[str, dict, str, str, str]]:
-    """(config name, config, dtype, mode, workload) of every row, in order."""
+def plan(args: argparse.Namespace) -> list[tuple[str, dict, str, str, str]]:
+    """(config name, config, dtype, mode, workload) of every row of the call's part, in order. ``--part I/N``: row k of
+    the whole plan goes to part (k + k // N) mod N + 1: the parts take turns, the first turn moving on by one every N
+    rows, so N parts cover the plan once, each a share of every config, mode and workload (plain turns with N = 3
+    would give one part every prefill row, another every training row: the plan's workloads come in threes)."""
+    i, n = args.part
+    return [row for k, row in enumerate(_plan(args)) if (k + k // n) % n == i - 1]
+
+
+def _plan(args: argparse.Namespace) -> Iterator[tuple[str, dict, str, str, str]]:
     table = configs(args.quick)
     names = args.configs.split(",") if args.configs else list(table)
     for name in names:
@@ -133,156 +172,11 @@ def plan(args: argparse.Namespace) -> Iterator[tuple[str, dict, str, str, str]]:
                     yield name, cfg, dtype, mode, workload
 
 
-class WorkerError(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    """os.environ with ``values`` while a worker is spawned (a spawned process takes the parent's environment)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-class Worker:
-    """One variant's process, seen from the parent."""
-
-    def __init__(self, spec: dict[str, Any], env: dict[str, str]) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        with _env(env):
-            self.proc = ctx.Process(target=serve, args=(child, spec), name=f"compiled-{spec['variant']}")
-            self.proc.start()
-        child.close()
-
-    def ask(self, msg: tuple | None, timeout: float) -> Any:
-        if msg is not None:
-            self.conn.send(msg)
-        if not self.conn.poll(timeout):
-            self.stop()
-            raise WorkerError(f"{(msg or ('start',))[0]}: no answer in {timeout:.0f} s (worker stopped)")
-        try:
-            kind, value = self.conn.recv()
-        except EOFError:
-            self.proc.join(10)
-            raise WorkerError(f"{(msg or ('start',))[0]}: the worker died (exit code {self.proc.exitcode})") from None
-        if kind == "error":
-            raise WorkerError(value)
-        return value
-
-    def stop(self, wait: float = 10.0) -> None:
-        """Asks the worker to end, then kills it if it has not within ``wait`` seconds (0: only ask)."""
-        with contextlib.suppress(OSError, BrokenPipeError):
-            self.conn.send(("stop",))
-        if wait:
-            self.proc.join(wait)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(10)
-
-
-def run_row(key: tuple[str, dict, str, str, str], args: argparse.Namespace, common: dict) -> list[dict]:
-    """Every variant of one row: its workers started together, compiled one at a time, timed in interleaved rounds."""
-    name, cfg, dtype, mode, workload = key
-    shape = (cfg["batch"], 1) if workload == "decode" else (1, cfg["seq"])
-    rows: dict[str, dict] = {}
-    workers: dict[str, Worker] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="compiled_models_"))
-    try:
-        for v in args.variants.split(","):
-            rows[v] = dict(common, config=name, family=cfg["family"], dtype=dtype, mode=mode, workload=workload,
-                           shape="x".join(map(str, shape)), variant=v)
-            fail = next((f.split(":")[2] for f in args.inject_failure
-                         if f.split(":")[:2] == [v, workload]), "")
-            spec = dict(config=cfg, dtype=dtype, mode=mode, workload=workload, variant=v, shape=shape,
-                        device=args.device, backend=args.backend, warmup=args.warmup, settle_s=args.settle_s,
-                        carried=bool(args.store),
-                        fail=fail)
-            store = args.store or str(tmp / f"{v}.sqlite")  # fresh: a new file per worker
-            workers[v] = Worker(spec, {"TIERED_OPS_DB": store})
-        alive: dict[str, Worker] = {}
-        for v, w in workers.items():
-            try:
-                info = w.ask(None, args.worker_timeout)
-                rows[v].update(store=info["store"], pid=info["pid"])
-                alive[v] = w
-            except WorkerError as e:
-                rows[v]["error"] = str(e)
-        first: dict[str, dict] = {}
-        for v, w in list(alive.items()):
-            try:
-                first[v] = r = w.ask(("compile",), args.worker_timeout)
-            except WorkerError as e:
-                rows[v]["error"] = str(e)
-                del alive[v]
-                continue
-            rows[v].update(first_call_s=round(r["first_call_s"], 2), rel_err=f"{r['rel_err']:.3e}", note=r["note"])
-            print(f"{name} {dtype} {mode} {workload} {v}: first call {r['first_call_s']:.1f} s, "
-                  f"{r['graph_breaks']} graph breaks, rel err {r['rel_err']:.2e}", file=sys.stderr, flush=True)
-        reps = args.reps
-        if alive and args.min_round_ms:  # a fast row takes more calls per round (the same for every variant)
-            warm = statistics.median(r["warm_ms"] for v, r in first.items() if v in alive)
-            reps = max(reps, min(args.reps * 20, math.ceil(args.min_round_ms / max(warm, 1e-3))))
-        samples: dict[str, list[list[float]]] = {v: [] for v in alive}
-        last = {v: first[v] for v in alive}
-        for rnd in range(args.rounds):
-            order = list(alive)
-            for v in order[rnd % max(len(order), 1):] + order[:rnd % max(len(order), 1)]:
-                try:
-                    last[v] = r = alive[v].ask(("time", reps), args.worker_timeout)
-                except WorkerError as e:
-                    rows[v]["error"] = f"during timing: {e}"
-                    del alive[v]
-                    continue
-                samples[v].append(r["ms"])
-        for v, r in last.items():
-            reasons = "; ".join(r["reasons"])
-            late = r["frames"] - first[v]["frames_first"]
-            rows[v].update(graph_breaks=r["graph_breaks"], recompiles=late, graphs=r["graphs"],
-                           cudagraph_skips=r["cudagraph_skips"])
-            rows[v]["note"] = "; ".join(x for x in (rows[v].get("note", ""), reasons and f"breaks: {reasons}") if x)
-        _verdicts(rows, {v: s for v, s in samples.items() if v in alive and s})
-    finally:  # every worker asked at once, then 10 s for them all: a run cut by SIGINT is killed 15 s later
-        for w in workers.values():
-            w.stop(wait=0)
-        end = time.monotonic() + 10
-        for w in workers.values():
-            w.stop(wait=max(0.1, end - time.monotonic()))
-        shutil.rmtree(tmp, ignore_errors=True)
-    return list(rows.values())
-
-
-def _verdicts(rows: dict[str, dict], samples: dict[str, list[list[float]]]) -> None:
-    stats = {v: spread([t for rnd in s for t in rnd]) for v, s in samples.items()}
-    for v, (p50, p20, p80) in stats.items():
-        rows[v].update(ms_p50=round(p50, 4), ms_p20=round(p20, 4), ms_p80=round(p80, 4),
-                       calls=sum(map(len, samples[v])))
-        n = len(samples[v])
-        for ref, suffix in (("stock", ""), (CONTROL, "_vs_copy")):
-            if ref in stats and v not in ("stock", ref) and len(samples[ref]) == n:
-                k = rounds_slower(samples[v], samples[ref])
-                rows[v].update({f"rounds_slower{suffix}": f"{k}/{n}", f"verdict{suffix}": verdict(stats[v], stats[ref],
-                                                                                                k, n)})
-        if rows[v].get("verdict") and rows[v].get("verdict_vs_copy"):
-            rows[v]["verdict"] = agreed(rows[v]["verdict"], rows[v]["verdict_vs_copy"])
-        r = rows[v]
-        print(f"  {v:10s} {p50:10.3f} ms ({p20:.3f}-{p80:.3f}) {r.get('verdict', '')} {r.get('rounds_slower', '')} "
-              f"breaks {r.get('graph_breaks')} recompiles {r.get('recompiles')}", file=sys.stderr, flush=True)
-
-
 def render(rows: list[dict], head: list[str]) -> str:
     out = ["# Compiled-model matrix", "", *head, "",
            "| config | dtype | mode | workload | variant | median ms | p20-p80 ms | vs stock | verdict | rounds slower "
-           "| breaks | recompiles | graphs | cg skips | first call s | rel err | store | error / note |",
-           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+           "| breaks | recompiles | graphs | cg skips | first call s | beside | rel err | store | error / note |",
+           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         stock = next((s for s in rows if s["variant"] == "stock" and s.get("ms_p50") and all(
             s[k] == r[k] for k in ("config", "dtype", "mode", "workload"))), None)
@@ -293,12 +187,53 @@ def render(rows: list[dict], head: list[str]) -> str:
                    f"| {r.get('ms_p50', '')} | {sp} | {speed} | {r.get('verdict', '')} | {r.get('rounds_slower', '')} "
                    f"| {r.get('graph_breaks', '')} | {r.get('recompiles', '')} | {r.get('graphs', '')} "
                    f"| {r.get('cudagraph_skips', '')} "
-                   f"| {r.get('first_call_s', '')} | {r.get('rel_err', '')} | {r.get('store', '')} | {err} |")
+                   f"| {r.get('first_call_s', '')} | {r.get('first_call_beside', '')} | {r.get('rel_err', '')} "
+                   f"| {r.get('store', '')} | {err} |")
     return "\n".join(out) + "\n"
 
 
-def write(rows: list[dict], out: Path, head: list[str]) -> None:
+def write(rows: list[dict], out: Path, head: list[str], events: list[dict] | None = None) -> None:
+    """The rows as compiled_models.csv and .md; ``events`` (each worker request's span): compiled_models_events.csv."""
     save(rows, out, "compiled_models", COLUMNS, render(rows, head))
+    if events is not None:
+        with open(out / "compiled_models_events.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(EVENT_COLUMNS))
+            w.writeheader()
+            w.writerows(events)
+
+
+def _key(r: dict) -> tuple[str, str, str, str]:
+    return r["config"], r["dtype"], r["mode"], r["workload"]
+
+
+def finished(path: str, variants: list[str]) -> list[dict]:
+    """The rows of an earlier run's compiled_models.csv whose key (config, dtype, mode, workload) has a timed row of
+    every one of ``variants``: what a later call need not run again (a row with an error runs again)."""
+    with open(path, newline="") as f:
+        old = list(csv.DictReader(f))
+    timed = {(_key(r), r["variant"]) for r in old if r.get("ms_p50") and not r.get("error")}
+    whole = {_key(r) for r in old if all((_key(r), v) in timed for v in variants)}
+    return [dict(r, **{k: float(r[k]) for k in ("ms_p50", "ms_p20", "ms_p80")}) for r in old
+            if _key(r) in whole and r["variant"] in variants]
+
+
+def _held(var: str) -> str:
+    """`` (N files at the start)`` for a cache folder named by ``var``, or nothing."""
+    d = os.environ.get(var)
+    return f" ({sum(len(f) for *_, f in os.walk(d))} files at the start)" if d and Path(d).is_dir() else ""
+
+
+def _how(args: argparse.Namespace) -> str:
+    if args.parallel <= 1:
+        return "one at a time"
+    return f"at once (max-autotune modes{' and tiered variants' * args.tune_alone} alone, one at a time)"
+
+
+def _part(text: str) -> tuple[int, int]:
+    i, _, n = text.partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise argparse.ArgumentTypeError(f"--part wants I/N with 1 <= I <= N, got {text!r}")
+    return int(i), int(n)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -324,7 +259,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "TIERED_OPS_TUNE=0 unless set (measuring every tier on a CPU takes minutes)")
     p.add_argument("--device", help="default: cuda when there is one (cpu with --quick)")
     p.add_argument("--backend", help="torch.compile backend (default inductor; eager with --quick)")
-    p.add_argument("--deadline-s", type=float, help="start no row after this many seconds from the start")
+    p.add_argument("--part", type=_part, default=(1, 1), metavar="I/N",
+                   help="the I-th of N parts of the plan (row k in part (k + k // N) mod N + 1: each a share of "
+                   "every config, mode and workload): N calls cover it once")
+    p.add_argument("--done", metavar="CSV", action="append", default=[],
+                   help="an earlier call's compiled_models.csv (repeatable): its rows timed for every variant are kept "
+                   "as they are and not run again (a cut call's rerun does only the rest)")
+    p.add_argument("--parallel", type=int, default=1, metavar="K",
+                   help="rows per batch: their workers start and compile at once, then each row is timed alone "
+                   "(default 1)")
+    p.add_argument("--tune-alone", action="store_true",
+                   help="with --parallel above 1: each tiered variant compiles (and tunes) alone, after the batch's "
+                   "other compiles, so that no tuning times kernels beside a compile (slower: the tiered compiles run "
+                   "one at a time)")
+    p.add_argument("--deadline-s", type=float, help="start no batch after this many seconds from the start, nor one "
+                   "that the longest batch so far would carry past it")
     p.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds a worker may take to answer")
     p.add_argument("--inject-failure", action="append", default=[], metavar="VARIANT:WORKLOAD:HOW",
                    help="test hook: that variant's worker fails when asked to compile (HOW: raise, or exit: it dies)")
@@ -350,29 +299,55 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     out = Path(args.out_dir or f"reports/{gpu.lower().replace(' ', '-')}/compiled_models")
     common = dict(device=gpu, torch=torch.__version__, transformers=transformers.__version__, backend=args.backend)
+    var = "TORCHINDUCTOR_COMPILE_THREADS"
+    threads = compile_threads(args).get(var, os.environ.get(var))
     head = [f"`python benchmarks/compiled_models.py {' '.join(sys.argv[1:] if argv is None else argv)}` at commit "
             f"{_commit()} on {gpu}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch "
             f"{torch.__version__}, transformers {transformers.__version__}; TIERED_OPS_TUNE="
             f"{os.environ.get('TIERED_OPS_TUNE', '(unset)')}, TORCHINDUCTOR_CACHE_DIR="
-            f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', '(unset)')}.",
-            f"Each variant compiled in a process of its own; {args.rounds} interleaved rounds of at least {args.reps} "
+            f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', '(unset)')}{_held('TORCHINDUCTOR_CACHE_DIR')}, "
+            f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '(unset)')}{_held('TRITON_CACHE_DIR')}.",
+            f"Each variant compiled in a process of its own; {args.parallel} row(s) a batch, their workers started "
+            f"together, then compiled {_how(args)}"
+            f", then timed one row at a time ('beside': the other compiles a first call ran beside"
+            f"{f'; {var}={threads}' if threads else ''}); "
+            f"{args.rounds} interleaved rounds of at least {args.reps} "
             f"calls (order rotated), after {args.warmup} warm-up calls. Breaks: dynamo's graph_break counter of the "
             "worker; recompiles: frames compiled after the first call. Verdict (models_rows): faster/slower only "
             "beyond the spread with every round agreeing. Rel err: the compiled first step against the stock eager "
             "step, float32."]
     rows: list[dict] = []
+    events: list[dict] = []
+
+    def done(new: list[dict], spans: list[dict]) -> None:
+        rows.extend(new)
+        events.extend(spans)
+        write(rows, out, head, events)
+
+    keys, k, longest = plan(args), max(1, args.parallel), 0.0
+    if args.done:
+        mine = {(key[0], *key[2:]): key for key in keys}  # (config, dtype, mode, workload), as _key
+        for path in args.done:
+            rows += [r for r in finished(path, args.variants.split(",")) if _key(r) in mine
+                     and _key(r) not in {_key(x) for x in rows if x["variant"] == r["variant"]}]
+        keys = [key for k4, key in mine.items() if k4 not in {_key(r) for r in rows}]
+        head.append(f"{len(rows)} rows taken from {', '.join(args.done)} (finished by earlier calls); {len(keys)} "
+                    "rows run.")
     try:
-        for key in plan(args):
-            if args.deadline_s is not None and time.monotonic() - t0 > args.deadline_s:
-                print(f"deadline: {key[0]} {key[2]} {key[3]} {key[4]} and later rows not started", file=sys.stderr)
+        for b in range(0, len(keys), k):
+            now = time.monotonic() - t0
+            if args.deadline_s is not None and now + longest > args.deadline_s:
+                key = keys[b]
+                print(f"deadline: {key[0]} {key[2]} {key[3]} {key[4]} and later rows not started ({now:.0f} s gone, "
+                      f"the longest batch took {longest:.0f} s)", file=sys.stderr)
                 break
-            rows += run_row(key, args, common)
-            write(rows, out, head)
+            run_batch(keys[b:b + k], args, common, done)
+            longest = max(longest, time.monotonic() - t0 - now)
     except KeyboardInterrupt:
-        write(rows, out, head)
+        write(rows, out, head, events)
         print(f"interrupted: wrote {len(rows)} rows to {out / 'compiled_models.csv'}", file=sys.stderr)
         return 130
-    write(rows, out, head)
+    write(rows, out, head, events)
     print(f"wrote {out / 'compiled_models.csv'} and {out / 'compiled_models.md'} ({len(rows)} rows)")
     return 0
 

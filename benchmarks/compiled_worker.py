@@ -3,9 +3,12 @@ built, patched, compiled and called in a process of its own, then timed on the p
 
 Protocol over a multiprocessing pipe, one request at a time: the worker sends ``("ready", info)`` once it has built
 the model from its config (seed 0) and run one stock eager step (the reference its compiled output is compared with),
-then answers ``("compile",)`` (patch, ``torch.compile``, the first call, warm-up, dynamo's counters) and
-``("time", reps)`` (milliseconds of ``reps`` calls, and the counters again) with ``("ok", result)``, and ends on
-``("stop",)``. Any exception is answered ``("error", text)`` and ends the worker; a crash closes the pipe.
+then answers ``("compile",)`` (patch, ``torch.compile``, the first call, for tiered the wait for the tuning its
+trace queued, dynamo's counters), ``("warm",)`` (the warm-up calls and a first timing, made where nothing else runs)
+and ``("time", reps)`` (milliseconds of ``reps`` calls, and the counters again) with ``("ok", result)``, and ends on
+``("stop",)``. Any exception is answered ``("error", text)`` and ends the worker; a crash closes the pipe. Each result
+carries ``t0``/``t1``: the wall clock (``time.time()``, one clock for every process of the host) when the request's
+work began and ended, so the parent can show that no timed call ran beside another worker's compile.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class Runner:
         return dict(store=self.store, pid=os.getpid())
 
     def compile(self) -> dict[str, Any]:
-        spec, note = self.spec, ""
+        spec, note, t_start = self.spec, "", time.time()
         if spec["variant"].startswith("tiered"):
             import tiered_ops
 
@@ -136,17 +139,25 @@ class Runner:
 
             background.wait_for_tuning(spec.get("settle_s", 120.0))
             pending = background.pending()
-        for _ in range(spec["warmup"]):
+        return dict(first_call_s=first_s, rel_err=err, pending=pending,
+                    note=note + (f"; {pending} tuning jobs still pending" if pending else ""),
+                    frames_before=before["frames"], frames_first=first["frames"], t0=t_start, t1=time.time(),
+                    **counts())
+
+    def warm(self) -> dict[str, Any]:
+        """The warm-up calls (a CUDA-graph mode records its graphs here), then the median of 3 timed calls."""
+        assert self.fn is not None, "compile first"
+        t0 = time.time()
+        for _ in range(self.spec["warmup"]):
             self.fn()
         warm = statistics.median(timed(self.fn, 3, self.cuda))
-        now = counts()
-        return dict(first_call_s=first_s, rel_err=err, note=note + (f"; {pending} tuning jobs still pending" if pending
-                                                                     else ""), warm_ms=warm,
-                    frames_before=before["frames"], frames_first=first["frames"], **now)
+        return dict(warm_ms=warm, t0=t0, t1=time.time(), **counts())
 
     def time(self, reps: int) -> dict[str, Any]:
         assert self.fn is not None, "compile first"
-        return dict(ms=timed(self.fn, reps, self.cuda), **counts())
+        t0 = time.time()
+        ms = timed(self.fn, reps, self.cuda)
+        return dict(ms=ms, t0=t0, t1=time.time(), **counts())
 
 
 def serve(conn: Any, spec: dict[str, Any]) -> None:
@@ -171,6 +182,7 @@ def serve(conn: Any, spec: dict[str, Any]) -> None:
         if msg[0] == "stop":
             return
         try:
-            conn.send(("ok", runner.compile() if msg[0] == "compile" else runner.time(msg[1])))
+            conn.send(("ok", runner.compile() if msg[0] == "compile" else runner.warm() if msg[0] == "warm"
+                       else runner.time(msg[1])))
         except Exception as e:  # noqa: BLE001
             return error(msg[0], e)

@@ -14,7 +14,8 @@
 #                 firstcall (a first call under background tuning, and the seconds until its decision is stored),
 #                 firstcalls (firstcall three ways, each into first_call/<way>/: aside, no-aside, busy),
 #                 decoder and models (model-level benchmarks), trainmem (a training step's saved tensors and peak),
-#                 compiledmodels (benchmarks/compiled_models.py: each compiled model in its own process),
+#                 compiledmodels (benchmarks/compiled_models.py: each compiled model in its own process; the whole matrix
+#                 in 3 calls with --part, its plan in that file's docstring),
 #                 stepprof (where a model step's time goes: host, kernels by family, the GPU's idle gaps),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it),
@@ -356,19 +357,42 @@ PY
     compiledmodels)
       # benchmarks/compiled_models.py: stock vs tiered_ops.patch in the natural flow (fresh store, patch -> compile ->
       # call), each compiled model in its own process, graph breaks and recompiles per row, into
-      # $OUT/compiled_models/; rows written as they finish, no row started within 60 s of the stage's limit.
-      # COMPILED_MODELS_ARGS adds to it (--configs, --modes, --workloads, --variants stock,stock-copy,tiered for the
-      # control). COMPILED_MODELS_CARRY=1: every tiered worker uses $TIERED_OPS_DB (the store that comes back; RESUME_DB
-      # carries it into the next call, whose rows then say "carried"); with TORCHINDUCTOR_CACHE_DIR set to a carried
-      # folder a rerun's compiles are cache hits.
+      # $OUT/compiled_models/ (rows and compiled_models_events.csv, every worker request's span, written as rows
+      # finish); no batch of rows started that the longest batch so far would carry past the stage's limit less 30 s.
+      # COMPILED_MODELS_ARGS adds to it: --part I/N (the I-th of N calls covering the plan once), --parallel K (rows
+      # whose workers start and compile at once, then are timed one row at a time), --done CSV (repeatable: rows a call
+      # finished, skipped), --configs, --modes, --workloads, --variants stock,stock-copy,tiered for the control.
+      # The plan of calls is in the module's docstring. COMPILED_MODELS_CARRY=1: every tiered worker uses $TIERED_OPS_DB
+      # (the store that comes back; RESUME_DB carries it into the next call, whose rows then say "carried").
+      # Inductor's and Triton's caches live in COMPILED_MODELS_CACHE_DIR (default /tmp/compiled_models_cache: a warm
+      # machine keeps it from call to call); COMPILED_MODELS_CACHE=FILE (a carried compiled_cache.tar.xz from an earlier
+      # call's logs.tar.gz) is unpacked into it first, and the folder comes back packed as compiled_cache.tar.xz
+      # (inside logs.tar.gz) where it is at most COMPILED_MODELS_CACHE_MB (default 48: a call carries 64 MiB in all).
+      # A cache that was not empty makes first calls load compiled code: the rows' header says how many files it held.
       echo "== compiledmodels: the compiled-model matrix"
       mkdir -p "$OUT/compiled_models"
+      cache=${COMPILED_MODELS_CACHE_DIR:-/tmp/compiled_models_cache}
+      mkdir -p "$cache/inductor" "$cache/triton"
+      if [ -n "${COMPILED_MODELS_CACHE:-}" ]; then
+        if [ -f "$COMPILED_MODELS_CACHE" ]; then
+          timeout 60 tar xJf "$COMPILED_MODELS_CACHE" -C "$cache" && echo "compile caches restored from $COMPILED_MODELS_CACHE"
+        else echo "COMPILED_MODELS_CACHE=$COMPILED_MODELS_CACHE: no such file (carry it); caches as this machine has them"
+        fi
+      fi
       t=$(left)
-      run_for "$t" $PY benchmarks/compiled_models.py --out-dir "$OUT/compiled_models" --deadline-s $(( t - 60 )) \
+      TORCHINDUCTOR_CACHE_DIR=$cache/inductor TRITON_CACHE_DIR=$cache/triton run_for "$t" $PY \
+        benchmarks/compiled_models.py --out-dir "$OUT/compiled_models" --deadline-s $(( t - 30 )) \
         ${COMPILED_MODELS_CARRY:+--store "$TIERED_OPS_DB"} ${COMPILED_MODELS_ARGS:-} 2>&1 \
         | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/compiled_models/compiled_models.log" \
         | grep -E "first call|  (stock|tiered)|wrote|deadline|failed"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      packed=$OUT/compiled_cache.tar.xz
+      if timeout 40 bash -c 'tar cf - -C "$1" inductor triton | xz -T0 -3 > "$2"' _ "$cache" "$packed"; then
+        mb=$(( $(stat -c %s "$packed") >> 20 ))
+        if [ "$mb" -gt "${COMPILED_MODELS_CACHE_MB:-48}" ]; then
+          rm -f "$packed"; echo "compile caches not brought back: $mb MiB packed"
+        else echo "compile caches packed: compiled_cache.tar.xz, $mb MiB (in logs.tar.gz)"; fi
+      else rm -f "$packed"; echo "compile caches not brought back: packing them failed or took over 40 s"; fi
       ;;
     trainmem)
       # Where a training step's memory goes, stock against patched (benchmarks/train_memory.py): decisions, tensors

@@ -8,13 +8,15 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from test_patch import needs_hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import compiled_models, compiled_worker  # noqa: E402
+from benchmarks import compiled_models, compiled_schedule, compiled_worker  # noqa: E402
 
 
 @needs_hf
@@ -106,3 +108,142 @@ def test_reduce_overhead_training_on_a_gpu_runs_whole_in_cuda_graphs(tmp_path, m
     assert stock["recompiles"] == "0" and float(stock["rel_err"]) < 5e-2
     assert rows["tiered"]["error"] == "" and int(rows["tiered"]["graph_breaks"]) >= 0
     assert rows["tiered"]["verdict"] in ("faster", "slower", "tie")
+
+
+def test_parts_cover_the_plan_once_each_with_a_share_of_every_config_and_mode():
+    whole = [k[:1] + k[2:] for k in compiled_models.plan(compiled_models.parse([]))]
+    assert len(whole) == len(set(whole))
+    for n in (1, 2, 3, 4, 7):
+        parts = [[k[:1] + k[2:] for k in compiled_models.plan(compiled_models.parse(["--part", f"{i}/{n}"]))]
+                 for i in range(1, n + 1)]
+        assert sorted(r for p in parts for r in p) == sorted(whole)  # every row once, none twice
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    thirds = [compiled_models.plan(compiled_models.parse(["--part", f"{i}/3"])) for i in (1, 2, 3)]
+    for p in thirds:  # each call a fair share: every config, each workload as often, one row of each GPU-searching mode
+        assert {k[0] for k in p} == set(compiled_models.configs(False))
+        assert sorted(Counter(k[4] for k in p).values()) == [4, 4, 4]
+        assert Counter(k[3] for k in p)["max-autotune"] == Counter(k[3] for k in p)["max-autotune-no-cudagraphs"] == 1
+    for bad in ("0/3", "4/3", "1", "a/b"):
+        with pytest.raises(SystemExit):
+            compiled_models.parse(["--part", bad])
+
+
+class _FakeWorker:
+    """A worker that answers a compile after ``busy_s`` seconds, its span from when it got the request."""
+
+    def __init__(self, busy_s: float) -> None:
+        self.busy_s, self.asked = busy_s, None
+
+    def send(self, msg):
+        self.asked = time.time()
+
+    def ask(self, msg, timeout, what="start"):
+        if msg is not None:
+            self.send(msg)
+        time.sleep(max(0.0, self.asked + self.busy_s - time.time()))
+        return dict(first_call_s=self.busy_s, rel_err=0.0, note="", graph_breaks=0, t0=self.asked, t1=time.time())
+
+
+def _fake_row(mode: str) -> compiled_schedule.Row:
+    row = object.__new__(compiled_schedule.Row)
+    row.key, row.mode = ("cfg", {}, "bf16", mode, "prefill"), mode
+    row.alive = {v: _FakeWorker(0.2) for v in ("stock", "tiered")}
+    row.rows = {v: dict(pid=1) for v in row.alive}
+    row.first, row.events = {}, []
+    return row
+
+
+def test_a_batch_compiles_together_but_a_gpu_searching_mode_alone_and_with_tune_alone_each_tiered_alone():
+    rows = [_fake_row("default"), _fake_row("max-autotune"), _fake_row("reduce-overhead")]
+    compiled_schedule.compile_all(rows, 10, together=True)
+    for row in (rows[0], rows[2]):  # each beside the 3 other variants of the together rows
+        assert [row.rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [3, 3]
+    assert [rows[1].rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [0, 0]
+    tuned = [_fake_row("default"), _fake_row("default")]
+    compiled_schedule.compile_all(tuned, 10, together=True, tune_alone=True)  # stock together, each tiered alone
+    for row in tuned:
+        assert [row.rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [1, 0]
+    alone = [_fake_row("default")]
+    compiled_schedule.compile_all(alone, 10, together=False)  # one row a batch: each variant alone, as before
+    assert [alone[0].rows[v]["first_call_beside"] for v in ("stock", "tiered")] == [0, 0]
+
+
+@needs_hf
+def test_batched_rows_compile_together_and_nothing_compiles_while_a_row_is_timed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    out = tmp_path / "out"
+    rc = compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill,decode", "--parallel",
+                               "2", "--out-dir", str(out)])
+    assert rc == 0
+    with open(out / "compiled_models.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["workload"], r["variant"]) for r in rows] == [("prefill", "stock"), ("prefill", "tiered"),
+                                                             ("decode", "stock"), ("decode", "tiered")]
+    for r in rows:
+        assert r["error"] == "" and float(r["ms_p50"]) > 0
+        assert int(r["first_call_beside"]) >= 1 and "beside" in r["note"]  # said in the row
+    with open(out / "compiled_models_events.csv") as f:
+        events = [dict(e, start=float(e["start"]), end=float(e["end"])) for e in csv.DictReader(f)]
+    busy = [e for e in events if e["stage"] in ("start", "compile")]
+    timed = [e for e in events if e["stage"] in ("warm", "time")]
+    assert len([e for e in busy if e["stage"] == "compile"]) == 4 and len(timed) == 2 * (2 + 2 * 2)
+    for t in timed:  # no worker started or compiled while any call was timed
+        assert not [b for b in busy if b["start"] < t["end"] and b["end"] > t["start"]], t
+    compiles = [e for e in busy if e["stage"] == "compile"]
+    assert max(e["start"] for e in compiles) < min(e["end"] for e in compiles)  # all four at once
+    first_row_end = max(t["end"] for t in timed if t["workload"] == "prefill")  # one row timed after the other
+    assert first_row_end < min(t["start"] for t in timed if t["workload"] == "decode")
+    assert {e["pid"] for e in events} == {r["pid"] for r in rows}
+
+
+def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_rest(tmp_path):
+    done = tmp_path / "done.csv"
+    base = dict(config="llama-tiny", dtype="bf16", mode="default", shape="1x16", error="", ms_p20="1.0",
+                ms_p50="2.0", ms_p80="3.0", pid="77")
+    old = [dict(base, workload="prefill", variant="stock"), dict(base, workload="prefill", variant="tiered"),
+           dict(base, workload="decode", variant="stock"),
+           dict(base, workload="decode", variant="tiered", ms_p50="", error="compile: the worker died"),
+           dict(base, workload="train", variant="stock")]  # train: its tiered row never came
+    with open(done, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(base) + ["workload", "variant"])
+        w.writeheader()
+        w.writerows(old)
+    kept = compiled_models.finished(str(done), ["stock", "tiered"])
+    assert [(r["workload"], r["variant"]) for r in kept] == [("prefill", "stock"), ("prefill", "tiered")]
+    assert kept[0]["ms_p50"] == 2.0
+    stock_only = compiled_models.finished(str(done), ["stock"])  # a run of stock alone: every stock row is done
+    assert [(r["workload"], r["variant"]) for r in stock_only] == [("prefill", "stock"), ("decode", "stock"),
+                                                                   ("train", "stock")]
+    out = tmp_path / "out"  # every row of this plan is done: nothing runs, the kept rows are written again, once
+    assert compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill", "--done", str(done),
+                                 "--done", str(done), "--out-dir", str(out)]) == 0
+    with open(out / "compiled_models.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["workload"], r["variant"], r["pid"]) for r in rows] == [("prefill", "stock", "77"),
+                                                                       ("prefill", "tiered", "77")]
+    assert "2 rows taken from" in (out / "compiled_models.md").read_text()
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.timeout(500)
+def test_a_gpu_batch_compiles_together_the_autotune_row_alone_and_times_nothing_beside_a_compile(tmp_path, monkeypatch):
+    # Inductor on a GPU, 4 rows a batch: the default rows' variants compile at once (beside 3 others), the
+    # max-autotune-no-cudagraphs rows' one at a time (its GEMM search times kernels on the GPU: beside none), and no
+    # warm-up or timed call overlaps any worker's start or compile.
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
+    out = tmp_path / "out"
+    rc = compiled_models.main(["--quick", "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
+                               "--modes", "default,max-autotune-no-cudagraphs", "--workloads", "prefill,decode",
+                               "--parallel", "4", "--out-dir", str(out)])
+    assert rc == 0
+    with open(out / "compiled_models.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and all(r["error"] == "" and float(r["ms_p50"]) > 0 for r in rows)
+    for r in rows:
+        assert r["first_call_beside"] == ("3" if r["mode"] == "default" else "0"), r
+    with open(out / "compiled_models_events.csv") as f:
+        events = [dict(e, start=float(e["start"]), end=float(e["end"])) for e in csv.DictReader(f)]
+    busy = [e for e in events if e["stage"] in ("start", "compile")]
+    for t in (e for e in events if e["stage"] in ("warm", "time")):
+        assert not [b for b in busy if b["start"] < t["end"] and b["end"] > t["start"]], t
