@@ -12,7 +12,12 @@ are transparent: control is "in" the module of the innermost frame of ours. Prin
 - the module sequence: the module control is in, each time it changes (``>`` a call into it, ``<`` a return into it);
 - modules: the distinct modules whose frames run;
 - re-entries: how many times control comes into a module it had already left (by a call or a return);
-- returns: module-boundary returns, a frame of one of our modules returning into a frame of another of ours.
+- returns: module-boundary returns, a frame of one of our modules returning into a frame of another of ours (also
+  counted once per (from, into) pair: "distinct", and listed with how often each happened).
+
+A miss follows the tuner's own frames: the implementations it measures (``--opaque``) count as modules it runs, but
+what they call is not followed. ``--level package`` counts packages (``tiered_ops.decide``, ``tiered_ops.store``...)
+instead of modules.
 
     PYTHONPATH=$PWD python scripts/diag/call_path.py              # both, with the sequences
     PYTHONPATH=$PWD python scripts/diag/call_path.py --miss --json
@@ -58,7 +63,7 @@ class Follow:
         self.stack: list[tuple[object, str]] = []  # (frame, module) of our frames, innermost last
         self.seq: list[tuple[str, str]] = []  # (">" or "<", module)
         self.returns = 0
-        self.return_edges: set[tuple[str, str]] = set()
+        self.return_edges: dict[tuple[str, str], int] = {}
         self._mods: dict[object, str | None] = {}
 
     def _module(self, frame) -> str | None:  # noqa: ANN001
@@ -87,7 +92,8 @@ class Follow:
             return
         if event == "call":
             if not self.recording:
-                if f"{mod}.{frame.f_code.co_qualname}" != self.start:
+                full = module_of(frame.f_code, frame.f_globals)
+                if f"{full}.{frame.f_code.co_qualname}" != self.start:
                     return
                 self.recording = True
             self.stack.append((frame, mod))
@@ -106,7 +112,7 @@ class Follow:
         back = self.stack[-1][1]
         if back != mod:
             self.returns += 1
-            self.return_edges.add((mod, back))
+            self.return_edges[mod, back] = self.return_edges.get((mod, back), 0) + 1
             self._enter("<", back)
 
     def summary(self) -> dict:
@@ -121,7 +127,8 @@ class Follow:
             seen.add(m)
         return dict(modules=len(seen), reentries=reentries, returns=self.returns, steps=len(mods),
                     distinct_reentries=len(reentry_edges), distinct_returns=len(self.return_edges),
-                    sequence=[f"{how} {m}" for how, m in self.seq])
+                    sequence=[f"{how} {m}" for how, m in self.seq],
+                    return_edges=[f"{n:6d}  {a} -> {b}" for (a, b), n in sorted(self.return_edges.items())])
 
 
 def follow(fn, start: str | None = None, stop_at_launch: bool = False, opaque: tuple[str, ...] = (),  # noqa: ANN001
@@ -171,6 +178,9 @@ def show(name: str, r: dict, limit: int) -> None:
     if len(seq) > limit:
         print(f"    ... {len(seq) - limit} more (--limit)")
     print("  modules:", ", ".join(sorted({s[2:] for s in seq})))
+    print("  module-boundary returns (how many, from -> into):")
+    for e in r["return_edges"]:
+        print("   ", e)
 
 
 def main() -> None:
