@@ -30,7 +30,7 @@ from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_pr
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from .hot import _TRACE_FNS, hot_fn, trace_fn
-from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, symbolic_key
+from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, remember, symbolic_key
 from .record import active, note
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,7 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
         return hot_fn(spec, spec.impls[name], x.device, mixed)(*args, **kwargs)
     sel = ask(spec, problem, x.dtype, x.device, mode, context)
     sel = Selection(hot_fn(spec, sel.impl, x.device, mixed), sel.impl, sel.record, sel.key)
-    if len(_calls) > 4096:  # a bound on what many distinct sizes leave (the table holds their buckets)
-        _calls.clear()
-        _hot.clear()
-        _traced.clear()
-    _calls[key] = sel
+    remember(key, sel)
     if context is Context.EAGER and ckey is not None:
         _hot[ckey] = sel.fn
     if context is Context.EAGER:
@@ -132,7 +128,7 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
         return
     sel = ask(spec, problem, dtype, device, mode, Context.COMPILED)
     name = trace_fn(spec, sel.impl, device, mixed)
-    _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record, sel.key)  # the table's function: hot_fn made it
+    remember(key, Selection(_TRACE_FNS[name], sel.impl, sel.record, sel.key))  # the table's function: hot_fn made it
     _traced[key] = name
     _traced_buckets[bucket] = name
 
