@@ -21,10 +21,9 @@ import torch
 
 from ..decide import capture
 from ..decide import decide as _decide
-from ..decide.compiled import _assume_constant_result, trace_choice
 from ..decide.decide import Selection
 from ..decide.inductor_choice import call_traced, routed
-from ..decide.seam import ask
+from ..decide.seam import ask, assume_constant_result, trace_choice
 from ..decide.signature import check_tensors, describe, op_signature, stand_ins, tensor_args
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
@@ -72,8 +71,8 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
             name = _traced_buckets.get(bucket_key(spec, problem, x.dtype, x.device, mode, mixed))
             if name is not None:
                 return _TRACE_FNS[name](*args, **kwargs)
-        # else the decision is read (or the eager tier chosen, its bucket queued for tuning) by a function dynamo
-        # calls for real and takes the result of as a constant: never a graph break (``compiled``)
+        # else the decision is read (or the eager tier chosen, its bucket queued for tuning) by the seam's function
+        # dynamo calls for real and takes the result of as a constant: never a graph break (``seam.trace_choice``)
         name = trace_choice(spec.name, spec.bucket(problem), None if symbolic else problem.shape, problem.params,
                             DTYPE_NAMES[x.dtype], str(x.device), mode)
         return hot_fn(spec, spec.impls[name], x.device, mixed)(*args, **kwargs)
@@ -314,7 +313,7 @@ def traced_call(spec: OpSpec, key: tuple, described: tuple, args: tuple, kwargs:
     return hot_fn(spec, spec.impls[plan[0]], args[0].device, plan[1])(*args, **kwargs)
 
 
-@_assume_constant_result
+@assume_constant_result
 def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     """What a trace of one call signature with static sizes and no primed selection (``prime_trace``) calls: the
     slow path of a compiled-context call (``dispatch``: contract, problem, decision), run for real at trace time on
