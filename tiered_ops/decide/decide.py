@@ -324,10 +324,10 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     """The selection of a call inside a CUDA-graph capture: nothing is measured, compiled or synchronized there.
     The graphed context's decision where it is warm (called outside capture at this problem), else the eager
     context's where warm, else the eager tier; a fallback is logged once."""
-    base, how = (spec.name, spec.bucket(problem), dtype, device, mode), (*default_policy(), _budget)
+    base, process = (spec.name, spec.bucket(problem), dtype, device, mode), (*default_policy(), _budget)
     decisions = table.current()
     for ctx in ("graphed", "eager"):
-        sel = decisions.decision(base + (ctx,), how)
+        sel = decisions.decision(base + (ctx,), process)
         if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
             if ctx == "graphed":
                 return sel
