@@ -33,9 +33,8 @@ def _counting(calls: list) -> Impl:
 def _plant(x: torch.Tensor, impl: Impl) -> tuple:
     """The eager context decides eager, the graphed context ``impl``, for rms_norm at x's shape."""
     spec = get_op("rms_norm")
-    policy, calls = decide.default_policy()
     base = ("rms_norm", spec.bucket(spec.problem_of(x, (x.shape[-1],), torch.ones(x.shape[-1]))), x.dtype, x.device,
-            policy, calls, decide._budget, "fwd_nograd")
+            "fwd_nograd")
     eager = spec.impls["eager"]
     table.publish(add={base + ("eager",): decide.Selection(eager.fn, eager, {"reason": "planted"}),
                        base + ("compiled",): decide.Selection(eager.fn, eager, {"reason": "planted"}),
@@ -46,7 +45,7 @@ def _plant(x: torch.Tensor, impl: Impl) -> tuple:
 @pytest.fixture()
 def fresh(monkeypatch):
     decide.clear_cache()
-    monkeypatch.setattr(capture, "_warm", set())
+    monkeypatch.setattr(table, "_current", table.DecisionTable({}, 0))  # nothing warm
     monkeypatch.setattr(decide, "_told", set())
     yield
     decide.clear_cache()

@@ -27,11 +27,17 @@ class Asked:
     calls: int | None
     budget: int | None
 
+    published: bool = True  # asked under the process's policy: its decisions go into the table
+
     @functools.cached_property
     def key(self) -> tuple:
         """Its key in the decision table."""
-        return (self.spec.name, self.spec.bucket(self.problem), self.dtype, self.device, self.policy, self.calls,
-                self.budget, self.mode, self.context)
+        return self.spec.name, self.spec.bucket(self.problem), self.dtype, self.device, self.mode, self.context
+
+    @property
+    def how(self) -> tuple:
+        """The policy it is decided under: (policy, calls, budget)."""
+        return self.policy, self.calls, self.budget
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """What a call inside a CUDA-graph capture may run: an implementation is warm once it was called outside capture
 at that problem with the call's flavour of tensors (a first call inside a capture may compile, autotune or
-synchronize, which capture forbids)."""
+synchronize, which capture forbids). What is warm is published in the decision table (``table.current().warm``), like a
+decision, and never dropped: it is what the process has compiled and loaded."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from typing import Any
 import torch
 
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
+from . import table
 
 log = logging.getLogger(__name__)
-
-# (op, impl, problem, dtype, device, mode) of implementations called once outside CUDA-graph capture: what a call
-# inside a capture may run (a first call there may compile, autotune or synchronize, which capture forbids).
-_warm: set[tuple] = set()
 
 
 def capturable(device: torch.device) -> bool:
@@ -34,13 +32,13 @@ def flavor(args: tuple, kwargs: dict[str, Any] | None = None) -> tuple:
 
 def is_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
             how: tuple = ()) -> bool:
-    return impl.tier == Tier.EAGER or (spec.name, impl.name, problem, dtype, device, mode, how) in _warm
+    return impl.tier == Tier.EAGER or (spec.name, impl.name, problem, dtype, device, mode, how) in table.current().warm
 
 
 def mark_warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
               mode: str, how: tuple = ()) -> None:
-    if capturable(device):
-        _warm.add((spec.name, impl.name, problem, dtype, device, mode, how))
+    if capturable(device) and not is_warm(spec, impl, problem, dtype, device, mode, how):
+        table.publish(warm=(spec.name, impl.name, problem, dtype, device, mode, how))
 
 
 def warm(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,

@@ -77,8 +77,8 @@ def trace_choice(op: str, bucket: tuple, shape: tuple | None, params: tuple, dty
 
 def _choose(spec: OpSpec, bucket: tuple, problem: Problem | None, dtype: torch.dtype, device: torch.device,
             mode: str) -> Impl:
-    policy, calls = _decide.default_policy()
-    sel = table.current().get((spec.name, bucket, dtype, device, policy, calls, _decide._budget, mode, "compiled"))
+    how = (*_decide.default_policy(), _decide._budget)
+    sel = table.current().decision((spec.name, bucket, dtype, device, mode, "compiled"), how)
     if sel is not None:
         return sel.impl
     if problem is None:

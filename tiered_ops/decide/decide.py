@@ -61,8 +61,6 @@ _policy: tuple[str, int | None] | None = None
 _budget: int | None = None  # the memory policy's budget of the process default
 _store: Store | None = None
 _lock = threading.RLock()
-# exact select_backend arguments -> the table's Selection; follows the table (``_follow``)
-_selects: dict[tuple, Selection] = {}
 _told: set[tuple] = set()  # capture fallbacks logged once
 _unsaved: list[list[dict]] = []  # rows measured in the background for a store kept in memory (the next decision adds)
 _unsaved_lock = threading.Lock()
@@ -130,16 +128,8 @@ def _forget(key: tuple[str, str, str, str, str]) -> None:
     table.publish(drop=stale)
 
 
-def _follow(old: table.DecisionTable, new: table.DecisionTable) -> None:
-    """``select_backend``'s memo keeps what is still the table's decision (what is not in it, until a publication
-    drops decisions)."""
-    for k, sel in list(_selects.items()):
-        now = new.get(getattr(sel, "key", None))
-        if now is not sel and (now is not None or new.pruned):
-            _selects.pop(k, None)
-
-
-table.subscribe(_follow)
+# exact select_backend arguments -> the table's Selection, kept while it is the table's decision (``table.derived``)
+_selects: dict[tuple, Selection] = table.derived()
 _FULL = background.NOT_QUEUED + "the background tuning queue is full"
 
 
@@ -209,11 +199,13 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
 
     In order: the table's entry, where there is one; else the rows (``_evidence``: stored, measured now, or the
     nearest bucket's), a decision per context from them (``_decide_in``), and a new table published (``_publish``)."""
+    process = (*default_policy(), _budget)
     if policy is None:
-        policy, calls = default_policy()
+        policy, calls = process[:2]
         budget = _budget if budget is None else budget
-    asked = Asked(spec, problem, dtype, device, mode, context, policy, calls, budget)
-    sel = table.current().get(asked.key)
+    asked = Asked(spec, problem, dtype, device, mode, context, policy, calls, budget,
+                  published=(policy, calls, budget) == process)
+    sel = table.current().decision(asked.key, asked.how) if asked.published else None
     if sel is not None:
         return sel
     if torch.compiler.is_compiling():
@@ -303,16 +295,18 @@ def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
         record["tuning"] = ev.tuning
         if ev.job is not None and ctx == "eager":
             impl = background.counting(ev.job, impl)  # calls counted: the hottest bucket is measured first
-    return Selection(impl.fn, impl, record, a.key[:-1] + (ctx,))
+    return Selection(impl.fn, impl, record, a.key[:-1] + (ctx,) if a.published else None)
 
 
 def _publish(a: Asked, ev: Evidence, made: dict[str, Selection], warm_graphed: bool) -> None:
-    """A new table with the decisions made; then what is said once (a busy bucket, a tuned one) and, where asked,
-    the graphed context's choice warmed."""
-    if not ev.provisional or ev.job is not None:  # a bucket not queued asks again on its next decision
-        table.publish(add={sel.key: sel for sel in made.values()})
-    elif a.context == "compiled":  # but a compiled caller never queues: asking again would break its graph each
-        table.publish(add={a.key: made[a.context]})  # call (until a bucket's measurement lands, which drops it)
+    """A new table with the decisions made (those asked under the process's policy: another's is returned, not
+    published); then what is said once (a busy bucket, a tuned one) and, where asked, the graphed context's choice
+    warmed."""
+    if a.published and (not ev.provisional or ev.job is not None):  # a bucket not queued asks again next time
+        table.publish(add={sel.key: sel for sel in made.values()}, how=a.how)
+    elif a.published and a.context == "compiled":  # but a compiled caller never queues: asking again would break
+        # its graph each call (until a bucket's measurement lands, which drops it)
+        table.publish(add={a.key: made[a.context]}, how=a.how)
     if ev.busy:  # said once; forgotten when due to be timed again, so the next call re-times it
         provisional_decision(ev.store, a.spec, ev.bucket_key, ev.rows, ev.busy, ev.tmode != "off",
                              lambda: _forget(ev.bucket_key))
@@ -330,11 +324,10 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     """The selection of a call inside a CUDA-graph capture: nothing is measured, compiled or synchronized there.
     The graphed context's decision where it is warm (called outside capture at this problem), else the eager
     context's where warm, else the eager tier; a fallback is logged once."""
-    policy, calls = default_policy()
-    base = (spec.name, spec.bucket(problem), dtype, device, policy, calls, _budget, mode)
+    base, process = (spec.name, spec.bucket(problem), dtype, device, mode), (*default_policy(), _budget)
     decisions = table.current()
     for ctx in ("graphed", "eager"):
-        sel = decisions.get(base + (ctx,))
+        sel = decisions.decision(base + (ctx,), process)
         if sel is not None and is_warm(spec, sel.impl, problem, dtype, device, mode, how):
             if ctx == "graphed":
                 return sel
@@ -402,7 +395,5 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     sel = select_problem(spec, spec.problem(tuple(shapes), **params), _as_dtype(dtype), dev, tune, policy=policy,
                          calls=calls, mode=check_mode(mode), context=check_context(context), budget=budget)
     if fast is not None:
-        if len(_selects) > 4096:
-            _selects.clear()
-        _selects[fast] = sel
+        table.put(_selects, fast, sel)
     return sel

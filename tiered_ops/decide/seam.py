@@ -1,6 +1,9 @@
-"""The one question the call path (``tiered_ops.runtime``) asks the tuner on a miss: the selection of one call's
-problem in one context. Deciding publishes the decisions made (``table``); what is returned is the table's entry, or,
-where none can be made now, what runs meanwhile (the eager tier where the store fails, with the reason)."""
+"""What the call path (``tiered_ops.runtime``) asks the tuner: on a miss, the selection of one call's problem in one
+context (``ask``); while dynamo traces a call, the name of the implementation the trace calls (``trace_choice``,
+``compiled``'s: a function dynamo calls for real and takes the result of as a constant, ``assume_constant_result``'s
+mark, so nothing it reads becomes a guard). Deciding publishes the decisions made (``table``); what is returned is
+the table's entry, or, where none can be made now, what runs meanwhile (the eager tier where the store fails, with
+the reason)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,11 @@ import torch
 
 from ..registry import Context, OpSpec, Problem
 from ..store.store import STORE_ERRORS
+from .compiled import _assume_constant_result as assume_constant_result
+from .compiled import trace_choice
 from .decide import Selection, capture_selection, get_store, select_problem
+
+__all__ = ["ask", "assume_constant_result", "trace_choice"]
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,18 @@
 """The decision table: the one place where what the tuner decided meets the call path.
 
-An immutable mapping (op, bucket, dtype, device, policy, calls, budget, mode, context) -> ``Selection`` (a bound
-implementation with the record of why it was chosen). The tuner (``decide``: select, measure, gate, policy, predict,
-packs, background, tune) never edits a table: it builds a new one from the current one and publishes it by swapping
-one reference (``publish``), under a lock that writers alone take. Readers (``current()``: the per-call path, a trace,
-a capture) read whatever table is current, never lock and never see a half-made one.
+An immutable mapping (op, bucket, dtype, device, mode, context) -> ``Selection`` (a bound implementation with the
+record of why it was chosen), of the decisions made under one policy, the process's (``how``: policy, calls, budget;
+a decision asked under another policy is made and returned, never published). The tuner (``decide``: select,
+measure, gate, policy, predict, packs, background, tune) never edits a table: it builds a new one from the current
+one and publishes it by swapping one reference (``publish``), under a lock that writers alone take. Readers
+(``current()``: the per-call path, a trace, a capture) read whatever table is current, never lock and never see a
+half-made one.
 
-What a reader derives from the table (the call path's per-signature functions) follows it through ``subscribe``:
-each listener is told (old, new) after every publication and keeps of its derived entries those whose decision is
-still in the new table, so nothing but the table is ever invalidated by hand.
+What a reader derives from the table (the call path's per-signature functions, ``select_backend``'s memo) is held in
+memos the table makes (``derived``): a publication keeps of each the entries its rule says still derive from the new
+table, and a memo past its bound starts over (``put``: the table holds the buckets, the entry is made again from
+them), so no memo is invalidated by hand. The table also carries which implementations are warm
+for a CUDA-graph capture (``warm``): a fact about the process, published like a decision and never dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ..registry import Impl, Tier
 
 log = logging.getLogger(__name__)
 
-# (op, bucket, dtype, device, policy, calls, budget, mode, context)
+# (op, bucket, dtype, device, mode, context)
 Key = tuple
 
 
@@ -62,12 +66,19 @@ class DecisionTable(Mapping):
     """One published table: read-only (``Mapping``); ``generation`` counts the publications before it; ``pruned``:
     whether its publication dropped decisions (or asked to), rather than only adding or replacing some."""
 
-    __slots__ = ("_entries", "generation", "pruned")
+    __slots__ = ("_entries", "generation", "pruned", "warm", "how")
 
-    def __init__(self, entries: dict[Key, Any], generation: int, pruned: bool = False) -> None:
+    def __init__(self, entries: dict[Key, Any], generation: int, pruned: bool = False,
+                 warm: frozenset = frozenset(), how: tuple | None = None) -> None:
         self._entries = entries
         self.generation = generation
         self.pruned = pruned
+        self.warm = warm  # (op, impl, problem, dtype, device, mode, flavour) called once outside CUDA-graph capture
+        self.how = how  # (policy, calls, budget) its decisions were made under; None: none published under one yet
+
+    def decision(self, key: Key, how: tuple) -> Any:
+        """The decision for ``key`` where this table's decisions were made under the policy ``how``, else None."""
+        return self._entries.get(key) if self.how is None or self.how == how else None
 
     def __getitem__(self, key: Key) -> Any:
         return self._entries[key]
@@ -90,7 +101,10 @@ class DecisionTable(Mapping):
 
 _current = DecisionTable({}, 0)
 _writer = threading.RLock()  # writers only: a reader takes ``current()`` without it
-_listeners: list[Callable[[DecisionTable, DecisionTable], None]] = []
+# what readers derive from the table: (memo, keep) where ``keep(old, new, memo)`` drops what no longer derives from
+# ``new`` (``derived``)
+_derived: list[tuple[dict, Callable[[DecisionTable, DecisionTable, dict], None]]] = []
+BOUND = 4096  # a derived memo's entries at most (``put``)
 
 
 def current() -> DecisionTable:
@@ -99,23 +113,69 @@ def current() -> DecisionTable:
 
 
 def publish(add: Mapping[Key, Any] | None = None, drop: Callable[[Key, Any], bool] | None = None,
-            clear: bool = False) -> DecisionTable:
-    """Publish a new table: the current one's decisions (none where ``clear``) less those ``drop(key, selection)``
-    is true of, with ``add`` over them; then tell each listener (old, new). Returns the new table."""
+            clear: bool = False, warm: tuple | None = None, how: tuple | None = None) -> DecisionTable:
+    """Publish a new table: the current one's decisions (none where ``clear``, or where ``add``'s were made under
+    another policy ``how`` than they were) less those ``drop(key, selection)`` is true of, with ``add`` over them,
+    and ``warm`` added to what is warm; then each derived memo keeps what still derives from it (``derived``).
+    Returns the new table."""
     global _current
     with _writer:
         old = _current
+        clear = clear or (how is not None and old.how is not None and how != old.how)
         entries = {} if clear else {k: v for k, v in old._entries.items() if drop is None or not drop(k, v)}
         if add:
             entries.update(add)
-        new = DecisionTable(entries, old.generation + 1, clear or drop is not None)
+        new = DecisionTable(entries, old.generation + 1, clear or drop is not None,
+                            old.warm if warm is None else old.warm | {warm},
+                            None if clear and how is None else how or old.how)
         _current = new
-        for listener in _listeners:
-            listener(old, new)
+        for memo, keep in _derived:
+            keep(old, new, memo)
     return new
 
 
-def subscribe(listener: Callable[[DecisionTable, DecisionTable], None]) -> None:
-    """Call ``listener(old, new)`` after each publication (a reader's derived entries follow the table)."""
-    if listener not in _listeners:
-        _listeners.append(listener)
+def derived(same: str = "object", value: Callable[[Any], Selection] | None = None, clear: tuple[dict, ...] = (),
+            trim: tuple[dict, ...] = ()) -> dict:
+    """A new memo of selections derived from the table: after each publication it keeps the entries whose selection
+    (``value(entry)``, the entry itself where None) is still what the new table decides (``decided``); where anything
+    went, the memos ``clear`` (keyed by what names no decision) start over; the memos ``trim`` keep only keys it still
+    holds. The rules run here, in the order the memos were made: a publication runs no reader's code."""
+    memo: dict = {}
+
+    def keep(old: DecisionTable, new: DecisionTable, memo: dict) -> None:
+        dropped = new.pruned
+        for k, v in list(memo.items()):
+            if not decided(v if value is None else value(v), new, same):
+                memo.pop(k, None)
+                dropped = True
+        for m in trim:
+            for k in [k for k in m if k not in memo]:
+                m.pop(k, None)
+        if dropped:
+            for m in clear:
+                m.clear()
+
+    _derived.append((memo, keep))
+    return memo
+
+
+def decided(sel: Selection, decisions: DecisionTable, same: str = "object") -> bool:
+    """Whether ``sel`` is still what ``decisions`` says for its key: that very selection (``same="object"``) or one of
+    the same implementation (``"impl"``: a selection made from the table's, such as the call path's); where the table
+    holds no decision for it, whether ``decisions`` was published without dropping any."""
+    key = getattr(sel, "key", None)  # a stand-in without one (a test's) is no decision of the table
+    now = decisions.get(key) if key is not None else None
+    if now is None:
+        return not decisions.pruned
+    return now is sel if same == "object" else now.impl.name == sel.impl.name
+
+
+def put(memo: dict, key: Any, value: Any, *together: dict) -> None:
+    """``memo[key] = value`` in a derived memo, which starts over (with the memos ``together`` derived from its
+    entries) past ``BOUND`` entries: many distinct call sizes of few buckets; the table holds the buckets, and a call
+    signature's entry is made again from it."""
+    if len(memo) >= BOUND and key not in memo:
+        memo.clear()
+        for m in together:
+            m.clear()
+    memo[key] = value

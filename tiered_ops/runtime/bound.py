@@ -5,12 +5,13 @@ own signature that validates each distinct call signature once and then calls th
 The callable is an instance of a class made once per op from its declaration (``bound_class``), whose ``__call__``
 is generated like the public function's (``dispatch.make_public``) and gets the same C fast path where the CUDA
 extension is loaded. The tuner's own ``Selection`` stays a plain record: the binding happens here, in the call path,
-and one callable is kept per decision of the table (``_bound``, which follows the table).
+and one callable is kept per decision of the table (``_bound``, derived from the table).
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, Callable
 
 import torch
@@ -26,16 +27,7 @@ from .hot import hot_fn
 
 _BINDERS: dict[tuple[str, int], tuple[OpSpec, type]] = {}
 # id of a table's Selection -> (it, its callable): the same callable for every select_backend of one decision
-_bound: dict[int, tuple[Selection, Selection]] = {}
-
-
-def _follow(old: table.DecisionTable, new: table.DecisionTable) -> None:
-    for k, (sel, _) in list(_bound.items()):
-        if new.get(sel.key) is not sel:
-            _bound.pop(k, None)
-
-
-table.subscribe(_follow)
+_bound: dict[int, tuple[Selection, Selection]] = table.derived(value=operator.itemgetter(0))
 
 
 @functools.wraps(_decide.select_backend)
@@ -54,8 +46,8 @@ def bind(sel: Selection) -> Selection:
     if cls is None:
         return sel
     made = cls(sel.fn, sel.impl, sel.record, sel.key)
-    if sel.key is not None and table.current().get(sel.key) is sel:
-        _bound[id(sel)] = (sel, made)
+    if sel.key is None or table.current().get(sel.key) is sel:  # the table's decision, or one of another policy
+        table.put(_bound, id(sel), (sel, made))
     return made
 
 
@@ -111,7 +103,5 @@ def _admit(spec: OpSpec, impl: Impl, seen: dict[tuple, Callable[..., Any]], key:
     this signature runs (``hot_fn``) kept for the next calls of it."""
     dispatch._contract(spec, args, kwargs)
     fn = hot_fn(spec, impl, x.device, needs_promotion(spec, args, kwargs))
-    if len(seen) > 4096:
-        seen.clear()
-    seen[key] = fn
+    table.put(seen, key, fn)
     return fn

@@ -21,16 +21,15 @@ import torch
 
 from ..decide import capture
 from ..decide import decide as _decide
-from ..decide.compiled import _assume_constant_result, trace_choice
 from ..decide.decide import Selection
 from ..decide.inductor_choice import call_traced, routed
-from ..decide.seam import ask
+from ..decide.seam import ask, assume_constant_result, trace_choice
 from ..decide.signature import check_tensors, describe, op_signature, stand_ins, tensor_args
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
 from .hot import _TRACE_FNS, hot_fn, trace_fn
-from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, symbolic_key
+from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, remember, symbolic_key
 from .record import active, note
 
 log = logging.getLogger(__name__)
@@ -72,18 +71,14 @@ def dispatch(spec: OpSpec, key: tuple, x: torch.Tensor, args: tuple, kwargs: dic
             name = _traced_buckets.get(bucket_key(spec, problem, x.dtype, x.device, mode, mixed))
             if name is not None:
                 return _TRACE_FNS[name](*args, **kwargs)
-        # else the decision is read (or the eager tier chosen, its bucket queued for tuning) by a function dynamo
-        # calls for real and takes the result of as a constant: never a graph break (``compiled``)
+        # else the decision is read (or the eager tier chosen, its bucket queued for tuning) by the seam's function
+        # dynamo calls for real and takes the result of as a constant: never a graph break (``seam.trace_choice``)
         name = trace_choice(spec.name, spec.bucket(problem), None if symbolic else problem.shape, problem.params,
                             DTYPE_NAMES[x.dtype], str(x.device), mode)
         return hot_fn(spec, spec.impls[name], x.device, mixed)(*args, **kwargs)
     sel = ask(spec, problem, x.dtype, x.device, mode, context)
     sel = Selection(hot_fn(spec, sel.impl, x.device, mixed), sel.impl, sel.record, sel.key)
-    if len(_calls) > 4096:  # a bound on what many distinct sizes leave (the table holds their buckets)
-        _calls.clear()
-        _hot.clear()
-        _traced.clear()
-    _calls[key] = sel
+    remember(key, sel)
     if context is Context.EAGER and ckey is not None:
         _hot[ckey] = sel.fn
     if context is Context.EAGER:
@@ -132,7 +127,7 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
         return
     sel = ask(spec, problem, dtype, device, mode, Context.COMPILED)
     name = trace_fn(spec, sel.impl, device, mixed)
-    _calls[key] = Selection(_TRACE_FNS[name], sel.impl, sel.record, sel.key)  # the table's function: hot_fn made it
+    remember(key, Selection(_TRACE_FNS[name], sel.impl, sel.record, sel.key))  # the table's function: hot_fn made it
     _traced[key] = name
     _traced_buckets[bucket] = name
 
@@ -318,7 +313,7 @@ def traced_call(spec: OpSpec, key: tuple, described: tuple, args: tuple, kwargs:
     return hot_fn(spec, spec.impls[plan[0]], args[0].device, plan[1])(*args, **kwargs)
 
 
-@_assume_constant_result
+@assume_constant_result
 def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     """What a trace of one call signature with static sizes and no primed selection (``prime_trace``) calls: the
     slow path of a compiled-context call (``dispatch``: contract, problem, decision), run for real at trace time on

@@ -3,12 +3,12 @@ but its key: ``_calls`` (key -> the ``Selection`` it runs), ``_traced`` (a compi
 trace calls, ``hot.trace_fn``), ``_traced_buckets`` (a bucket -> the same, for a trace whose sizes are symbolic) and
 ``_hot`` (an eager call's C++ key -> what it runs).
 
-These follow the table (``follow``, told of each publication): an entry goes once the decision it was made from (its
-``Selection.key``) names another implementation, or once a publication that drops decisions leaves it out (an entry
-made from no decision of the table, such as the eager tier run while the store fails, goes then too); the two keyed by
-what does not name its decision (a C++ key, a bucket) are made again once anything went. ``cache_state`` and
-``keep_unchanged`` carry what ``tune`` leaves unchanged through the empty table it records under, so a compiled
-caller's guards on it hold.
+These are derived from the table (``table.derived``: kept by its rules at each publication): an entry goes once
+the decision it was made from (its ``Selection.key``) names another implementation, or once a publication that drops
+decisions leaves it out (an entry made from no decision of the table, such as the eager tier run while the store
+fails, goes then too); the two keyed by what does not name its decision (a C++ key, a bucket) are made again once
+anything went. A memo past its bound starts over (``remember``). ``cache_state`` and ``keep_unchanged`` carry what
+``tune`` leaves unchanged through the empty table it records under, so a compiled caller's guards on it hold.
 """
 
 from __future__ import annotations
@@ -22,36 +22,19 @@ from ..decide.decide import Selection
 from ..registry import OpSpec, Problem, symbolic_size
 from .hot import _TRACE_IMPLS
 
-_calls: dict[tuple, Selection] = {}  # exact call signature -> Selection (the per-call fast path)
+_hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
+# (op, bucket, dtype, device, mode, mixed) -> the name of what a trace calls, for a trace whose sizes are symbolic
+_traced_buckets: dict[tuple, str] = {}
 # a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
 _traced: dict[tuple, str] = {}
-# (op, bucket, dtype, device, mode, mixed) -> the same, for a trace whose sizes are symbolic (dynamic shapes)
-_traced_buckets: dict[tuple, str] = {}
-_hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
+# exact call signature -> Selection (the per-call fast path); the others are made from its entries
+_calls: dict[tuple, Selection] = table.derived("impl", clear=(_hot, _traced_buckets), trim=(_traced,))
 
 
-def _decided(sel: Selection, decisions: table.DecisionTable) -> bool:
-    """Whether ``sel`` is still what ``decisions`` says for its key (the same implementation), or where it holds no
-    decision for it, whether ``decisions`` was published without dropping any."""
-    now = decisions.get(sel.key) if sel.key is not None else None
-    return now.impl.name == sel.impl.name if now is not None else not decisions.pruned
-
-
-def follow(old: table.DecisionTable, new: table.DecisionTable) -> None:
-    """A table was published: keep of each memo what still derives from it."""
-    dropped = new.pruned
-    for k, sel in list(_calls.items()):
-        if not _decided(sel, new):
-            _calls.pop(k, None)
-            dropped = True
-    for k in [k for k in _traced if k not in _calls]:
-        _traced.pop(k, None)
-    if dropped:
-        _hot.clear()  # learnt again from the Python keys kept
-        _traced_buckets.clear()  # primed again by the next eager calls
-
-
-table.subscribe(follow)
+def remember(key: tuple, sel: Selection) -> None:
+    """A call signature's selection, kept for its next calls (``table.put``: the memos made from the call
+    signatures start over with it past the bound)."""
+    table.put(_calls, key, sel, _hot, _traced)
 
 
 def symbolic_key(key: tuple) -> bool:
@@ -84,13 +67,13 @@ def keep_unchanged(state: _State) -> None:
     now = table.current()
     now = table.publish(add={k: sel for k, sel in decisions.items() if k not in now})
     for k, old in calls.items():
-        if _decided(old, now):
+        if table.decided(old, now, "impl"):
             _calls[k] = old
             if k in traced:
                 _traced[k] = traced[k]
-    # decisions' keys: (op, bucket, dtype, device, policy, calls, budget, mode, context); ``bucket_key``'s:
-    # (op, bucket, dtype, device, mode, mixed)
-    compiled = {(k[0], k[1], k[2], k[3], k[7]): sel.name for k, sel in now.items() if k[8] == "compiled"}
+    # decisions' keys: (op, bucket, dtype, device, mode, context); ``bucket_key``'s: (op, bucket, dtype, device, mode,
+    # mixed)
+    compiled = {k[:5]: sel.name for k, sel in now.items() if k[5] == "compiled"}
     for k, name in buckets.items():
         impl = _TRACE_IMPLS[name].name  # what the traced name calls (``hot.trace_fn``)
         if compiled.get(k[:5], impl) == impl:
