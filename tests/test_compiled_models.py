@@ -196,7 +196,8 @@ def test_batched_rows_compile_together_and_nothing_compiles_while_a_row_is_timed
     assert {e["pid"] for e in events} == {r["pid"] for r in rows}
 
 
-def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_rest(tmp_path):
+def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # as --quick would set it, undone after the test
     done = tmp_path / "done.csv"
     base = dict(config="llama-tiny", dtype="bf16", mode="default", shape="1x16", error="", ms_p20="1.0",
                 ms_p50="2.0", ms_p80="3.0", pid="77")
