@@ -273,8 +273,8 @@ def _symbols(obj: Path, defined: bool) -> set[str]:
 def test_every_launcher_a_wrapper_calls_is_defined_by_its_kernel_file(unity_object):
     """The launchers are declared in the wrapper files and defined in the .cu files: a signature that differs links
     only at load time (an undefined symbol). Both sides are compiled here and their symbols compared; the .cu
-    objects are tests/test_nvcc.py's (one nvcc build of each file per test process: tests/nvcc_build.py). Over a
-    minute on a 2-core CPU: nvcc builds every kernel file here (test_nvcc.py then reuses the builds)."""
+    objects are tests/test_nvcc.py's (one nvcc build of each file per test process: tests/nvcc_build.py). Slow on
+    the CPU (42 s on 2 cores): nvcc builds every kernel file here, and test_nvcc.py then reuses the builds."""
     if NVCC is None or shutil.which("nm") is None:
         pytest.skip("needs nvcc and nm")
     r, unity = unity_object
