@@ -9,7 +9,8 @@ bash scripts/torch.sh "$PY"
 $PY -m pip install -q -e ".[test,pg,hf]"  # pg: the PostgreSQL store, tested against a real server; hf: transformers
 $PY -m ruff check .
 set +e
-$PY -m pytest -q tests "$@"
+# TEST_WORKERS pytest-xdist workers (default 2, CI's core count; 0: one process, as before)
+$PY -m pytest -q -n "${TEST_WORKERS:-2}" tests "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi

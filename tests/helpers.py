@@ -43,6 +43,46 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["eager", "triton", pytest.param("cuda", marks=gpu)]
 
 
+# On the Triton interpreter (no GPU) one big problem costs seconds per dtype, and the dtype and the shape are
+# independent axes: there the Triton tier runs each shape named here in float32 at full size, and the other dtypes at
+# its small twin, which keeps what the shape is there for (odd in both dims: masked tails and several rows a program;
+# one column). On a GPU every dtype runs at full size.
+SMALL_TWINS = {(1823, 781): (37, 129), (4096, 1): (37, 1)}
+
+
+def small_twin(op: str, problem: Problem) -> Problem | None:
+    """``problem`` at the small twin of its shape (its other parameters kept), or None where it has none."""
+    shape = SMALL_TWINS.get(problem.shape)
+    if shape is None:
+        return None
+    kw = problem.kw
+    if "normalized_shape" in kw:  # the trailing dims of the new shape, as many as before
+        kw["normalized_shape"] = shape[len(shape) - len(kw["normalized_shape"]):]
+    return get_op(op).problem(shape, **kw)
+
+
+def tier_dtype_problems(op: str, impl: str, problems: Sequence[Problem], dtypes: Sequence[torch.dtype] = DTYPES
+                        ) -> list[tuple[torch.dtype, Problem]]:
+    """The ``(dtype, problem)`` cases of ``impl`` over ``problems`` x ``dtypes``: every pair, except that the Triton
+    tier on the interpreter runs a shape of SMALL_TWINS in float32 only and the other dtypes at its twin."""
+    if impl != "triton" or HAS_CUDA:
+        return [(d, p) for p in problems for d in dtypes]
+    out = []
+    for p in problems:
+        twin = small_twin(op, p)
+        out += [(d, p if twin is None or d == torch.float32 else twin) for d in dtypes]
+    return list(dict.fromkeys(out))  # a twin already in the list runs once
+
+
+def tier_cases(op: str, problems: Sequence[Problem], impls: Sequence[Any] = IMPLS,
+               dtypes: Sequence[torch.dtype] = DTYPES) -> list[Any]:
+    """``pytest.param(impl, dtype, problem)`` for ``impl,dtype,problem`` parametrization: each tier of ``impls`` the
+    op has (with its marks) at ``tier_dtype_problems``; the id ``impl-dtype-problem``."""
+    return [pytest.param(name, d, p, marks=marks, id=f"{name}-{d}-{p}")
+            for name, marks in map(name_and_marks, impls_of(op, impls))
+            for d, p in tier_dtype_problems(op, name, problems, dtypes)]
+
+
 def name_and_marks(impl: Any) -> tuple[str, tuple]:
     """An entry of an implementation list: a name, or a ``pytest.param`` of one name with its marks."""
     return (impl.values[0], tuple(impl.marks)) if hasattr(impl, "values") else (impl, ())

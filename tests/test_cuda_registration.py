@@ -5,7 +5,7 @@ TIERED_OPS_CUDA_OP line: schemas, CUDA and CPU kernels, pybind11 functions of fo
 the sources (no CUDA build here): each op has both files and one registration of its own name, the registration macro
 expands into every part, the op's Python declaration gives the fakes, the autograd and the fast path, and editing one
 op's files, or adding or removing an op's, leaves the other ops' source hashes alone; an op without CUDA files (muladd)
-has no cuda tier. The C++ itself is checked by ``g++ -fsyntax-only`` (slow).
+has no cuda tier. The C++ itself is checked by g++ (slow).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import builtin_ops, gpu
+from nvcc_build import NVCC, nvcc_object
 
 from tiered_ops.tiers import cuda_ext, fastpath
 from tiered_ops.tiers.catalog import get_op
@@ -248,9 +249,17 @@ def _gxx_unity(tmp_path: Path, mode: list[str]) -> subprocess.CompletedProcess:
                            *[f"-I{i}" for i in incs], str(unity)], capture_output=True, text=True, timeout=900)
 
 
+@pytest.fixture(scope="module")
+def unity_object(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The wrappers' unity file compiled once (-O0, an object: its undefined symbols are the launchers it calls):
+    the run and the object, shared by the two tests that read them."""
+    tmp = tmp_path_factory.mktemp("unity")
+    return _gxx_unity(tmp, ["-c", "-O0", "-fPIC", "-o", str(tmp / "unity.o")]), tmp / "unity.o"
+
+
 @pytest.mark.slow
-def test_the_wrappers_compile_with_gxx(tmp_path):
-    r = _gxx_unity(tmp_path, ["-fsyntax-only"])
+def test_the_wrappers_compile_with_gxx(unity_object):
+    r, _ = unity_object
     assert r.returncode == 0, r.stderr[-4000:]
 
 
@@ -261,23 +270,21 @@ def _symbols(obj: Path, defined: bool) -> set[str]:
 
 
 @pytest.mark.slow
-def test_every_launcher_a_wrapper_calls_is_defined_by_its_kernel_file(tmp_path):
+def test_every_launcher_a_wrapper_calls_is_defined_by_its_kernel_file(unity_object):
     """The launchers are declared in the wrapper files and defined in the .cu files: a signature that differs links
-    only at load time (an undefined symbol). Both sides are compiled here (PTX only, no ptxas) and their symbols
-    compared."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None or shutil.which("nm") is None:
+    only at load time (an undefined symbol). Both sides are compiled here and their symbols compared; the .cu
+    objects are tests/test_nvcc.py's (one nvcc build of each file per test process: tests/nvcc_build.py). Slow on
+    the CPU (42 s on 2 cores): nvcc builds every kernel file here, and test_nvcc.py then reuses the builds."""
+    if NVCC is None or shutil.which("nm") is None:
         pytest.skip("needs nvcc and nm")
-    r = _gxx_unity(tmp_path, ["-c", "-O0", "-fPIC", "-o", str(tmp_path / "unity.o")])
+    r, unity = unity_object
     assert r.returncode == 0, r.stderr[-4000:]
     have: set[str] = set()
     for cu in sorted(CUDA_SRC.glob("*.cu")):
-        obj = tmp_path / f"{cu.stem}.cuda.o"
-        r = subprocess.run([nvcc, "-c", "-O0", "-std=c++17", "-gencode=arch=compute_90,code=compute_90", str(cu),
-                            "-o", str(obj)], capture_output=True, text=True, timeout=900)
+        r, obj = nvcc_object(cu)
         assert r.returncode == 0, r.stderr[-3000:]
         have |= _symbols(obj, defined=True)
-    need = _symbols(tmp_path / "unity.o", defined=False)
+    need = _symbols(unity, defined=False)
     assert need and need <= have, sorted(need - have)
 
 

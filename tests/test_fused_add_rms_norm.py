@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, tier_cases, truth64
 
 import tiered_ops
 from tiered_ops.ops.fused_add_rms_norm import _problem as P
@@ -21,19 +21,14 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,dtype,problem", tier_cases(OP, PROBLEMS))  # helpers.SMALL_TWINS
 def test_matches_float64(impl, dtype, problem):
     assert_matches(OP, impl, problem, dtype)
 
 
-@pytest.mark.parametrize("problem", [P((1823, 781)), P((2, 40009)), P((5, 64), weight=False)], ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
-def test_gradients_of_both_outputs(impl, dtype, problem):
-    # dy and d_new_residual both random: dx = dresidual = d_new_residual + rms_norm's backward of dy
-    assert_matches(OP, impl, problem, dtype, seed=5, grad=True)
+# The gradients of both outputs (dy and d_new_residual both random: dx = dresidual = d_new_residual + rms_norm's
+# backward of dy) at every edge problem (1823x781, 2x40009, no weight, ...) and dtype, at every tier:
+# tests/test_backward.py::test_gradients_match_float64 (the gate draws a random gradient for each output).
 
 
 @pytest.mark.parametrize("problem", [P((1823, 781)), P((4, 6, 33), normalized_shape=(6, 33))], ids=str)
@@ -125,7 +120,9 @@ def test_special_values_match_the_math(impl, n):
     assert_like_truth(y, want_y, 1e-5, f"{OP}/{impl} special values: y")
 
 
-def test_public_op_returns_both_outputs_and_trains():
+def test_public_op_returns_both_outputs_and_trains(private_decisions):
+    """The public op's two outputs and their gradients. Tuning off: the call runs its prediction instead of measuring
+    every tier (compiles included: 47 s of this test on a 2-core CPU), which is not what this test is about."""
     x = torch.randn(6, 32, requires_grad=True)
     r = torch.randn(6, 32, requires_grad=True)
     w = torch.randn(32, requires_grad=True)

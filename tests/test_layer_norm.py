@@ -1,6 +1,6 @@
 import pytest
 import torch
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, tier_cases, truth64
 
 import tiered_ops
 from tiered_ops.ops.layer_norm import _problem as P
@@ -19,9 +19,7 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,dtype,problem", tier_cases("layer_norm", PROBLEMS))  # helpers.SMALL_TWINS
 def test_matches_float64(impl, dtype, problem):
     assert_matches("layer_norm", impl, problem, dtype)
 

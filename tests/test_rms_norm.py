@@ -8,6 +8,7 @@ from helpers import (
     device_for,
     gpu,
     rel,
+    tier_cases,
     torch_rms_norm_deviation,
     truth64,
     xfail_if,
@@ -29,9 +30,7 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,dtype,problem", tier_cases("rms_norm", PROBLEMS))  # helpers.SMALL_TWINS
 def test_matches_float64(impl, dtype, problem):
     assert_matches("rms_norm", impl, problem, dtype)
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, truth64
+from helpers import DTYPES, IMPLS, assert_like_truth, assert_matches, device_for, gpu, rel, tier_cases, truth64
 
 import tiered_ops
 from tiered_ops.ops.swiglu import ACTIVATIONS
@@ -20,9 +20,7 @@ PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,dtype,problem", tier_cases("swiglu", PROBLEMS))  # helpers.SMALL_TWINS
 def test_matches_float64(impl, dtype, problem):
     assert_matches("swiglu", impl, problem, dtype)
 
