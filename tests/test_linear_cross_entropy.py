@@ -330,33 +330,6 @@ def test_gradients_in_the_forward_hold_no_more_memory_than_recomputing_them(tier
     assert inference + v * h * 4 <= min(fwd_grads, recompute), (inference, fwd_grads, recompute)
 
 
-@gpu
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_compiled_training_step_matches_float64(impl, reduction):
-    # the kernel op traced into a torch.compile graph with its backward: the gradients made in the forward for a
-    # scalar loss (the grads argument fixed at trace time from grad mode and requires_grad), recomputed for "none"
-    # dynamo keeps its graphs per code object: the lambda below is one code object for every case of this test, each
-    # case adding two graphs (grad mode on, off), so a process running five cases passed the recompile limit (8)
-    torch._dynamo.reset()
-    fn = tiered_ops.get_op(OP).impls[impl].fn
-    h = torch.randn(300, 64, device="cuda", requires_grad=True)
-    w = (torch.randn(1000, 64, device="cuda") / 8).requires_grad_()
-    t = torch.randint(0, 1000, (300,), device="cuda")
-    t[::4] = -100
-    step = torch.compile(lambda h, w, t: fn(h, w, t, None, -100, reduction, 0.1) * 3.0, fullgraph=True)
-    loss = step(h, w, t)
-    g = torch.randn(loss.shape, device="cuda")
-    got = torch.autograd.grad(loss, (h, w), g)
-    h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
-    want = truth64(OP, h64, w64, t, None, -100, reduction, 0.1) * 3.0
-    assert_like_truth(loss, want, 1e-5)
-    for name, d, x in zip(("hidden", "weight"), got, torch.autograd.grad(want, (h64, w64), g.double())):
-        assert_like_truth(d, x, 1e-5, f"d{name}")
-    with torch.no_grad():
-        assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
-
-
 def test_a_scalar_loss_makes_each_chunks_logits_once(monkeypatch):
     # the gradients made in the forward: one logits GEMM a chunk in all, the backward only scales; reduction "none"
     # (and a forward without a gradient wanted) keeps the recomputing backward: the logits made twice a chunk

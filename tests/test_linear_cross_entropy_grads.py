@@ -14,6 +14,21 @@ def _kernel_op(impl: str):
     return getattr(torch.ops.tiered_ops, f"{OP}_{impl}")
 
 
+def _step_matches_float64(step, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, reduction: str) -> None:
+    """A compiled ``fn(h, w, t, None, -100, reduction, 0.1) * 3.0``: its loss, gradients and inference forward against
+    float64."""
+    loss = step(h, w, t)
+    g = torch.randn(loss.shape, device=loss.device)
+    got = torch.autograd.grad(loss, (h, w), g)
+    h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
+    want = truth64(OP, h64, w64, t, None, -100, reduction, 0.1) * 3.0
+    assert_like_truth(loss, want, 1e-5)
+    for name, d, x in zip(("hidden", "weight"), got, torch.autograd.grad(want, (h64, w64), g.double())):
+        assert_like_truth(d, x, 1e-5, f"d{name}")
+    with torch.no_grad():
+        assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
+
+
 @pytest.mark.parametrize("impl", ["triton", "triton_c1024"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_a_compiled_step_traces_once_per_grad_mode(impl, reduction):
@@ -33,17 +48,26 @@ def test_a_compiled_step_traces_once_per_grad_mode(impl, reduction):
         w = (torch.randn(40, 16) / 4).requires_grad_()
         t = torch.randint(0, 40, (12,))
         t[::4] = -100
-        loss = step(h, w, t)
-        g = torch.randn(loss.shape)
-        got = torch.autograd.grad(loss, (h, w), g)
-        h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
-        want = truth64(OP, h64, w64, t, None, -100, reduction, 0.1) * 3.0
-        assert_like_truth(loss, want, 1e-5)
-        for name, d, x in zip(("hidden", "weight"), got, torch.autograd.grad(want, (h64, w64), g.double())):
-            assert_like_truth(d, x, 1e-5, f"d{name}")
-        with torch.no_grad():
-            assert_like_truth(step(h, w, t), want, 1e-5, "the inference forward")
+        _step_matches_float64(step, h, w, t, reduction)
     assert counters["stats"]["unique_graphs"] == 2, (dict(counters["stats"]), dict(counters["recompiles"]))
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_compiled_training_step_matches_float64(impl, reduction):
+    # the kernel op traced into a torch.compile graph with its backward: the gradients made in the forward for a
+    # scalar loss (the grads argument fixed at trace time from grad mode and requires_grad), recomputed for "none"
+    # dynamo keeps its graphs per code object: the lambda below is one code object for every case of this test, each
+    # case adding two graphs (grad mode on, off), so a process running five cases passed the recompile limit (8)
+    torch._dynamo.reset()
+    fn = tiered_ops.get_op(OP).impls[impl].fn
+    h = torch.randn(300, 64, device="cuda", requires_grad=True)
+    w = (torch.randn(1000, 64, device="cuda") / 8).requires_grad_()
+    t = torch.randint(0, 1000, (300,), device="cuda")
+    t[::4] = -100
+    step = torch.compile(lambda h, w, t: fn(h, w, t, None, -100, reduction, 0.1) * 3.0, fullgraph=True)
+    _step_matches_float64(step, h, w, t, reduction)
 
 
 @pytest.mark.parametrize("impl", ["triton", pytest.param("cuda", marks=gpu)])
