@@ -19,16 +19,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import compiled_models, compiled_schedule, compiled_worker  # noqa: E402
 
 
-@needs_hf
-def test_one_row_each_variant_in_its_own_process_and_a_dead_worker_is_a_row(tmp_path, monkeypatch):
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[Path, list[dict]]:
+    """``compiled_models.main --quick *args`` into a folder of ``tmp_path`` with tuning off for this test alone
+    (``--quick``'s own default would stay in the process's environment); its rows, as written."""
     monkeypatch.setenv("TIERED_OPS_TUNE", "0")
     out = tmp_path / "out"
-    rc = compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill", "--variants",
-                               "stock,stock-copy,tiered", "--inject-failure", "stock-copy:prefill:exit",
-                               "--out-dir", str(out)])
-    assert rc == 0
+    assert compiled_models.main(["--quick", *args, "--out-dir", str(out)]) == 0
     with open(out / "compiled_models.csv") as f:
-        rows = {r["variant"]: r for r in csv.DictReader(f)}
+        return out, list(csv.DictReader(f))
+
+
+def _events(out: Path) -> list[dict]:
+    """The run's events file: each worker request's stage, start and end."""
+    with open(out / "compiled_models_events.csv") as f:
+        return [dict(e, start=float(e["start"]), end=float(e["end"])) for e in csv.DictReader(f)]
+
+
+@needs_hf
+def test_one_row_each_variant_in_its_own_process_and_a_dead_worker_is_a_row(tmp_path, monkeypatch):
+    out, rows = _run(tmp_path, monkeypatch, "--configs", "llama-tiny", "--workloads", "prefill", "--variants",
+                     "stock,stock-copy,tiered", "--inject-failure", "stock-copy:prefill:exit")
+    rows = {r["variant"]: r for r in rows}
     assert set(rows) == {"stock", "stock-copy", "tiered"}
     for v in ("stock", "tiered"):
         r = rows[v]
@@ -95,13 +106,9 @@ def test_the_plan_covers_both_dtypes_every_family_and_the_modes():
 def test_reduce_overhead_training_on_a_gpu_runs_whole_in_cuda_graphs(tmp_path, monkeypatch):
     # Inductor's reduce-overhead on a training step, each variant in its own process: stock traces whole, records CUDA
     # graphs (no skips), and its compiled first step matches the eager one; tiered's row is counted, never skipped.
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
-    out = tmp_path / "out"
-    rc = compiled_models.main(["--quick", "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
-                               "--modes", "reduce-overhead", "--workloads", "train", "--out-dir", str(out)])
-    assert rc == 0
-    with open(out / "compiled_models.csv") as f:
-        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    _, rows = _run(tmp_path, monkeypatch, "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
+                   "--modes", "reduce-overhead", "--workloads", "train")
+    rows = {r["variant"]: r for r in rows}
     assert set(rows) == {"stock", "tiered"}
     stock = rows["stock"]
     assert stock["error"] == "" and stock["graph_breaks"] == "0" and stock["cudagraph_skips"] == "0"
@@ -170,20 +177,14 @@ def test_a_batch_compiles_together_but_a_gpu_searching_mode_alone_and_with_tune_
 
 @needs_hf
 def test_batched_rows_compile_together_and_nothing_compiles_while_a_row_is_timed(tmp_path, monkeypatch):
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
-    out = tmp_path / "out"
-    rc = compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill,decode", "--parallel",
-                               "2", "--out-dir", str(out)])
-    assert rc == 0
-    with open(out / "compiled_models.csv") as f:
-        rows = list(csv.DictReader(f))
+    out, rows = _run(tmp_path, monkeypatch, "--configs", "llama-tiny", "--workloads", "prefill,decode", "--parallel",
+                     "2")
     assert [(r["workload"], r["variant"]) for r in rows] == [("prefill", "stock"), ("prefill", "tiered"),
                                                              ("decode", "stock"), ("decode", "tiered")]
     for r in rows:
         assert r["error"] == "" and float(r["ms_p50"]) > 0
         assert int(r["first_call_beside"]) >= 1 and "beside" in r["note"]  # said in the row
-    with open(out / "compiled_models_events.csv") as f:
-        events = [dict(e, start=float(e["start"]), end=float(e["end"])) for e in csv.DictReader(f)]
+    events = _events(out)
     busy = [e for e in events if e["stage"] in ("start", "compile")]
     timed = [e for e in events if e["stage"] in ("warm", "time")]
     assert len([e for e in busy if e["stage"] == "compile"]) == 4 and len(timed) == 2 * (2 + 2 * 2)
@@ -197,7 +198,6 @@ def test_batched_rows_compile_together_and_nothing_compiles_while_a_row_is_timed
 
 
 def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_rest(tmp_path, monkeypatch):
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")  # as --quick would set it, undone after the test
     done = tmp_path / "done.csv"
     base = dict(config="llama-tiny", dtype="bf16", mode="default", shape="1x16", error="", ms_p20="1.0",
                 ms_p50="2.0", ms_p80="3.0", pid="77")
@@ -215,11 +215,9 @@ def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_r
     stock_only = compiled_models.finished(str(done), ["stock"])  # a run of stock alone: every stock row is done
     assert [(r["workload"], r["variant"]) for r in stock_only] == [("prefill", "stock"), ("decode", "stock"),
                                                                    ("train", "stock")]
-    out = tmp_path / "out"  # every row of this plan is done: nothing runs, the kept rows are written again, once
-    assert compiled_models.main(["--quick", "--configs", "llama-tiny", "--workloads", "prefill", "--done", str(done),
-                                 "--done", str(done), "--out-dir", str(out)]) == 0
-    with open(out / "compiled_models.csv") as f:
-        rows = list(csv.DictReader(f))
+    # every row of this plan is done: nothing runs, the kept rows are written again, once
+    out, rows = _run(tmp_path, monkeypatch, "--configs", "llama-tiny", "--workloads", "prefill", "--done", str(done),
+                     "--done", str(done))
     assert [(r["workload"], r["variant"], r["pid"]) for r in rows] == [("prefill", "stock", "77"),
                                                                        ("prefill", "tiered", "77")]
     assert "2 rows taken from" in (out / "compiled_models.md").read_text()
@@ -232,19 +230,13 @@ def test_a_gpu_batch_compiles_together_the_autotune_row_alone_and_times_nothing_
     # Inductor on a GPU, 4 rows a batch: the default rows' variants compile at once (beside 3 others), the
     # max-autotune-no-cudagraphs rows' one at a time (its GEMM search times kernels on the GPU: beside none), and no
     # warm-up or timed call overlaps any worker's start or compile.
-    monkeypatch.setenv("TIERED_OPS_TUNE", "0")
-    out = tmp_path / "out"
-    rc = compiled_models.main(["--quick", "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
-                               "--modes", "default,max-autotune-no-cudagraphs", "--workloads", "prefill,decode",
-                               "--parallel", "4", "--out-dir", str(out)])
-    assert rc == 0
-    with open(out / "compiled_models.csv") as f:
-        rows = list(csv.DictReader(f))
+    out, rows = _run(tmp_path, monkeypatch, "--device", "cuda", "--backend", "inductor", "--configs", "llama-tiny",
+                     "--modes", "default,max-autotune-no-cudagraphs", "--workloads", "prefill,decode", "--parallel",
+                     "4")
     assert len(rows) == 8 and all(r["error"] == "" and float(r["ms_p50"]) > 0 for r in rows)
     for r in rows:
         assert r["first_call_beside"] == ("3" if r["mode"] == "default" else "0"), r
-    with open(out / "compiled_models_events.csv") as f:
-        events = [dict(e, start=float(e["start"]), end=float(e["end"])) for e in csv.DictReader(f)]
+    events = _events(out)
     busy = [e for e in events if e["stage"] in ("start", "compile")]
     for t in (e for e in events if e["stage"] in ("warm", "time")):
         assert not [b for b in busy if b["start"] < t["end"] and b["end"] > t["start"]], t
