@@ -135,6 +135,17 @@ def test_render_shows_each_target_with_its_figure_and_verdict():
     assert "| softmax | 16384x4096 | bf16 | triton | 95.0 |" in targets.render(pd.DataFrame(host_bound), spec)
 
 
+def test_an_op_not_bound_by_copy_is_named_and_not_judged_against_it():
+    lce = "8192x4096,head_bias=False,ignored=0.0,label_smoothing=0.0,reduction=mean,vocab=128256"
+    rows = _rows() + [_row("linear_cross_entropy", "triton", "triton", lce, "bf16", "fwd_nograd", 9000.0, 0.02)]
+    spec = targets.load_spec(SPEC)
+    text = targets.render(pd.DataFrame(rows), spec)
+    assert "Not judged here: linear_cross_entropy (" in text and "| linear_cross_entropy |" not in text
+    for t in spec["targets"]:
+        t.pop("except_ops", None)
+    assert "| linear_cross_entropy | 8192x4096 | bf16 | triton | 2.0 |" in targets.render(pd.DataFrame(rows), spec)
+
+
 def test_the_thresholds_are_the_spec_s():
     spec = targets.load_spec(SPEC)
     for t in spec["targets"]:

@@ -88,9 +88,11 @@ def _copy_fraction(t: dict, df: pd.DataFrame) -> list[str]:
              f"{_names(t['ours'])} kernels >= {100 * t['at_least']:g} % of copy (kernel time)", "",
              f"| op | shape | dtype | ours (impl) | % copy | {cols} | met |", "|---|---|---|---|---|" +
              "---|" * len(t["compare"]) + "---|"]
+    if t.get("except_ops"):
+        lines[1:1] = ["", f"Not judged here: {', '.join(t['except_ops'])} ({t.get('except_why', 'not bound by copy')})."]
     for (op, shape, dtype), g in df[df["mode"] == t["mode"]].groupby(["op", "shape", "dtype"], sort=False):
         ours = _best(g, t["ours"], "frac_copy", highest=True)
-        if g.bytes.max() < t["min_bytes"] or ours is None:
+        if g.bytes.max() < t["min_bytes"] or ours is None or op in t.get("except_ops", ()):
             continue
         others = [_best(g, (c,), "frac_copy", highest=True, rivals=True) for c in t["compare"]]
         pct = 100 * ours.frac_copy
