@@ -1,0 +1,97 @@
+"""Two sweeps of the same cases side by side (e.g. one spread over two GPUs with ``--gpus all`` and one on one GPU):
+how long each took, whether their times agree, and whether they pick the same winners.
+
+    python benchmarks/compare_sweeps.py A/results.csv B/results.csv [--names two-gpus one-gpu] [--md out.md]
+
+Per sweep: its rows (the last stored per op, problem, dtype, mode, impl and context) and the span of their timestamps
+(first to last stored measurement: the sweep's measuring time, without its start-up and export). For each row timed in
+both sweeps, the ratio of their medians (A / B) and whether their p20-p80 ranges overlap. A winner is the fastest
+correct row per (op, problem, dtype, mode, context); it is a tie when the runner-up's p20-p80 overlaps the winner's,
+and only cases tied in neither sweep count for agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import pandas as pd
+
+KEY = ["op", "problem", "dtype", "mode", "impl", "context"]
+CASE = ["op", "problem", "dtype", "mode", "context"]
+
+
+def _latest(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (op, problem, dtype, mode, impl, context): the last stored (a gate or a host timing beside another
+    implementation stores a row again)."""
+    return df.sort_values("id").drop_duplicates(KEY, keep="last")
+
+
+def _timed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["p50_us"].notna()]
+
+
+def _ran(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["ok"] == 1) & df["p50_us"].notna()]
+
+
+def _winners(df: pd.DataFrame) -> dict[tuple, str | None]:
+    """The winner per case, None where it ties with the runner-up."""
+    out: dict[tuple, str | None] = {}
+    for case, g in _ran(df).groupby(CASE):
+        g = g.sort_values("p50_us")
+        if len(g) == 1:
+            out[case] = g.iloc[0]["impl"]
+            continue
+        first, second = g.iloc[0], g.iloc[1]
+        out[case] = None if second["p20_us"] <= first["p80_us"] else first["impl"]
+    return out
+
+
+def compare(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> list[str]:
+    lines = ["| sweep | implementations x cases x modes | timed | correct and timed | measuring span s |",
+             "|---|---:|---:|---:|---:|"]
+    for name, df in zip(names, (a, b)):
+        span = df["timestamp"].max() - df["timestamp"].min()
+        last = _latest(df)
+        lines.append(f"| {name} | {len(last)} | {len(_timed(last))} | {len(_ran(last))} | {span:.0f} |")
+    a, b = _latest(a), _latest(b)
+    pairs = _timed(a).merge(_timed(b), on=KEY, suffixes=("_a", "_b"))
+    ratios = (pairs["p50_us_a"] / pairs["p50_us_b"]).tolist()
+    overlap = ((pairs["p20_us_a"] <= pairs["p80_us_b"]) & (pairs["p20_us_b"] <= pairs["p80_us_a"])).sum()
+    lines.append("")
+    if ratios:
+        q = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
+        lines.append(f"{len(pairs)} rows timed in both: median time ratio {names[0]} / {names[1]} "
+                     f"{statistics.median(ratios):.3f} (p10 {q[0]:.3f}, p90 {q[-1]:.3f}); p20-p80 ranges overlap in "
+                     f"{overlap} of {len(pairs)}.")
+    wa, wb = _winners(a), _winners(b)
+    both = [c for c in wa if c in wb and wa[c] is not None and wb[c] is not None]
+    same = sum(wa[c] == wb[c] for c in both)
+    lines.append(f"Winners: the same in {same} of {len(both)} cases not tied in either sweep "
+                 f"({sum(v is None for v in wa.values())} of {len(wa)} ties in {names[0]}, "
+                 f"{sum(v is None for v in wb.values())} of {len(wb)} in {names[1]}).")
+    for c in both:
+        if wa[c] != wb[c]:
+            lines.append(f"- differs: {' '.join(map(str, c))}: {names[0]} {wa[c]}, {names[1]} {wb[c]}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--names", nargs=2, default=["A", "B"])
+    p.add_argument("--md", help="also write the lines here")
+    args = p.parse_args(argv)
+    lines = compare(pd.read_csv(args.a), pd.read_csv(args.b), tuple(args.names))
+    print("\n".join(lines))
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
