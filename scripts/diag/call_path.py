@@ -6,8 +6,10 @@ its call to its return, measuring and publishing included.
 
 Our modules: those named ``tiered_ops.*``, ``triton_src.*``, ``cuda_src.*`` (a generated function, whose globals name
 no module, counts as the module that generated it: ``tiered_ops.runtime.dispatch`` for ``tiered_ops.<op>``,
-``tiered_ops.runtime.bound`` for a ``select_backend`` callable). Frames of other code (torch, the standard library)
-are transparent: control is "in" the module of the innermost frame of ours. Printed:
+``tiered_ops.runtime.bound`` for a ``select_backend`` callable). Code the standard library generates from a file-less
+string with our module's globals (a dataclass's ``__init__``, ``__eq__``, ``__hash__``) is not ours: constructing or
+hashing a value is not control going into the module that declared its class. Frames of other code (torch, the
+standard library) are transparent: control is "in" the module of the innermost frame of ours. Printed:
 
 - the module sequence: the module control is in, each time it changes (``>`` a call into it, ``<`` a return into it);
 - modules: the distinct modules whose frames run;
@@ -39,12 +41,14 @@ GENERATED = {"<tiered_ops.select_backend.": "tiered_ops.runtime.bound", "<tiered
 
 
 def module_of(code, globals_: dict) -> str | None:  # noqa: ANN001 (a code object)
-    name = globals_.get("__name__")
-    if isinstance(name, str) and name.split(".")[0] in OURS:
-        return name
     for prefix, mod in GENERATED.items():
         if code.co_filename.startswith(prefix):
             return mod
+    if code.co_filename.startswith("<"):
+        return None  # made by the standard library with our module's globals (a dataclass's __init__, __hash__)
+    name = globals_.get("__name__")
+    if isinstance(name, str) and name.split(".")[0] in OURS:
+        return name
     return None
 
 
