@@ -168,13 +168,14 @@ def test_the_cpu_measures_in_the_process_unless_forced():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TIERED_OPS_BLOCKING_ASIDE", raising=False)
-        assert not blocking.applies(cpu) and blocking.applies(gpu)  # the default (auto): the worker on a GPU alone
+        # the default (auto): the worker on a GPU alone
+        assert not envs.blocking_aside(cpu.type) and envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")
-        assert not blocking.applies(cpu) and blocking.applies(gpu)
+        assert not envs.blocking_aside(cpu.type) and envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "0")
-        assert not blocking.applies(gpu)
+        assert not envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "1")
-        assert blocking.applies(cpu) and envs.blocking_wait_s() > 0
+        assert envs.blocking_aside(cpu.type) and envs.blocking_wait_s() > 0
 
 
 @pytest.mark.gpu

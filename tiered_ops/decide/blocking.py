@@ -35,12 +35,6 @@ Tuned = tuple[list[dict], float | None, str | None]  # as ``claimed.tune_bucket`
 IN_WORKER = "measured in background tuning's worker, the call waits for it"
 
 
-def applies(device: torch.device) -> bool:
-    """Whether a blocking miss on ``device`` is measured in background tuning's worker (``envs.blocking_aside``: on
-    a GPU by default)."""
-    return envs.blocking_aside(device.type)
-
-
 def tune_aside(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                context: str, landed: Callable[[Job], None],
                progress: Callable[[str], None] | None = None) -> Tuned | None:
