@@ -136,14 +136,19 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
 
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 context: str, progress: Callable[[str], None] | None = None,
-                measure: Callable[..., dict[str, Any]] = measure_kept) -> tuple[list[dict], float | None, str | None]:
+                measure: Callable[..., dict[str, Any]] = measure_kept, *,
+                key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
+                ) -> tuple[list[dict], float | None, str | None]:
     """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
     ``measure.measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
-    measured here, why not where another process's claim outlasted the wait)."""
-    fp, dname = fingerprint(device), DTYPE_NAMES[dtype]
-    key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fp.key, mode)
+    measured here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's
+    terms) and ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that
+    has them made them (``select_problem``), else made here."""
+    dname = DTYPE_NAMES[dtype]
+    if key5 is None:
+        key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fingerprint(device).key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
-    lease, wait_s = envs.claim_lease_s(), envs.claim_wait_s()
+    lease, wait_s = claim_s if claim_s is not None else (envs.claim_lease_s(), envs.claim_wait_s())
     claim, rows, todo, again, early = open_bucket(store, spec, key5, what, wait_s, lease)
     if early is not None:
         return early

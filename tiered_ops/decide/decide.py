@@ -252,7 +252,8 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
             _add_unsaved(store)  # a store kept in memory: the worker's rows came back with the job
             tuned = (store.latest(*bucket_key), *tuned[1:])
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
-                                                   measure=measure_kept)
+                                                   measure=measure_kept, key5=bucket_key,
+                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
     busy = busy or busy_note(spec, rows)
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)
