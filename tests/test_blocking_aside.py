@@ -15,7 +15,7 @@ from test_blocking_pruned import _fake_measure
 
 import tiered_ops
 from tiered_ops import envs
-from tiered_ops.decide import background, blocking, claimed, contexts, first_use
+from tiered_ops.decide import background, blocking, claimed, contexts
 from tiered_ops.decide import decide as select
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
@@ -31,7 +31,7 @@ def aside(monkeypatch):
     after; a process that has not tuned yet (its first tune warns)."""
     background.shutdown()
     monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "1")
-    monkeypatch.setattr(first_use, "_first", threading.Event())
+    monkeypatch.setattr(claimed, "_first", threading.Event())
     select.set_tuning("blocking")
     _only(monkeypatch, "softmax", "eager", "triton", "compile")
     yield
