@@ -15,7 +15,7 @@ from test_blocking_pruned import _fake_measure
 
 import tiered_ops
 from tiered_ops import envs
-from tiered_ops.decide import background, blocking, claimed, contexts, first_use
+from tiered_ops.decide import background, blocking, claimed, contexts
 from tiered_ops.decide import decide as select
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
@@ -31,7 +31,7 @@ def aside(monkeypatch):
     after; a process that has not tuned yet (its first tune warns)."""
     background.shutdown()
     monkeypatch.setenv("TIERED_OPS_BLOCKING_ASIDE", "1")
-    monkeypatch.setattr(first_use, "_first", threading.Event())
+    monkeypatch.setattr(claimed, "_first", threading.Event())
     select.set_tuning("blocking")
     _only(monkeypatch, "softmax", "eager", "triton", "compile")
     yield
@@ -168,13 +168,14 @@ def test_the_cpu_measures_in_the_process_unless_forced():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TIERED_OPS_BLOCKING_ASIDE", raising=False)
-        assert not blocking.applies(cpu) and blocking.applies(gpu)  # the default (auto): the worker on a GPU alone
+        # the default (auto): the worker on a GPU alone
+        assert not envs.blocking_aside(cpu.type) and envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "auto")
-        assert not blocking.applies(cpu) and blocking.applies(gpu)
+        assert not envs.blocking_aside(cpu.type) and envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "0")
-        assert not blocking.applies(gpu)
+        assert not envs.blocking_aside(gpu.type)
         mp.setenv("TIERED_OPS_BLOCKING_ASIDE", "1")
-        assert blocking.applies(cpu) and envs.blocking_wait_s() > 0
+        assert envs.blocking_aside(cpu.type) and envs.blocking_wait_s() > 0
 
 
 @pytest.mark.gpu

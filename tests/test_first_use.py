@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import first_use
+from tiered_ops.decide import claimed
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
 
@@ -21,7 +21,7 @@ def fresh(monkeypatch, tmp_path):
     impls = {"eager": SOFTMAX.impls["eager"],
              "again": Impl("again", Tier.COMPILE, lambda x, dim=-1: torch.softmax(x, dim), (SOFTMAX.source,))}
     monkeypatch.setattr(SOFTMAX, "impls", impls)
-    monkeypatch.setattr(first_use, "_first", first_use.threading.Event())
+    monkeypatch.setattr(claimed, "_first", claimed.threading.Event())
     monkeypatch.setenv("TIERED_OPS_TUNE", "1")
     tiered_ops.use_store(str(tmp_path / "s.sqlite"))
     tiered_ops.clear_cache()
@@ -46,7 +46,7 @@ def test_the_first_call_on_an_unmeasured_shape_warns_once_naming_op_shape_and_wa
     for part in ("softmax", "8x24", "fp32", "on first use", "TIERED_OPS_TUNE=background to never wait",
                  "2 implementation(s) (eager, again)"):
         assert part in text, (part, text)
-    assert f"~{first_use.estimate_s(list(fresh.values()), torch.device('cpu')):.0f} s (an estimate)" in text
+    assert f"~{claimed.estimate_s(list(fresh.values()), torch.device('cpu')):.0f} s (an estimate)" in text
     assert "64x40" in second.getMessage() and "on first use" not in second.getMessage()
     assert "\n" not in text
 
@@ -55,7 +55,7 @@ def test_a_process_that_only_reads_stored_decisions_warns_nothing(fresh, caplog)
     x = torch.randn(8, 24)
     tiered_ops.softmax(x)
     tiered_ops.clear_cache()
-    first_use._first.clear()  # as a new process with the same store
+    claimed._first.clear()  # as a new process with the same store
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tiered_ops"):
         tiered_ops.softmax(x)
@@ -65,13 +65,13 @@ def test_a_process_that_only_reads_stored_decisions_warns_nothing(fresh, caplog)
 def test_the_estimate_counts_only_what_can_run_here():
     spec = get_op("rms_norm")
     cpu = [i for i in spec.impls.values() if i.tier != Tier.PEER]
-    expect = sum(first_use.ESTIMATE_S[i.tier] for i in cpu if i.why_not(torch.device("cpu")) is None)
-    assert first_use.estimate_s(cpu, torch.device("cpu")) == expect
+    expect = sum(claimed.ESTIMATE_S[i.tier] for i in cpu if i.why_not(torch.device("cpu")) is None)
+    assert claimed.estimate_s(cpu, torch.device("cpu")) == expect
     assert Tier.CUDA not in {i.tier for i in cpu if i.why_not(torch.device("cpu")) is None}
 
 
 def test_a_long_tune_says_how_far_it_is(fresh, caplog, monkeypatch):
-    monkeypatch.setattr(first_use, "PROGRESS_EVERY_S", 0.0)  # every implementation after the first counts as long
+    monkeypatch.setattr(claimed, "PROGRESS_EVERY_S", 0.0)  # every implementation after the first counts as long
     with caplog.at_level(logging.INFO, logger="tiered_ops"):
         tiered_ops.softmax(torch.randn(8, 24))
     still = [r.getMessage() for r in caplog.records if "still tuning" in r.getMessage()]
@@ -79,11 +79,11 @@ def test_a_long_tune_says_how_far_it_is(fresh, caplog, monkeypatch):
 
 
 def test_a_tune_of_tiers_that_cannot_run_here_says_no_wait_and_keeps_the_warning_for_a_real_one(monkeypatch, caplog):
-    monkeypatch.setattr(first_use, "_first", first_use.threading.Event())
+    monkeypatch.setattr(claimed, "_first", claimed.threading.Event())
     cpu = torch.device("cpu")
     with caplog.at_level(logging.INFO, logger="tiered_ops"):
-        first_use.Announce("softmax 8x24", [CUDA], cpu).start("stored")  # unavailable here: nothing to wait for
-        assert not first_use._first.is_set()
-        first_use.Announce("softmax 8x24", [EAGER, CUDA], cpu).start("stored")
+        claimed.Announce("softmax 8x24", [CUDA], cpu).start("stored")  # unavailable here: nothing to wait for
+        assert not claimed._first.is_set()
+        claimed.Announce("softmax 8x24", [EAGER, CUDA], cpu).start("stored")
     assert [r.levelno for r in _tuning(caplog)] == [logging.INFO, logging.WARNING]
     assert "~1 s (an estimate)" in _tuning(caplog)[1].getMessage()

@@ -2,12 +2,15 @@
 of ``tiered_ops.rms_norm(x, (H,), w)`` on the CPU after its signature was decided, from the call path's entry to the
 launch of the implementation (the first frame of ``tiered_ops/ops``, ``triton_src`` or ``cuda_src``; ``--full``: to
 the call's return); (b) a miss, the tuner deciding a new bucket (blocking tuning, an empty store): ``seam.ask`` from
-its call to its return, measuring and publishing included.
+its call to its return, measuring and publishing included; the store is opened before (a process opens it once, at
+its first miss: ``--first-miss`` follows that one, the opening and the schema's migrations included).
 
 Our modules: those named ``tiered_ops.*``, ``triton_src.*``, ``cuda_src.*`` (a generated function, whose globals name
 no module, counts as the module that generated it: ``tiered_ops.runtime.dispatch`` for ``tiered_ops.<op>``,
-``tiered_ops.runtime.bound`` for a ``select_backend`` callable). Frames of other code (torch, the standard library)
-are transparent: control is "in" the module of the innermost frame of ours. Printed:
+``tiered_ops.runtime.bound`` for a ``select_backend`` callable). Code the standard library generates from a file-less
+string with our module's globals (a dataclass's ``__init__``, ``__eq__``, ``__hash__``) is not ours: constructing or
+hashing a value is not control going into the module that declared its class. Frames of other code (torch, the
+standard library) are transparent: control is "in" the module of the innermost frame of ours. Printed:
 
 - the module sequence: the module control is in, each time it changes (``>`` a call into it, ``<`` a return into it);
 - modules: the distinct modules whose frames run;
@@ -39,12 +42,14 @@ GENERATED = {"<tiered_ops.select_backend.": "tiered_ops.runtime.bound", "<tiered
 
 
 def module_of(code, globals_: dict) -> str | None:  # noqa: ANN001 (a code object)
-    name = globals_.get("__name__")
-    if isinstance(name, str) and name.split(".")[0] in OURS:
-        return name
     for prefix, mod in GENERATED.items():
         if code.co_filename.startswith(prefix):
             return mod
+    if code.co_filename.startswith("<"):
+        return None  # made by the standard library with our module's globals (a dataclass's __init__, __hash__)
+    name = globals_.get("__name__")
+    if isinstance(name, str) and name.split(".")[0] in OURS:
+        return name
     return None
 
 
@@ -157,13 +162,16 @@ def hit(full: bool, level: str) -> dict:
         tiered_ops.set_tuning(None)
 
 
-def miss(opaque: tuple[str, ...], level: str) -> dict:
+def miss(opaque: tuple[str, ...], level: str, first: bool = False) -> dict:
     import torch
 
     import tiered_ops
+    from tiered_ops.decide.decide import get_store
 
     x, w = torch.randn(16, 128), torch.randn(128)  # a bucket no call decided yet
     tiered_ops.set_tuning(True)
+    if not first:
+        get_store()  # opened as at any miss but a process's first (and as after --hit)
     return follow(lambda: tiered_ops.rms_norm(x, (128,), w), start="tiered_ops.decide.seam.ask", opaque=opaque,
                   level=level)
 
@@ -188,6 +196,8 @@ def main() -> None:
     p.add_argument("--hit", action="store_true", help="the hit only")
     p.add_argument("--miss", action="store_true", help="the miss only")
     p.add_argument("--full", action="store_true", help="the hit to the call's return, not to the launch")
+    p.add_argument("--first-miss", action="store_true",
+                   help="the miss as a process's first: the store opened inside it (never after --hit, which opens it)")
     p.add_argument("--limit", type=int, default=400, help="sequence steps printed at most")
     p.add_argument("--json", action="store_true", help="the results as JSON")
     p.add_argument("--level", choices=("module", "package"), default="module",
@@ -203,7 +213,7 @@ def main() -> None:
     if a.hit or both:
         out["hit"] = hit(a.full, a.level)
     if a.miss or both:
-        out["miss"] = miss(tuple(p for p in a.opaque.split(",") if p), a.level)
+        out["miss"] = miss(tuple(p for p in a.opaque.split(",") if p), a.level, a.first_miss and not (a.hit or both))
     if a.json:
         print(json.dumps(out, indent=1))
         return

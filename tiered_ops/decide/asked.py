@@ -3,7 +3,6 @@ from (``Evidence``)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +25,10 @@ class Asked:
     policy: str
     calls: int | None
     budget: int | None
+    key: tuple  # its key in the decision table: (op, bucket, dtype, device, mode, context), the bucket computed once
+    how: tuple  # the policy it is decided under: (policy, calls, budget)
 
     published: bool = True  # asked under the process's policy: its decisions go into the table
-
-    @functools.cached_property
-    def key(self) -> tuple:
-        """Its key in the decision table."""
-        return self.spec.name, self.spec.bucket(self.problem), self.dtype, self.device, self.mode, self.context
-
-    @property
-    def how(self) -> tuple:
-        """The policy it is decided under: (policy, calls, budget)."""
-        return self.policy, self.calls, self.budget
 
 
 @dataclass

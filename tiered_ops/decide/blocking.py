@@ -27,18 +27,11 @@ from ..registry import DTYPE_NAMES, OpSpec, Problem
 from ..store.store import Store
 from . import background, claimed
 from .bucket import Job
-from .first_use import Announce
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
 Tuned = tuple[list[dict], float | None, str | None]  # as ``claimed.tune_bucket``: rows, seconds measuring, why busy
 IN_WORKER = "measured in background tuning's worker, the call waits for it"
-
-
-def applies(device: torch.device) -> bool:
-    """Whether a blocking miss on ``device`` is measured in background tuning's worker (``envs.blocking_aside``: on
-    a GPU by default)."""
-    return envs.blocking_aside(device.type)
 
 
 def tune_aside(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
@@ -70,7 +63,7 @@ def tune_aside(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype,
                         "process", what, why.removeprefix(background.NOT_QUEUED))
             return None
         where = f"stored in {store.path}" if store.writable else f"not saved: {store.kept_in_memory}"
-        said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
+        said = claimed.Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
         said.start(f"{IN_WORKER}; {where}")
         if progress:
             progress(f"measuring {spec.name} {problem} {dname} {mode} in background tuning's worker")

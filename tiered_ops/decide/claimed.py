@@ -13,6 +13,12 @@ killed mid-measurement blocks nobody), one of another host at the end of its lea
 While it measures, the owner also holds the device's measuring slot on this host (one claim per host and device, its
 ``impl`` column ``SLOT``), so that processes measuring different buckets take turns rather than spoil each other's
 timings; a slot not had within the wait is measured without (its rows may then be flagged busy: provisional).
+
+What a blocking tune says while the caller waits (``Announce``): one WARNING line the first time a process measures
+(the op, the problem, the implementations and an estimate of the wait), INFO lines after that, and a progress line
+whenever a tune has gone on for ``PROGRESS_EVERY_S`` since its last line. The wait is an estimate, not a
+measurement: a figure per tier (``ESTIMATE_S``) summed over the implementations that can run on the device (one that
+cannot is stored as unavailable at once).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -43,13 +50,64 @@ from ..store.rows import contended
 from ..store.store import Store
 from . import provisional
 from .choice import GATED_LAST, MEASURE_ORDER, gate_in_turn
-from .first_use import Announce
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
 BUCKET = "(bucket)"  # the impl column of a bucket's claim
 SLOT = "(measuring)"  # the impl column of a device's measuring slot on a host
 POLL_S = 0.1
+
+# Rough seconds to gate and time one implementation on first use, chosen so that an op with eager, compile and
+# Triton tiers on a 2-core CPU comes to about the 12 s its first call takes there; a GPU usually takes less, a first
+# CUDA extension build more. Estimates for the message, never used to decide anything.
+ESTIMATE_S = {Tier.EAGER: 1.0, Tier.COMPILE: 8.0, Tier.TRITON: 3.0, Tier.CUDA: 3.0, Tier.PEER: 3.0}
+PROGRESS_EVERY_S = 10.0  # a tune that runs longer says how far it is every this many seconds
+
+_first = threading.Event()  # set once this process has announced a tune
+
+
+def estimate_s(impls: list[Impl], device: torch.device) -> float:
+    """The estimated seconds to measure ``impls`` on ``device`` (those that cannot run there cost nothing)."""
+    return sum(ESTIMATE_S.get(i.tier, 3.0) for i in impls if i.why_not(device) is None)
+
+
+class Announce:
+    """The lines of one blocking tune: ``start`` before it measures, ``step`` before each implementation."""
+
+    def __init__(self, what: str, impls: list[Impl], device: torch.device):
+        self.what, self.impls, self.device = what, impls, device
+        waits = estimate_s(impls, device) > 0  # only implementations that cannot run here: nothing to wait for
+        self.level = logging.INFO if _first.is_set() or not waits else logging.WARNING
+        if waits:
+            _first.set()
+        self.t0 = self.last = time.perf_counter()
+        self.done = 0
+
+    def start(self, where: str, why: str = "no stored decision") -> None:
+        """The opening line: what is measured and ``why``, on first use also the expected wait and how never to
+        wait."""
+        names = ", ".join(i.name for i in self.impls)
+        first = (f" on first use, ~{estimate_s(self.impls, self.device):.0f} s (an estimate); "
+                 "TIERED_OPS_TUNE=background to never wait" if self.level == logging.WARNING else "")
+        log.log(self.level, "tiered_ops: tuning %s: %s, measuring %d implementation(s) (%s)%s; %s",
+                self.what, why, len(self.impls), names, first, where)
+
+    def step(self, impl: Impl) -> None:
+        """Before measuring ``impl``: a progress line when the tune has gone on long since its last line."""
+        now = time.perf_counter()
+        if self.done and now - self.last >= PROGRESS_EVERY_S:
+            log.log(self.level, "tiered_ops: still tuning %s: %d of %d measured, %.0f s so far; next %s", self.what,
+                    self.done, len(self.impls), now - self.t0, impl.name)
+            self.last = now
+        self.done += 1
+
+    def waiting(self, where: str) -> None:
+        """While the implementations are measured elsewhere (``where``): a progress line when the tune has gone on
+        long since its last line."""
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_EVERY_S:
+            log.log(self.level, "tiered_ops: still tuning %s: %.0f s so far, %s", self.what, now - self.t0, where)
+            self.last = now
 
 
 def bucket_key(spec: OpSpec, key: tuple[str, str, str, str, str]) -> tuple[str, ...]:
@@ -136,14 +194,19 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
 
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 context: str, progress: Callable[[str], None] | None = None,
-                measure: Callable[..., dict[str, Any]] = measure_kept) -> tuple[list[dict], float | None, str | None]:
+                measure: Callable[..., dict[str, Any]] = measure_kept, *,
+                key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
+                ) -> tuple[list[dict], float | None, str | None]:
     """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
     ``measure.measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
-    measured here, why not where another process's claim outlasted the wait)."""
-    fp, dname = fingerprint(device), DTYPE_NAMES[dtype]
-    key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fp.key, mode)
+    measured here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's
+    terms) and ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that
+    has them made them (``select_problem``), else made here."""
+    dname = DTYPE_NAMES[dtype]
+    if key5 is None:
+        key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fingerprint(device).key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
-    lease, wait_s = envs.claim_lease_s(), envs.claim_wait_s()
+    lease, wait_s = claim_s if claim_s is not None else (envs.claim_lease_s(), envs.claim_wait_s())
     claim, rows, todo, again, early = open_bucket(store, spec, key5, what, wait_s, lease)
     if early is not None:
         return early

@@ -203,8 +203,9 @@ def select_problem(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: t
     if policy is None:
         policy, calls = process[:2]
         budget = _budget if budget is None else budget
+    how = (policy, calls, budget)
     asked = Asked(spec, problem, dtype, device, mode, context, policy, calls, budget,
-                  published=(policy, calls, budget) == process)
+                  (spec.name, spec.bucket(problem), dtype, device, mode, context), how, published=how == process)
     sel = table.current().decision(asked.key, asked.how) if asked.published else None
     if sel is not None:
         return sel
@@ -230,7 +231,7 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     _add_unsaved(store)
     spec, problem, dtype, device, mode, context = a.spec, a.problem, a.dtype, a.device, a.mode, a.context
     fp = fingerprint(device)
-    bkey, dname = bucket_str(spec.bucket(problem)), DTYPE_NAMES[dtype]
+    bkey, dname = bucket_str(a.key[1]), DTYPE_NAMES[dtype]
     bucket_key = (spec.name, bkey, dname, fp.key, mode)
     rows = store.latest(*bucket_key)
     # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
@@ -246,12 +247,13 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     if missing and tune:  # under the bucket's claim in the store: one process of those sharing it measures
         # on a GPU in background tuning's worker (the call waits), else (or where it cannot) in this process
         tuned = blocking.tune_aside(store, spec, problem, dtype, device, mode, context, _landed, progress) if (
-            blocking.applies(device)) else None
+            envs.blocking_aside(device.type)) else None
         if tuned is not None:
             _add_unsaved(store)  # a store kept in memory: the worker's rows came back with the job
             tuned = (store.latest(*bucket_key), *tuned[1:])
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
-                                                   measure=measure_kept)
+                                                   measure=measure_kept, key5=bucket_key,
+                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
     busy = busy or busy_note(spec, rows)
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)

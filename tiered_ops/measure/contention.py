@@ -13,8 +13,6 @@ import math
 import time
 from typing import Callable
 
-from .. import envs
-
 
 def quantile(sorted_values: list[float], f: float) -> float:
     """The ``f`` quantile of already sorted values, nearest rank below (as the timings' p20/p80)."""
@@ -29,13 +27,6 @@ CPU_BUDGET_S = 0.2  # more blocks, up to CPU_MAX_SAMPLES, while the budget lasts
 WAIT_LIMIT = 0.3  # the timing thread waited for a CPU longer than this fraction of the timing: the cores were busy
 SPREAD_LIMIT = 2.0  # p80 / p20 of the blocks beyond this: a quiet machine's blocks of >= 1 ms are within a few %
 QUANTUM_MIN_S = 1e-3  # block times all on multiples of a step this large are the scheduler's, not the op's
-def contention_check() -> bool:
-    """Whether CPU timings are checked for a busy machine (default on). ``TIERED_OPS_CONTENTION_CHECK=0`` stores them
-    as taken: for a machine known to be shared, whose figures are read with that in mind (the test suite, which
-    tests the check itself separately, runs its sweeps so)."""
-    return envs.contention_check()
-
-
 COPY_PROBE_LIMIT = 0.5  # a copy probe below this fraction of the best copy bandwidth seen: the memory system is shared
 _clock = time.perf_counter  # the CPU timings' clock (tests replace it)
 

@@ -26,8 +26,9 @@ class Fingerprint:
     cuda: str
     host: str = "-"  # the host's CPU model: a launch path's time (host_us) is the host's as much as the GPU's
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        """The fingerprint as the store's ``device_key`` (made once: every row read or written names it)."""
         return (f"{self.name}|cc{self.capability}|sm{self.sm_count}|torch{self.torch}|triton{self.triton}"
                 f"|cuda{self.cuda}|host{self.host}")
 

@@ -14,10 +14,10 @@ import torch
 
 from ..buckets import encode
 from ..environment import environment
+from ..envs import contention_check
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
 from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING, caller_range, edge_only, pruned, usable
 from ..store.store import Store
-from .contention import contention_check
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
