@@ -37,16 +37,17 @@ def test_a_compiled_step_traces_once_per_grad_mode(impl, reduction):
     # other recompile; and the cases of one test, one code object, fit under dynamo's recompile limit
     from torch._dynamo.utils import counters
 
-    tiered_ops.get_op(OP).impls[impl].why_not(torch.device("cpu"))  # loads the tier's ops
+    dev = device_for(impl)  # the interpreter's CPU here, the GPU where there is one (Triton takes no CPU tensor there)
+    tiered_ops.get_op(OP).impls[impl].why_not(dev)  # loads the tier's ops
     fn = tiered_ops.get_op(OP).impls[impl].fn
     torch._dynamo.reset()
     counters.clear()
     step = torch.compile(lambda h, w, t: fn(h, w, t, None, -100, reduction, 0.1) * 3.0, fullgraph=True,
                          backend="eager")
     for _ in range(3):
-        h = torch.randn(12, 16, requires_grad=True)
-        w = (torch.randn(40, 16) / 4).requires_grad_()
-        t = torch.randint(0, 40, (12,))
+        h = torch.randn(12, 16, device=dev, requires_grad=True)
+        w = (torch.randn(40, 16, device=dev) / 4).requires_grad_()
+        t = torch.randint(0, 40, (12,), device=dev)
         t[::4] = -100
         _step_matches_float64(step, h, w, t, reduction)
     assert counters["stats"]["unique_graphs"] == 2, (dict(counters["stats"]), dict(counters["recompiles"]))
@@ -114,6 +115,10 @@ def _allocations(fn) -> list[tuple[tuple[int, ...], torch.dtype]]:
     made = []
 
     class Allocations(TorchDispatchMode):
+        # on a GPU a Triton launch under a dispatch mode is a higher-order op (triton_kernel_wrapper_mutation): it is
+        # run as it is and allocates nothing itself
+        supports_higher_order_operators = True
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
@@ -136,14 +141,14 @@ def test_the_forwards_gradients_hold_one_chunk_buffer_and_no_whole_product(dtype
     import triton_src.linear_cross_entropy as lce
 
     n, hd, v, chunk = 40, 32, 64, 16
-    h, w = torch.randn(n, hd).to(dtype), (torch.randn(v, hd) / 4).to(dtype)
-    t = torch.randint(0, v, (n,))
+    dev = device_for("triton")
+    h, w = torch.randn(n, hd, device=dev).to(dtype), (torch.randn(v, hd, device=dev) / 4).to(dtype)
+    t = torch.randint(0, v, (n,), device=dev)
     fwd = _allocations(lambda: lce.linear_cross_entropy_launch(h, w, t, None, -100, "mean", 0.1, None, chunk, True))
     assert ((chunk, v), torch.float32) in fwd  # the chunk's logits
     assert ((chunk, v), dtype) not in fwd, fwd  # written over them
     assert fwd.count(((v, hd), torch.float32)) == 1, fwd  # the accumulator alone
     assert ((8, hd), torch.float32) in fwd  # a slice of the product: V / DW_PARTS rows, a multiple of 8
-    lse = torch.rand(n)
-    bwd = _allocations(lambda: lce.linear_cross_entropy_bwd_launch(torch.tensor(1.0), h, w, t, None, lse, -100,
-                                                                   "mean", 0.1, chunk))
+    lse, one = torch.rand(n, device=dev), torch.tensor(1.0, device=dev)
+    bwd = _allocations(lambda: lce.linear_cross_entropy_bwd_launch(one, h, w, t, None, lse, -100, "mean", 0.1, chunk))
     assert ((chunk, v), dtype) in bwd and bwd.count(((v, hd), torch.float32)) >= 2, bwd
