@@ -5,19 +5,22 @@ or given with ``--db URL``) holds the store. ``--procs`` processes (default 2) s
 i of ``--devices`` (default: ``cuda:i`` of the visible GPUs; one GPU: every process on cuda:0; no GPU: every process
 on the CPU), each tuning a DIFFERENT set of buckets: the ops of ``--ops`` are dealt out among them (process i takes
 ops i, i + procs, ...), each at its first ``--per-op`` default problems, every call a blocking first call
-(``select_backend(..., tune=True)``, as a model's first call of the op with tuning on). Then a third process, on
-``--reader-device`` (default: the first device), reads every decision with tuning off (``TIERED_OPS_TUNE=0``) and
-counts what it measured.
+(``select_backend(..., tune=True)``, as a model's first call of the op with tuning on). Then a third process reads
+every decision with tuning off (``TIERED_OPS_TUNE=0``) and counts what it measured: once on each of
+``--reader-devices`` (default: each device the tuning processes used, one after the other: on two GPUs, the reader on
+cuda:0 reads what was decided on cuda:1 and the other way round).
 
 Checked and written under ``--out`` (fleet.csv: one row per case and process; fleet.md: the summary):
-- lost: a case a tuning process did not decide, or whose decision the reader does not find stored (the reader's
+- lost: a case a tuning process did not decide, or whose decision a reader does not find stored (the reader's
   pick differs from the tuner's, or the reader falls back to "no stored decision");
 - made twice: a bucket both tuning processes measured, or a (bucket, implementation) with more than one row;
+- per tuning process, the measurements it made itself and the rows its buckets hold (on a GPU, blocking tuning hands a
+  missing bucket to background tuning's worker by default, TIERED_OPS_BLOCKING_ASIDE: there the rows tell);
 - the reader's measurements: the measuring calls it made plus the rows the store gained while it ran (both 0).
 Exit status 1 on any loss, any duplicate or any measurement by the reader.
 
     python benchmarks/fleet.py --out DIR [--db postgresql://...] [--ops softmax,gelu,rms_norm,layer_norm]
-        [--per-op 2] [--devices cuda:0,cuda:1] [--reader-device cuda:1] [--impls eager,triton] [--shapes 8x64,16x64]
+        [--per-op 2] [--devices cuda:0,cuda:1] [--reader-devices cuda:1] [--impls eager,triton] [--shapes 8x64,16x64]
 """
 
 from __future__ import annotations
@@ -144,17 +147,19 @@ def _server(args: argparse.Namespace) -> tuple[str, Any]:
     return server.url(server.new_database()), server
 
 
-def duplicates(url: str) -> dict[tuple, int]:
-    """(op, bucket, dtype, mode, context, device, implementation) stored more than once."""
+def stored(url: str) -> tuple[Counter, dict[tuple, int]]:
+    """The rows stored per (op, bucket), and each (op, bucket, dtype, mode, context, device, implementation) stored
+    more than once (whoever measured it: the tuning process, or on a GPU background tuning's worker it hands the bucket
+    to)."""
     from tiered_ops.store.store import Store
 
     store = Store(url)
     try:
-        n = Counter((r["op"], r["bucket"], r["dtype"], r["mode"], r["context"], r["device_key"], r["impl"])
-                    for r in store.rows())
+        rows = store.rows()
     finally:
         store.close()
-    return {k: v for k, v in n.items() if v > 1}
+    n = Counter((r["op"], r["bucket"], r["dtype"], r["mode"], r["context"], r["device_key"], r["impl"]) for r in rows)
+    return Counter((r["op"], r["bucket"]) for r in rows), {k: v for k, v in n.items() if v > 1}
 
 
 def row_count(url: str) -> int:
@@ -176,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-op", type=int, default=2, help="default problems per op")
     p.add_argument("--shapes", help="comma-separated RxC shapes for every op instead of its default problems")
     p.add_argument("--devices", help="comma-separated devices of the tuning processes (default: one GPU each)")
-    p.add_argument("--reader-device", help="the reading process's device (default: the first process's)")
+    p.add_argument("--reader-devices", help="comma-separated devices, one reading process on each in turn (default: "
+                                            "each device of the tuning processes)")
     p.add_argument("--impls", help="keep only these implementations of every op (e.g. eager,triton)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--read", action="store_true", help=argparse.SUPPRESS)
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     devs, note = devices_for(args.procs, args.devices)
-    reader_dev = args.reader_device or devs[0]
+    readers = args.reader_devices.split(",") if args.reader_devices else list(dict.fromkeys(devs))
     cases = plan(args.ops.split(","), args.procs, args.per_op, args.shapes.split(",") if args.shapes else None,
                  torch.device(devs[0]).type)
     t0 = time.perf_counter()
@@ -219,55 +225,63 @@ def main(argv: list[str] | None = None) -> int:
             if rc:
                 failed.append(f"tune{i} exit {rc} (see {out / f'tune{i}.log'})")
         t_tune = time.perf_counter() - t1
-        rows_before = row_count(url)
-        t2 = time.perf_counter()
         everything = [c for cs in cases for c in cs]
-        reader = _start(args, everything, reader_dev, "read", out, dict(env, TIERED_OPS_TUNE="0"), [], read=True)
-        read, rc = _collect(reader, "read")
-        t_read = time.perf_counter() - t2
-        if rc:
-            failed.append(f"read exit {rc} (see {out / 'read.log'})")
-        gained = row_count(url) - rows_before
-        twice_rows = duplicates(url)
+        reads = []
+        for j, dev in enumerate(readers):
+            rows_before, t2 = row_count(url), time.perf_counter()
+            pr = _start(args, everything, dev, f"read{j}", out, dict(env, TIERED_OPS_TUNE="0"), [], read=True)
+            got, rc = _collect(pr, f"read{j}")
+            reads.append((dev, got, row_count(url) - rows_before, time.perf_counter() - t2))
+            if rc:
+                failed.append(f"read{j} exit {rc} (see {out / f'read{j}.log'})")
+        t_read = time.perf_counter() - t1 - t_tune
+        per_bucket, twice_rows = stored(url)
     finally:
         if server is not None:
             server.stop()
-    return summarize(out, args, note, reader_dev, cases, tuned, read, gained, twice_rows, failed,
+    return summarize(out, args, note, cases, tuned, reads, per_bucket, twice_rows, failed,
                      dict(server_s=t_server, tune_s=t_tune, read_s=t_read, total_s=time.perf_counter() - t0))
 
 
-def summarize(out: Path, args: argparse.Namespace, note: str, reader_dev: str, cases: list[list[dict]],
-              tuned: list[tuple[list[dict], float]], read: list[dict], gained: int, twice_rows: dict,
-              failed: list[str], times: dict[str, float]) -> int:
+def summarize(out: Path, args: argparse.Namespace, note: str, cases: list[list[dict]],
+              tuned: list[tuple[list[dict], float]], reads: list[tuple[str, list[dict], int, float]],
+              per_bucket: Counter, twice_rows: dict, failed: list[str], times: dict[str, float]) -> int:
     """Check and write fleet.csv and fleet.md; the exit status."""
     import pandas as pd
 
     decided = {(d["op"], d["bucket"]): d for got, _ in tuned for d in got}
-    seen = {(d["op"], d["bucket"]): d for d in read}
     lost = [f"tune{i}: {c['op']} {c['shape']} not decided" for i, cs in enumerate(cases)
             for c in cs[len(tuned[i][0]):]]
-    lost += [f"{k[0]} {k[1]}: tuner chose {d['chosen']}, reader "
-             + (f"chose {seen[k]['chosen']}" if k in seen and seen[k]["stored"] else "found nothing stored")
-             for k, d in decided.items() if k not in seen or not seen[k]["stored"] or seen[k]["chosen"] != d["chosen"]]
+    for dev, read, _, _ in reads:
+        seen = {(d["op"], d["bucket"]): d for d in read}
+        lost += [f"{k[0]} {k[1]}: tuner chose {d['chosen']} on {d['device']}, reader on {dev} "
+                 + (f"chose {seen[k]['chosen']}" if k in seen and seen[k]["stored"] else "found nothing stored")
+                 for k, d in decided.items()
+                 if k not in seen or not seen[k]["stored"] or seen[k]["chosen"] != d["chosen"]]
     by_proc = [{(d["op"], d["bucket"]) for d in got if d["measured"]} for got, _ in tuned]
     twice = sorted({k for i, a in enumerate(by_proc) for b in by_proc[i + 1:] for k in a & b})
     twice_txt = [f"{k[0]} {k[1]}: measured by more than one process" for k in twice]
     twice_txt += [f"{' '.join(map(str, k))}: {v} rows" for k, v in sorted(twice_rows.items())]
-    reader_measured = sum(d["measured"] for d in read)
-    pd.DataFrame([d for got, _ in tuned for d in got] + read).to_csv(out / "fleet.csv", index=False)
+    reader_measured = sum(d["measured"] for _, read, _, _ in reads for d in read)
+    gained = sum(g for _, _, g, _ in reads)
+    pd.DataFrame([d for got, _ in tuned for d in got] + [d for _, read, _, _ in reads for d in read]
+                 ).to_csv(out / "fleet.csv", index=False)
     lines = [f"# fleet: {args.procs} tuning processes and a reader on one PostgreSQL store", "",
-             f"{note}; reader on {reader_dev}; ops {args.ops}" + (f"; implementations {args.impls}" if args.impls
-                                                                   else ""), "",
-             "| process | device | cases | buckets measured | measurements | seconds (end) |",
-             "|---|---|---|---|---|---|"]
+             f"{note}; readers on {', '.join(d for d, _, _, _ in reads)}; ops {args.ops}"
+             + (f"; implementations {args.impls}" if args.impls else ""), "",
+             "| process | device | cases | buckets measured here | measurements here | rows of its buckets "
+             "| seconds (end) |",
+             "|---|---|---|---|---|---|---|"]
     for i, (got, end) in enumerate(tuned):
         lines.append(f"| tune{i} | {got[0]['device'] if got else '-'} | {len(got)} of {len(cases[i])} | "
-                     f"{len(by_proc[i])} | {sum(d['measured'] for d in got)} | {end:.1f} |")
-    lines.append(f"| read | {reader_dev} | {len(read)} of {sum(map(len, cases))} | - | {reader_measured} "
-                 f"(+{gained} rows) | {times['read_s']:.1f} |")
+                     f"{len(by_proc[i])} | {sum(d['measured'] for d in got)} | "
+                     f"{sum(per_bucket[k] for k in {(d['op'], d['bucket']) for d in got})} | {end:.1f} |")
+    for j, (dev, read, rows, seconds) in enumerate(reads):
+        lines.append(f"| read{j} | {dev} | {len(read)} of {sum(map(len, cases))} | - | "
+                     f"{sum(d['measured'] for d in read)} | +{rows} while it ran | {seconds:.1f} (alone) |")
     lines += ["", f"decisions lost: {len(lost)}", *[f"- {x}" for x in lost],
               f"decisions made twice: {len(twice_txt)}", *[f"- {x}" for x in twice_txt],
-              f"reader measurements: {reader_measured} calls, {gained} rows gained",
+              f"readers' measurements: {reader_measured} calls, {gained} rows gained",
               *[f"failed: {x}" for x in failed], "",
               "wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())]
     text = "\n".join(lines) + "\n"

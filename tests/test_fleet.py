@@ -5,6 +5,7 @@ measures nothing. On a GPU host the same runs one process per GPU: ``bash script
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +37,7 @@ def test_two_processes_tune_disjoint_buckets_on_one_postgresql_store_and_a_reade
     assert (both.chosen == both.chosen_read).all(), both
     assert "decisions lost: 0" in summary and "decisions made twice: 0" in summary
     assert "0 calls, 0 rows gained" in summary
+    assert "| tune0 | cpu | 2 of 2 | 2 | 2 | 2 |" in summary, summary  # two buckets, one row each (eager)
 
 
 def _case(op: str, bucket: str, measured: int, process: str, chosen: str = "eager", stored: bool = True) -> dict:
@@ -46,7 +48,8 @@ def _case(op: str, bucket: str, measured: int, process: str, chosen: str = "eage
 def _summary(tmp_path, tuned, reads, twice_rows=None) -> tuple[int, str]:
     args = SimpleNamespace(procs=2, ops="softmax,gelu", impls=None)
     cases = [[dict(op="softmax", shape=[4, 32])], [dict(op="gelu", shape=[4, 32])]]
-    rc = fleet.summarize(tmp_path, args, "test", cases, tuned, reads, twice_rows or {}, [], {"total_s": 1.0})
+    rc = fleet.summarize(tmp_path, args, "test", cases, tuned, reads, Counter(), twice_rows or {}, [],
+                         {"total_s": 1.0})
     return rc, (tmp_path / "fleet.md").read_text()
 
 
