@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install and run the default benchmark sweep: on the GPU when there is one, else on the CPU.
+# Install and run the default benchmark sweep: on the GPU when there is one, else on the CPU. A host of several GPUs
+# spreads the cases over all of them, one worker process each into one store, and says so (--gpus 1 keeps to one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -6,6 +6,9 @@
 #                                         (92 MB as a wheel) unpacked and packed again as .whl-cutlass/*.tar.xz (61 MB;
 #                                         xz -9 takes minutes), and that split into three parts under
 #                                         .whl-cutlass/parts/ that each travel beside the tree
+#   bash scripts/fetch_peers.sh --pg      also a PostgreSQL server that travels into .whl-pg/ (15 MB): pgserver (a wheel
+#                                         holding PostgreSQL's binaries) and psycopg with its binary libpq, for
+#                                         scripts/gpu.sh fleet
 # Not fetched: what the GPU machine's Python already has (torch, cuda-bindings, einops, protobuf, typing-extensions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +20,9 @@ dl() {
     --platform manylinux2014_x86_64 -d "$dir" "$@"
 }
 dl .whl liger-kernel==0.8.5
+if [ "${1:-}" = --pg ]; then
+  dl .whl-pg pgserver==0.1.4 psycopg==3.3.9 psycopg-binary==3.3.9
+fi
 if [ "${1:-}" = --quack ]; then
   dl .whl-quack quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
     nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
@@ -33,4 +39,4 @@ if [ "${1:-}" = --quack ]; then
       > ".whl-cutlass/parts/nvidia_cutlass_dsl_libs_cu13-4.8.1.tar.xz.$k-of-3"
   done
 fi
-ls -la .whl .whl-quack .whl-cutlass 2>/dev/null || true
+ls -la .whl .whl-quack .whl-cutlass .whl-pg 2>/dev/null || true

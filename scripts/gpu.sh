@@ -19,6 +19,9 @@
 #                 stepprof (where a model step's time goes: host, kernels by family, the GPU's idle gaps),
 #                 compiled (decisions per call context), sol (benchmarks/speed_of_light.py: the kernels against the copy
 #                 bandwidth and the compilers at the cases of benchmarks/speed_of_light.json; SOL_ARGS adds to it),
+#                 fleet (benchmarks/fleet.py: two tuning processes, one per GPU, on disjoint buckets through one
+#                 PostgreSQL server started here from the carried .whl-pg/ wheels, then a reader with tuning off on each
+#                 GPU; into $OUT/fleet/; a 1-GPU host runs both processes on cuda:0 and says so; FLEET_ARGS adds to it),
 #                 peers (nothing: a call that carries one part of a peer tree, see below))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
 # under .whl-cutlass/, in parts), downloaded by scripts/fetch_peers.sh, are installed into $PEER_TMP/site
@@ -463,6 +466,27 @@ PY
         $PY scripts/diag/ncu_cases.py > "$OUT/ncu.txt" 2>&1 || rc=1
       grep -E "profiled case|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per" \
         "$OUT/ncu.txt" | head -60
+      ;;
+    fleet)
+      echo "== fleet: two tuning processes, one PostgreSQL store, a reader that measures nothing"
+      # The server and its driver travel as wheels (bash scripts/fetch_peers.sh --pg; carry .whl-pg), installed once
+      # per machine into $PEER_TMP/pg_site; the server's binaries run as postgres or nobody under root (tests/pgserver.py)
+      pgsite=$PEER_TMP/pg_site
+      if [ ! -d "$pgsite" ] && ls .whl-pg/*.whl > /dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$pgsite.part" .whl-pg/*.whl \
+          && mv "$pgsite.part" "$pgsite" && chmod -R a+rX "$pgsite" && echo "PostgreSQL wheels installed: $pgsite"
+      fi
+      if [ ! -x "$pgsite/pgserver/pginstall/bin/pg_ctl" ]; then
+        echo "fleet: no PostgreSQL here (run bash scripts/fetch_peers.sh --pg and carry .whl-pg)"; rc=1
+      else
+        ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
+        if [ "$ngpu" = 1 ]; then echo "fleet: one GPU on this host: both tuning processes on cuda:0"; fi
+        mkdir -p "$OUT/fleet"
+        PATH=$pgsite/pgserver/pginstall/bin:$PATH PYTHONPATH=$pgsite:$PYTHONPATH run_for "$(left)" \
+          $PY benchmarks/fleet.py --out "$OUT/fleet" ${FLEET_ARGS:-} 2>&1 \
+          | grep --line-buffered -v -E "UserWarning|warn_once|If it is a" | tee "$OUT/fleet/fleet.log" | tail -30
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      fi
       ;;
     peers) ;;  # a call that carries a peer part (above) and nothing more
     *) echo "unknown stage $stage"; rc=2 ;;
