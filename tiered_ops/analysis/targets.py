@@ -89,7 +89,8 @@ def _copy_fraction(t: dict, df: pd.DataFrame) -> list[str]:
              f"| op | shape | dtype | ours (impl) | % copy | {cols} | met |", "|---|---|---|---|---|" +
              "---|" * len(t["compare"]) + "---|"]
     if t.get("except_ops"):
-        lines[1:1] = ["", f"Not judged here: {', '.join(t['except_ops'])} ({t.get('except_why', 'not bound by copy')})."]
+        why = t.get("except_why", "not bound by copy")
+        lines[1:1] = ["", f"Not judged here: {', '.join(t['except_ops'])} ({why})."]
     for (op, shape, dtype), g in df[df["mode"] == t["mode"]].groupby(["op", "shape", "dtype"], sort=False):
         ours = _best(g, t["ours"], "frac_copy", highest=True)
         if g.bytes.max() < t["min_bytes"] or ours is None or op in t.get("except_ops", ()):
