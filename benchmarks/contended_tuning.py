@@ -48,6 +48,14 @@ def cases(ops: list[str], per_op: int, device_type: str) -> list[dict[str, Any]]
     return out
 
 
+def start_together(ready: list[str] | None) -> None:
+    """A barrier between processes started at once: touch the first file, wait until every other one exists."""
+    if ready:
+        Path(ready[0]).touch()
+        while not all(Path(p).exists() for p in ready[1:]):
+            time.sleep(0.01)
+
+
 def worker(args: argparse.Namespace) -> int:
     """One rank: tune every case (from its offset on), print one JSON line per decision."""
     import tiered_ops.decide.decide as decide
@@ -61,10 +69,7 @@ def worker(args: argparse.Namespace) -> int:
     else:
         dev = torch.device("cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    if args.ready:
-        Path(args.ready[0]).touch()
-        while not all(Path(p).exists() for p in args.ready[1:]):
-            time.sleep(0.01)
+    start_together(args.ready)
     for c in todo:
         t0 = time.perf_counter()
         sel = decide.select_backend(c["op"], tuple(c["shape"]), dtype, dev, tune=True, **c["kw"])

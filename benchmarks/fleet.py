@@ -38,6 +38,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from contended_tuning import start_together  # noqa: E402  (the same barrier as the contended-tuning benchmark)
 
 
 def devices_for(procs: int, given: str | None) -> tuple[list[str], str]:
@@ -100,10 +103,7 @@ def worker(args: argparse.Namespace) -> int:
         torch.cuda.set_device(dev)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     todo = json.loads(Path(args.cases).read_text())
-    if args.ready:
-        Path(args.ready[0]).touch()
-        while not all(Path(p).exists() for p in args.ready[1:]):
-            time.sleep(0.01)
+    start_together(args.ready)
     for c in todo:
         t0 = time.perf_counter()
         before = sum(counts.values())
