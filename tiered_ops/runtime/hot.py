@@ -44,3 +44,10 @@ def trace_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> str
     if _TRACE_IMPLS.get(name) is not impl:
         _TRACE_FNS[name], _TRACE_IMPLS[name] = hot_fn(spec, impl, device, mixed), impl
     return name
+
+
+def decomposition(name: str) -> bool:
+    """Whether the traced name ``trace_fn`` gave calls the op's eager tier with no promotion (its plain torch
+    decomposition)."""
+    parts = name.split(":")
+    return parts[1] == "eager" and parts[3] == "0"
