@@ -28,7 +28,7 @@ from ..decide.signature import check_tensors, describe, op_signature, stand_ins,
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
-from .hot import _TRACE_FNS, decomposition, hot_fn, trace_fn
+from .hot import _TRACE_FNS, DECOMPOSED, decomposition, hot_fn, trace_fn
 from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, remember, symbolic_key
 from .record import active, note
 
@@ -358,9 +358,10 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
 
 def traced_decomposes(key: tuple, described: tuple) -> bool:
     """``tiered_ops.<op>.decomposes`` while dynamo traces: whether a trace of the call (``key``: its key in context
-    1) runs the op's eager tier with no promotion, read as ``traced_call`` reads it (a primed name: the same guard on
-    ``_traced``, so a decision primed later traces the caller again; else ``trace_plan``'s constant). One function
-    for every op: its guards are shared by every call site. Symbolic sizes: False (the op's own path)."""
+    1) runs the op's plain torch decomposition (the eager or compile tier, no promotion), read as ``traced_call``
+    reads it (a primed name: the same guard on ``_traced``, so a decision primed later traces the caller again; else
+    ``trace_plan``'s constant). One function for every op: its guards are shared by every call site. Symbolic sizes:
+    False (the op's own path)."""
     if symbolic_key(key):
         return False
     name = _traced.get(key)
@@ -371,9 +372,10 @@ def traced_decomposes(key: tuple, described: tuple) -> bool:
 
 @assume_constant_result
 def plan_decomposes(key: tuple, described: tuple) -> bool:
-    """Whether ``trace_plan`` sends a trace of the call to the op's eager tier with no promotion: its plain torch
-    decomposition, which a patched module may trace in its original's own code instead (the same graph as stock's)."""
-    return trace_plan(key, described) == ("eager", False)
+    """Whether ``trace_plan`` sends a trace of the call to the op's plain torch decomposition (``hot.DECOMPOSED``) with
+    no promotion, which a patched module may trace in its original's own code instead (the same graph as stock's)."""
+    plan = trace_plan(key, described)
+    return plan is not None and plan[0] in DECOMPOSED and not plan[1]
 
 
 def _admitted(spec: OpSpec, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> Problem:

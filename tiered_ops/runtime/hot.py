@@ -46,8 +46,12 @@ def trace_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> str
     return name
 
 
+# the tiers whose code in a trace is the op's plain torch decomposition: eager, and compile (``tiers.Compiled`` calls
+# the eager function while dynamo traces: the caller's graph takes it in)
+DECOMPOSED = ("eager", "compile")
+
+
 def decomposition(name: str) -> bool:
-    """Whether the traced name ``trace_fn`` gave calls the op's eager tier with no promotion (its plain torch
-    decomposition)."""
+    """Whether the traced name ``trace_fn`` gave runs the op's plain torch decomposition with no promotion."""
     parts = name.split(":")
-    return parts[1] == "eager" and parts[3] == "0"
+    return parts[1] in DECOMPOSED and parts[3] == "0"
