@@ -8,6 +8,7 @@ with ``fullgraph=True``: dynamo's graph holds the stock graph's calls, plus the 
 
 import collections
 import copy
+import difflib
 
 import pytest
 import torch
@@ -94,3 +95,34 @@ def test_a_kernel_decision_traces_the_op(monkeypatch):
 def test_outside_a_trace_the_question_is_never_asked():
     x = torch.randn(4, 64)
     assert traced_as_original(tiered_ops.rms_norm, x, (64,)) is False
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypatch):
+    """No decision (the eager tier everywhere): Inductor's output code for the patched model's training step is the
+    stock model's, line for line once hashes and paths are left out (``benchmarks/compiled_graphs.normalized``)."""
+    import sys
+    from pathlib import Path
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.compiled_graphs import normalized
+
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # each compile writes its code
+    model = tiny("llama").to("cuda", dtype).train()
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=OPS, fuse_residual=True)
+    ids = torch.randint(0, 128, (2, 64), device="cuda")
+
+    def code(m: torch.nn.Module) -> list[str]:
+        torch._dynamo.reset()
+        step = torch.compile(lambda x: m(x, labels=x).loss, fullgraph=True)
+        _, codes = run_and_get_code(lambda: step(ids).backward())
+        return normalized("\n".join(codes))
+
+    want, got = code(stock), code(model)
+    assert got == want, "\n".join(difflib.unified_diff(want, got, lineterm="", n=0))
