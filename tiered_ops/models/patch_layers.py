@@ -111,15 +111,17 @@ def _syntax_of_source(source: str) -> str | None:
     return _syntax(ast.parse(source))
 
 
-_DYNAMO = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+# whether dynamo traces the caller (folded to True there): asked first at each call site, so that an eager call pays
+# one call of it (~15 ns) and not the question's argument packing (~100 ns)
+tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def traced_as_original(op: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
     """Whether dynamo traces this call of ``op`` (a public ``tiered_ops.<op>``) and would trace the op's plain torch
     decomposition there (its compiled-context decision, or no decision yet): the rewrite then traces the code it
     replaces instead, so Inductor gets stock's graph (its casts, its order; no check of ours) where no kernel of ours
-    runs. False outside a trace, at the cost of one call."""
-    return _DYNAMO() and op.decomposes(*args, **kwargs)
+    runs. False outside a trace. Call sites ask ``tracing() and traced_as_original(...)``."""
+    return tracing() and op.decomposes(*args, **kwargs)
 
 
 def same_syntax(fn: Any, source: str) -> bool:
@@ -160,11 +162,11 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
         # Gemma: (1 + w) in fp32, one rounding; Llama: normalized in fp32, rounded to x's dtype, then the weight (the
         # output promote(w, x)). Traced as the original's add and norm where the op would trace its decomposition.
         if gemma:
-            if not traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w, norm.eps,
-                                      weight_offset=1.0):
+            if not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w, norm.eps,
+                                                     weight_offset=1.0)):
                 return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
-        elif not traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w, norm.variance_epsilon,
-                                    cast_before_weight=True):
+        elif not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w,
+                                                   norm.variance_epsilon, cast_before_weight=True)):
             return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h
@@ -284,8 +286,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
     # to 2^-9) without writing the float32 copy of [N, V] logits, nor, in training, its float32 gradient
     flat, reduction = logits.reshape(-1, vocab_size), "mean" if num_items_in_batch is None else "sum"
     # asked with the labels in the targets' place (their shape once shifted, their dtype; another device: no)
-    if traced_as_original(cross_entropy, flat, (labels if shift_labels is None else shift_labels).reshape(-1),
-                          ignore_index, reduction, dtype=torch.float32):
+    if tracing() and traced_as_original(cross_entropy, flat,
+                                        (labels if shift_labels is None else shift_labels).reshape(-1),
+                                        ignore_index, reduction, dtype=torch.float32):
         # stock's loss traced (the two reshapes above are unused: dropped from the compiled graph)
         return _hf_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
     if shift_labels is None:
