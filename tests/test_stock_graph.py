@@ -126,3 +126,20 @@ def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypa
 
     want, got = code(stock), code(model)
     assert got == want, "\n".join(difflib.unified_diff(want, got, lineterm="", n=0))
+
+
+def test_the_compile_tier_leaves_the_process_donated_buffers_on():
+    """The compile tier's backward replays from a retained graph (the bwd timing): donated buffers are off for its
+    own compile, not for the process, so a model compiled after ``tune`` keeps stock's buffer reuse."""
+    import torch._functorch.config as fcfg
+
+    before = fcfg.donated_buffer
+    x = torch.randn(8, 64, requires_grad=True)
+    out = get_op("rms_norm").impls["compile"].fn(x, (64,))
+    dy = torch.randn_like(out)
+    first = torch.autograd.grad(out, x, dy, retain_graph=True)[0]
+    again = torch.autograd.grad(out, x, dy, retain_graph=True)[0]
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    want = torch.autograd.grad(torch.nn.functional.rms_norm(x, (64,)), x, dy)[0]
+    torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-5)
+    assert fcfg.donated_buffer == before is True
