@@ -87,6 +87,14 @@ def guards(compiled: Any, kwargs: dict[str, Any], train: bool, reps: int = 1000)
     return str(gm).count("\n"), statistics.median(times)
 
 
+def guard_text(compiled: Any) -> str:
+    """The guards of the first cache entry of ``own_compile``'s code, as torch prints them."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    entries = _debug_get_cache_entry_list(compiled._torchdynamo_orig_callable.__code__)
+    return str(entries[0].guard_manager) if entries else ""
+
+
 def kernel_table(fn: Callable[[], Any], calls: int) -> dict[str, tuple[float, float]]:
     """CUDA kernel name -> (launches, GPU us) per call, from torch.profiler over ``calls`` calls."""
     from torch.profiler import ProfilerActivity, profile
@@ -167,8 +175,9 @@ def main() -> int:
               f"{st['breaks']} breaks; Inductor: {st['defined']} kernels defined, {st['launched']} launched per call, "
               f"{st['buffers']} buffers, tiered_ops ops {st['tiered_ops']}, extern {st['externs']}; guards "
               f"{st['guards'][0]} lines, {st['guards'][1]:.1f} us/check", flush=True)
-        if args.save:  # the FX graphs and the output code
+        if args.save:  # the FX graphs, the output code and the guards
             Path(args.save).mkdir(parents=True, exist_ok=True)
+            Path(args.save, f"{name}.guards.txt").write_text(guard_text(compiled[name]))
             Path(args.save, f"{name}.fx.py").write_text("\n\n".join(g.code for g in graphs))
             Path(args.save, f"{name}.inductor.py").write_text(codes[name])
     ref = next(iter(stats))

@@ -111,6 +111,19 @@ def _syntax_of_source(source: str) -> str | None:
     return _syntax(ast.parse(source))
 
 
+# whether dynamo traces the caller (folded to True there): asked first at each call site, so that an eager call pays
+# one call of it (~15 ns) and not the question's argument packing (~100 ns)
+tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+
+
+def traced_as_original(op: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Whether dynamo traces this call of ``op`` (a public ``tiered_ops.<op>``) and would trace the op's plain torch
+    decomposition there (its compiled-context decision, or no decision yet): the rewrite then traces the code it
+    replaces instead, so Inductor gets stock's graph (its casts, its order; no check of ours) where no kernel of ours
+    runs. False outside a trace. Call sites ask ``tracing() and traced_as_original(...)``."""
+    return tracing() and op.decomposes(*args, **kwargs)
+
+
 def same_syntax(fn: Any, source: str) -> bool:
     """Whether function ``fn`` (unwrapped) is the code of ``source`` (see above)."""
     mine = _syntax_of(fn) if callable(fn) else None
@@ -146,10 +159,15 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
             and w.dtype in (x.dtype, torch.float32)):
         # the sum's operands in the original's order (residual + x): the same bits either way, but a traced graph is
         # then the original's, and Inductor plans the same kernels and buffers for it
-        if gemma:  # (1 + w) in fp32, one rounding
-            return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
-        # normalized in fp32, rounded to x's dtype, then the weight (the output promote(w, x))
-        return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
+        # Gemma: (1 + w) in fp32, one rounding; Llama: normalized in fp32, rounded to x's dtype, then the weight (the
+        # output promote(w, x)). Traced as the original's add and norm where the op would trace its decomposition.
+        if gemma:
+            if not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w, norm.eps,
+                                                     weight_offset=1.0)):
+                return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
+        elif not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w,
+                                                   norm.variance_epsilon, cast_before_weight=True)):
+            return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h
 
@@ -245,20 +263,38 @@ def _hf_causal_lm_loss() -> Callable[..., torch.Tensor]:
     return ForCausalLMLoss
 
 
+def _hf_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """transformers' ForCausalLMLoss itself (kept in a global: dynamo warns of a call through an lru_cache)."""
+    global _HF_LOSS
+    if _HF_LOSS is None:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        _HF_LOSS = ForCausalLMLoss
+    return _HF_LOSS(*args, **kwargs)
+
+
+_HF_LOSS: Callable[..., torch.Tensor] | None = None
+
+
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
                    num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = -100,
                    shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """transformers' ForCausalLMLoss through tiered_ops.cross_entropy (a float32 loss)."""
     if logits.dtype not in _DTYPES:
-        return _hf_causal_lm_loss()(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels,
-                                    **kwargs)
+        return _hf_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
     # transformers upcasts the logits to float32 first; dtype=float32 gives that loss (a bf16 loss would round it by up
     # to 2^-9) without writing the float32 copy of [N, V] logits, nor, in training, its float32 gradient
+    flat, reduction = logits.reshape(-1, vocab_size), "mean" if num_items_in_batch is None else "sum"
+    # asked with the labels in the targets' place (their shape once shifted, their dtype; another device: no)
+    if tracing() and traced_as_original(cross_entropy, flat,
+                                        (labels if shift_labels is None else shift_labels).reshape(-1),
+                                        ignore_index, reduction, dtype=torch.float32):
+        # stock's loss traced (the two reshapes above are unused: dropped from the compiled graph)
+        return _hf_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     target = shift_labels.reshape(-1).to(logits.device)
-    loss = cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index,
-                         "mean" if num_items_in_batch is None else "sum", dtype=torch.float32)
+    loss = cross_entropy(flat, target, ignore_index, reduction, dtype=torch.float32)
     if num_items_in_batch is None:
         return loss
     if torch.is_tensor(num_items_in_batch):
@@ -287,6 +323,8 @@ def loss_plan(m: nn.Module) -> bool | str | None:
 
 def route_loss(m: nn.Module) -> str:
     """Route ``m``'s loss through causal_lm_loss; returns the description ``patched`` gives."""
+    global _HF_LOSS
+    _HF_LOSS = _hf_causal_lm_loss()  # what a trace of causal_lm_loss may call (``_hf_loss``)
     m._loss_function = causal_lm_loss
     m.__dict__[LOSS_MARK] = ("loss_function -> tiered_ops.cross_entropy (ForCausalLMLoss: shift, ignore_index, "
                              "num_items)")

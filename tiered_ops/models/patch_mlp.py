@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import same_syntax
+from .patch_layers import same_syntax, traced_as_original, tracing
 from .swap import original_class
 
 swiglu = public("swiglu")
@@ -72,7 +72,12 @@ def activation_of(act: nn.Module) -> str | None:
 
 
 def _mlp(self: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
-    gate, up = self.gate_proj(x), self.up_proj(x)
+    gate = self.gate_proj(x)
+    if tracing() and gate.dtype in _DTYPES and traced_as_original(swiglu, gate, gate, activation):
+        # traced as the original, in its order (up_proj after the activation); gate stands in for up in the question
+        # (the op takes only an up of gate's shape and dtype)
+        return self.down_proj(self.act_fn(gate) * self.up_proj(x))
+    up = self.up_proj(x)
     if gate.dtype in _DTYPES and up.dtype == gate.dtype and up.shape == gate.shape:
         return self.down_proj(swiglu(gate, up, activation))
     return self.down_proj(self.act_fn(gate) * up)

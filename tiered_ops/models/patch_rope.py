@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import same_syntax
+from .patch_layers import same_syntax, traced_as_original, tracing
 from .swap import install_routed, original_class
 
 rotary_embedding = public("rotary_embedding")
@@ -90,7 +90,8 @@ def _rope_call(original: Callable[..., Any], partial: bool) -> Callable[..., Any
     """apply_rotary_pos_emb through tiered_ops.rotary_embedding, ``original`` for a call the op does not take."""
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                              unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        if not _takes(q, k, cos, sin, unsqueeze_dim, partial):
+        if not _takes(q, k, cos, sin, unsqueeze_dim, partial) or (
+                tracing() and traced_as_original(rotary_embedding, q, k, cos, sin)):
             return original(q, k, cos, sin, unsqueeze_dim)
         return rotary_embedding(q, k, cos, sin)
 

@@ -25,7 +25,8 @@ class back. Swapped:
 
 A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
 bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
-Hugging Face RMSNorms, which their forms take). transformers is imported only
+Hugging Face RMSNorms, which their forms take), and, while dynamo traces it, where the op would trace its plain torch
+decomposition (``patch_layers.traced_as_original``): Inductor then gets stock's graph. transformers is imported only
 when the model holds one of its classes.
 """
 
@@ -42,7 +43,16 @@ from torch import nn
 from ..runtime.dispatch import public
 from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
-from .patch_layers import LOSS_MARK, decoder_plan, loss_plan, norm_form, route_loss, unroute_loss
+from .patch_layers import (
+    LOSS_MARK,
+    decoder_plan,
+    loss_plan,
+    norm_form,
+    route_loss,
+    traced_as_original,
+    tracing,
+    unroute_loss,
+)
 from .patch_mlp import hf_gelu_form as _hf_gelu_form
 from .patch_mlp import mlp_plan
 from .patch_qk_norm import install as install_qk_norm
@@ -103,52 +113,56 @@ def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
 
 
 def _layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(input, self.weight, self.bias):
+    if not _same_dtype(input, self.weight, self.bias) or tracing() and traced_as_original(
+            layer_norm, input, self.normalized_shape, self.weight, self.bias, self.eps):
         return _fallback(self, input)
     return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(x, self.weight):
+    if not _same_dtype(x, self.weight) or tracing() and traced_as_original(rms_norm, x, self.normalized_shape,
+                                                                           self.weight, self.eps):
         return _fallback(self, x)
     return rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     x, w = hidden_states, self.weight
-    if x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.float32):
+    if x.dtype not in _DTYPES or w.dtype not in (x.dtype, torch.float32) or tracing() and traced_as_original(
+            rms_norm, x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True):
         return _fallback(self, x)
     # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
     return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
 
 
 def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype not in _DTYPES or self.weight.dtype not in (x.dtype, torch.float32):
+    if x.dtype not in _DTYPES or self.weight.dtype not in (x.dtype, torch.float32) or tracing() and traced_as_original(
+            rms_norm, x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0):
         return _fallback(self, x)
     # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
     return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
 
 
 def _nn_gelu_forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
-    if input.dtype not in _DTYPES:
+    if input.dtype not in _DTYPES or tracing() and traced_as_original(gelu, input, None, self.approximate):
         return _fallback(self, input)
     return gelu(input, None, self.approximate)
 
 
 def _gelu_erf_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    if input.dtype not in _DTYPES:
+    if input.dtype not in _DTYPES or tracing() and traced_as_original(gelu, input, None, "none"):
         return _fallback(self, input)
     return gelu(input, None, "none")
 
 
 def _gelu_tanh_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    if input.dtype not in _DTYPES:
+    if input.dtype not in _DTYPES or tracing() and traced_as_original(gelu, input, None, "tanh"):
         return _fallback(self, input)
     return gelu(input, None, "tanh")
 
 
 def _softmax_forward(self: nn.Softmax, input: torch.Tensor) -> torch.Tensor:
-    if input.dtype not in _DTYPES:
+    if input.dtype not in _DTYPES or tracing() and traced_as_original(softmax, input, self.dim):
         return _fallback(self, input)
     return softmax(input, self.dim)
 

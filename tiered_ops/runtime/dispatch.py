@@ -28,7 +28,7 @@ from ..decide.signature import check_tensors, describe, op_signature, stand_ins,
 from ..registry import CONTEXTS, DTYPE_NAMES, Context, OpSpec, Problem, needs_promotion
 from ..tiers import cuda_ext
 from ..tiers.catalog import get_op
-from .hot import _TRACE_FNS, hot_fn, trace_fn
+from .hot import _TRACE_FNS, DECOMPOSED, decomposition, hot_fn, trace_fn
 from .memo import _calls, _hot, _traced, _traced_buckets, bucket_key, remember, symbolic_key
 from .record import active, note
 
@@ -222,6 +222,7 @@ def _traceable(cached: Callable[..., Any]) -> bool:
 
 
 _PUBLIC: dict[str, Callable[..., Any]] = {}
+_PROBES: dict[str, Any] = {}  # the globals of every op's ``decomposes`` (make_public)
 # Whether the current CUDA stream is capturing a graph: the C function itself where torch has CUDA (the hot path
 # asks only for a CUDA tensor, whose device is initialized), torch's wrapper otherwise.
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
@@ -288,6 +289,15 @@ def make_public(spec: OpSpec) -> Callable[..., Any]:
     ns.update(_cached=_cached, _hot=_hot, _KW=g.kwnames)
     exec(compile(src, f"<tiered_ops.{spec.name}>", "exec"), ns)  # noqa: S102 (generated from the declaration)
     fn = ns[spec.name]
+    # ``decomposes``: whether a trace of the call (its key, context 1) runs the op's plain torch decomposition. Every
+    # op's in one namespace (its defaults bound when defined): a trace reading its globals guards them once, not per op
+    probe = f'''def decomposes({g.params}):
+    _dev = {g.first}.get_device()
+    return _decomposes(({spec.name!r}, {g.key}, _grad() and ({req}), 1), ({describe(spec)},))
+'''
+    _PROBES.update(g.ns, _grad=torch.is_grad_enabled, _decomposes=traced_decomposes)
+    exec(compile(probe, f"<tiered_ops.{spec.name}.decomposes>", "exec"), _PROBES)  # noqa: S102 (as above)
+    fn.decomposes = _PROBES.pop("decomposes")
     fn.__module__, fn.__qualname__ = "tiered_ops", spec.name
     fn.__doc__ = (f"{spec.name}{inspect.signature(spec.reference)}: through the implementation selected for the "
                   "call's shapes, dtype, device, mode (training when grad is on and an input requires it), context.\n\n"
@@ -344,6 +354,28 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
         note(spec, problem, x.dtype, mode, x.device, Context.COMPILED, (key[:-1], mixed))
     return trace_choice(spec.name, spec.bucket(problem), problem.shape, problem.params, DTYPE_NAMES[x.dtype],
                         str(x.device), mode), mixed
+
+
+def traced_decomposes(key: tuple, described: tuple) -> bool:
+    """``tiered_ops.<op>.decomposes`` while dynamo traces: whether a trace of the call (``key``: its key in context
+    1) runs the op's plain torch decomposition (the eager or compile tier, no promotion), read as ``traced_call``
+    reads it (a primed name: the same guard on ``_traced``, so a decision primed later traces the caller again; else
+    ``trace_plan``'s constant). One function for every op: its guards are shared by every call site. Symbolic sizes:
+    False (the op's own path)."""
+    if symbolic_key(key):
+        return False
+    name = _traced.get(key)
+    if name is not None:
+        return decomposition(name)
+    return plan_decomposes(key, described)
+
+
+@assume_constant_result
+def plan_decomposes(key: tuple, described: tuple) -> bool:
+    """Whether ``trace_plan`` sends a trace of the call to the op's plain torch decomposition (``hot.DECOMPOSED``) with
+    no promotion, which a patched module may trace in its original's own code instead (the same graph as stock's)."""
+    plan = trace_plan(key, described)
+    return plan is not None and plan[0] in DECOMPOSED and not plan[1]
 
 
 def _admitted(spec: OpSpec, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> Problem:

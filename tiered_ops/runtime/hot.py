@@ -44,3 +44,14 @@ def trace_fn(spec: OpSpec, impl: Impl, device: torch.device, mixed: bool) -> str
     if _TRACE_IMPLS.get(name) is not impl:
         _TRACE_FNS[name], _TRACE_IMPLS[name] = hot_fn(spec, impl, device, mixed), impl
     return name
+
+
+# the tiers whose code in a trace is the op's plain torch decomposition: eager, and compile (``tiers.Compiled`` calls
+# the eager function while dynamo traces: the caller's graph takes it in)
+DECOMPOSED = ("eager", "compile")
+
+
+def decomposition(name: str) -> bool:
+    """Whether the traced name ``trace_fn`` gave runs the op's plain torch decomposition with no promotion."""
+    parts = name.split(":")
+    return parts[1] in ("eager", "compile") and parts[3] == "0"  # DECOMPOSED, a literal: traced, no guard reads it

@@ -185,15 +185,22 @@ class Compiled:
             # silently run eager instead, so the compile tier's timings would be eager's.
             dcfg.recompile_limit = max(dcfg.recompile_limit, 256)
             dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 4096)
-            # The bwd mode times a backward replayed from a retained graph; a backward compiled with donated
-            # buffers refuses retain_graph=True.
-            import torch._functorch.config as fcfg
-
-            fcfg.donated_buffer = False
             # dynamic=False: one specialized graph per shape, as a model with fixed shapes gets. With the
             # default, the first recompile turns dims dynamic and later shapes get generic, slower kernels.
-            self._compiled = torch.compile(self.fn, dynamic=False)
+            self._compiled = torch.compile(self.fn, dynamic=False, backend=_inductor_without_donated_buffers)
         return self._compiled(*args, **kwargs)
+
+
+def _inductor_without_donated_buffers(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    """Inductor with functorch's donated buffers off for this compile only. The bwd mode times a backward replayed
+    from a retained graph, which a backward compiled with donated buffers refuses (retain_graph=True); set for the
+    whole process, the flag also took from every model compiled later in it (a user's, after ``tune``) the backward's
+    reuse of saved buffers that stock's compile has (the loss backward writing the logits' gradient over them)."""
+    import torch._functorch.config as fcfg
+    from torch._inductor.compile_fx import compile_fx
+
+    with fcfg.patch(donated_buffer=False):
+        return compile_fx(gm, example_inputs)
 
 
 def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: Callable[[], str | None]

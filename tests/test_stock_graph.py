@@ -1,0 +1,145 @@
+"""A patched model under torch.compile gives the compiler stock's graph where every compiled-context decision is the
+op's plain torch decomposition (``patch_layers.traced_as_original``): the forwards trace the code they replaced, so
+nothing of ours (a cast order, a target check) reaches Inductor; and a decision for a kernel still calls the op.
+
+A tiny Llama and Gemma in training (the loss through ``cross_entropy``, the residual add + RMSNorm fused), compiled
+with ``fullgraph=True``: dynamo's graph holds the stock graph's calls, plus the two reshapes the loss asks with
+(unused: AOT drops them), and the loss and every gradient equal stock's."""
+
+import collections
+import copy
+import difflib
+
+import pytest
+import torch
+from test_patch import needs_hf, tiny
+from torch._dynamo.utils import counters
+
+import tiered_ops
+from tiered_ops.models.patch_layers import traced_as_original
+from tiered_ops.models.patching import PATCHABLE_OPS
+from tiered_ops.registry import Impl, Tier
+from tiered_ops.runtime import dispatch
+from tiered_ops.tiers.catalog import get_op
+
+OPS = [o for o in PATCHABLE_OPS if o != "linear_cross_entropy"]  # the loss through cross_entropy (logits kept)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(private_decisions):
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _calls(model: torch.nn.Module, ids: torch.Tensor) -> tuple[collections.Counter, torch.Tensor]:
+    """The FX calls of dynamo's one graph of a training step, and its loss (backward run)."""
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append(gm)
+        return gm.forward
+
+    loss = torch.compile(lambda m, x: m(x, labels=x).loss, fullgraph=True, backend=backend)(model, ids)
+    loss.backward()
+    assert len(graphs) == 1 and dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    return collections.Counter(str(n.target) for n in graphs[0].graph.nodes
+                               if n.op in ("call_function", "call_method", "call_module")), loss
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_a_patched_training_step_traces_stock_graph(family):
+    model = tiny(family).train()
+    stock = copy.deepcopy(model)
+    report = tiered_ops.patch(model, ops=OPS, fuse_residual=True)
+    assert any("fused_add_rms_norm" in s.replacement for s in report.swapped), str(report)
+    assert any("cross_entropy" in s.replacement for s in report.swapped if s.path == ""), str(report)
+    ids = torch.randint(0, 128, (2, 8))
+    want, ref = _calls(stock, ids)
+    torch._dynamo.reset()
+    got, loss = _calls(model, ids)
+    extra, missing = got - want, want - got
+    assert not missing and extra == collections.Counter(reshape=2), (extra, missing)
+    assert not any("_assert_async" in k for k in got)
+    torch.testing.assert_close(loss, ref, rtol=0, atol=0)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=0, msg=name)
+
+
+@needs_hf
+def test_a_kernel_decision_traces_the_op(monkeypatch):
+    """A trace whose decision names another tier than the decomposition calls the op (here a stand-in tier that
+    counts its calls), not the original code."""
+    spec = get_op("rms_norm")
+    called = []
+    eager = spec.impls["eager"]
+    other = Impl("other", Tier.TRITON, lambda *a, **k: called.append(1) or eager.fn(*a, **k), (spec.source,))
+    monkeypatch.setattr(spec, "impls", {"eager": eager, "other": other})
+    real = dispatch.trace_plan
+    monkeypatch.setattr(dispatch, "trace_plan", lambda key, described: ("other", False) if key[0] == "rms_norm"
+                        else real(key, described))
+    model = tiny("llama").eval()
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=["rms_norm"])
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+        want = stock(ids).logits
+    assert len(called) == 5  # two norms per layer and the final one, each traced once
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_outside_a_trace_the_question_is_never_asked():
+    x = torch.randn(4, 64)
+    assert traced_as_original(tiered_ops.rms_norm, x, (64,)) is False
+
+
+@needs_hf
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypatch):
+    """No decision (the eager tier everywhere): Inductor's output code for the patched model's training step is the
+    stock model's, line for line once hashes and paths are left out (``benchmarks/compiled_graphs.normalized``)."""
+    import sys
+    from pathlib import Path
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.compiled_graphs import normalized
+
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # each compile writes its code
+    model = tiny("llama").to("cuda", dtype).train()
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=OPS, fuse_residual=True)
+    ids = torch.randint(0, 128, (2, 64), device="cuda")
+
+    def code(m: torch.nn.Module) -> list[str]:
+        torch._dynamo.reset()
+        step = torch.compile(lambda x: m(x, labels=x).loss, fullgraph=True)
+        _, codes = run_and_get_code(lambda: step(ids).backward())
+        return normalized("\n".join(codes))
+
+    want, got = code(stock), code(model)
+    assert got == want, "\n".join(difflib.unified_diff(want, got, lineterm="", n=0))
+
+
+def test_the_compile_tier_leaves_the_process_donated_buffers_on():
+    """The compile tier's backward replays from a retained graph (the bwd timing): donated buffers are off for its
+    own compile, not for the process, so a model compiled after ``tune`` keeps stock's buffer reuse."""
+    import torch._functorch.config as fcfg
+
+    before = fcfg.donated_buffer
+    x = torch.randn(8, 64, requires_grad=True)
+    out = get_op("rms_norm").impls["compile"].fn(x, (64,))
+    dy = torch.randn_like(out)
+    first = torch.autograd.grad(out, x, dy, retain_graph=True)[0]
+    again = torch.autograd.grad(out, x, dy, retain_graph=True)[0]
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    want = torch.autograd.grad(torch.nn.functional.rms_norm(x, (64,)), x, dy)[0]
+    torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-5)
+    assert fcfg.donated_buffer == before is True
