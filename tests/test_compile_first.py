@@ -98,10 +98,9 @@ def test_patch_compile_call_with_a_fresh_store(family, monkeypatch):
     _assert_one_graph(_run(_compile(model), ids), _stock(stock, ids))
     assert asked and {c for _, c, _ in asked} == {"compiled"}, asked
     ops = {k[0] for k, _, _ in asked}
-    # gemma's gelu: with swiglu undecided its MLP traces as the original's, through its act_fn (a swapped GELU)
+    # gemma's MLP, with swiglu undecided, traces as the original's with its activation's own forward: no gelu asked
     want = {"gpt2": {"layer_norm", "gelu"}, "llama": {"rms_norm", "rotary_embedding", "swiglu"},
-            "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"},
-            "gemma": {"rms_norm", "rotary_embedding", "swiglu", "gelu"}}
+            "qwen3": {"rms_norm", "qk_norm_rope", "swiglu"}, "gemma": {"rms_norm", "rotary_embedding", "swiglu"}}
     assert ops == want[family], asked
     assert not any(k[-1] == "compiled" for k in table.current()), "a miss caches no decision"
 

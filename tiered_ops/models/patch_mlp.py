@@ -75,8 +75,11 @@ def _mlp(self: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
     gate = self.gate_proj(x)
     if tracing() and gate.dtype in _DTYPES and traced_as_original(swiglu, gate, gate, activation):
         # traced as the original, in its order (up_proj after the activation); gate stands in for up in the question
-        # (the op takes only an up of gate's shape and dtype)
-        return self.down_proj(self.act_fn(gate) * self.up_proj(x))
+        # (the op takes only an up of gate's shape and dtype). The activation's own forward, not a patched one's: the
+        # swiglu decision covers it (tune records swiglu's call, never the activation's, so a patched GELU would find
+        # no decision of its own here)
+        act = original_class(self.act_fn).forward(self.act_fn, gate)
+        return self.down_proj(act * self.up_proj(x))
     up = self.up_proj(x)
     if gate.dtype in _DTYPES and up.dtype == gate.dtype and up.shape == gate.shape:
         return self.down_proj(swiglu(gate, up, activation))
