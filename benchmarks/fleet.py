@@ -13,7 +13,8 @@ cuda:0 reads what was decided on cuda:1 and the other way round).
 Checked and written under ``--out`` (fleet.csv: one row per case and process; fleet.md: the summary):
 - lost: a case a tuning process did not decide, or whose decision a reader does not find stored (the reader's
   pick differs from the tuner's, or the reader falls back to "no stored decision");
-- made twice: a bucket both tuning processes measured, or a (bucket, implementation) with more than one row;
+- made twice: a bucket both tuning processes measured, or a (bucket, implementation) timed more than once (rows of
+  distinct timings: a gate's outcome stored as a second row of the same timing is one measurement);
 - per tuning process, the measurements it made itself and the rows its buckets hold (on a GPU, blocking tuning hands a
   missing bucket to background tuning's worker by default, TIERED_OPS_BLOCKING_ASIDE: there the rows tell);
 - the reader's measurements: the measuring calls it made plus the rows the store gained while it ran (both 0).
@@ -158,8 +159,26 @@ def stored(url: str) -> tuple[Counter, dict[tuple, int]]:
         rows = store.rows()
     finally:
         store.close()
-    n = Counter((r["op"], r["bucket"], r["dtype"], r["mode"], r["context"], r["device_key"], r["impl"]) for r in rows)
-    return Counter((r["op"], r["bucket"]) for r in rows), {k: v for k, v in n.items() if v > 1}
+    return Counter((r["op"], r["bucket"]) for r in rows), measured_twice(rows)
+
+
+TIMING = ("p20_us", "p50_us", "p80_us", "caller_us")
+
+
+def measured_twice(rows: list[dict]) -> dict[tuple, int]:
+    """Each (op, bucket, dtype, mode, context, device, implementation) timed more than once: its rows' distinct
+    timings. A row stored again with the timing it had (background tuning times a compiled tier ungated, then stores
+    its gate's outcome as a second row of the same timing) is one measurement; a launch-bound bucket's host times taken
+    again side by side (``recheck``'s origin) are a second look by design, not a second decision."""
+    from tiered_ops.measure.recheck import ORIGIN
+
+    timings: dict[tuple, set] = {}
+    for r in rows:
+        if str(r.get("origin") or "").startswith(ORIGIN):
+            continue
+        key = (r["op"], r["bucket"], r["dtype"], r["mode"], r["context"], r["device_key"], r["impl"])
+        timings.setdefault(key, set()).add(tuple(r.get(c) for c in TIMING))
+    return {k: len(v) for k, v in timings.items() if len(v) > 1}
 
 
 def row_count(url: str) -> int:
@@ -261,7 +280,7 @@ def summarize(out: Path, args: argparse.Namespace, note: str, cases: list[list[d
     by_proc = [{(d["op"], d["bucket"]) for d in got if d["measured"]} for got, _ in tuned]
     twice = sorted({k for i, a in enumerate(by_proc) for b in by_proc[i + 1:] for k in a & b})
     twice_txt = [f"{k[0]} {k[1]}: measured by more than one process" for k in twice]
-    twice_txt += [f"{' '.join(map(str, k))}: {v} rows" for k, v in sorted(twice_rows.items())]
+    twice_txt += [f"{' '.join(map(str, k))}: timed {v} times" for k, v in sorted(twice_rows.items())]
     reader_measured = sum(d["measured"] for _, read, _, _ in reads for d in read)
     gained = sum(g for _, _, g, _ in reads)
     pd.DataFrame([d for got, _ in tuned for d in got] + [d for _, read, _, _ in reads for d in read]

@@ -13,6 +13,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import fleet  # noqa: E402
+from tiered_ops.measure import recheck  # noqa: E402
 
 
 def test_two_processes_tune_disjoint_buckets_on_one_postgresql_store_and_a_reader_measures_nothing(pg_url, tmp_path):
@@ -71,3 +72,15 @@ def test_the_summary_fails_on_a_lost_decision_a_bucket_measured_twice_or_a_reade
     # the reader measured
     rc, text = _summary(tmp_path, [([a], 1.0), ([b], 1.0)], [("cpu", ok[0][1], 1, 0.1)])
     assert rc == 1 and "1 rows gained" in text, text
+
+
+def test_a_gates_outcome_stored_again_is_one_measurement_a_second_timing_is_two():
+    def row(impl: str, p50: float, **kw) -> dict:
+        return dict(op="softmax", bucket="[4,32]", dtype="fp32", mode="fwd_nograd", context="eager", device_key="cpu",
+                    impl=impl, p20_us=p50 - 1, p50_us=p50, p80_us=p50 + 1, caller_us=p50 + 2, **kw)
+
+    key = ("softmax", "[4,32]", "fp32", "fwd_nograd", "eager", "cpu", "triton")
+    timed, gated = row("triton", 10.0, ok=0), row("triton", 10.0, ok=1)  # timed ungated, then its gate's outcome
+    side = row("triton", 9.0, origin=recheck.ORIGIN + "eager")  # a launch-bound bucket's host times taken again
+    assert fleet.measured_twice([timed, gated, side, row("eager", 12.0)]) == {}
+    assert fleet.measured_twice([timed, gated, row("triton", 11.0)]) == {key: 2}
