@@ -49,7 +49,7 @@ from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.rows import contended
 from ..store.store import Store
 from . import provisional
-from .choice import GATED_LAST, MEASURE_ORDER, gate_in_turn
+from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
@@ -153,17 +153,19 @@ def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 key5: tuple[str, str, str, str, str]) -> list[dict]:
-    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.gate_in_turn``); the
-    bucket's newest rows after."""
+    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
+    rows passed over stored as never chosen; the bucket's newest rows after."""
     fp = fingerprint(device)
-
-    def run_gate(impl: Impl, row: dict, _named_by: str, _waiting: dict) -> bool:
+    turns = GateTurns(spec, dtype, device, store)
+    rows = store.latest(*key5)
+    while (turn := turns.next(rows)) is not None:
+        impl, row = turn[:2]
         edges = stored_edges(store, spec, impl, dtype, fp, mode)
         done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
         store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
-        return True
-
-    gate_in_turn(spec, lambda: store.latest(*key5), run_gate, lambda r: store.add([r]), dtype, device, store)
+        rows = store.latest(*key5)
+    for r in turns.passed_over:
+        store.add([r])
     return store.latest(*key5)
 
 
