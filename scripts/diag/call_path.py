@@ -2,8 +2,9 @@
 of ``tiered_ops.rms_norm(x, (H,), w)`` on the CPU after its signature was decided, from the call path's entry to the
 launch of the implementation (the first frame of ``tiered_ops/ops``, ``triton_src`` or ``cuda_src``; ``--full``: to
 the call's return); (b) a miss, the tuner deciding a new bucket (blocking tuning, an empty store): ``seam.ask`` from
-its call to its return, measuring and publishing included; the store is opened before (a process opens it once, at
-its first miss: ``--first-miss`` follows that one, the opening and the schema's migrations included).
+its call to its return, measuring and publishing included; the store is opened and the device's fingerprint made
+before (a process does each once, at its first miss, the fingerprint cached per device: ``--first-miss`` follows
+that one, the opening, the schema's migrations and the fingerprint included).
 
 Our modules: those named ``tiered_ops.*``, ``triton_src.*``, ``cuda_src.*`` (a generated function, whose globals name
 no module, counts as the module that generated it: ``tiered_ops.runtime.dispatch`` for ``tiered_ops.<op>``,
@@ -167,11 +168,13 @@ def miss(opaque: tuple[str, ...], level: str, first: bool = False) -> dict:
 
     import tiered_ops
     from tiered_ops.decide.decide import get_store
+    from tiered_ops.measure.fingerprint import fingerprint
 
     x, w = torch.randn(16, 128), torch.randn(128)  # a bucket no call decided yet
     tiered_ops.set_tuning(True)
     if not first:
         get_store()  # opened as at any miss but a process's first (and as after --hit)
+        fingerprint(x.device).key  # made once per process and device (cached), as at any miss but the first
     return follow(lambda: tiered_ops.rms_norm(x, (128,), w), start="tiered_ops.decide.seam.ask", opaque=opaque,
                   level=level)
 
@@ -197,7 +200,8 @@ def main() -> None:
     p.add_argument("--miss", action="store_true", help="the miss only")
     p.add_argument("--full", action="store_true", help="the hit to the call's return, not to the launch")
     p.add_argument("--first-miss", action="store_true",
-                   help="the miss as a process's first: the store opened inside it (never after --hit, which opens it)")
+                   help="the miss as a process's first: the store opened and the device's fingerprint made inside it "
+                        "(never after --hit, which opens the store)")
     p.add_argument("--limit", type=int, default=400, help="sequence steps printed at most")
     p.add_argument("--json", action="store_true", help="the results as JSON")
     p.add_argument("--level", choices=("module", "package"), default="module",

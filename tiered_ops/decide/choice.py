@@ -107,25 +107,47 @@ def never_chosen(row: dict, chosen: str) -> dict:
                                   "(never chosen)")
 
 
+class GateTurns:
+    """The gates of one case, in turn: each candidate timed without its gate that a choice among ``policies`` would
+    name if it were correct (``next_gate``). ``next(rows)``, given the case's newest rows (read again after each
+    gate), says which to gate next, or None when done; a candidate is gated once (a gated row that comes back not
+    fresh here, built in another environment, is not asked for again). Once every choice names a gated row, the rows
+    still waiting are in ``passed_over``, as never chosen, for the caller to store. A caller that gates in its own
+    loop asks this, and this never calls back into it."""
+
+    def __init__(self, spec: OpSpec, dtype: torch.dtype, device: torch.device, store: Store,
+                 policies: tuple[str, ...] = ("fastest",)) -> None:
+        self.spec, self.dtype, self.device, self.store, self.policies = spec, dtype, device, store, policies
+        self.tried: set[str] = set()
+        self.passed_over: list[dict] = []
+
+    def next(self, rows: list[dict]) -> tuple[Impl, dict, str, dict] | None:
+        """(the implementation to gate, its row, the choice that names it, the rows waiting for their gate), or None
+        when every choice names a gated row (``passed_over`` then holds the rows never chosen)."""
+        impl, named_by, waiting = next_gate(self.spec, rows, self.dtype, self.device, self.store, self.policies)
+        if impl is None or (impl.name in self.tried and impl.name in waiting):
+            return None
+        if impl.name not in waiting:
+            self.passed_over = [dict(never_chosen(r, impl.name), timestamp=time.time())
+                                for r in waiting.values() if waits_for_gate(r)]
+            return None
+        self.tried.add(impl.name)
+        return impl, waiting[impl.name], named_by, waiting
+
+
 def gate_in_turn(spec: OpSpec, rows: Callable[[], list[dict]], run_gate: Callable[[Impl, dict, str, dict], bool],
                  keep: Callable[[dict], None], dtype: torch.dtype, device: torch.device, store: Store,
                  policies: tuple[str, ...] = ("fastest",), stopping: Callable[[], bool] = lambda: False) -> bool:
-    """Gate, in turn, each candidate timed without its gate that a choice among ``policies`` would name if it were
-    correct (``next_gate`` over ``rows()``, read again after each gate): ``run_gate(impl, row, named_by, waiting)``
-    gates and stores it, False to stop (the caller gave up on the case). Once every choice names a gated row, each
-    row still waiting is passed to ``keep`` as never chosen. A candidate is gated once: a gated row that comes back not
-    fresh here (built in another environment) is not asked for again. True when done, False when stopped."""
-    tried: set[str] = set()
+    """``GateTurns`` driven by callbacks: ``rows()`` read before each turn, ``run_gate(impl, row, named_by, waiting)``
+    gates and stores it, False to stop (the caller gave up on the case); each row passed over is given to ``keep``.
+    True when done, False when stopped."""
+    turns = GateTurns(spec, dtype, device, store, policies)
     while not stopping():
-        impl, named_by, waiting = next_gate(spec, rows(), dtype, device, store, policies)
-        if impl is None or (impl.name in tried and impl.name in waiting):
+        turn = turns.next(rows())
+        if turn is None:
+            for r in turns.passed_over:
+                keep(r)
             return True
-        if impl.name not in waiting:
-            for r in waiting.values():
-                if waits_for_gate(r):
-                    keep(dict(never_chosen(r, impl.name), timestamp=time.time()))
-            return True
-        tried.add(impl.name)
-        if not run_gate(impl, waiting[impl.name], named_by, waiting):
+        if not run_gate(*turn):
             return False
     return False

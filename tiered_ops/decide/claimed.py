@@ -49,7 +49,7 @@ from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.rows import contended
 from ..store.store import Store
 from . import provisional
-from .choice import GATED_LAST, MEASURE_ORDER, gate_in_turn
+from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
@@ -153,17 +153,19 @@ def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 key5: tuple[str, str, str, str, str]) -> list[dict]:
-    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.gate_in_turn``); the
-    bucket's newest rows after."""
+    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
+    rows passed over stored as never chosen; the bucket's newest rows after."""
     fp = fingerprint(device)
-
-    def run_gate(impl: Impl, row: dict, _named_by: str, _waiting: dict) -> bool:
+    turns = GateTurns(spec, dtype, device, store)
+    rows = store.latest(*key5)
+    while (turn := turns.next(rows)) is not None:
+        impl, row = turn[:2]
         edges = stored_edges(store, spec, impl, dtype, fp, mode)
         done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
         store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
-        return True
-
-    gate_in_turn(spec, lambda: store.latest(*key5), run_gate, lambda r: store.add([r]), dtype, device, store)
+        rows = store.latest(*key5)
+    for r in turns.passed_over:
+        store.add([r])
     return store.latest(*key5)
 
 
@@ -190,6 +192,25 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
             log.info("tiered_ops: %s measured by another process sharing the store (waited %.1f s)", what, waited)
         return claim, rows, todo, again, (rows, None, None)
     return claim, rows, todo, again, None
+
+
+def compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
+                   device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
+    """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
+    the missing ones when ``measure_missing``), else none: a compiled decision from part of the tiers would not be
+    one. Read (and measured) beside the bucket's own rows: a miss reads the store, then prices the rows per context
+    (``contexts``)."""
+    dname = DTYPE_NAMES[dtype]
+    rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+    missing = spec.unmeasured(rows)
+    if missing and measure_missing:
+        log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
+                 problem, dname, mode, len(missing))
+        store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled")
+                   for impl in missing])
+        rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
+        missing = []
+    return rows if not missing else []
 
 
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,

@@ -1,36 +1,10 @@
 """The stored rows as a caller in each context pays them (``registry.CONTEXTS``): measured inside a compiled
-caller where every implementation has such a row, else the eager rows read for the context."""
+caller where every implementation has such a row (read, and measured where missing, by ``claimed.compiled_rows``
+beside the bucket's own rows), else the eager rows read for the context."""
 
 from __future__ import annotations
 
-import logging
-
-import torch
-
-from ..measure.measure import measure_kept
-from ..registry import DTYPE_NAMES, GRAD_MODES, OpSpec, Problem, Tier
-from ..store.store import Store
-
-log = logging.getLogger(__name__)
-
-
-def _compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
-                   device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
-    """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
-    the missing ones when ``measure_missing``), else none: a compiled decision from part of the tiers would not be
-    one."""
-    dname = DTYPE_NAMES[dtype]
-    rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
-    missing = spec.unmeasured(rows)
-    if missing and measure_missing:
-        log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
-                 problem, dname, mode, len(missing))
-        store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled")
-                   for impl in missing])
-        rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
-        missing = []
-    return rows if not missing else []
-
+from ..registry import GRAD_MODES, Tier
 
 # The tiers whose code a compiled caller's graph takes in (Inductor fuses it with the op's neighbours there); the
 # kernel tiers are opaque to Inductor, a launch of their own between the neighbours' kernels.

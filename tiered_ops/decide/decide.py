@@ -46,8 +46,8 @@ from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
 from .choice import _decide, _gated
-from .claimed import tune_bucket
-from .contexts import _compiled_rows, in_context, measured_compiled
+from .claimed import compiled_rows, tune_bucket
+from .contexts import in_context, measured_compiled
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
@@ -260,8 +260,8 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
         not rows and not tune) else None
     rows = near.rows if near is not None else rows
-    compiled = _compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
-                              measure_missing=tune and context == "compiled" and near is None)
+    compiled = compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
+                             measure_missing=tune and context == "compiled" and near is None)
     return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s)
 
 
