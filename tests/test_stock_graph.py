@@ -100,9 +100,11 @@ def test_outside_a_trace_the_question_is_never_asked():
 @needs_hf
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypatch):
+def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypatch, caplog):
     """No decision (the eager tier everywhere): Inductor's output code for the patched model's training step is the
-    stock model's, line for line once hashes and paths are left out (``benchmarks/compiled_graphs.normalized``)."""
+    stock model's, line for line once hashes and paths are left out (``benchmarks/compiled_graphs.normalized``). A
+    failure shows what each traced op was decided on (the call path's INFO lines)."""
+    import logging
     import sys
     from pathlib import Path
 
@@ -113,6 +115,7 @@ def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypa
     from benchmarks.compiled_graphs import normalized
 
     monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # each compile writes its code
+    caplog.set_level(logging.INFO, logger="tiered_ops")
     model = tiny("llama").to("cuda", dtype).train()
     stock = copy.deepcopy(model)
     tiered_ops.patch(model, ops=OPS, fuse_residual=True)
