@@ -73,7 +73,7 @@ def plan(ops: list[str], procs: int, per_op: int, shapes: list[str] | None, devi
 
 def _counting(impls: list[str] | None) -> Counter:
     """Keep only ``impls`` of every op (where given) and count the measuring calls per (op, bucket) from now on."""
-    import tiered_ops.decide.contexts as contexts
+    import tiered_ops.decide.claimed as claimed
     import tiered_ops.decide.decide as decide
     from tiered_ops.measure.measure import bucket_str
     from tiered_ops.tiers.catalog import all_ops
@@ -90,7 +90,7 @@ def _counting(impls: list[str] | None) -> Counter:
         return counted
 
     decide.measure_kept = wrap(decide.measure_kept)
-    contexts.measure_kept = wrap(contexts.measure_kept)
+    claimed.measure_kept = wrap(claimed.measure_kept)
     return counts
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import background, contexts, table
+from tiered_ops.decide import background, claimed, table
 from tiered_ops.decide import decide as select
 from tiered_ops.registry import Tier
 from tiered_ops.runtime import memo
@@ -58,7 +58,7 @@ def _eager_selection(op: str):
 
 def test_a_first_call_returns_at_once_and_the_landed_decision_is_used_next(bg, private_store, monkeypatch, caplog):
     monkeypatch.setattr(select, "measure_kept", _no_measuring)
-    monkeypatch.setattr(contexts, "measure_kept", _no_measuring)
+    monkeypatch.setattr(claimed, "measure_kept", _no_measuring)
     caplog.set_level(logging.INFO, logger="tiered_ops")
     x = torch.randn(4, 64)
     y = tiered_ops.softmax(x, -1)

@@ -15,7 +15,7 @@ from test_blocking_pruned import _fake_measure
 
 import tiered_ops
 from tiered_ops import envs
-from tiered_ops.decide import background, blocking, claimed, contexts
+from tiered_ops.decide import background, blocking, claimed
 from tiered_ops.decide import decide as select
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
@@ -59,7 +59,7 @@ def _settled(sel) -> None:
 def test_the_call_blocks_until_the_rows_are_stored_and_decides_as_the_in_process_path(aside, private_store,
                                                                                      monkeypatch, caplog, tmp_path):
     monkeypatch.setattr(select, "measure_kept", _no_measuring)  # nothing measured in the caller's process
-    monkeypatch.setattr(contexts, "measure_kept", _no_measuring)
+    monkeypatch.setattr(claimed, "measure_kept", _no_measuring)
     release, asked = threading.Event(), []
     monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, TIMES, release))
     caplog.set_level(logging.INFO, logger="tiered_ops")
@@ -110,7 +110,7 @@ def test_the_call_blocks_until_the_rows_are_stored_and_decides_as_the_in_process
 
 def test_two_buckets_in_a_row_each_waits_for_its_own(aside, private_store, monkeypatch):
     monkeypatch.setattr(select, "measure_kept", _no_measuring)
-    monkeypatch.setattr(contexts, "measure_kept", _no_measuring)
+    monkeypatch.setattr(claimed, "measure_kept", _no_measuring)
     asked: list = []
     monkeypatch.setattr(background, "_pool_for", lambda me, job: _FakePool(asked, TIMES))
     for rows_n in (4, 200):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tiered_ops
-from tiered_ops.decide import capture, choice, contexts, decide, table
+from tiered_ops.decide import capture, choice, claimed, decide, table
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.runtime import dispatch, memo
 from tiered_ops.tiers.catalog import get_op
@@ -56,7 +56,7 @@ def test_a_call_inside_capture_never_measures_and_runs_eager_once_logged(fresh, 
         raise AssertionError("measured inside a capture")
 
     monkeypatch.setattr(decide, "measure_kept", no_measuring)
-    monkeypatch.setattr(contexts, "measure_kept", no_measuring)
+    monkeypatch.setattr(claimed, "measure_kept", no_measuring)
     monkeypatch.setattr(choice, "gate", no_measuring)
     x, w = torch.randn(4, 64), torch.randn(64)
     spec = get_op("rms_norm")
