@@ -16,6 +16,13 @@ transpose). It applies where the forward holds those statements exactly, q_norm 
 Llama-form RMSNorm and the modeling module's apply_rotary_pos_emb is the full rotate-half code (``patch_rope``). A
 call the op does not take (another dtype, a weight of another dtype than q's, cos narrower than head_dim) runs the
 norms and the original function.
+
+While dynamo traces, where ``qk_norm_rope`` would trace its plain torch decomposition (its compiled-context decision,
+or none yet), the attention traces its class's own forward instead (its q_norm/k_norm as patched; its
+apply_rotary_pos_emb the original, as in the rewrite's own fallback): Inductor gets stock's graph (the norms before
+the transpose). The question is asked before the projections run, with views of hidden_states of q's and k's shapes
+standing in for them (the op's key reads their shapes, dtypes, device and whether they need a gradient); a call the op
+would not take traces stock's code too.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import norm_form
+from .patch_layers import norm_form, traced_as_original, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
 from .swap import install_routed, original_class
 
@@ -50,16 +57,21 @@ _NEW = {_Q: "query_states = self.q_proj(hidden_states).view(hidden_shape).transp
 _DUMPS = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in _NEW.items()}
 
 
+def _takes(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether the rewritten forward calls ``qk_norm_rope`` for these q, k [batch, heads, seq, head_dim], cos, sin."""
+    wq, wk = self.q_norm.weight, self.k_norm.weight
+    return (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
+            and wq.dtype == q.dtype and wk.dtype == q.dtype
+            and self.q_norm.variance_epsilon == self.k_norm.variance_epsilon
+            and q.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
+            and not cos.requires_grad and not sin.requires_grad)
+
+
 def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        wq, wk = self.q_norm.weight, self.k_norm.weight
-        eps = self.q_norm.variance_epsilon
-        if (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
-                and wq.dtype == q.dtype and wk.dtype == q.dtype and eps == self.k_norm.variance_epsilon
-                and q.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
-                and not cos.requires_grad and not sin.requires_grad):
-            return qk_norm_rope(q, k, cos, sin, wq, wk, eps)
+        if _takes(self, q, k, cos, sin):
+            return qk_norm_rope(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon)
         return original(self.q_norm(q), self.k_norm(k), cos, sin)
 
     return call
@@ -127,10 +139,50 @@ def _routed(cls: type) -> Callable[..., Any] | str:
 _ROUTED = "_tiered_ops_qk_norm_forward"
 
 
+def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """While dynamo traces: whether the call's ``qk_norm_rope`` would trace its decomposition (or the op would not
+    be called), asked with views of hidden_states shaped as q and k [batch, heads, seq, head_dim] standing in for
+    them (unused in the graph: dropped from the compiled code). False where the call is not the form the rewrite
+    reads (hidden_states [batch, seq, hidden], position_embeddings (cos, sin)). Under autocast q and k come out in
+    autocast's dtype, never float32: float32 norm weights, which the op does not take with them, trace stock's code;
+    others the rewrite's own path."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    pos = args[1] if len(args) > 1 else kwargs.get("position_embeddings")
+    config, d = getattr(self, "config", None), getattr(self, "head_dim", None)
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if (not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not isinstance(pos, tuple) or len(pos) != 2
+            or not all(isinstance(n, int) for n in (d, heads, kv_heads))):
+        return False
+    if torch.is_autocast_enabled(hidden.device.type):
+        return self.q_norm.weight.dtype == torch.float32
+    cos, sin = pos
+    b, s = hidden.shape[:2]
+    row = hidden[:, None, :, :1]
+    q, k = row.expand(b, heads, s, d), row.expand(b, kv_heads, s, d)
+    # the parameters read in stock's order (each projection's, then its norm's): the compiled graph takes them as
+    # inputs in the order it first reads them, as stock's does
+    _read(self.q_proj)
+    wq = self.q_norm.weight
+    _read(self.k_proj)
+    wk = self.k_norm.weight
+    return not _takes(self, q, k, cos, sin) or traced_as_original(
+        qk_norm_rope, q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon)
+
+
+def _read(proj: nn.Module) -> None:
+    """A linear projection's weight and bias read, as its forward reads them first."""
+    if isinstance(proj, nn.Linear):
+        proj.weight.dtype  # noqa: B018
+        if proj.bias is not None:
+            proj.bias.dtype  # noqa: B018
+
+
 def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fwd = getattr(type(self), _ROUTED, None)
     if fwd is None:  # a swapped class made again by pickle: its forward made now
         fwd = install(type(self))
+    if tracing() and _traced_as_stock(self, args, kwargs):
+        return original_class(self).forward(self, *args, **kwargs)
     return fwd(self, *args, **kwargs)
 
 
