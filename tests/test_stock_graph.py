@@ -2,9 +2,10 @@
 op's plain torch decomposition (``patch_layers.traced_as_original``): the forwards trace the code they replaced, so
 nothing of ours (a cast order, a target check) reaches Inductor; and a decision for a kernel still calls the op.
 
-A tiny Llama and Gemma in training (the loss through ``cross_entropy``, the residual add + RMSNorm fused), compiled
-with ``fullgraph=True``: dynamo's graph holds the stock graph's calls, plus the two reshapes the loss asks with
-(unused: AOT drops them), and the loss and every gradient equal stock's."""
+A tiny model of each RMSNorm family (Llama, Mistral, Qwen2, Qwen3, Gemma) in training (the loss through
+``cross_entropy``, the residual add + RMSNorm fused; Qwen3's QK-norm + RoPE through ``qk_norm_rope``), compiled with
+``fullgraph=True``: dynamo's graph holds the stock graph's calls, plus the views the questions are asked with (unused:
+AOT drops them), and the loss and every gradient equal stock's."""
 
 import collections
 import copy
@@ -48,8 +49,13 @@ def _calls(model: torch.nn.Module, ids: torch.Tensor) -> tuple[collections.Count
                                if n.op in ("call_function", "call_method", "call_module")), loss
 
 
+# what dynamo's graph holds beyond stock's, unused (AOT drops them): the loss's two reshapes; in Qwen3's attentions
+# (qk_norm_rope), per layer the view of hidden_states and the two expands that stand in for q and k in the question
+EXTRA = {"qwen3": collections.Counter({"reshape": 2, "<built-in function getitem>": 2, "expand": 4})}
+
+
 @needs_hf
-@pytest.mark.parametrize("family", ["llama", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
 def test_a_patched_training_step_traces_stock_graph(family):
     model = tiny(family).train()
     stock = copy.deepcopy(model)
@@ -61,7 +67,7 @@ def test_a_patched_training_step_traces_stock_graph(family):
     torch._dynamo.reset()
     got, loss = _calls(model, ids)
     extra, missing = got - want, want - got
-    assert not missing and extra == collections.Counter(reshape=2), (extra, missing)
+    assert not missing and extra == EXTRA.get(family, collections.Counter(reshape=2)), (extra, missing)
     assert not any("_assert_async" in k for k in got)
     torch.testing.assert_close(loss, ref, rtol=0, atol=0)
     grads = dict(stock.named_parameters())
@@ -92,6 +98,48 @@ def test_a_kernel_decision_traces_the_op(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@needs_hf
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
+    """Qwen3's attention asks its question before the projections run, with stand-ins for q and k: the key it asks
+    with is the key of the op's own call (one key per layer shape, whatever asked), so a decision for a kernel there
+    traces the rewrite and calls the op, once per layer."""
+    spec = get_op("qk_norm_rope")
+    called = []
+    eager = spec.impls["eager"]
+    other = Impl("other", Tier.TRITON, lambda *a, **k: called.append(1) or eager.fn(*a, **k), (spec.source,))
+    monkeypatch.setattr(spec, "impls", {"eager": eager, "other": other})
+    real, asked = dispatch.trace_plan, set()
+
+    def plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
+        if key[0] != "qk_norm_rope":
+            return real(key, described)
+        asked.add(key)
+        return "other", False
+
+    monkeypatch.setattr(dispatch, "trace_plan", plan)
+    questions, real_question = [], dispatch.plan_decomposes
+    monkeypatch.setattr(dispatch, "plan_decomposes", lambda key, described: questions.append(key[0]) or
+                        real_question(key, described))
+    model = tiny("qwen3").train(train)
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=["qk_norm_rope"])
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.set_grad_enabled(train):
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+        want = stock(ids).logits
+    assert len(called) == 2  # one attention per layer, each traced once
+    assert questions.count("qk_norm_rope") == 2, questions
+    assert len(asked) == 1 and next(iter(asked))[-2] is train, asked  # the question's key is the call's
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if train:
+        got.sum().backward()
+        want.sum().backward()
+        grads = dict(stock.named_parameters())
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_outside_a_trace_the_question_is_never_asked():
     x = torch.randn(4, 64)
     assert traced_as_original(tiered_ops.rms_norm, x, (64,)) is False
@@ -100,7 +148,8 @@ def test_outside_a_trace_the_question_is_never_asked():
 @needs_hf
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(family, dtype, monkeypatch):
     """No decision (the eager tier everywhere): Inductor's output code for the patched model's training step is the
     stock model's, line for line once hashes and paths are left out (``benchmarks/compiled_graphs.normalized``)."""
     import sys
@@ -113,7 +162,7 @@ def test_inductors_code_for_a_training_step_is_stocks_on_the_gpu(dtype, monkeypa
     from benchmarks.compiled_graphs import normalized
 
     monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # each compile writes its code
-    model = tiny("llama").to("cuda", dtype).train()
+    model = tiny(family).to("cuda", dtype).train()
     stock = copy.deepcopy(model)
     tiered_ops.patch(model, ops=OPS, fuse_residual=True)
     ids = torch.randint(0, 128, (2, 64), device="cuda")
