@@ -20,8 +20,8 @@ norms and the original function.
 While dynamo traces, where ``qk_norm_rope`` would trace its plain torch decomposition (its compiled-context decision,
 or none yet), the attention traces its class's own forward instead (its q_norm/k_norm as patched; its
 apply_rotary_pos_emb the original, as in the rewrite's own fallback): Inductor gets stock's graph (the norms before
-the transpose). The question is asked before the projections run, with views of hidden_states of q's and k's shapes
-standing in for them (the op's key reads their shapes, dtypes, device and whether they need a gradient); a call the op
+the transpose). The question is asked before the projections run, with stand-ins of q and k (``StandIn``: their
+shapes, hidden_states' dtype, device and requires_grad, what the op's key reads; no node in the graph); a call the op
 would not take traces stock's code too.
 """
 
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import norm_form, traced_as_original, tracing
+from .patch_layers import StandIn, norm_form, traced_as_original, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
 from .swap import install_routed, original_class
 
@@ -58,12 +58,13 @@ _DUMPS = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in _NEW.
 
 
 def _takes(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether the rewritten forward calls ``qk_norm_rope`` for these q, k [batch, heads, seq, head_dim], cos, sin."""
+    """Whether the rewritten forward calls ``qk_norm_rope`` for these q, k [batch, heads, seq, head_dim] (tensors or
+    ``StandIn``s), cos, sin."""
     wq, wk = self.q_norm.weight, self.k_norm.weight
     return (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
             and wq.dtype == q.dtype and wk.dtype == q.dtype
             and self.q_norm.variance_epsilon == self.k_norm.variance_epsilon
-            and q.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
+            and len(q.shape) == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
             and not cos.requires_grad and not sin.requires_grad)
 
 
@@ -141,8 +142,8 @@ _ROUTED = "_tiered_ops_qk_norm_forward"
 
 def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> bool:
     """While dynamo traces: whether the call's ``qk_norm_rope`` would trace its decomposition (or the op would not
-    be called), asked with views of hidden_states shaped as q and k [batch, heads, seq, head_dim] standing in for
-    them (unused in the graph: dropped from the compiled code). False where the call is not the form the rewrite
+    be called), asked with stand-ins of q and k [batch, heads, seq, head_dim] (hidden_states' dtype, device and
+    requires_grad). False where the call is not the form the rewrite
     reads (hidden_states [batch, seq, hidden], position_embeddings (cos, sin)). Under autocast q and k come out in
     autocast's dtype, never float32: float32 norm weights, which the op does not take with them, trace stock's code;
     others the rewrite's own path."""
@@ -157,8 +158,7 @@ def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> bo
         return self.q_norm.weight.dtype == torch.float32
     cos, sin = pos
     b, s = hidden.shape[:2]
-    row = hidden[:, None, :, :1]
-    q, k = row.expand(b, heads, s, d), row.expand(b, kv_heads, s, d)
+    q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
     # the parameters read in stock's order (each projection's, then its norm's): the compiled graph takes them as
     # inputs in the order it first reads them, as stock's does
     _read(self.q_proj)
