@@ -3,9 +3,10 @@ op's plain torch decomposition (``patch_layers.traced_as_original``): the forwar
 nothing of ours (a cast order, a target check) reaches Inductor; and a decision for a kernel still calls the op.
 
 A tiny model of each RMSNorm family (Llama, Mistral, Qwen2, Qwen3, Gemma) in training (the loss through
-``cross_entropy``, the residual add + RMSNorm fused; Qwen3's QK-norm + RoPE through ``qk_norm_rope``), compiled with
-``fullgraph=True``: dynamo's graph holds the stock graph's calls, plus the two reshapes the loss's question is asked
-with (unused: AOT drops them), and the loss and every gradient equal stock's."""
+``cross_entropy``, the residual add + RMSNorm fused; Qwen3's QK-norm + RoPE through ``qk_norm_rope``; Llama and
+Qwen3 also with the LM head + loss fused, ``linear_cross_entropy``), compiled with ``fullgraph=True``: dynamo's graph
+holds the stock graph's calls, plus the two reshapes the loss's question is asked with (unused: AOT drops them), and
+the loss and every gradient equal stock's."""
 
 import collections
 import copy
@@ -17,6 +18,7 @@ from test_patch import needs_hf, tiny
 from torch._dynamo.utils import counters
 
 import tiered_ops
+from tiered_ops.models.lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from tiered_ops.models.patch_layers import traced_as_original
 from tiered_ops.models.patching import PATCHABLE_OPS
 from tiered_ops.registry import Impl, Tier
@@ -50,18 +52,20 @@ def _calls(model: torch.nn.Module, ids: torch.Tensor) -> tuple[collections.Count
 
 
 # what dynamo's graph holds beyond stock's, unused (AOT drops them): the two reshapes the loss's question asks with
-# (Qwen3's attentions ask theirs with stand-ins that put no node in the graph)
+# (Qwen3's attentions and the fused LM head + loss ask theirs with stand-ins that put no node in the graph)
 EXTRA = collections.Counter(reshape=2)
 
 
 @needs_hf
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
-def test_a_patched_training_step_traces_stock_graph(family):
+@pytest.mark.parametrize("family,lce", [("llama", False), ("mistral", False), ("qwen2", False), ("qwen3", False),
+                                        ("gemma", False), ("llama", True), ("qwen3", True)])
+def test_a_patched_training_step_traces_stock_graph(family, lce):
     model = tiny(family).train()
     stock = copy.deepcopy(model)
-    report = tiered_ops.patch(model, ops=OPS, fuse_residual=True)
+    report = tiered_ops.patch(model, ops=PATCHABLE_OPS if lce else OPS, fuse_residual=True)
     assert any("fused_add_rms_norm" in s.replacement for s in report.swapped), str(report)
     assert any("cross_entropy" in s.replacement for s in report.swapped if s.path == ""), str(report)
+    assert any(LM_HEAD_ROUTE in s.replacement for s in report.swapped) is lce, str(report)
     ids = torch.randint(0, 128, (2, 8))
     want, ref = _calls(stock, ids)
     torch._dynamo.reset()
@@ -138,6 +142,43 @@ def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
         grads = dict(stock.named_parameters())
         for name, p in model.named_parameters():
             torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@needs_hf
+def test_a_kernel_decision_for_the_fused_loss_traces_the_op(monkeypatch):
+    """With the LM head + loss fused, a decision for a kernel of linear_cross_entropy traces the fused route (the op
+    called once, no logits), and the loss and gradients match stock's."""
+    spec = get_op("linear_cross_entropy")
+    called = []
+    eager = spec.impls["eager"]
+    other = Impl("other", Tier.TRITON, lambda *a, **k: called.append(1) or eager.fn(*a, **k), (spec.source,))
+    monkeypatch.setattr(spec, "impls", {"eager": eager, "other": other})
+    real, asked = dispatch.trace_plan, set()
+
+    def plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
+        if key[0] != "linear_cross_entropy":
+            return real(key, described)
+        asked.add(key)
+        return "other", False
+
+    monkeypatch.setattr(dispatch, "trace_plan", plan)
+    questions, real_question = [], dispatch.plan_decomposes
+    monkeypatch.setattr(dispatch, "plan_decomposes", lambda key, described: questions.append(key[0]) or
+                        real_question(key, described))
+    model = tiny("llama").train()
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=["linear_cross_entropy"])
+    ids = torch.randint(0, 128, (2, 8))
+    out = torch.compile(lambda m, x: m(x, labels=x), fullgraph=True, backend="aot_eager")(model, ids)
+    want = stock(ids, labels=ids)
+    assert len(called) == 1 and out.logits is None
+    assert questions.count("linear_cross_entropy") == 1 and len(asked) == 1, (questions, asked)  # the call's key
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=1e-6)
+    out.loss.backward()
+    want.loss.backward()
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_outside_a_trace_the_question_is_never_asked():
