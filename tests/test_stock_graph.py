@@ -181,6 +181,36 @@ def test_a_kernel_decision_for_the_fused_loss_traces_the_op(monkeypatch):
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@needs_hf
+def test_qwen3_under_autocast_traces_stock_attention(monkeypatch):
+    """Under autocast q and k come out in autocast's dtype, which float32 norm weights do not match (the op is not
+    called): the attention traces stock's forward, in one graph, with the eager patched model's outputs, also where
+    the op's decision (for the float32 hidden states' key) is a kernel."""
+    real = dispatch.trace_plan
+    monkeypatch.setattr(dispatch, "trace_plan", lambda key, described: ("other", False)
+                        if key[0] == "qk_norm_rope" else real(key, described))
+    model = tiny("qwen3").eval()
+    stock = copy.deepcopy(model)
+    tiered_ops.patch(model, ops=["qk_norm_rope"])
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want, _ = _fx_calls(stock, ids)
+        torch._dynamo.reset()
+        got, out = _fx_calls(model, ids)
+        ref = model(ids).logits
+    assert got == want, "\n".join(difflib.unified_diff(want, got, lineterm="", n=0))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def _fx_calls(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+    """The FX calls of dynamo's one graph of an inference call, in order, and its logits."""
+    graphs = []
+    out = torch.compile(model, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)(ids).logits
+    assert len(graphs) == 1
+    return [str(n.target) for n in graphs[0].graph.nodes
+            if n.op in ("call_function", "call_method", "call_module")], out
+
+
 def test_outside_a_trace_the_question_is_never_asked():
     x = torch.randn(4, 64)
     assert traced_as_original(tiered_ops.rms_norm, x, (64,)) is False
