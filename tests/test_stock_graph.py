@@ -102,13 +102,10 @@ def test_a_kernel_decision_traces_the_op(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@needs_hf
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
-    """Qwen3's attention asks its question before the projections run, with stand-ins for q and k: the key it asks
-    with is the key of the op's own call (one key per layer shape, whatever asked), so a decision for a kernel there
-    traces the rewrite and calls the op, once per layer."""
-    spec = get_op("qk_norm_rope")
+def _kernel_decision(op: str, monkeypatch) -> tuple[list, set, list]:
+    """A trace of ``op`` decides a kernel ("other": the eager tier, counting its calls) instead of its decomposition;
+    returns the calls, the keys the trace plan was asked with, and the ops ``decomposes`` was asked about."""
+    spec = get_op(op)
     called = []
     eager = spec.impls["eager"]
     other = Impl("other", Tier.TRITON, lambda *a, **k: called.append(1) or eager.fn(*a, **k), (spec.source,))
@@ -116,7 +113,7 @@ def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
     real, asked = dispatch.trace_plan, set()
 
     def plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
-        if key[0] != "qk_norm_rope":
+        if key[0] != op:
             return real(key, described)
         asked.add(key)
         return "other", False
@@ -125,6 +122,16 @@ def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
     questions, real_question = [], dispatch.plan_decomposes
     monkeypatch.setattr(dispatch, "plan_decomposes", lambda key, described: questions.append(key[0]) or
                         real_question(key, described))
+    return called, asked, questions
+
+
+@needs_hf
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
+    """Qwen3's attention asks its question before the projections run, with stand-ins for q and k: the key it asks
+    with is the key of the op's own call (one key per layer shape, whatever asked), so a decision for a kernel there
+    traces the rewrite and calls the op, once per layer."""
+    called, asked, questions = _kernel_decision("qk_norm_rope", monkeypatch)
     model = tiny("qwen3").train(train)
     stock = copy.deepcopy(model)
     tiered_ops.patch(model, ops=["qk_norm_rope"])
@@ -148,23 +155,7 @@ def test_a_kernel_decision_for_qk_norm_rope_traces_the_op(train, monkeypatch):
 def test_a_kernel_decision_for_the_fused_loss_traces_the_op(monkeypatch):
     """With the LM head + loss fused, a decision for a kernel of linear_cross_entropy traces the fused route (the op
     called once, no logits), and the loss and gradients match stock's."""
-    spec = get_op("linear_cross_entropy")
-    called = []
-    eager = spec.impls["eager"]
-    other = Impl("other", Tier.TRITON, lambda *a, **k: called.append(1) or eager.fn(*a, **k), (spec.source,))
-    monkeypatch.setattr(spec, "impls", {"eager": eager, "other": other})
-    real, asked = dispatch.trace_plan, set()
-
-    def plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
-        if key[0] != "linear_cross_entropy":
-            return real(key, described)
-        asked.add(key)
-        return "other", False
-
-    monkeypatch.setattr(dispatch, "trace_plan", plan)
-    questions, real_question = [], dispatch.plan_decomposes
-    monkeypatch.setattr(dispatch, "plan_decomposes", lambda key, described: questions.append(key[0]) or
-                        real_question(key, described))
+    called, asked, questions = _kernel_decision("linear_cross_entropy", monkeypatch)
     model = tiny("llama").train()
     stock = copy.deepcopy(model)
     tiered_ops.patch(model, ops=["linear_cross_entropy"])
