@@ -12,7 +12,7 @@ from test_patch import _out, needs_hf, tiny
 from torch._dynamo.utils import counters
 
 import tiered_ops
-from tiered_ops.decide import background, compiled, table
+from tiered_ops.decide import background, choice, compiled, table
 from tiered_ops.decide import decide as select
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
@@ -29,15 +29,26 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def quick_tiers(monkeypatch):
-    """Each patched op with its eager tier and one more correct one (``again``, its reference behind another name:
-    fast to measure on the CPU, traceable), so that ``tune`` measures no compiler tier."""
+@pytest.fixture(params=["decomposition", "kernel"])
+def quick_tiers(request, monkeypatch):
+    """Each patched op with its eager tier and one more correct one (``again``, its eager function behind another
+    name: fast to measure on the CPU, traceable, and in a trace a kernel: not the decomposition), so that ``tune``
+    measures no compiler tier. Which one the policy picks is set, not left to a timing between two equal functions:
+    "decomposition", the eager tier (a patched module traces its original's code), or "kernel", ``again`` (the module
+    traces its rewrite)."""
     for op in ("rms_norm", "layer_norm", "gelu", "softmax", "swiglu", "rotary_embedding", "qk_norm_rope"):
         spec = get_op(op)
         eager = spec.impls["eager"]
         again = Impl("again", Tier.COMPILE, lambda *a, _f=eager.fn, **k: _f(*a, **k), (spec.source,))
         monkeypatch.setattr(spec, "impls", {"eager": eager, "again": again})
+    wanted, real = {"decomposition": "eager", "kernel": "again"}[request.param], choice.choose
+
+    def choose(cands, *a, **k):
+        best, why, totals = real(cands, *a, **k)
+        return next((c for c in cands if c["impl"] == wanted), best), why, totals
+
+    monkeypatch.setattr(choice, "choose", choose)
+    return request.param
 
 
 def _queued(monkeypatch) -> list[tuple]:
