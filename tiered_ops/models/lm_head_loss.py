@@ -20,8 +20,9 @@ None (Liger's ``skip_logits``): a caller that needs them in training calls the m
 Without labels, or in eval mode, the model runs its own forward, logits and all. A head whose weight's dtype is not the
 hidden states' (an fp32 head under autocast), or soft-capping switched on after the patch, runs the original tail (the
 head, the cap, then the loss) at that call. While dynamo traces, where ``linear_cross_entropy`` would trace its plain
-torch decomposition (its compiled-context decision, or none yet), the forward traces stock's head and loss instead (the
-loss through ``cross_entropy`` where that route is on; the output's logits None as in an eager call).
+torch decomposition (its compiled-context decision, or none yet), the forward traces stock's head and loss instead
+(transformers' ForCausalLMLoss itself, also where the loss is routed through ``cross_entropy``: the op's decision covers
+the loss, and ``tune`` never asks one of cross_entropy for it; the output's logits None as in an eager call).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import LOSS_MARK, StandIn, causal_lm_loss, same_syntax, traced_as_original, tracing
+from .patch_layers import LOSS_MARK, StandIn, causal_lm_loss, own_loss, same_syntax, traced_as_original, tracing
 from .swap import original_class
 
 linear_cross_entropy = public("linear_cross_entropy")
@@ -156,8 +157,10 @@ def _causal_lm(self: nn.Module, code: _Code, cache: Any, labels: torch.Tensor | 
     logits = None
     if cap is None and _fuses(head, hidden_states):
         if tracing() and _traced_as_stock(head, hidden_states, labels, kwargs):
-            # stock's head and loss traced; the output's logits None as in an eager call
-            loss = self.loss_function(logits=head(hidden_states), labels=labels, vocab_size=vocab_size, **kwargs)
+            # stock's head and loss traced (the loss not routed through cross_entropy: the op's decision covers it,
+            # and tune, which records the op's eager call, never asks one of cross_entropy); the output's logits None
+            # as in an eager call
+            loss = own_loss(self)(logits=head(hidden_states), labels=labels, vocab_size=vocab_size, **kwargs)
         else:
             loss = lm_head_loss(hidden_states, head.weight, head.bias, labels, vocab_size, **kwargs)
     else:  # the original tail

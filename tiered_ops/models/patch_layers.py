@@ -290,6 +290,12 @@ def _hf_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
 _HF_LOSS: Callable[..., torch.Tensor] | None = None
 
 
+def own_loss(m: nn.Module) -> Callable[..., torch.Tensor]:
+    """``m``'s loss as transformers computes it: ForCausalLMLoss itself where ``route_loss`` routed it through
+    tiered_ops.cross_entropy, else ``m.loss_function``."""
+    return _hf_loss if m.__dict__.get("_loss_function") is causal_lm_loss else m.loss_function
+
+
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
                    num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = -100,
                    shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
