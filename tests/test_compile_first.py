@@ -12,8 +12,9 @@ from test_patch import _out, needs_hf, tiny
 from torch._dynamo.utils import counters
 
 import tiered_ops
-from tiered_ops.decide import background, compiled, table
+from tiered_ops.decide import background, choice, compiled, table
 from tiered_ops.decide import decide as select
+from tiered_ops.models.patching import PATCHABLE_OPS
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.tiers.catalog import get_op
 
@@ -29,15 +30,26 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def quick_tiers(monkeypatch):
-    """Each patched op with its eager tier and one more correct one (``again``, its reference behind another name:
-    fast to measure on the CPU, traceable), so that ``tune`` measures no compiler tier."""
-    for op in ("rms_norm", "layer_norm", "gelu", "softmax", "swiglu", "rotary_embedding", "qk_norm_rope"):
+@pytest.fixture(params=["decomposition", "kernel"])
+def quick_tiers(request, monkeypatch):
+    """Each patched op with its eager tier and one more correct one (``again``, its eager function behind another
+    name: fast to measure on the CPU, traceable, and in a trace a kernel: not the decomposition), so that ``tune``
+    measures no compiler tier. Which one the policy picks is set, not left to a timing between two equal functions:
+    "decomposition", the eager tier (a patched module traces its original's code), or "kernel", ``again`` (the module
+    traces its rewrite)."""
+    for op in PATCHABLE_OPS + ("fused_add_rms_norm",):
         spec = get_op(op)
         eager = spec.impls["eager"]
         again = Impl("again", Tier.COMPILE, lambda *a, _f=eager.fn, **k: _f(*a, **k), (spec.source,))
         monkeypatch.setattr(spec, "impls", {"eager": eager, "again": again})
+    wanted, real = {"decomposition": "eager", "kernel": "again"}[request.param], choice.choose
+
+    def choose(cands, *a, **k):
+        best, why, totals = real(cands, *a, **k)
+        return next((c for c in cands if c["impl"] == wanted), best), why, totals
+
+    monkeypatch.setattr(choice, "choose", choose)
+    return request.param
 
 
 def _queued(monkeypatch) -> list[tuple]:
@@ -74,10 +86,10 @@ def _assert_one_graph(outs: list[torch.Tensor], ref: torch.Tensor, graphs: int =
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def _tune(model, ids) -> None:
+def _tune(model, inputs, train: bool = False) -> None:
     """``tune`` for the compiled context: its measurements compile functions of their own, not counted here."""
     before = dict(counters["stats"])
-    tiered_ops.tune(model, (ids,), context="compiled")
+    tiered_ops.tune(model, inputs if isinstance(inputs, dict) else (inputs,), train=train, context="compiled")
     counters["stats"].clear()
     counters["stats"].update(before)
 
@@ -127,7 +139,7 @@ def test_tune_then_compile(family, quick_tiers, monkeypatch):
 
 
 @needs_hf
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "gemma"])  # gemma: its MLP traced as stock's calls its GELU's own code
 def test_tune_after_compile(family, quick_tiers, monkeypatch):
     """Compiled, then tuned before the first call: one trace, of the tuned decisions. Tuned after a first call: the
     graph is traced again once, with them (the trace read that the signature had no decision)."""
@@ -148,6 +160,38 @@ def test_tune_after_compile(family, quick_tiers, monkeypatch):
     _tune(model, ids)
     outs += _run(again, ids)
     _assert_one_graph(outs, ref, graphs=2)
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+def test_tune_after_compile_in_training(family, quick_tiers, monkeypatch):
+    """A training step compiled, then tuned (fwd+bwd) before its first call, the residual add + RMSNorm and the LM
+    head + loss fused too: one trace, which finds every decision it asks for. Where an op decides its decomposition,
+    the module traces stock's code, and what that code calls asks only for decisions tune made: the loss of a fused
+    head and Qwen3's q/k norms run their own code (the op's decision covers them); the post-attention norm of a fused
+    residual asks for the input norms' rms_norm bucket (their shape, dtype and weight)."""
+    asked = _queued(monkeypatch)
+    model, stock, ids = _model(family)
+    model.train(), stock.train()
+    report = tiered_ops.patch(model, fuse_residual=True)
+    assert any("linear_cross_entropy" in s.replacement for s in report.swapped if s.path == ""), str(report)
+
+    def step(m, x):
+        return m(x, labels=x).loss
+
+    compiled_step = torch.compile(step, fullgraph=True, backend="aot_eager")
+    _tune(model, {"input_ids": ids, "labels": ids}, train=True)
+    loss = compiled_step(model, ids)
+    loss.backward()
+    assert asked == [], "a trace after tune found every decision"
+    ref = step(stock, ids)
+    ref.backward()
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @needs_hf

@@ -19,7 +19,10 @@ all are ignored), a float32 loss (the one transformers gets by upcasting the log
 None (Liger's ``skip_logits``): a caller that needs them in training calls the model without labels, or in eval mode.
 Without labels, or in eval mode, the model runs its own forward, logits and all. A head whose weight's dtype is not the
 hidden states' (an fp32 head under autocast), or soft-capping switched on after the patch, runs the original tail (the
-head, the cap, then the loss) at that call.
+head, the cap, then the loss) at that call. While dynamo traces, where ``linear_cross_entropy`` would trace its plain
+torch decomposition (its compiled-context decision, or none yet), the forward traces stock's head and loss instead
+(transformers' ForCausalLMLoss itself, also where the loss is routed through ``cross_entropy``: the op's decision covers
+the loss, and ``tune`` never asks one of cross_entropy for it; the output's logits None as in an eager call).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import LOSS_MARK, causal_lm_loss, same_syntax
+from .patch_layers import LOSS_MARK, StandIn, causal_lm_loss, own_loss, same_syntax, traced_as_original, tracing
 from .swap import original_class
 
 linear_cross_entropy = public("linear_cross_entropy")
@@ -113,6 +116,18 @@ def _fuses(head: nn.Module, hidden: torch.Tensor) -> bool:
     return hidden.dtype in _DTYPES and w.dtype == hidden.dtype and (b is None or b.dtype == hidden.dtype)
 
 
+def _traced_as_stock(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    """While dynamo traces: whether ``lm_head_loss``'s linear_cross_entropy would trace its decomposition, asked with
+    stand-ins of its flattened hidden states and targets (the labels' shape once shifted, their dtype): the forward
+    then traces stock's head and loss instead."""
+    shift = kwargs.get("shift_labels")
+    target = labels if shift is None else shift
+    x = StandIn((hidden.numel() // hidden.shape[-1], hidden.shape[-1]), hidden)
+    return traced_as_original(linear_cross_entropy, x, head.weight, StandIn((target.numel(),), target), head.bias,
+                              kwargs.get("ignore_index", -100),
+                              "mean" if kwargs.get("num_items_in_batch") is None else "sum", dtype=torch.float32)
+
+
 def _keep(code: _Code, hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
     if code.keep == "inline":
         return hidden_states[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep, :]
@@ -141,7 +156,13 @@ def _causal_lm(self: nn.Module, code: _Code, cache: Any, labels: torch.Tensor | 
     cap = self.config.final_logit_softcapping if code.softcap else None
     logits = None
     if cap is None and _fuses(head, hidden_states):
-        loss = lm_head_loss(hidden_states, head.weight, head.bias, labels, vocab_size, **kwargs)
+        if tracing() and _traced_as_stock(head, hidden_states, labels, kwargs):
+            # stock's head and loss traced (the loss not routed through cross_entropy: the op's decision covers it,
+            # and tune, which records the op's eager call, never asks one of cross_entropy); the output's logits None
+            # as in an eager call
+            loss = own_loss(self)(logits=head(hidden_states), labels=labels, vocab_size=vocab_size, **kwargs)
+        else:
+            loss = lm_head_loss(hidden_states, head.weight, head.bias, labels, vocab_size, **kwargs)
     else:  # the original tail
         logits = head(hidden_states)
         if cap is not None:

@@ -124,6 +124,20 @@ def traced_as_original(op: Callable[..., Any], *args: Any, **kwargs: Any) -> boo
     return tracing() and op.decomposes(*args, **kwargs)
 
 
+class StandIn:
+    """What a public op's ``decomposes`` reads of a tensor argument (shape, dtype, device, requires_grad), for a
+    tensor not yet computed where the question is asked: shaped ``shape``, the rest as ``like``'s. Made while dynamo
+    traces, it puts no node in the graph (a view standing in would: unused, yet it shifts the names of the compiled
+    code's buffers)."""
+
+    def __init__(self, shape: tuple[int, ...], like: torch.Tensor) -> None:
+        self.shape, self.dtype, self.device = torch.Size(shape), like.dtype, like.device
+        self.requires_grad, self._dev = like.requires_grad, like.get_device()
+
+    def get_device(self) -> int:
+        return self._dev
+
+
 def same_syntax(fn: Any, source: str) -> bool:
     """Whether function ``fn`` (unwrapped) is the code of ``source`` (see above)."""
     mine = _syntax_of(fn) if callable(fn) else None
@@ -274,6 +288,12 @@ def _hf_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 _HF_LOSS: Callable[..., torch.Tensor] | None = None
+
+
+def own_loss(m: nn.Module) -> Callable[..., torch.Tensor]:
+    """``m``'s loss as transformers computes it: ForCausalLMLoss itself where ``route_loss`` routed it through
+    tiered_ops.cross_entropy, else ``m.loss_function``."""
+    return _hf_loss if m.__dict__.get("_loss_function") is causal_lm_loss else m.loss_function
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,

@@ -16,6 +16,14 @@ transpose). It applies where the forward holds those statements exactly, q_norm 
 Llama-form RMSNorm and the modeling module's apply_rotary_pos_emb is the full rotate-half code (``patch_rope``). A
 call the op does not take (another dtype, a weight of another dtype than q's, cos narrower than head_dim) runs the
 norms and the original function.
+
+While dynamo traces, where ``qk_norm_rope`` would trace its plain torch decomposition (its compiled-context decision,
+or none yet), the attention traces its class's own code instead (its apply_rotary_pos_emb the original; its
+q_norm/k_norm through their own class's forward, not the patched one: the op's decision covers them, and ``tune``,
+which records the op's eager call, never asks one of rms_norm for them): Inductor gets stock's graph (the norms before
+the transpose). The question is asked before the projections run, with stand-ins of q and k (``StandIn``: their
+shapes, hidden_states' dtype, device and requires_grad, what the op's key reads; no node in the graph); a call the op
+would not take traces the class's own forward, its norms as patched (as the rewrite's own fallback calls them).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import norm_form
+from .patch_layers import StandIn, norm_form, traced_as_original, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
 from .swap import install_routed, original_class
 
@@ -47,26 +55,43 @@ _ROPE = "query_states, key_states = apply_rotary_pos_emb(query_states, key_state
 _NEW = {_Q: "query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
         _K: "key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
         _ROPE: f"query_states, key_states = {_CALL}(self, query_states, key_states, cos, sin)"}
-_DUMPS = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in _NEW.items()}
+# stock's forward with its norms' own forwards (not their patched ones): what a trace deciding qk_norm_rope's
+# decomposition runs
+_OWN = "_tiered_ops_own_norm"
+_STOCK = {_Q: f"query_states = {_OWN}(self.q_norm, self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
+          _K: f"key_states = {_OWN}(self.k_norm, self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)"}
+
+
+def _takes(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether the rewritten forward calls ``qk_norm_rope`` for these q, k [batch, heads, seq, head_dim] (tensors or
+    ``StandIn``s), cos, sin."""
+    wq, wk = self.q_norm.weight, self.k_norm.weight
+    return (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
+            and wq.dtype == q.dtype and wk.dtype == q.dtype
+            and self.q_norm.variance_epsilon == self.k_norm.variance_epsilon
+            and len(q.shape) == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
+            and not cos.requires_grad and not sin.requires_grad)
 
 
 def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        wq, wk = self.q_norm.weight, self.k_norm.weight
-        eps = self.q_norm.variance_epsilon
-        if (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
-                and wq.dtype == q.dtype and wk.dtype == q.dtype and eps == self.k_norm.variance_epsilon
-                and q.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
-                and not cos.requires_grad and not sin.requires_grad):
-            return qk_norm_rope(q, k, cos, sin, wq, wk, eps)
+        if _takes(self, q, k, cos, sin):
+            return qk_norm_rope(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon)
         return original(self.q_norm(q), self.k_norm(k), cos, sin)
 
     return call
 
 
-def _rewritten(raw: types.FunctionType) -> types.FunctionType | str:
-    """The forward ``raw`` with the three statements replaced, or why not."""
+def _own_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm``'s own class's forward (a patched norm's original): no call of the norm's module, its hooks or op."""
+    return original_class(norm).forward(norm, x)
+
+
+def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str, value: Any) -> types.FunctionType | str:
+    """The forward ``raw`` with the statements ``new`` maps replaced by theirs, its global ``name`` bound to
+    ``value``, or why not."""
+    dumps = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in new.items()}
     if raw.__code__.co_freevars:
         return "its forward uses a closure"
     try:
@@ -76,14 +101,13 @@ def _rewritten(raw: types.FunctionType) -> types.FunctionType | str:
     fn = tree.body[0]
     if not isinstance(fn, ast.FunctionDef):
         return "no source to compare"
-    found = [i for i, st in enumerate(fn.body) if ast.dump(st) in _DUMPS]
-    if len(found) != 3 or {ast.dump(fn.body[i]) for i in found} != set(_DUMPS):
+    found = [i for i, st in enumerate(fn.body) if ast.dump(st) in dumps]
+    if len(found) != len(dumps) or {ast.dump(fn.body[i]) for i in found} != set(dumps):
         return "its forward does not hold Qwen3's q_norm/k_norm and apply_rotary_pos_emb lines"
     for i in found:
-        fn.body[i] = copy.deepcopy(_DUMPS[ast.dump(fn.body[i])])
+        fn.body[i] = copy.deepcopy(dumps[ast.dump(fn.body[i])])
     fn.decorator_list = []
-    original = raw.__globals__[_NAME]
-    module = _shadow(raw.__globals__, _CALL, _norm_call(original))
+    module = _shadow(raw.__globals__, name, value)
     ns: dict[str, Any] = {}
     exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<qk_norm_rope>", "exec"),  # noqa: S102
          module.__dict__, ns)
@@ -110,32 +134,94 @@ def _rewrap(fwd: Any, raw: types.FunctionType, new: types.FunctionType) -> Calla
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _routed(cls: type) -> Callable[..., Any] | str:
+def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
     fwd = getattr(cls, "forward", None)
     raw = inspect.unwrap(fwd) if callable(fwd) else None
     if not isinstance(raw, types.FunctionType):
         return "its forward has no source"
     if rope_form(raw.__globals__.get(_NAME), raw.__globals__) != "full":
         return "its apply_rotary_pos_emb is not transformers' full rotate-half code"
-    new = _rewritten(raw)
+    new = _rewritten(raw, _STOCK, _OWN, _own_norm) if stock else _rewritten(
+        raw, _NEW, _CALL, _norm_call(raw.__globals__[_NAME]))
     if isinstance(new, str):
         return new
     return _rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
 
 
+@functools.lru_cache(maxsize=64)
+def _routed(cls: type) -> Callable[..., Any] | str:
+    """The class's forward with q_norm, k_norm + apply_rotary_pos_emb through one qk_norm_rope call, or why not."""
+    return _made(cls, False)
+
+
+@functools.lru_cache(maxsize=64)
+def _stock_routed(cls: type) -> Callable[..., Any] | str:
+    """The class's forward as it is, but for its q_norm and k_norm called through their own class's forward: what a
+    trace runs where qk_norm_rope would trace its decomposition. That decision covers the norms (``tune`` records the
+    op's call, never theirs), so a patched norm there would ask for an rms_norm decision no tune makes."""
+    return _made(cls, True)
+
+
 _ROUTED = "_tiered_ops_qk_norm_forward"
+_STOCK_ROUTED = "_tiered_ops_qk_norm_stock_forward"
+
+
+def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """While dynamo traces: which of stock's forwards the call traces, asked with stand-ins of q and k [batch, heads,
+    seq, head_dim] (hidden_states' dtype, device and requires_grad): "patched" where the op would not be called (the
+    class's own forward, its norms as patched: an eager call runs them too, so ``tune`` records their calls); "own"
+    where ``qk_norm_rope`` would trace its decomposition (``_stock_routed``: the norms' own forwards); None (the
+    rewrite) where it would call a kernel, or where the call is not the form the rewrite reads (hidden_states [batch,
+    seq, hidden], position_embeddings (cos, sin)). Under autocast q and k come out in autocast's dtype, never float32:
+    float32 norm weights, which the op does not take with them, trace stock's code; others the rewrite's own path."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    pos = args[1] if len(args) > 1 else kwargs.get("position_embeddings")
+    config, d = getattr(self, "config", None), getattr(self, "head_dim", None)
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if (not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not isinstance(pos, tuple) or len(pos) != 2
+            or not all(isinstance(n, int) for n in (d, heads, kv_heads))):
+        return None
+    if torch.is_autocast_enabled(hidden.device.type):
+        return "patched" if self.q_norm.weight.dtype == torch.float32 else None
+    cos, sin = pos
+    b, s = hidden.shape[:2]
+    q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
+    # the parameters read in stock's order (each projection's, then its norm's): the compiled graph takes them as
+    # inputs in the order it first reads them, as stock's does
+    _read(self.q_proj)
+    wq = self.q_norm.weight
+    _read(self.k_proj)
+    wk = self.k_norm.weight
+    if not _takes(self, q, k, cos, sin):
+        return "patched"
+    return "own" if traced_as_original(qk_norm_rope, q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon) else None
+
+
+def _read(proj: nn.Module) -> None:
+    """A linear projection's weight and bias read, as its forward reads them first."""
+    if isinstance(proj, nn.Linear):
+        proj.weight.dtype  # noqa: B018
+        if proj.bias is not None:
+            proj.bias.dtype  # noqa: B018
 
 
 def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     fwd = getattr(type(self), _ROUTED, None)
     if fwd is None:  # a swapped class made again by pickle: its forward made now
         fwd = install(type(self))
+    if tracing():
+        stock = _traced_as_stock(self, args, kwargs)
+        if stock == "own":
+            return getattr(type(self), _STOCK_ROUTED)(self, *args, **kwargs)
+        if stock == "patched":
+            return original_class(self).forward(self, *args, **kwargs)
     return fwd(self, *args, **kwargs)
 
 
 def install(swapped: type) -> Callable[..., Any]:
-    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
+    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite), with
+    the stock forward a trace runs where the op decomposes (``_stock_routed``)."""
+    install_routed(swapped, _STOCK_ROUTED, _stock_routed)
     return install_routed(swapped, _ROUTED, _routed)
 
 
