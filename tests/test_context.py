@@ -247,3 +247,25 @@ def test_tuning_another_model_leaves_a_compiled_caller_as_it_was_compiled(privat
     # compile tier where the stored timings favour it (a graph of its own, compiled on its first call)
     assert len(_debug_get_cache_entry_list(f.__code__)) == 1  # no recompile
     assert {k[0] for k in table.current()} >= {"rms_norm", "softmax"}  # the first tune's decisions kept
+
+
+def test_a_publication_during_a_trace_leaves_its_guards_buildable(private_decisions):
+    """Background tuning publishes from its own thread while dynamo traces: a publication that drops a decision the
+    trace read must not leave dynamo a guard it cannot build (a KeyError in the call path's memo), only a retrace."""
+    decide.clear_cache()
+    torch._dynamo.reset()
+    x, w = torch.randn(3, 16), torch.randn(16)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(t, (16,), w) * 2
+
+    f(x)  # the signature primed: a trace reads its name from the memo
+    assert any(k[0] == "rms_norm" for k in memo._traced)
+
+    def backend(gm, example):
+        decide.clear_cache()  # a publication lands after the trace read the memo, before dynamo builds its guards
+        return gm.forward
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(x), f(x))
+    torch.testing.assert_close(compiled(x), f(x))

@@ -135,11 +135,15 @@ def publish(add: Mapping[Key, Any] | None = None, drop: Callable[[Key, Any], boo
 
 
 def derived(same: str = "object", value: Callable[[Any], Selection] | None = None, clear: tuple[dict, ...] = (),
-            trim: tuple[dict, ...] = ()) -> dict:
+            trim: tuple[dict, ...] = (), blank: tuple[dict, ...] = ()) -> dict:
     """A new memo of selections derived from the table: after each publication it keeps the entries whose selection
     (``value(entry)``, the entry itself where None) is still what the new table decides (``decided``); where anything
-    went, the memos ``clear`` (keyed by what names no decision) start over; the memos ``trim`` keep only keys it still
-    holds. The rules run here, in the order the memos were made: a publication runs no reader's code."""
+    went, the memos ``clear`` (keyed by what names no decision) start over and every entry of the memos ``blank``
+    becomes None; the memos ``trim`` set to None each key it no longer holds. A memo a trace reads is blanked, not
+    emptied: a publication from another thread (background tuning) may land while dynamo traces, after the trace read
+    an entry and before it builds the guard on it, which must still find the key (it then fails on the value: the
+    caller is traced again). The rules run here, in the order the memos were made: a publication runs no reader's
+    code."""
     memo: dict = {}
 
     def keep(old: DecisionTable, new: DecisionTable, memo: dict) -> None:
@@ -149,11 +153,14 @@ def derived(same: str = "object", value: Callable[[Any], Selection] | None = Non
                 memo.pop(k, None)
                 dropped = True
         for m in trim:
-            for k in [k for k in m if k not in memo]:
-                m.pop(k, None)
+            for k in [k for k, v in m.items() if v is not None and k not in memo]:
+                m[k] = None
         if dropped:
             for m in clear:
                 m.clear()
+            for m in blank:
+                for k in list(m):
+                    m[k] = None
 
     _derived.append((memo, keep))
     return memo

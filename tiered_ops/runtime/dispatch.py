@@ -122,8 +122,9 @@ def prime_trace(spec: OpSpec, signature: tuple, mixed: bool, problem: Problem, d
         return  # a trace asks Inductor to choose (``inductor_choice``)
     key = signature + (1,)
     bucket = bucket_key(spec, problem, dtype, device, mode, mixed)  # what a trace with symbolic sizes reads
-    if key in _calls and key in _traced:
-        _traced_buckets[bucket] = _traced[key]  # primed again after ``tune``'s clear
+    primed = _traced.get(key)
+    if key in _calls and primed is not None:
+        _traced_buckets[bucket] = primed  # primed again after ``tune``'s clear
         return
     sel = ask(spec, problem, dtype, device, mode, Context.COMPILED)
     name = trace_fn(spec, sel.impl, device, mixed)

@@ -7,7 +7,9 @@ These are derived from the table (``table.derived``: kept by its rules at each p
 the decision it was made from (its ``Selection.key``) names another implementation, or once a publication that drops
 decisions leaves it out (an entry made from no decision of the table, such as the eager tier run while the store
 fails, goes then too); the two keyed by what does not name its decision (a C++ key, a bucket) are made again once
-anything went. A memo past its bound starts over (``remember``). ``cache_state`` and ``keep_unchanged`` carry what
+anything went. The two a trace reads (``_traced``, ``_traced_buckets``) keep a key that went, as None: another
+thread's publication may land between a trace's read and the guard dynamo builds on it. A memo past its bound starts
+over (``remember``). ``cache_state`` and ``keep_unchanged`` carry what
 ``tune`` leaves unchanged through the empty table it records under, so a compiled caller's guards on it hold.
 """
 
@@ -24,11 +26,12 @@ from .hot import _TRACE_IMPLS
 
 _hot: dict[bytes, Callable[..., Any]] = {}  # an eager call's C++ key -> what it runs (dispatch.py)
 # (op, bucket, dtype, device, mode, mixed) -> the name of what a trace calls, for a trace whose sizes are symbolic
-_traced_buckets: dict[tuple, str] = {}
-# a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``)
-_traced: dict[tuple, str] = {}
+_traced_buckets: dict[tuple, str | None] = {}
+# a compiled-context call signature -> the name of what a trace of it calls (dispatch.py: ``prime_trace``); None: no
+# longer primed (the key stays for a trace building its guard on it: ``table.derived``)
+_traced: dict[tuple, str | None] = {}
 # exact call signature -> Selection (the per-call fast path); the others are made from its entries
-_calls: dict[tuple, Selection] = table.derived("impl", clear=(_hot, _traced_buckets), trim=(_traced,))
+_calls: dict[tuple, Selection] = table.derived("impl", clear=(_hot,), blank=(_traced_buckets,), trim=(_traced,))
 
 
 def remember(key: tuple, sel: Selection) -> None:
@@ -69,12 +72,14 @@ def keep_unchanged(state: _State) -> None:
     for k, old in calls.items():
         if table.decided(old, now, "impl"):
             _calls[k] = old
-            if k in traced:
+            if traced.get(k) is not None:
                 _traced[k] = traced[k]
     # decisions' keys: (op, bucket, dtype, device, mode, context); ``bucket_key``'s: (op, bucket, dtype, device, mode,
     # mixed)
     compiled = {k[:5]: sel.name for k, sel in now.items() if k[5] == "compiled"}
     for k, name in buckets.items():
+        if name is None:
+            continue
         impl = _TRACE_IMPLS[name].name  # what the traced name calls (``hot.trace_fn``)
-        if compiled.get(k[:5], impl) == impl:
-            _traced_buckets.setdefault(k, name)
+        if compiled.get(k[:5], impl) == impl and _traced_buckets.get(k) is None:
+            _traced_buckets[k] = name
