@@ -162,6 +162,17 @@ def test_tune_after_compile(family, quick_tiers, monkeypatch):
     _assert_one_graph(outs, ref, graphs=2)
 
 
+def _assert_one_training_graph(loss: torch.Tensor, ref: torch.Tensor, model: torch.nn.Module,
+                               stock: torch.nn.Module) -> None:
+    """One graph, no break; the loss and every gradient as the stock model's (both backwards run)."""
+    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    grads = dict(stock.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @needs_hf
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
 def test_tune_after_compile_in_training(family, quick_tiers, monkeypatch):
@@ -186,12 +197,7 @@ def test_tune_after_compile_in_training(family, quick_tiers, monkeypatch):
     assert asked == [], "a trace after tune found every decision"
     ref = step(stock, ids)
     ref.backward()
-    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-    grads = dict(stock.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+    _assert_one_training_graph(loss, ref, model, stock)
 
 
 @needs_hf
@@ -212,12 +218,7 @@ def test_a_compiled_training_step_before_any_decision(family, monkeypatch):
     loss.backward()
     ref = step(stock, ids)
     ref.backward()
-    assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-    grads = dict(stock.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+    _assert_one_training_graph(loss, ref, model, stock)
 
 
 def test_a_trace_reads_a_decision_made_before(private_decisions, two_softmaxes):
