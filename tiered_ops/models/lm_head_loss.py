@@ -36,7 +36,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import LOSS_MARK, StandIn, causal_lm_loss, own_loss, same_syntax, traced_as_original, tracing
-from .swap import original_class
+from .swap import original_class, own_forward
 
 linear_cross_entropy = public("linear_cross_entropy")
 
@@ -144,7 +144,7 @@ def _causal_lm(self: nn.Module, code: _Code, cache: Any, labels: torch.Tensor | 
         cache = kwargs.pop("past_key_values")
     args[code.cache] = cache
     if labels is None or not self.training:
-        return original_class(self).forward(self, labels=labels, logits_to_keep=logits_to_keep, **args, **kwargs)
+        return own_forward(self, labels=labels, logits_to_keep=logits_to_keep, **args, **kwargs)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     return_dict = kwargs.pop("return_dict", None)

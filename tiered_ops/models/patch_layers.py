@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.dispatch import public
-from .swap import original_class
+from .swap import original_class, own_forward
 
 cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_rms_norm")
 
@@ -194,9 +194,8 @@ def _decoder_layer(self: nn.Module, gemma: bool, cache_name: str, hidden_states:
         cache = old if cache is None else cache
     kwargs[cache_name] = cache
     if self.gradient_checkpointing and self.training:
-        return original_class(self).forward(self, hidden_states, attention_mask=attention_mask,
-                                            position_ids=position_ids, use_cache=use_cache,
-                                            position_embeddings=position_embeddings, **kwargs)
+        return own_forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,

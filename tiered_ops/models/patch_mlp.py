@@ -22,7 +22,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import same_syntax, traced_as_original, tracing
-from .swap import original_class
+from .swap import original_class, own_forward
 
 swiglu = public("swiglu")
 
@@ -78,8 +78,7 @@ def _mlp(self: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
         # (the op takes only an up of gate's shape and dtype). The activation's own forward, not a patched one's: the
         # swiglu decision covers it (tune records swiglu's call, never the activation's, so a patched GELU would find
         # no decision of its own here)
-        act = original_class(self.act_fn).forward(self.act_fn, gate)
-        return self.down_proj(act * self.up_proj(x))
+        return self.down_proj(own_forward(self.act_fn, gate) * self.up_proj(x))
     up = self.up_proj(x)
     if gate.dtype in _DTYPES and up.dtype == gate.dtype and up.shape == gate.shape:
         return self.down_proj(swiglu(gate, up, activation))

@@ -42,7 +42,7 @@ from torch import nn
 from ..runtime.dispatch import public
 from .patch_layers import StandIn, norm_form, traced_as_original, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
-from .swap import install_routed, original_class
+from .swap import install_routed, original_class, own_forward
 
 qk_norm_rope = public("qk_norm_rope")
 
@@ -81,11 +81,6 @@ def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self.q_norm(q), self.k_norm(k), cos, sin)
 
     return call
-
-
-def _own_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm``'s own class's forward (a patched norm's original): no call of the norm's module, its hooks or op."""
-    return original_class(norm).forward(norm, x)
 
 
 def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str, value: Any) -> types.FunctionType | str:
@@ -141,7 +136,7 @@ def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
         return "its forward has no source"
     if rope_form(raw.__globals__.get(_NAME), raw.__globals__) != "full":
         return "its apply_rotary_pos_emb is not transformers' full rotate-half code"
-    new = _rewritten(raw, _STOCK, _OWN, _own_norm) if stock else _rewritten(
+    new = _rewritten(raw, _STOCK, _OWN, own_forward) if stock else _rewritten(
         raw, _NEW, _CALL, _norm_call(raw.__globals__[_NAME]))
     if isinstance(new, str):
         return new
@@ -214,7 +209,7 @@ def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> An
         if stock == "own":
             return getattr(type(self), _STOCK_ROUTED)(self, *args, **kwargs)
         if stock == "patched":
-            return original_class(self).forward(self, *args, **kwargs)
+            return own_forward(self, *args, **kwargs)
     return fwd(self, *args, **kwargs)
 
 

@@ -58,7 +58,7 @@ from .patch_mlp import mlp_plan
 from .patch_qk_norm import install as install_qk_norm
 from .patch_qk_norm import qk_norm_plan
 from .patch_rope import install, rope_plan
-from .swap import original_class, swap, unswap
+from .swap import own_forward, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
@@ -105,7 +105,7 @@ class PatchReport:
 # ---- replacement forwards (each the forward of a swapped subclass: swap.py) -------------------------------------
 
 def _fallback(self: nn.Module, *args: Any) -> torch.Tensor:
-    return original_class(self).forward(self, *args)
+    return own_forward(self, *args)
 
 
 def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
