@@ -2,6 +2,7 @@
 how long each took, whether their times agree, and whether they pick the same winners.
 
     python benchmarks/compare_sweeps.py A/results.csv B/results.csv [--names two-gpus one-gpu] [--md out.md]
+        [--without liger,quack]
 
 Per sweep: its rows (the last stored per op, problem, dtype, mode, impl and context) and the span of their timestamps
 (first to last stored measurement: the sweep's measuring time, without its start-up and export). For each row timed in
@@ -84,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("b")
     p.add_argument("--names", nargs=2, default=["A", "B"])
     p.add_argument("--md", help="also write the lines here")
+    p.add_argument("--without", default="", help="implementations left out of both (comma-separated: peers that "
+                   "only one sweep carried, e.g. liger,quack)")
     args = p.parse_args(argv)
-    lines = compare(pd.read_csv(args.a), pd.read_csv(args.b), tuple(args.names))
+    drop = {s for s in args.without.split(",") if s}
+    a, b = (df[~df["impl"].isin(drop)] for df in (pd.read_csv(args.a), pd.read_csv(args.b)))
+    lines = compare(a, b, tuple(args.names))
     print("\n".join(lines))
     if args.md:
         with open(args.md, "w") as f:
