@@ -195,3 +195,27 @@ def test_tuning_another_model_leaves_a_dynamic_graph_alone(private_decisions):
         x = torch.randn(n, 16)
         torch.testing.assert_close(compiled(x), f(x))
     assert len(_debug_get_cache_entry_list(f.__code__)) == 1  # no recompile
+
+
+@pytest.mark.parametrize("class_tells", [True, False], ids=["class", "max"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_traced_size_is_symbolic_only_where_dynamo_keeps_it_so(class_tells, dynamic, monkeypatch):
+    """``symbolic_size`` while dynamo traces: False for every size of a static trace, True for a dynamic dimension;
+    both ways of asking (the size's class where dynamo tells it, ``max(d, 0)`` where it does not: torch before 2.13
+    gave a static size's class as "not int", and a static trace then took every size for symbolic)."""
+    from tiered_ops import registry
+
+    if class_tells and not registry._CLASS_TELLS:
+        pytest.skip(f"torch {torch.__version__}'s dynamo gives a static size's class as not int")
+    monkeypatch.setattr(registry, "_CLASS_TELLS", class_tells)
+    seen: list[list[bool]] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        seen.append([registry.symbolic_size(d) for d in x.shape])
+        return x + 1
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="eager", fullgraph=True, dynamic=dynamic)(torch.randn(5, 7))
+    torch._dynamo.reset()
+    assert seen == [[dynamic, dynamic]]
+    assert [registry.symbolic_size(d) for d in torch.randn(5, 7).shape] == [False, False]  # outside a trace

@@ -344,7 +344,7 @@ def trace_plan(key: tuple, described: tuple) -> tuple[str, bool] | None:
     args, kwargs = stand_ins(spec, described)
     x = args[0]
     try:
-        problem = _admitted(spec, x, args, kwargs)
+        problem = _admitted(spec, x, args, kwargs, values=False)  # stand-ins hold no values to check
         mixed = needs_promotion(spec, args, kwargs)
     except Exception:  # noqa: BLE001 (raised again where the caller sees it: dispatch, traced, as before)
         return None
@@ -379,11 +379,12 @@ def plan_decomposes(key: tuple, described: tuple) -> bool:
     return plan is not None and plan[0] in DECOMPOSED and not plan[1]
 
 
-def _admitted(spec: OpSpec, x: torch.Tensor, args: tuple, kwargs: dict[str, Any]) -> Problem:
-    """A new call signature admitted (the contract, the declaration's value checks, a selectable dtype: an error names
-    the argument) and its problem; the slow path's first steps, eager and traced alike."""
+def _admitted(spec: OpSpec, x: torch.Tensor, args: tuple, kwargs: dict[str, Any], values: bool = True) -> Problem:
+    """A new call signature admitted (the contract, the declaration's value checks unless ``values`` is False, a
+    selectable dtype: an error names the argument) and its problem; the slow path's first steps, eager and traced
+    alike."""
     _contract(spec, args, kwargs)
-    if spec.check_values is not None:
+    if values and spec.check_values is not None:
         spec.check_values(*args, **kwargs)
     _check_dtype(spec, x)
     return spec.problem_of(*args, **kwargs)
