@@ -53,10 +53,12 @@ def code_stats(codes: list[str]) -> dict[str, Any]:
 
 
 def normalized(code: str) -> list[str]:
-    """Output code without what differs between two compiles of one graph (hashes, ids, source-node comments)."""
+    """Output code without what differs between two compiles of one graph (hashes, ids) and without its comment
+    lines: the provenance Inductor writes above each kernel (the source variables' names, the FX nodes' numbering),
+    which names what a graph was traced from, not what it runs."""
     out = []
     for line in code.splitlines():
-        if re.match(r"\s*# (Topologically Sorted|Source node|AOT ID|Original ATen|kernel path|Graph fragment)", line):
+        if re.match(r"\s*#", line):
             continue
         line = re.sub(r"/\S+/[a-z0-9]{2}/\w+\.(py|cpp|so)", "<path>", line)
         out.append(re.sub(r"\b[a-z0-9]{40,}\b", "<hash>", line))
