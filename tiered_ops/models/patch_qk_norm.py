@@ -206,11 +206,13 @@ def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> st
 
 def _read(proj: nn.Module) -> int | None:
     """A linear projection's weight and bias read, as its forward reads them first: the weight's rows (None where it
-    has no 2-D weight)."""
-    w = getattr(proj, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+    has no 2-D weight parameter). Read from ``_parameters``, the source stock's trace guards already (``getattr``
+    with a default guards each module's attribute apart: lines per layer)."""
+    params = proj._parameters
+    w = params.get("weight")
+    if w is None or w.dim() != 2:
         return None
-    bias = getattr(proj, "bias", None)
+    bias = params.get("bias")
     if bias is not None:
         bias.dtype  # noqa: B018
     return w.shape[0]
