@@ -38,7 +38,10 @@ from .swap import original_class, own_forward
 
 cross_entropy, fused_add_rms_norm = public("cross_entropy"), public("fused_add_rms_norm")
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The dtypes the rewrites take. A forward asks ``dt.is_floating_point and dt.itemsize in (2, 4)`` (the same set: a test
+# checks it on every dtype torch has) rather than ``dt in TAKEN``: read off the dtype alone, a trace folds it with no
+# guard, where a global tuple puts a guard on each of its elements, evaluated on every call of the compiled model.
+TAKEN = (torch.float32, torch.bfloat16, torch.float16)
 LOSS_MARK = "_tiered_ops_loss"  # instance attribute of a model whose loss is routed
 
 
@@ -120,7 +123,9 @@ def traced_as_original(op: Callable[..., Any], *args: Any, **kwargs: Any) -> boo
     """Whether dynamo traces this call of ``op`` (a public ``tiered_ops.<op>``) and would trace the op's plain torch
     decomposition there (its compiled-context decision, or no decision yet): the rewrite then traces the code it
     replaces instead, so Inductor gets stock's graph (its casts, its order; no check of ours) where no kernel of ours
-    runs. False outside a trace. Call sites ask ``tracing() and traced_as_original(...)``."""
+    runs. False outside a trace. The rewrites' forwards ask its two parts in place, ``tracing() and
+    op.decomposes(...)``: under torch.compile each function a forward calls is a guard on its code, evaluated on
+    every call of the compiled model."""
     return tracing() and op.decomposes(*args, **kwargs)
 
 
@@ -169,18 +174,19 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
     through one tiered_ops.fused_add_rms_norm call in the norm's Hugging Face form where the dtypes allow (a weight of
     x's dtype or float32); else the add and the norm module apart."""
     w = norm.weight
-    if (x.dtype in _DTYPES and residual.dtype == x.dtype and residual.shape == x.shape
+    dt = x.dtype
+    if (dt.is_floating_point and dt.itemsize in (2, 4) and residual.dtype == dt and residual.shape == x.shape
             and w.dtype in (x.dtype, torch.float32)):
         # the sum's operands in the original's order (residual + x): the same bits either way, but a traced graph is
         # then the original's, and Inductor plans the same kernels and buffers for it
         # Gemma: (1 + w) in fp32, one rounding; Llama: normalized in fp32, rounded to x's dtype, then the weight (the
         # output promote(w, x)). Traced as the original's add and norm where the op would trace its decomposition.
         if gemma:
-            if not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w, norm.eps,
-                                                     weight_offset=1.0)):
+            if not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), w, norm.eps,
+                                                                weight_offset=1.0)):
                 return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
-        elif not (tracing() and traced_as_original(fused_add_rms_norm, residual, x, (x.shape[-1],), w,
-                                                   norm.variance_epsilon, cast_before_weight=True)):
+        elif not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), w, norm.variance_epsilon,
+                                                              cast_before_weight=True)):
             return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h
@@ -299,15 +305,14 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
                    num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = -100,
                    shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
     """transformers' ForCausalLMLoss through tiered_ops.cross_entropy (a float32 loss)."""
-    if logits.dtype not in _DTYPES:
+    if not (logits.dtype.is_floating_point and logits.dtype.itemsize in (2, 4)):  # not in TAKEN
         return _hf_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
     # transformers upcasts the logits to float32 first; dtype=float32 gives that loss (a bf16 loss would round it by up
     # to 2^-9) without writing the float32 copy of [N, V] logits, nor, in training, its float32 gradient
     flat, reduction = logits.reshape(-1, vocab_size), "mean" if num_items_in_batch is None else "sum"
     # asked with the labels in the targets' place (their shape once shifted, their dtype; another device: no)
-    if tracing() and traced_as_original(cross_entropy, flat,
-                                        (labels if shift_labels is None else shift_labels).reshape(-1),
-                                        ignore_index, reduction, dtype=torch.float32):
+    if tracing() and cross_entropy.decomposes(flat, (labels if shift_labels is None else shift_labels).reshape(-1),
+                                              ignore_index, reduction, dtype=torch.float32):
         # stock's loss traced (the two reshapes above are unused: dropped from the compiled graph)
         return _hf_loss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
     if shift_labels is None:

@@ -21,12 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import same_syntax, traced_as_original, tracing
+from .patch_layers import same_syntax, tracing
 from .swap import original_class, own_forward
 
 swiglu = public("swiglu")
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TANH_GELUS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")
 
 # The transformers code the rewrite reproduces (``same_syntax``: annotations, decorators, docstrings aside).
@@ -73,14 +72,16 @@ def activation_of(act: nn.Module) -> str | None:
 
 def _mlp(self: nn.Module, x: torch.Tensor, activation: str) -> torch.Tensor:
     gate = self.gate_proj(x)
-    if tracing() and gate.dtype in _DTYPES and traced_as_original(swiglu, gate, gate, activation):
+    dt = gate.dtype
+    taken = dt.is_floating_point and dt.itemsize in (2, 4)  # in patch_layers.TAKEN (read so: no guard)
+    if tracing() and taken and swiglu.decomposes(gate, gate, activation):
         # traced as the original, in its order (up_proj after the activation); gate stands in for up in the question
         # (the op takes only an up of gate's shape and dtype). The activation's own forward, not a patched one's: the
         # swiglu decision covers it (tune records swiglu's call, never the activation's, so a patched GELU would find
         # no decision of its own here)
         return self.down_proj(own_forward(self.act_fn, gate) * self.up_proj(x))
     up = self.up_proj(x)
-    if gate.dtype in _DTYPES and up.dtype == gate.dtype and up.shape == gate.shape:
+    if taken and up.dtype == dt and up.shape == gate.shape:
         return self.down_proj(swiglu(gate, up, activation))
     return self.down_proj(self.act_fn(gate) * up)
 

@@ -40,13 +40,12 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import StandIn, norm_form, traced_as_original, tracing
+from .patch_layers import StandIn, norm_form, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
 from .swap import install_routed, original_class, own_forward
 
 qk_norm_rope = public("qk_norm_rope")
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CALL = "_tiered_ops_qk_norm_rope"  # the name the rewritten forward calls
 
 _Q = "query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)"
@@ -55,18 +54,23 @@ _ROPE = "query_states, key_states = apply_rotary_pos_emb(query_states, key_state
 _NEW = {_Q: "query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
         _K: "key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)",
         _ROPE: f"query_states, key_states = {_CALL}(self, query_states, key_states, cos, sin)"}
-# stock's forward with its norms' own forwards (not their patched ones): what a trace deciding qk_norm_rope's
-# decomposition runs
-_OWN = "_tiered_ops_own_norm"
-_STOCK = {_Q: f"query_states = {_OWN}(self.q_norm, self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)",
-          _K: f"key_states = {_OWN}(self.k_norm, self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)"}
+# stock's forward with its norms' own forwards (not their patched ones: ``swap.own_forward``'s lookup, spelled with no
+# name of ours): what a trace deciding qk_norm_rope's decomposition runs. It needs no global of its own, so it runs
+# in the modeling module's own globals, which a trace guards once for stock's code and this alike.
+_OWN = "type(self.{n}).__dict__.get('_tiered_ops_base', type(self.{n})).forward(self.{n}, {x})"
+_STOCK = {_Q: "query_states = {}.transpose(1, 2)".format(
+              _OWN.format(n="q_norm", x="self.q_proj(hidden_states).view(hidden_shape)")),
+          _K: "key_states = {}.transpose(1, 2)".format(
+              _OWN.format(n="k_norm", x="self.k_proj(hidden_states).view(hidden_shape)"))}
 
 
 def _takes(self: nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether the rewritten forward calls ``qk_norm_rope`` for these q, k [batch, heads, seq, head_dim] (tensors or
     ``StandIn``s), cos, sin."""
     wq, wk = self.q_norm.weight, self.k_norm.weight
-    return (q.dtype in _DTYPES and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
+    # q's dtype in patch_layers.TAKEN, asked so that a trace reads no global (no guard)
+    return (q.dtype.is_floating_point and q.dtype.itemsize in (2, 4)
+            and k.dtype == q.dtype and cos.dtype == q.dtype and sin.dtype == q.dtype
             and wq.dtype == q.dtype and wk.dtype == q.dtype
             and self.q_norm.variance_epsilon == self.k_norm.variance_epsilon
             and len(q.shape) == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1] and q.shape[-1] % 2 == 0
@@ -83,9 +87,10 @@ def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str, value: Any) -> types.FunctionType | str:
+def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str | None, value: Any
+               ) -> types.FunctionType | str:
     """The forward ``raw`` with the statements ``new`` maps replaced by theirs, its global ``name`` bound to
-    ``value``, or why not."""
+    ``value`` (in a copy of its module's globals; None: in its module's own), or why not."""
     dumps = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in new.items()}
     if raw.__code__.co_freevars:
         return "its forward uses a closure"
@@ -102,10 +107,10 @@ def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str, value: A
     for i in found:
         fn.body[i] = copy.deepcopy(dumps[ast.dump(fn.body[i])])
     fn.decorator_list = []
-    module = _shadow(raw.__globals__, name, value)
-    ns: dict[str, Any] = {}
+    globals_ = raw.__globals__ if name is None else _shadow(raw.__globals__, name, value).__dict__
+    ns: dict[str, Any] = {}  # the definition lands here, not in globals_
     exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<qk_norm_rope>", "exec"),  # noqa: S102
-         module.__dict__, ns)
+         globals_, ns)
     new = ns[fn.name]
     new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
     return new
@@ -136,7 +141,7 @@ def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
         return "its forward has no source"
     if rope_form(raw.__globals__.get(_NAME), raw.__globals__) != "full":
         return "its apply_rotary_pos_emb is not transformers' full rotate-half code"
-    new = _rewritten(raw, _STOCK, _OWN, own_forward) if stock else _rewritten(
+    new = _rewritten(raw, _STOCK, None, None) if stock else _rewritten(
         raw, _NEW, _CALL, _norm_call(raw.__globals__[_NAME]))
     if isinstance(new, str):
         return new
@@ -171,43 +176,56 @@ def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> st
     float32 norm weights, which the op does not take with them, trace stock's code; others the rewrite's own path."""
     hidden = args[0] if args else kwargs.get("hidden_states")
     pos = args[1] if len(args) > 1 else kwargs.get("position_embeddings")
-    config, d = getattr(self, "config", None), getattr(self, "head_dim", None)
-    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-    if (not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not isinstance(pos, tuple) or len(pos) != 2
-            or not all(isinstance(n, int) for n in (d, heads, kv_heads))):
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not isinstance(pos, tuple) or len(pos) != 2:
         return None
     if torch.is_autocast_enabled(hidden.device.type):
         return "patched" if self.q_norm.weight.dtype == torch.float32 else None
     cos, sin = pos
     b, s = hidden.shape[:2]
-    q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
     # the parameters read in stock's order (each projection's, then its norm's): the compiled graph takes them as
-    # inputs in the order it first reads them, as stock's does
-    _read(self.q_proj)
+    # inputs in the order it first reads them, as stock's does. head_dim is the norms' size and the heads are read off
+    # the projections' weights ([heads * head_dim, hidden]): a tensor's own guard covers its shape, where reading
+    # the config's ints (or head_dim's type) adds guards; the config's where a projection has no such weight
+    q_rows = _read(self.q_proj)
     wq = self.q_norm.weight
-    _read(self.k_proj)
+    k_rows = _read(self.k_proj)
     wk = self.k_norm.weight
+    d = wq.shape[-1]
+    if q_rows is None or k_rows is None or q_rows % d or k_rows % d:
+        config = getattr(self, "config", None)
+        heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+        if not (isinstance(heads, int) and isinstance(kv_heads, int)):
+            return None
+    else:
+        heads, kv_heads = q_rows // d, k_rows // d
+    q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
     if not _takes(self, q, k, cos, sin):
         return "patched"
-    return "own" if traced_as_original(qk_norm_rope, q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon) else None
+    return "own" if qk_norm_rope.decomposes(q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon) else None
 
 
-def _read(proj: nn.Module) -> None:
-    """A linear projection's weight and bias read, as its forward reads them first."""
-    if isinstance(proj, nn.Linear):
-        proj.weight.dtype  # noqa: B018
-        if proj.bias is not None:
-            proj.bias.dtype  # noqa: B018
+def _read(proj: nn.Module) -> int | None:
+    """A linear projection's weight and bias read, as its forward reads them first: the weight's rows (None where it
+    has no 2-D weight parameter). Read from ``_parameters``, the source stock's trace guards already (``getattr``
+    with a default guards each module's attribute apart: lines per layer)."""
+    params = proj._parameters
+    w = params.get("weight")
+    if w is None or w.dim() != 2:
+        return None
+    bias = params.get("bias")
+    if bias is not None:
+        bias.dtype  # noqa: B018
+    return w.shape[0]
 
 
 def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    fwd = getattr(type(self), _ROUTED, None)
+    fwd = getattr(type(self), "_tiered_ops_qk_norm_forward", None)  # _ROUTED, spelled out: a global read is a guard
     if fwd is None:  # a swapped class made again by pickle: its forward made now
         fwd = install(type(self))
     if tracing():
         stock = _traced_as_stock(self, args, kwargs)
         if stock == "own":
-            return getattr(type(self), _STOCK_ROUTED)(self, *args, **kwargs)
+            return type(self)._tiered_ops_qk_norm_stock_forward(self, *args, **kwargs)  # _STOCK_ROUTED
         if stock == "patched":
             return own_forward(self, *args, **kwargs)
     return fwd(self, *args, **kwargs)
