@@ -270,3 +270,20 @@ def test_symbolic_sizes_with_no_decision_stay_in_the_graph(private_decisions, dy
         torch.testing.assert_close(cf(x), torch.nn.functional.rms_norm(x.sin(), (64,), w).cos())
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])  # buckets 8, 16, 32 (+ the static first)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("shape", [64, (64,), [64], torch.Size([64])], ids=["int", "tuple", "list", "size"])
+def test_a_shape_argument_in_any_form_traces_without_a_break(private_decisions, shape, device):
+    """An op's shape argument as torch takes it (an int, a tuple, a list, a torch.Size) traces with fullgraph=True
+    and gives eager's result. (Keyed by its class, an int went to tuple() under torch 2.11's dynamo: a break.)"""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: run scripts/gpu.sh on a GPU machine")
+    x = torch.randn(8, 64, device=device)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return tiered_ops.rms_norm(t, shape) * 2
+
+    got = torch.compile(f, fullgraph=True, backend="eager")(x)
+    assert dict(counters["graph_break"]) == {}
+    torch.testing.assert_close(got, f(x), rtol=0, atol=0)

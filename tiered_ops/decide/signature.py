@@ -67,7 +67,9 @@ def key_parts(p: inspect.Parameter, decisive: set[str]) -> list[str]:
         # lookup of a key cannot hash or match in every torch version
         return [f"{n} is None", f"isinstance({n}, bool)", f"isinstance({n}, (int, float))"]
     if "Sequence" in ann or "list" in ann:
-        return [f"{n} if {n}.__class__ is tuple or {n}.__class__ is int or {n} is None else tuple({n})"]
+        # type(), not the __class__ attribute: tracing, torch 2.11's dynamo answers "not int" for an int's class (an
+        # int dim then went to tuple(), which dynamo refuses: a graph break)
+        return [f"{n} if type({n}) is tuple or type({n}) is int or {n} is None else tuple({n})"]
     return [n]
 
 
