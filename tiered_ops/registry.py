@@ -122,14 +122,14 @@ class Problem:
 
 
 # Whether dynamo, tracing, tells a static size's class from a symbolic one's: torch before 2.13 answers "not int" for
-# both (the same trace then took every size for symbolic: no stock graph, no decision read by exact shape)
+# both, which would take every size of a static trace for symbolic
 _CLASS_TELLS = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
 
 
 def symbolic_size(d: Any) -> bool:
     """Whether ``d`` is a size that torch.compile keeps symbolic. While dynamo traces, it answers isinstance(d, int)
     for one (its class is then not int). Where the class does not tell (``_CLASS_TELLS``), ``max(d, 0)`` does: Python's
-    max returns a static size itself and a symbolic one as a new size (an unused node of the graph, dropped by AOT).
+    max returns a static size itself and a symbolic one as a new size (an unused node of dynamo's graph).
     Asking installs no guard."""
     return (isinstance(d, int) and d.__class__ is not int and not isinstance(d, bool) and torch.compiler.is_compiling()
             and (_CLASS_TELLS or max(d, 0) is not d))
