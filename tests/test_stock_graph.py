@@ -1,6 +1,7 @@
 """A patched model under torch.compile gives the compiler stock's graph where every compiled-context decision is the
-op's plain torch decomposition (``patch_layers.traced_as_original``): the forwards trace the code they replaced, so
-nothing of ours (a cast order, a target check) reaches Inductor; and a decision for a kernel still calls the op.
+op's plain torch decomposition (``tracing() and op.decomposes(...)``, ``patch_layers.tracing``): the forwards trace
+the code they replaced, so nothing of ours (a cast order, a target check) reaches Inductor; and a decision for a
+kernel still calls the op.
 
 A tiny model of each RMSNorm family (Llama, Mistral, Qwen2, Qwen3, Gemma) in training (the loss through
 ``cross_entropy``, the residual add + RMSNorm fused; Qwen3's QK-norm + RoPE through ``qk_norm_rope``; Llama and
@@ -19,7 +20,7 @@ from torch._dynamo.utils import counters
 
 import tiered_ops
 from tiered_ops.models.lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
-from tiered_ops.models.patch_layers import traced_as_original
+from tiered_ops.models.patch_layers import tracing
 from tiered_ops.models.patching import PATCHABLE_OPS
 from tiered_ops.registry import Impl, Tier
 from tiered_ops.runtime import dispatch
@@ -205,7 +206,7 @@ def _fx_calls(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[str], tor
 
 def test_outside_a_trace_the_question_is_never_asked():
     x = torch.randn(4, 64)
-    assert traced_as_original(tiered_ops.rms_norm, x, (64,)) is False
+    assert (tracing() and tiered_ops.rms_norm.decomposes(x, (64,))) is False
 
 
 @needs_hf

@@ -115,18 +115,13 @@ def _syntax_of_source(source: str) -> str | None:
 
 
 # whether dynamo traces the caller (folded to True there): asked first at each call site, so that an eager call pays
-# one call of it (~15 ns) and not the question's argument packing (~100 ns)
+# one call of it (~15 ns) and not the question's argument packing (~100 ns). A rewrite's forward asks ``tracing() and
+# op.decomposes(...)`` (``op`` a public ``tiered_ops.<op>``): whether the trace would run the op's plain torch
+# decomposition there (its compiled-context decision, or no decision yet); it then traces the code it replaces, so
+# Inductor gets stock's graph (its casts, its order; no check of ours) where no kernel of ours runs. Asked in place,
+# not through a helper: under torch.compile each function a forward calls is a guard on its code, evaluated on every
+# call of the compiled model.
 tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
-
-
-def traced_as_original(op: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-    """Whether dynamo traces this call of ``op`` (a public ``tiered_ops.<op>``) and would trace the op's plain torch
-    decomposition there (its compiled-context decision, or no decision yet): the rewrite then traces the code it
-    replaces instead, so Inductor gets stock's graph (its casts, its order; no check of ours) where no kernel of ours
-    runs. False outside a trace. The rewrites' forwards ask its two parts in place, ``tracing() and
-    op.decomposes(...)``: under torch.compile each function a forward calls is a guard on its code, evaluated on
-    every call of the compiled model."""
-    return tracing() and op.decomposes(*args, **kwargs)
 
 
 class StandIn:

@@ -26,8 +26,8 @@ class back. Swapped:
 A swapped forward runs the original forward for an input tiered_ops does not take (a dtype other than fp32,
 bf16 or fp16; a weight or bias of another dtype than the input, as under autocast, except a float32 weight of the
 Hugging Face RMSNorms, which their forms take), and, while dynamo traces it, where the op would trace its plain torch
-decomposition (``patch_layers.traced_as_original``): Inductor then gets stock's graph. transformers is imported only
-when the model holds one of its classes.
+decomposition (``tracing() and op.decomposes(...)``, ``patch_layers.tracing``): Inductor then gets stock's graph.
+transformers is imported only when the model holds one of its classes.
 """
 
 from __future__ import annotations
