@@ -73,8 +73,9 @@ rerun of that part, on the same machine or with the folder carried, finds them):
         bash scripts/gpu.sh build compiledmodels
 
 (``build``: the CUDA extension, built once a machine: its first build took 36 s on the H200.) A call that ended with
-"deadline:" or was cut: take compiled_models/compiled_models.csv (and compiled_cache.tar.xz) out of its logs.tar.gz and
-carry them; one more call runs every row the three left, from their three CSVs: ``COMPILED_MODELS_ARGS="--parallel 4
+"deadline:" or was cut: take compiled_models/compiled_models.csv out of its logs.tar.gz (logs-small.tar.gz where that
+was too large to come back), join its compiled_cache.tar.xz.part* into compiled_cache.tar.xz, and carry them; one
+more call runs every row the three left, from their three CSVs: ``COMPILED_MODELS_ARGS="--parallel 4
 --done 1.csv --done 2.csv --done 3.csv"`` (the finished rows are copied into its output, the rest run; with
 COMPILED_MODELS_CACHE_DIR=/tmp/cmcache-4 their first calls start from an empty cache), or one part's rest with ``--part
 I/3 --done I.csv`` and ``COMPILED_MODELS_CACHE=compiled_cache.tar.xz`` (its new rows' first calls then load what the cut

@@ -52,13 +52,19 @@ pack() {
     [ -f "$db" ] && timeout 30 python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
 c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()" "$db" && rm -f "$db-wal" "$db-shm"; done
   (cd "$OUT" || exit
-   mapfile -t loose < <(find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name env.txt ! -name 'results*.csv' \
-     ! -name meta.jsonl ! -name 'store.sqlite*' ! -name 'store2.sqlite')
+   mapfile -t loose < <(find . -mindepth 1 -maxdepth 1 ! -name 'logs*.tar.gz' ! -name env.txt ! -name 'results*.csv' \
+     ! -name meta.jsonl ! -name 'store.sqlite*' ! -name 'store2.sqlite' ! -name 'compiled_cache.tar.xz.part*')
    [ ${#loose[@]} -gt 0 ] || exit 0
    mkdir -p .packed  # made first: cp of a single folder into a missing .packed/ would become .packed itself
    [ -f logs.tar.gz ] && tar xzf logs.tar.gz -C .packed  # a second pack keeps the first's logs
    cp -r "${loose[@]}" .packed/
-   tar czf /tmp/logs.tar.gz -C .packed . && mv /tmp/logs.tar.gz logs.tar.gz && rm -rf .packed "${loose[@]}")
+   tar czf /tmp/logs.tar.gz -C .packed . && mv /tmp/logs.tar.gz logs.tar.gz || exit
+   # a file over 16 MiB does not come back: then the files under 1 MiB (the results, the logs) come back on their own
+   if [ "$(stat -c %s logs.tar.gz)" -gt $(( 15 << 20 )) ]; then
+     (cd .packed && find . -type f -size -1024k -print0 | tar czf ../logs-small.tar.gz --null -T -)
+     echo "logs.tar.gz is over 15 MiB and will not come back: its files under 1 MiB are in logs-small.tar.gz"
+   fi
+   rm -rf .packed "${loose[@]}")
   ls "$OUT"
 }
 trap pack EXIT
@@ -369,8 +375,10 @@ PY
       # (the store that comes back; RESUME_DB carries it into the next call, whose rows then say "carried").
       # Inductor's and Triton's caches live in COMPILED_MODELS_CACHE_DIR (default /tmp/compiled_models_cache: a warm
       # machine keeps it from call to call); COMPILED_MODELS_CACHE=FILE (a carried compiled_cache.tar.xz from an earlier
-      # call's logs.tar.gz) is unpacked into it first, and the folder comes back packed as compiled_cache.tar.xz
-      # (inside logs.tar.gz) where it is at most COMPILED_MODELS_CACHE_MB (default 48: a call carries 64 MiB in all).
+      # call's parts, joined: cat compiled_cache.tar.xz.part* > compiled_cache.tar.xz) is unpacked into it first, and
+      # the folder comes back packed, in files of 15 MiB (compiled_cache.tar.xz.part0...; beside logs.tar.gz, never in
+      # it: one file over 16 MiB does not come back) where it is at most COMPILED_MODELS_CACHE_MB (default 44: a call
+      # carries 64 MiB in all).
       # A cache that was not empty makes first calls load compiled code: the rows' header says how many files it held.
       echo "== compiledmodels: the compiled-model matrix"
       mkdir -p "$OUT/compiled_models"
@@ -389,13 +397,17 @@ PY
         | grep -v -E "UserWarning|warn_once|warnings.warn" | tee "$OUT/compiled_models/compiled_models.log" \
         | grep -E "first call|  (stock|tiered)|wrote|deadline|failed"
       [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-      packed=$OUT/compiled_cache.tar.xz
+      packed=/tmp/compiled_cache.tar.xz
       if timeout 40 bash -c 'tar cf - -C "$1" inductor triton | xz -T0 -3 > "$2"' _ "$cache" "$packed"; then
         mb=$(( $(stat -c %s "$packed") >> 20 ))
-        if [ "$mb" -gt "${COMPILED_MODELS_CACHE_MB:-48}" ]; then
-          rm -f "$packed"; echo "compile caches not brought back: $mb MiB packed"
-        else echo "compile caches packed: compiled_cache.tar.xz, $mb MiB (in logs.tar.gz)"; fi
-      else rm -f "$packed"; echo "compile caches not brought back: packing them failed or took over 40 s"; fi
+        if [ "$mb" -gt "${COMPILED_MODELS_CACHE_MB:-44}" ]; then
+          echo "compile caches not brought back: $mb MiB packed"
+        else  # files of 15 MiB at most (16 MiB is the most one file may have to come back), beside logs.tar.gz
+          split -b 15M -d -a 1 "$packed" "$OUT/compiled_cache.tar.xz.part"
+          echo "compile caches packed: $mb MiB in compiled_cache.tar.xz.part* (cat them into compiled_cache.tar.xz)"
+        fi
+      else echo "compile caches not brought back: packing them failed or took over 40 s"; fi
+      rm -f "$packed"
       ;;
     trainmem)
       # Where a training step's memory goes, stock against patched (benchmarks/train_memory.py): decisions, tensors
