@@ -2,7 +2,9 @@
 -> call, from a fresh store), each compiled model in a process of its own, graph breaks and recompiles counted per row.
 
 A row is (config, dtype, compile mode, workload). Each of its variants (stock; tiered = ``tiered_ops.patch(model)``;
-optionally stock-copy, an unpatched second stock, the control) runs in a worker process of its own
+in the inference rows but those of the GPU-searching modes, and wherever ``--variants`` names it, stock-copy, an
+unpatched second stock, the control: a host-bound step's time differs from one process to another) runs in a worker
+process of its own
 (benchmarks/compiled_worker.py, multiprocessing spawn): two compiled instances of one class in one process share
 dynamo's cache (inlined modules are not guarded by identity), so compiling variants side by side would measure the
 cache. A worker builds the model from the config (seed 0, the same inputs in every worker), runs one stock eager step
@@ -39,7 +41,9 @@ token, no KV cache, as benchmarks/models.py), train (forward, LM loss, backward;
 Carried state: ``--store PATH`` makes every tiered worker use PATH (created on first use) instead of a fresh store, so a
 rerun finds its decisions (its rows say "carried"); Inductor's cache is the caller's: point TORCHINDUCTOR_CACHE_DIR
 (and TRITON_CACHE_DIR) at a kept folder and a rerun's first calls load compiled code instead of compiling it
-(first_call_s then measures a warm cache; the header says how many files each folder held at the start). Rows are
+(first_call_s then measures a warm cache; the header says how many files each folder held at the start). Each variant
+has a folder of its own inside them (``compiled_schedule.own_caches``): no first call loads what another variant of
+its row compiled before it. Rows are
 written as they finish (compiled_models.csv and .md in --out-dir, with compiled_models_events.csv), ``--deadline-s``
 starts no batch that the longest batch so far would carry past it, so a cut run keeps what it finished, and ``--done
 CSV`` (that run's compiled_models.csv) keeps its finished rows and runs only the rest. ``--part I/N`` runs the I-th of N
@@ -96,12 +100,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from benchmarks.compiled_schedule import CONTROL, EVENT_COLUMNS, compile_threads, run_batch  # noqa: E402
+from benchmarks.compiled_schedule import CONTROL, EVENT_COLUMNS, compile_threads, run_batch, variants  # noqa: E402
 from benchmarks.models import _commit  # noqa: E402
 from benchmarks.models_rows import save  # noqa: E402
 
@@ -207,15 +211,17 @@ def _key(r: dict) -> tuple[str, str, str, str]:
     return r["config"], r["dtype"], r["mode"], r["workload"]
 
 
-def finished(path: str, variants: list[str]) -> list[dict]:
+def finished(path: str, wanted: list[str] | Callable[[dict], list[str]]) -> list[dict]:
     """The rows of an earlier run's compiled_models.csv whose key (config, dtype, mode, workload) has a timed row of
-    every one of ``variants``: what a later call need not run again (a row with an error runs again)."""
+    every one of the variants ``wanted`` (a list, or a function of the row): what a later call need not run again (a
+    row with an error runs again)."""
+    of = wanted if callable(wanted) else lambda r: wanted
     with open(path, newline="") as f:
         old = list(csv.DictReader(f))
     timed = {(_key(r), r["variant"]) for r in old if r.get("ms_p50") and not r.get("error")}
-    whole = {_key(r) for r in old if all((_key(r), v) in timed for v in variants)}
+    whole = {_key(r) for r in old if all((_key(r), v) in timed for v in of(r))}
     return [dict(r, **{k: float(r[k]) for k in ("ms_p50", "ms_p20", "ms_p80")}) for r in old
-            if _key(r) in whole and r["variant"] in variants]
+            if _key(r) in whole and r["variant"] in of(r)]
 
 
 def _held(var: str) -> str:
@@ -245,7 +251,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "reduce-overhead, and max-autotune, max-autotune-no-cudagraphs for the config marked so; default "
                    "alone with a backend other than inductor)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--variants", default="stock,tiered", help=f"comma-separated, of stock, {CONTROL}, tiered")
+    p.add_argument("--variants", help=f"comma-separated, of stock, {CONTROL}, tiered; auto: stock and tiered, with "
+                   f"{CONTROL} in the inference rows (default; stock,tiered with --quick)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
     p.add_argument("--reps", type=int, help="calls per variant and round (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 1 with --quick)")
@@ -285,6 +292,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
     args.min_round_ms = args.min_round_ms if args.min_round_ms is not None else (0.0 if q else 100.0)
     args.backend = args.backend or ("eager" if q else "inductor")
+    args.variants = args.variants or ("stock,tiered" if q else "auto")
     args.store = str(Path(args.store).resolve()) if args.store else None
     return args
 
@@ -329,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.done:
         mine = {(key[0], *key[2:]): key for key in keys}  # (config, dtype, mode, workload), as _key
         for path in args.done:
-            rows += [r for r in finished(path, args.variants.split(",")) if _key(r) in mine
+            rows += [r for r in finished(path, lambda r: variants(args, r["workload"], r["mode"])) if _key(r) in mine
                      and _key(r) not in {_key(x) for x in rows if x["variant"] == r["variant"]}]
         keys = [key for k4, key in mine.items() if k4 not in {_key(r) for r in rows}]
         head.append(f"{len(rows)} rows taken from {', '.join(args.done)} (finished by earlier calls); {len(keys)} "

@@ -46,6 +46,18 @@ class WorkerError(Exception):
     pass
 
 
+def variants(args: Any, workload: str, mode: str = "default") -> list[str]:
+    """A row's variants: ``--variants``, or with ``auto`` stock and tiered, and in the inference rows (prefill, decode)
+    the control too (``CONTROL``, a second unpatched stock in a process of its own): those steps are mostly the host's
+    issue of their kernels, and one process's host time differs from another's with the same code (between two
+    measuring workers, a factor with quartiles 0.77 and 1.30: benchmarks/PERF_LOG.md), so a verdict there must also
+    hold against the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose every variant compiles alone
+    for minutes."""
+    if args.variants != "auto":
+        return args.variants.split(",")
+    return ["stock", "tiered"] if workload == "train" or mode in ALONE_MODES else ["stock", CONTROL, "tiered"]
+
+
 @contextlib.contextmanager
 def _env(values: dict[str, str]) -> Iterator[None]:
     """os.environ with ``values`` while a worker is spawned (a spawned process takes the parent's environment)."""
@@ -117,7 +129,7 @@ class Row:
         self.first: dict[str, dict] = {}
         self.events: list[dict] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="compiled_models_"))
-        for v in args.variants.split(","):
+        for v in variants(args, workload, mode):
             self.rows[v] = dict(common, config=name, family=cfg["family"], dtype=dtype, mode=mode, workload=workload,
                                 shape="x".join(map(str, shape)), variant=v)
             fail = next((f.split(":")[2] for f in args.inject_failure if f.split(":")[:2] == [v, workload]), "")
@@ -125,7 +137,7 @@ class Row:
                         device=args.device, backend=args.backend, warmup=args.warmup, settle_s=args.settle_s,
                         carried=bool(args.store), fail=fail)
             store = args.store or str(self.tmp / f"{v}.sqlite")  # fresh: a new file per worker
-            self.workers[v] = Worker(spec, {**env, "TIERED_OPS_DB": store})
+            self.workers[v] = Worker(spec, {**env, "TIERED_OPS_DB": store, **own_caches(v)})
 
     def event(self, v: str, stage: str, t0: float, t1: float) -> None:
         name, _, dtype, mode, workload = self.key
@@ -234,13 +246,23 @@ def time_row(row: Row, args: Any, pending: int) -> None:
     verdicts(row.rows, {v: s for v, s in samples.items() if v in row.alive and s})
 
 
+def own_caches(variant: str) -> dict[str, str]:
+    """Inductor's and Triton's on-disk caches of ``variant``'s workers: a folder of its own inside each cache folder
+    the caller set (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``), so that no variant's first call loads what
+    another compiled before it (stock's and tiered's graphs are alike where tiered traces the decompositions: a
+    max-autotune row's second variant would load the first's kernels and GEMM search); a rerun still finds its own."""
+    return {k: os.path.join(os.environ[k], variant) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+            if os.environ.get(k)}
+
+
 def compile_threads(args: Any) -> dict[str, str]:
     """With several rows a batch and no TORCHINDUCTOR_COMPILE_THREADS set, each worker's Inductor gets the host's cores
     shared out (at least 1), so that the batch's compiles together never start more compile processes than cores."""
     if args.parallel <= 1 or os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"):
         return {}
     cores = len(os.sched_getaffinity(0))  # the cores this process may run on, not the host's
-    return {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, cores // (args.parallel * len(args.variants.split(",")))))}
+    most = max(len(variants(args, w)) for w in ("prefill", "train"))
+    return {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, cores // (args.parallel * most)))}
 
 
 def run_batch(keys: list[tuple[str, dict, str, str, str]], args: Any, common: dict,

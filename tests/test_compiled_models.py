@@ -100,6 +100,24 @@ def test_the_plan_covers_both_dtypes_every_family_and_the_modes():
     assert {w for *_, w in rows} == {"prefill", "decode", "train"}
 
 
+def test_the_control_joins_the_host_bound_rows_and_each_variant_compiles_into_caches_of_its_own(monkeypatch, tmp_path):
+    args = compiled_models.parse([])  # on the GPU: auto
+    if args.variants == "auto":
+        assert compiled_schedule.variants(args, "decode") == ["stock", "stock-copy", "tiered"]
+        assert compiled_schedule.variants(args, "prefill", "reduce-overhead") == ["stock", "stock-copy", "tiered"]
+        assert compiled_schedule.variants(args, "train") == ["stock", "tiered"]
+        assert compiled_schedule.variants(args, "decode", "max-autotune") == ["stock", "tiered"]
+    assert compiled_models.parse(["--quick"]).variants == "stock,tiered"
+    named = compiled_models.parse(["--variants", "stock,tiered"])
+    assert compiled_schedule.variants(named, "decode") == ["stock", "tiered"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert compiled_schedule.own_caches("tiered") == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor" / "tiered")}
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    caches = [compiled_schedule.own_caches(v) for v in ("stock", "stock-copy", "tiered")]
+    assert len({c["TRITON_CACHE_DIR"] for c in caches}) == len({c["TORCHINDUCTOR_CACHE_DIR"] for c in caches}) == 3
+
+
 @needs_hf
 @pytest.mark.gpu
 @pytest.mark.timeout(400)
@@ -212,6 +230,10 @@ def test_a_rerun_with_done_keeps_the_rows_timed_for_every_variant_and_runs_the_r
     kept = compiled_models.finished(str(done), ["stock", "tiered"])
     assert [(r["workload"], r["variant"]) for r in kept] == [("prefill", "stock"), ("prefill", "tiered")]
     assert kept[0]["ms_p50"] == 2.0
+    by_row = compiled_models.finished(str(done), lambda r: ["stock"] if r["workload"] == "train"
+                                      else ["stock", "tiered"])
+    assert [(r["workload"], r["variant"]) for r in by_row] == [("prefill", "stock"), ("prefill", "tiered"),
+                                                               ("train", "stock")]
     stock_only = compiled_models.finished(str(done), ["stock"])  # a run of stock alone: every stock row is done
     assert [(r["workload"], r["variant"]) for r in stock_only] == [("prefill", "stock"), ("decode", "stock"),
                                                                    ("train", "stock")]
