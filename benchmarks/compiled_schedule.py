@@ -13,8 +13,9 @@ A batch runs in three stages, each ended before the next begins:
    compiling while a variant's compile ran is its row's ``first_call_beside`` (0: alone), from the workers' own
    timestamps, and a note says so where it is not 0;
 3. time, row after row: the row's warm-up calls, then its rounds (A, B, A, B, ..., the order rotated per round); no
-   worker of the batch compiles or tunes then (the tiered workers' tuning was waited for in stage 2; a worker whose
-   jobs were still pending after ``--settle-s`` says so in its note, and so does every row of its batch).
+   worker of the batch compiles or tunes then (the tiered workers' tuning was waited for in stage 2, then ended with
+   its worker processes; jobs still pending after ``--settle-s`` were dropped, said in the worker's note and every
+   row of its batch; a variant timed with child processes of its own alive says how many).
 
 Every request's span (start, compile, warm, time) is kept as an event, written as compiled_models_events.csv: what
 shows that no timed call ran beside a compile.
@@ -241,7 +242,8 @@ def time_row(row: Row, args: Any, pending: int) -> None:
         beside = row.rows[v].get("first_call_beside")
         notes = (row.rows[v].get("note", ""), reasons and f"breaks: {reasons}",
                  beside and f"first call{' and its tuning' * v.startswith('tiered')} beside {beside} other compiles",
-                 pending and f"timed while {pending} tuning jobs of the batch were pending")
+                 pending and f"{pending} tuning jobs of the batch dropped unmeasured at --settle-s",
+                 r.get("children") and f"timed with {r['children']} child processes alive")
         row.rows[v]["note"] = "; ".join(x for x in notes if x)
     verdicts(row.rows, {v: s for v, s in samples.items() if v in row.alive and s})
 

@@ -1,18 +1,20 @@
 """The worker process of benchmarks/compiled_models.py: one variant of one row (config, dtype, compile mode, workload)
 built, patched, compiled and called in a process of its own, then timed on the parent's request.
 
-Protocol over a multiprocessing pipe, one request at a time: the worker sends ``("ready", info)`` once it has built
-the model from its config (seed 0) and run one stock eager step (the reference its compiled output is compared with),
-then answers ``("compile",)`` (patch, ``torch.compile``, the first call, for tiered the wait for the tuning its
-trace queued, dynamo's counters), ``("warm",)`` (the warm-up calls and a first timing, made where nothing else runs)
-and ``("time", reps)`` (milliseconds of ``reps`` calls, and the counters again) with ``("ok", result)``, and ends on
-``("stop",)``. Any exception is answered ``("error", text)`` and ends the worker; a crash closes the pipe. Each result
-carries ``t0``/``t1``: the wall clock (``time.time()``, one clock for every process of the host) when the request's
-work began and ended, so the parent can show that no timed call ran beside another worker's compile.
+Protocol over a multiprocessing pipe, one request at a time: the worker sends ``("ready", info)`` once it has built the
+model from its config (seed 0) and run one stock eager step (the reference its compiled output is compared with), then
+answers ``("compile",)`` (patch, ``torch.compile``, the first call, for tiered the wait for the tuning its trace queued
+and the end of background tuning, dynamo's counters), ``("warm",)`` (the warm-up calls and a first timing, made where
+nothing else runs) and ``("time", reps)`` (milliseconds of ``reps`` calls, the counters again and the live child
+processes) with ``("ok", result)``, and ends on ``("stop",)``. Any exception is answered ``("error", text)`` and ends
+the worker; a crash closes the pipe. Each result carries ``t0``/``t1``: the wall clock (``time.time()``, one clock for
+every process of the host) when the request's work began and ended, so the parent can show that no timed call ran beside
+another worker's compile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -139,8 +141,11 @@ class Runner:
 
             background.wait_for_tuning(spec.get("settle_s", 120.0))
             pending = background.pending()
+            # then background tuning ends, its worker processes with it, as a long-running process's do once idle
+            # (after background.IDLE_S): their exit would otherwise fall in some later row's timing
+            background.shutdown()
         return dict(first_call_s=first_s, rel_err=err, pending=pending,
-                    note=note + (f"; {pending} tuning jobs still pending" if pending else ""),
+                    note=note + (f"; {pending} tuning jobs still pending at --settle-s, dropped" if pending else ""),
                     frames_before=before["frames"], frames_first=first["frames"], t0=t_start, t1=time.time(),
                     **counts())
 
@@ -157,7 +162,19 @@ class Runner:
         assert self.fn is not None, "compile first"
         t0 = time.time()
         ms = timed(self.fn, reps, self.cuda)
-        return dict(ms=ms, t0=t0, t1=time.time(), **counts())
+        return dict(ms=ms, t0=t0, t1=time.time(), children=children(), **counts())
+
+
+def children() -> int:
+    """This process's live child processes (Linux: /proc; -1 elsewhere): what else of its own ran while it was timed."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    if not tasks.is_dir():
+        return -1
+    kids: set[str] = set()
+    for t in tasks.iterdir():
+        with contextlib.suppress(OSError):
+            kids.update((t / "children").read_text().split())
+    return len(kids)
 
 
 def serve(conn: Any, spec: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import csv
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -262,3 +263,17 @@ def test_a_gpu_batch_compiles_together_the_autotune_row_alone_and_times_nothing_
     busy = [e for e in events if e["stage"] in ("start", "compile")]
     for t in (e for e in events if e["stage"] in ("warm", "time")):
         assert not [b for b in busy if b["start"] < t["end"] and b["end"] > t["start"]], t
+
+
+def test_a_worker_counts_its_live_child_processes():
+    if not os.path.isdir(f"/proc/{os.getpid()}/task"):
+        assert compiled_worker.children() == -1
+        return
+    before = compiled_worker.children()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert compiled_worker.children() == before + 1
+    finally:
+        child.kill()
+        child.wait()
+    assert compiled_worker.children() == before
