@@ -35,7 +35,9 @@ too (their reasons show in note). A worker that raises or dies is a row with its
 compare only the rounds of one row: host-bound rows (decode) on a GPU host's noisy CPU say nothing across rows or runs.
 
 Modes: default and reduce-overhead for every config; max-autotune and max-autotune-no-cudagraphs also for the config
-marked so (``--modes`` runs the listed ones for every config instead). Workloads: prefill (1 x seq), decode (batch x 1
+marked so, in the workloads of ``--autotune-workloads`` (default decode: on the H200 one variant's GEMM search took
+37 s for gpt2-medium's decode, 108-138 s for its prefill, and a training step searches three GEMMs per linear layer;
+``--modes`` runs the listed ones for every config and workload instead). Workloads: prefill (1 x seq), decode (batch x 1
 token, no KV cache, as benchmarks/models.py), train (forward, LM loss, backward; from no gradients each step).
 
 Carried state: ``--store PATH`` makes every tiered worker use PATH (created on first use) instead of a fresh store, so a
@@ -56,14 +58,14 @@ ready for the tiny rows on this project's 2 shared CPU cores); stock's compile a
 prefill, 18-21 s for training; tiered's, with the tuning its trace queued from a fresh store, 8-13 s and 31-49 s; the
 warm-up (3 calls, plus reduce-overhead's CUDA-graph recording: not measured); 5 interleaved rounds 1-5 s. One row alone
 (``--parallel 1``, each variant's compile alone) so takes ~25-90 s (Llama's decode, prefill, training: 14, 18, 75 s plus
-a start each): at their mean, ~49 s, the 36 rows need ~30 min and more, past the ~25 usable minutes of 3 calls. Batched
-by 4 (``--parallel 4``: 8 workers start at once, each Inductor with cores / 8 compile threads: 2 of 16), a batch of
-default or reduce-overhead rows pays one start (~15 s), its slowest compile (up to ~50 s alone for a tiered training
-row, slower beside 7 others: the factor is not measured) and its rows' timing one after another (~5 s each): an estimate
-of 80-110 s a batch, 20-28 s a row. Each third of the plan holds 10 such rows and the 2 rows of the GPU-searching modes
-(gpt2-medium, one of max-autotune and one of max-autotune-no-cudagraphs, their 4 compiles one at a time, each alone: not
-measured, the old estimate said minutes for the GEMM search): 5.5-9 min a call by this estimate; a call cut by its
-deadline leaves the rest to a fourth call with ``--done``.
+a start each): at their mean, ~49 s, the rows need ~30 min and more, past the ~25 usable minutes of 3 calls. Batched by
+4 (``--parallel 4``), measured on the H200 at 4594371 with two variants a row (reports/nvidia-h200/tree-4594371): a
+batch of default or reduce-overhead rows took 94-111 s from its workers' start to its last timed call (starts ~10 s,
+compiles 13-51 s at once, then the rows' timing); the GPU-searching rows compile alone (stock's max-autotune decode
+37 s, max-autotune-no-cudagraphs prefill 138 s). With the control in the inference rows a batch holds up to 12
+workers (1 compile thread each on 16 cores): not measured yet. Each third of the plan holds 10 default or
+reduce-overhead rows and one or two GPU-searching decode rows; a call cut by its deadline leaves the rest to a fourth
+call with ``--done``.
 
 The plan of calls (scripts/gpu.sh; the stage ends batches by DEADLINE - RESERVE, then packs the compile caches (at most
 40 s) and the files; each part's caches in a folder of their own, so its first calls start from an empty cache and a
@@ -174,7 +176,8 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[str, dict, str, str, str]]
         for dtype in (args.dtypes.split(",") if args.dtypes else [cfg["dtype"]]):
             for mode in modes:
                 for workload in args.workloads.split(","):
-                    yield name, cfg, dtype, mode, workload
+                    if args.modes or mode not in MORE_MODES or workload in args.autotune_workloads.split(","):
+                        yield name, cfg, dtype, mode, workload
 
 
 def render(rows: list[dict], head: list[str]) -> str:
@@ -251,6 +254,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "reduce-overhead, and max-autotune, max-autotune-no-cudagraphs for the config marked so; default "
                    "alone with a backend other than inductor)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--autotune-workloads", default="decode", help="the workloads of the GPU-searching modes "
+                   "(max-autotune, max-autotune-no-cudagraphs) of the config marked so (default decode; --modes "
+                   "overrides)")
     p.add_argument("--variants", help=f"comma-separated, of stock, {CONTROL}, tiered; auto: stock and tiered, with "
                    f"{CONTROL} in the inference rows (default; stock,tiered with --quick)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
