@@ -3,8 +3,9 @@
 
 A row is (config, dtype, compile mode, workload). Each of its variants (stock; tiered = ``tiered_ops.patch(model)``;
 in the inference rows but those of the GPU-searching modes, and wherever ``--variants`` names it, stock-copy, an
-unpatched second stock, the control: a host-bound step's time differs from one process to another) runs in a worker
-process of its own
+unpatched second stock, the control: a host-bound step's time differs from one process to another; where named,
+tiered-next, patched in a process that starts after the tiered worker's tuning and reads its store: the graph the next
+run of the same program compiles, with the decisions made) runs in a worker process of its own
 (benchmarks/compiled_worker.py, multiprocessing spawn): two compiled instances of one class in one process share
 dynamo's cache (inlined modules are not guarded by identity), so compiling variants side by side would measure the
 cache. A worker builds the model from the config (seed 0, the same inputs in every worker), runs one stock eager step
@@ -107,7 +108,7 @@ from typing import Any, Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
-from benchmarks.compiled_schedule import CONTROL, EVENT_COLUMNS, compile_threads, run_batch, variants  # noqa: E402
+from benchmarks.compiled_schedule import CONTROL, EVENT_COLUMNS, NEXT, compile_threads, run_batch, variants  # noqa: E402
 from benchmarks.models import _commit  # noqa: E402
 from benchmarks.models_rows import save  # noqa: E402
 
@@ -257,8 +258,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--autotune-workloads", default="decode", help="the workloads of the GPU-searching modes "
                    "(max-autotune, max-autotune-no-cudagraphs) of the config marked so (default decode; --modes "
                    "overrides)")
-    p.add_argument("--variants", help=f"comma-separated, of stock, {CONTROL}, tiered; auto: stock and tiered, with "
-                   f"{CONTROL} in the inference rows (default; stock,tiered with --quick)")
+    p.add_argument("--variants", help=f"comma-separated, of stock, {CONTROL}, tiered, {NEXT} (patched in a process "
+                   "of its own that reads the store the row's tiered variant tuned: what the next run compiles); auto: "
+                   f"stock and tiered, with {CONTROL} in the inference rows (default; stock,tiered with --quick)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
     p.add_argument("--reps", type=int, help="calls per variant and round (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 1 with --quick)")
@@ -299,6 +301,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.min_round_ms = args.min_round_ms if args.min_round_ms is not None else (0.0 if q else 100.0)
     args.backend = args.backend or ("eager" if q else "inductor")
     args.variants = args.variants or ("stock,tiered" if q else "auto")
+    named = set(args.variants.split(","))
+    if args.variants != "auto" and not named <= {"stock", CONTROL, "tiered", NEXT}:
+        p.error(f"--variants: {', '.join(sorted(named - {'stock', CONTROL, 'tiered', NEXT}))}: not a variant")
+    if NEXT in named and "tiered" not in named:
+        p.error(f"--variants: {NEXT} reads the store the row's tiered variant tunes: name tiered too")
     args.store = str(Path(args.store).resolve()) if args.store else None
     return args
 

@@ -39,6 +39,7 @@ from benchmarks.compiled_worker import serve
 from benchmarks.models_rows import agreed, rounds_slower, spread, verdict
 
 CONTROL = "stock-copy"
+NEXT = "tiered-next"  # a second patched process reading the store the row's tiered worker tuned: the next run's graph
 ALONE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")  # GEMM search: kernels timed on the GPU as it compiles
 EVENT_COLUMNS = ("config", "dtype", "mode", "workload", "variant", "pid", "stage", "start", "end")
 
@@ -55,7 +56,8 @@ def variants(args: Any, workload: str, mode: str = "default") -> list[str]:
     hold against the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose every variant compiles alone
     for minutes."""
     if args.variants != "auto":
-        return args.variants.split(",")
+        named = args.variants.split(",")
+        return [v for v in named if v != NEXT] + [NEXT] * (NEXT in named)  # NEXT compiles after tiered
     return ["stock", "tiered"] if workload == "train" or mode in ALONE_MODES else ["stock", CONTROL, "tiered"]
 
 
@@ -137,7 +139,8 @@ class Row:
             spec = dict(config=cfg, dtype=dtype, mode=mode, workload=workload, variant=v, shape=shape,
                         device=args.device, backend=args.backend, warmup=args.warmup, settle_s=args.settle_s,
                         carried=bool(args.store), fail=fail)
-            store = args.store or str(self.tmp / f"{v}.sqlite")  # fresh: a new file per worker
+            # fresh: a new file per worker; the next run's: the tiered worker's (compiled after it, see compile_all)
+            store = args.store or str(self.tmp / f"{'tiered' if v == NEXT else v}.sqlite")
             self.workers[v] = Worker(spec, {**env, "TIERED_OPS_DB": store, **own_caches(v)})
 
     def event(self, v: str, stage: str, t0: float, t1: float) -> None:
@@ -184,8 +187,9 @@ def compile_all(batch: list[Row], timeout: float, together: bool, tune_alone: bo
     first_call_beside shows); else every variant alone, one after another. Then each variant's
     ``first_call_beside``."""
     def alone(row: Row, v: str) -> bool:
-        return not together or row.mode in ALONE_MODES or (tune_alone and v.startswith("tiered"))
+        return not together or row.mode in ALONE_MODES or (tune_alone and v.startswith("tiered")) or v == NEXT
 
+    # NEXT after its row's tiered variant, whose tuning fills the store it reads: the alone ones run in the rows' order
     at_once = [(row, v) for row in batch for v in list(row.alive) if not alone(row, v)]
     for row, v in at_once:
         row.alive[v].send(("compile",))
@@ -195,6 +199,9 @@ def compile_all(batch: list[Row], timeout: float, together: bool, tune_alone: bo
         except WorkerError as e:
             row.fail(v, e)
     for row, v in [(row, v) for row in batch for v in list(row.alive) if alone(row, v)]:
+        if v == NEXT and "tiered" not in row.alive:
+            row.fail(v, WorkerError("its row's tiered variant failed: no store of its tuning to read"))
+            continue
         try:
             row.compiled(v, row.alive[v].ask(("compile",), timeout))
         except WorkerError as e:

@@ -92,7 +92,8 @@ class Runner:
         self.device = torch.device(spec["device"])
         self.cuda = self.device.type == "cuda"
         store = os.environ.get("TIERED_OPS_DB", "")
-        self.store = ("" if not spec["variant"].startswith("tiered") else "fresh" if not spec["carried"] else
+        self.store = ("" if not spec["variant"].startswith("tiered") else "tiered's" if spec["variant"] == "tiered-next"
+                      else "fresh" if not spec["carried"] else
                       f"carried ({'had' if Path(store).is_file() and Path(store).stat().st_size else 'new'})")
         self.model = build(spec, self.device)
         g = torch.Generator().manual_seed(1)

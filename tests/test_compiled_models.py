@@ -82,6 +82,21 @@ def test_a_worker_that_raises_answers_its_error_and_ends(monkeypatch):
     assert kind == "error" and text == "compile: RuntimeError: injected failure (--inject-failure)"
 
 
+@needs_hf
+def test_the_next_run_compiles_after_the_tiered_worker_and_reads_its_store(tmp_path, monkeypatch):
+    out, rows = _run(tmp_path, monkeypatch, "--configs", "llama-tiny", "--workloads", "decode", "--variants",
+                     "stock,tiered-next,tiered")
+    rows = {r["variant"]: r for r in rows}
+    assert set(rows) == {"stock", "tiered", "tiered-next"} and all(r["error"] == "" for r in rows.values())
+    assert rows["tiered-next"]["store"] == "tiered's" and rows["tiered"]["store"] == "fresh"
+    assert "swapped" in rows["tiered-next"]["note"] and rows["tiered-next"]["verdict"] in ("faster", "slower", "tie")
+    compiles = {e["variant"]: e for e in _events(out) if e["stage"] == "compile"}
+    assert compiles["tiered-next"]["start"] >= compiles["tiered"]["end"]  # its store holds the tuning when it reads
+    for bad in ("stock,tiered-next", "stock,tiered,stock-2"):  # said before any worker starts
+        with pytest.raises(SystemExit):
+            compiled_models.parse(["--variants", bad])
+
+
 def test_the_plan_covers_both_dtypes_every_family_and_the_modes():
     args = compiled_models.parse([])
     rows = list(compiled_models.plan(args))
