@@ -53,8 +53,8 @@ def variants(args: Any, workload: str, mode: str = "default") -> list[str]:
     the control too (``CONTROL``, a second unpatched stock in a process of its own): those steps are mostly the host's
     issue of their kernels, and one process's host time differs from another's with the same code (between two
     measuring workers, a factor with quartiles 0.77 and 1.30: benchmarks/PERF_LOG.md), so a verdict there must also
-    hold against the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose every variant compiles alone
-    for minutes."""
+    hold against the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose variants compile one at a time
+    (37 s and more each on the H200: their GEMM search times kernels on the GPU)."""
     if args.variants != "auto":
         named = args.variants.split(",")
         return [v for v in named if v != NEXT] + [NEXT] * (NEXT in named)  # NEXT compiles after tiered
