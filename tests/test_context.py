@@ -138,7 +138,7 @@ def test_a_compiled_context_decision_measures_the_op_inside_a_compiled_caller(tm
     store = decide.use_store(None)
     try:
         sel = tiered_ops.select_backend("gelu", (8, 64), "fp32", "cpu", context="compiled")
-        assert "compiled caller (measured between pointwise ops" in sel.record["reason"]
+        assert "compiled caller (measured in a compiled function amid its decoder neighbours" in sel.record["reason"]
         rows = store.rows(op="gelu", context="compiled")
         assert {r["impl"] for r in rows if r["ok"]} >= {"eager", "compile"}
         assert all(r["context"] == "compiled" and r["gbps"] is None for r in rows)  # the neighbours move bytes too
@@ -269,3 +269,43 @@ def test_a_publication_during_a_trace_leaves_its_guards_buildable(private_decisi
     compiled = torch.compile(f, fullgraph=True, backend=backend)
     torch.testing.assert_close(compiled(x), f(x))
     torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_a_compiled_caller_gives_each_op_its_decoder_neighbours(monkeypatch):
+    from tiered_ops.measure import measure
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # the caller's own code, not its compilation
+    seen = []
+
+    def op(x, *rest, **kw):
+        seen.append(x)
+        return x + 1
+
+    x = torch.ones(3)
+    # GEMM-fed: the op reads the caller's input and its output is the caller's (nothing for a traced tier to fold in)
+    assert torch.equal(measure.in_compiled_caller(op, "cross_entropy")(x), x + 1) and seen[-1] is x
+    # a norm: the residual add before it (folded into a traced norm), a GEMM after it
+    assert torch.equal(measure.in_compiled_caller(op, "rms_norm")(x), x * 0.5 + 1) and seen[-1] is not x
+    # softmax, and an op the table does not name: pointwise on both sides
+    for name in ("softmax", "segment_sum"):
+        assert torch.equal(measure.in_compiled_caller(op, name)(x), (x * 0.5 + 1) * 2)
+    assert set(measure.DECODER_NEIGHBOURS) <= set(tiered_ops.registry.OPS)
+
+
+def test_a_compiled_context_row_of_the_earlier_method_is_measured_again():
+    from tiered_ops.method import COMPILED_METHOD_VERSION, METHOD_VERSION, method_version
+    from tiered_ops.store.store import open_store
+
+    assert method_version("compiled") == COMPILED_METHOD_VERSION != METHOD_VERSION == method_version("eager")
+    spec = tiered_ops.get_op("gelu")
+    impl = spec.impls["eager"]
+    base = dict(op="gelu", impl="eager", tier="eager", mode="fwd_nograd", problem="8x64", bucket="[8,64]",
+                dtype="fp32", device_key="cpu-test", source_hash=impl.source_hash, ok=1, p50_us=1.0)
+    store = open_store(":memory:")
+    store.add([dict(base, context="eager"), dict(base, context="compiled")])  # measured here: the current methods
+    rows = store.rows() + store.rows(context="compiled")  # an eager query sees the eager row alone
+    assert {(r["context"], r["method"]) for r in rows} == {("eager", METHOD_VERSION),
+                                                           ("compiled", COMPILED_METHOD_VERSION)}
+    assert all(spec.fresh_impl(r) is impl for r in rows)
+    old = dict(base, context="compiled", method=METHOD_VERSION)  # a compiled row of the pointwise-neighbours method
+    assert spec.fresh_impl(old) is None and spec.fresh_impl(dict(old, context="eager")) is impl

@@ -7,3 +7,12 @@ Imports nothing of the package: the catalog, the store and the packs all read it
 """
 
 METHOD_VERSION = 1
+# A compiled-context row (``context`` "compiled"): timed in a compiled caller that gives the op the neighbours it has
+# in a decoder (``measure.DECODER_NEIGHBOURS``); version 1 gave every op two pointwise ones, which Inductor folds into
+# a traced tier and a kernel tier pays as passes of their own, also where a GEMM feeds the op.
+COMPILED_METHOD_VERSION = 2
+
+
+def method_version(context: str | None) -> int:
+    """The method a row measured in ``context`` is taken with now (a row of another is stale)."""
+    return COMPILED_METHOD_VERSION if context == "compiled" else METHOD_VERSION

@@ -16,7 +16,7 @@ def in_context(rows: list[dict], context: str) -> tuple[list[dict], str]:
     """The rows as a caller in ``context`` pays them, and what that means for the record. ``eager``: the larger of
     kernel and host time (the launch path from Python), as measured. ``graphed`` (inside CUDA-graph capture or
     reduce-overhead): nothing is launched from Python on replay, so the kernel time with its p20-p80. ``compiled``
-    (traced into a caller's torch.compile graph) without a measurement of the op between pointwise neighbours in a
+    (traced into a caller's torch.compile graph) without a measurement of the op amid its decoder neighbours in a
     compiled function: the traced tiers' rows alone (``TRACED``: a kernel tier's own time says nothing of what
     Inductor's fusion of the op with its neighbours saves, and measured there a traced tier is the fastest nearly
     everywhere), priced by their kernel time; every row where none of them has one. The record says which."""
@@ -45,14 +45,14 @@ def by_kernel_time(rows: list[dict]) -> list[dict]:
 
 
 def measured_compiled(rows: list[dict], mode: str) -> tuple[list[dict], str]:
-    """The compiled-context rows (each implementation measured between pointwise ops in a small compiled function) as
-    a compiled caller pays them, and what that means for the record. Inference: as measured, the larger of kernel and
-    host time (a decode step's graph is launch-bound, and a kernel tier adds launches that Inductor's fusion does
-    not). Training (``GRAD_MODES``): by kernel time. The host work of a compiled training step is one forward and one
-    backward call per graph (guards, the autograd wrapper, the backward's engine), running ahead of a GPU busy with the
-    step; measured around one op, that per-graph work (hundreds of microseconds) is the whole host figure and hides
-    the kernel times the step pays (tens)."""
-    why = "compiled caller (measured between pointwise ops in a compiled function): "
+    """The compiled-context rows (each implementation measured in a small compiled function, amid the neighbours the op
+    has in a decoder: ``measure.DECODER_NEIGHBOURS``) as a compiled caller pays them, and what that means for the
+    record. Inference: as measured, the larger of kernel and host time (a decode step's graph is launch-bound, and a
+    kernel tier adds launches that Inductor's fusion does not). Training (``GRAD_MODES``): by kernel time. The host
+    work of a compiled training step is one forward and one backward call per graph (guards, the autograd wrapper,
+    the backward's engine), running ahead of a GPU busy with the step; measured around one op, that per-graph work
+    (hundreds of microseconds) is the whole host figure and hides the kernel times the step pays (tens)."""
+    why = "compiled caller (measured in a compiled function amid its decoder neighbours): "
     if mode in GRAD_MODES:
         return by_kernel_time(rows), why + "training, by kernel time (the graph's host work is per step, not per op); "
     return rows, why

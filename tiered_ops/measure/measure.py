@@ -25,12 +25,32 @@ from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, s
 log = logging.getLogger(__name__)
 
 
-def in_compiled_caller(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` as a compiled caller runs it: traced into a small torch.compile'd function between two pointwise ops
-    (one graph per shape). There the eager and compile tiers fuse with their neighbours, while a Triton or CUDA op
-    is a fusion barrier the caller pays for: the same neighbours for every tier make the times comparable."""
+# The neighbours an op has in a transformers decoder compiled by Inductor (default mode: a GEMM is an extern call that
+# nothing fuses with), as (a pointwise producer of its first input, a pointwise consumer of its outputs). A norm reads
+# the residual stream (an add, which Inductor folds into a traced norm) and feeds GEMMs; the loss reads the LM head's
+# logits, the SwiGLU product the gate and up projections, the rotary embedding (with or without the QK norm) the q and
+# k projections, GPT-2's gelu its first MLP GEMM, the fused residual add + norm the attention's or MLP's output GEMM,
+# and each feeds a GEMM, attention or nothing. Softmax (eager attention: masked scores in, a cast out) and any op not
+# named: pointwise on both sides.
+DECODER_NEIGHBOURS: dict[str, tuple[bool, bool]] = {
+    "rms_norm": (True, False), "layer_norm": (True, False), "fused_add_rms_norm": (False, False),
+    "cross_entropy": (False, False), "linear_cross_entropy": (False, False), "swiglu": (False, False),
+    "rotary_embedding": (False, False), "qk_norm_rope": (False, False), "gelu": (False, False),
+}
+
+
+def in_compiled_caller(fn: Callable[..., Any], op: str = "") -> Callable[..., Any]:
+    """``fn`` as a compiled caller runs it: traced into a small torch.compile'd function (one graph per shape) with
+    the neighbours ``op`` has in a decoder (``DECODER_NEIGHBOURS``: a pointwise op before its first input, after each
+    output, or neither). There the eager and compile tiers fuse with a pointwise neighbour, while a Triton or CUDA op is
+    a fusion barrier the caller pays for, and where a GEMM is the neighbour neither fuses: the same neighbours for
+    every tier make the times comparable."""
+    before, after = DECODER_NEIGHBOURS.get(op, (True, True))
+
     def caller(first: torch.Tensor, *rest: Any, **kw: Any) -> Any:
-        out = fn(first * 0.5, *rest, **kw)
+        out = fn(first * 0.5 if before else first, *rest, **kw)
+        if not after:
+            return out
         return out * 2 if isinstance(out, torch.Tensor) else tuple(o * 2 for o in out)
 
     return torch.compile(caller, dynamic=False, fullgraph=True)
@@ -48,7 +68,7 @@ def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = 
         # one compiled caller per implementation in a process: dynamo keeps its graphs per shape there, where a new
         # caller per measurement would compile every shape again (and count toward the recompile limit)
         if impl.fn not in _callers:
-            _callers[impl.fn] = in_compiled_caller(impl.fn)
+            _callers[impl.fn] = in_compiled_caller(impl.fn, spec.name)
         fn = _callers[impl.fn]
     if mode == "fwd_nograd":
         def call() -> Any:
