@@ -293,10 +293,10 @@ def test_a_compiled_caller_gives_each_op_its_decoder_neighbours(monkeypatch):
 
 
 def test_a_compiled_context_row_of_the_earlier_method_is_measured_again():
-    from tiered_ops.method import COMPILED_METHOD_VERSION, METHOD_VERSION, method_version
+    from tiered_ops.method import COMPILED_METHOD_VERSION, CONTEXT_METHODS, METHOD_VERSION
     from tiered_ops.store.store import open_store
 
-    assert method_version("compiled") == COMPILED_METHOD_VERSION != METHOD_VERSION == method_version("eager")
+    assert CONTEXT_METHODS == {"compiled": COMPILED_METHOD_VERSION} and COMPILED_METHOD_VERSION != METHOD_VERSION
     spec = tiered_ops.get_op("gelu")
     impl = spec.impls["eager"]
     base = dict(op="gelu", impl="eager", tier="eager", mode="fwd_nograd", problem="8x64", bucket="[8,64]",

@@ -11,8 +11,6 @@ METHOD_VERSION = 1
 # in a decoder (``measure.DECODER_NEIGHBOURS``); version 1 gave every op two pointwise ones, which Inductor folds into
 # a traced tier and a kernel tier pays as passes of their own, also where a GEMM feeds the op.
 COMPILED_METHOD_VERSION = 2
-
-
-def method_version(context: str | None) -> int:
-    """The method a row measured in ``context`` is taken with now (a row of another is stale)."""
-    return COMPILED_METHOD_VERSION if context == "compiled" else METHOD_VERSION
+# The method a row of each context is taken with now (a row of another is stale); a context not named here (eager, and
+# graphed, which reads eager rows): METHOD_VERSION. Read as ``CONTEXT_METHODS.get(context, METHOD_VERSION)``.
+CONTEXT_METHODS: dict[str, int] = {"compiled": COMPILED_METHOD_VERSION}

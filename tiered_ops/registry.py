@@ -22,7 +22,7 @@ import torch
 
 from .accuracy import as_outputs, rel_error  # noqa: F401  (imported from here by the layers above)
 from .environment import environment
-from .method import METHOD_VERSION, method_version  # noqa: F401 (METHOD_VERSION: read from here too)
+from .method import CONTEXT_METHODS, METHOD_VERSION
 
 
 def package_dir(name: str) -> Path:
@@ -270,11 +270,11 @@ class OpSpec:
 
     def fresh_impl(self, row: dict) -> Impl | None:
         """The implementation a stored row measured, if it still exists with the same source, the row was measured
-        with the current method of its context (``method_version``) and, for a failure stored with its build
+        with the current method of its context (``CONTEXT_METHODS``) and, for a failure stored with its build
         environment (``env``), that environment is still this process's; else None."""
         impl = self.impls.get(row["impl"])
         if (impl is None or row["source_hash"] != impl.source_hash
-                or row.get("method") != method_version(row.get("context"))):
+                or row.get("method") != CONTEXT_METHODS.get(row.get("context"), METHOD_VERSION)):
             return None
         return None if row.get("env") and row["env"] != environment() else impl
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..buckets import decode
-from ..method import METHOD_VERSION, method_version
+from ..method import CONTEXT_METHODS, METHOD_VERSION
 from ..registry import OPS, Tier
 from ..store.rows import usable
 from ..store.store import COLUMN_NAMES, Store, open_store
@@ -142,9 +142,10 @@ def refusal(row: dict[str, Any]) -> str | None:
     if row.get("source_hash") != impl.source_hash:
         return (f"{spec.name} {impl.name}: measured with source {row.get('source_hash')}, the installed source is "
                 f"{impl.source_hash}")
-    if row.get("method") != method_version(row.get("context")):
+    method = CONTEXT_METHODS.get(row.get("context"), METHOD_VERSION)
+    if row.get("method") != method:
         return (f"{spec.name} {impl.name}: measured with measurement method {row.get('method')}, this installation "
-                f"measures with method {method_version(row.get('context'))} ({row.get('context') or 'eager'} context)")
+                f"measures with method {method} ({row.get('context') or 'eager'} context)")
     return None
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .. import envs
-from ..method import method_version
+from ..method import CONTEXT_METHODS, METHOD_VERSION
 from ..registry import Context, check_context
 from . import pg as store_pg
 from . import sqlite as store_sqlite
@@ -202,12 +202,12 @@ class Store:
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
         """Insert measurements in one transaction (all or none). A row without ``method`` was measured by this
-        process: it gets the current method of its context (``method_version``); one without ``context`` (or None) is
-        an eager caller's."""
+        process: it gets the current method of its context (``CONTEXT_METHODS``); one without ``context`` (or None)
+        is an eager caller's."""
         ph = ", ".join("?" for _ in COLUMN_NAMES)
         now = time.time()
-        data = [tuple(_value(r.get(c, now if c == "timestamp" else method_version(r["context"]) if c == "method"
-                                   else None)) for c in COLUMN_NAMES)
+        data = [tuple(_value(r.get(c, now if c == "timestamp" else CONTEXT_METHODS.get(r["context"], METHOD_VERSION)
+                                   if c == "method" else None)) for c in COLUMN_NAMES)
                 for r in map(_with_context, rows)]
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
         self._write(lambda: self.dialect.executemany(self.conn, sql, data))
