@@ -206,9 +206,12 @@ class Store:
         is an eager caller's."""
         ph = ", ".join("?" for _ in COLUMN_NAMES)
         now = time.time()
-        data = [tuple(_value(r.get(c, now if c == "timestamp" else CONTEXT_METHODS.get(r["context"], METHOD_VERSION)
-                                   if c == "method" else None)) for c in COLUMN_NAMES)
-                for r in map(_with_context, rows)]
+
+        def values(r: dict[str, Any]) -> tuple:
+            defaults = {"timestamp": now, "method": CONTEXT_METHODS.get(r["context"], METHOD_VERSION)}
+            return tuple(_value(r.get(c, defaults.get(c))) for c in COLUMN_NAMES)
+
+        data = [values(r) for r in map(_with_context, rows)]
         sql = f"INSERT INTO measurements ({', '.join(COLUMN_NAMES)}) VALUES ({ph})"
         self._write(lambda: self.dialect.executemany(self.conn, sql, data))
         if self.kept_in_memory is not None and data:
