@@ -6,9 +6,10 @@ how long each took, whether their times agree, and whether they pick the same wi
 
 Per sweep: its rows (the last stored per op, problem, dtype, mode, impl and context) and the span of their timestamps
 (first to last stored measurement: the sweep's measuring time, without its start-up and export). For each row timed in
-both sweeps, the ratio of their medians (A / B) and whether their p20-p80 ranges overlap. A winner is the fastest
-correct row per (op, problem, dtype, mode, context); it is a tie when the runner-up's p20-p80 overlaps the winner's,
-and only cases tied in neither sweep count for agreement.
+both sweeps, the ratio of their medians (A / B) and whether their p20-p80 ranges overlap. The decisions are
+compared as the report's ``--repeat`` compares them (``tiered_ops.analysis.report.agreement``): the fastest correct
+implementation as a caller sees it (kernel or host time, whichever bounds the call), a tie where the caller-side
+p20-p80 ranges overlap, and only cases tied in neither sweep and timed with the same implementations counted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import statistics
 import sys
 
 import pandas as pd
+
+from tiered_ops.analysis.report import agreement
 
 KEY = ["op", "problem", "dtype", "mode", "impl", "context"]
 CASE = ["op", "problem", "dtype", "mode", "context"]
@@ -37,19 +40,6 @@ def _ran(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["ok"] == 1) & df["p50_us"].notna()]
 
 
-def _winners(df: pd.DataFrame) -> dict[tuple, str | None]:
-    """The winner per case, None where it ties with the runner-up."""
-    out: dict[tuple, str | None] = {}
-    for case, g in _ran(df).groupby(CASE):
-        g = g.sort_values("p50_us")
-        if len(g) == 1:
-            out[case] = g.iloc[0]["impl"]
-            continue
-        first, second = g.iloc[0], g.iloc[1]
-        out[case] = None if second["p20_us"] <= first["p80_us"] else first["impl"]
-    return out
-
-
 def compare(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> list[str]:
     lines = ["| sweep | implementations x cases x modes | timed | correct and timed | measuring span s |",
              "|---|---:|---:|---:|---:|"]
@@ -67,15 +57,12 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> list[st
         lines.append(f"{len(pairs)} rows timed in both: median time ratio {names[0]} / {names[1]} "
                      f"{statistics.median(ratios):.3f} (p10 {q[0]:.3f}, p90 {q[-1]:.3f}); p20-p80 ranges overlap in "
                      f"{overlap} of {len(pairs)}.")
-    wa, wb = _winners(a), _winners(b)
-    both = [c for c in wa if c in wb and wa[c] is not None and wb[c] is not None]
-    same = sum(wa[c] == wb[c] for c in both)
-    lines.append(f"Winners: the same in {same} of {len(both)} cases not tied in either sweep "
-                 f"({sum(v is None for v in wa.values())} of {len(wa)} ties in {names[0]}, "
-                 f"{sum(v is None for v in wb.values())} of {len(wb)} in {names[1]}).")
-    for c in both:
-        if wa[c] != wb[c]:
-            lines.append(f"- differs: {' '.join(map(str, c))}: {names[0]} {wa[c]}, {names[1]} {wb[c]}")
+    same, compared, differ = agreement(a, b)
+    lines.append(f"Decisions (the fastest correct implementation as a caller sees it, as `tiered-ops report --repeat` "
+                 f"compares them): the same in {same} of {compared} cases tied in neither sweep and timed with the "
+                 f"same implementations in both.")
+    lines += [f"- differs: {line} ({names[0]} then {names[1]}; margin: the runner-up's time over the winner's)"
+              for line in differ]
     return lines
 
 
