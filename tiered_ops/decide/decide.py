@@ -36,8 +36,9 @@ from typing import Any, Callable
 import torch
 
 from .. import envs
+from ..buckets import encode as bucket_str
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, measure_kept
+from ..measure.measure import measure_kept
 from ..measure.timing import default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
