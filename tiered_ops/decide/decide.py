@@ -235,8 +235,9 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     bkey, dname = bucket_str(a.key[1]), DTYPE_NAMES[dtype]
     bucket_key = (spec.name, bkey, dname, fp.key, mode)
     rows = store.latest(*bucket_key)
+    fresh = spec.freshness(rows)  # the registry asked once per set of rows: which are fresh, what is missing
     # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
-    missing, _ = to_measure(store, spec, bucket_key, rows)
+    missing, _ = to_measure(store, spec, bucket_key, rows, fresh=fresh)
     tmode, asked = tuning_mode(), tune is None
     tune = tmode == "blocking" if tune is None else tune
     tuned_s, job, busy, tuning = None, None, None, None
@@ -255,15 +256,17 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
                                                    measure=measure_kept, key5=bucket_key,
                                                    claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
-    busy = busy or busy_note(spec, rows)
+        fresh = spec.freshness(rows)
+    busy = busy or busy_note(spec, rows, fresh[0])
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)
     near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
         not rows and not tune) else None
-    rows = near.rows if near is not None else rows
+    rows, fresh = (near.rows, spec.freshness(near.rows)) if near is not None else (rows, fresh)
     compiled = compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
                              measure_missing=tune and context == "compiled" and near is None)
-    return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s)
+    return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s,
+                    fresh[0], spec.freshness(compiled)[0])
 
 
 def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
@@ -272,17 +275,18 @@ def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
     spec, near = a.spec, ev.near
     ctx_rows, why = measured_compiled(ev.compiled, a.mode) if ctx == "compiled" and ev.compiled else in_context(
         ev.rows, ctx)
+    fresh = ev.compiled_fresh if ctx == "compiled" and ev.compiled else ev.fresh
     if not ctx_rows and not ev.tune:
         impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
                                                     "eager" if ev.provisional else
                                                     "tuning off and no stored decision: eager"), []
     else:
         how = (a.policy, a.calls, ev.store, a.budget)
-        impl, reason, cands = _decide(spec, ctx_rows, a.dtype, a.device, *how)
+        impl, reason, cands = _decide(spec, ctx_rows, a.dtype, a.device, *how, fresh)
         from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
         if (near is not None and near.gate) or from_pack:
             impl, reason, cands = _gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how,
-                                         (impl, reason, cands))
+                                         (impl, reason, cands), fresh)
         if near is not None:
             reason = (f"{'tuning in the background' if ev.provisional else 'tuning off'}, nothing measured in "
                       f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
