@@ -39,7 +39,7 @@ from .. import envs
 from ..buckets import encode as bucket_str
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import measure_kept
-from ..measure.timing import default_device
+from ..measure.timing import cuda_index, default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
@@ -47,7 +47,7 @@ from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
 from .choice import _decide, _gated
-from .claimed import compiled_rows, tune_bucket
+from .claimed import measure_compiled, tune_bucket
 from .contexts import in_context, measured_compiled
 from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
@@ -263,10 +263,14 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
         not rows and not tune) else None
     rows, fresh = (near.rows, spec.freshness(near.rows)) if near is not None else (rows, fresh)
-    compiled = compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
-                             measure_missing=tune and context == "compiled" and near is None)
-    return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s,
-                    fresh[0], spec.freshness(compiled)[0])
+    # the compiled context's rows: each implementation's (measured where missing, for a blocking compiled call) or none
+    compiled = store.latest(*bucket_key, context="compiled")
+    cfresh, cmissing = spec.freshness(compiled)
+    if cmissing and tune and context == "compiled" and near is None:
+        compiled = measure_compiled(store, spec, problem, dtype, device, mode, bucket_key, cmissing)
+        cfresh, cmissing = spec.freshness(compiled)[0], []
+    return Evidence(store, bucket_key, rows, near, compiled if not cmissing else [], tune, tmode, provisional, job,
+                    tuning, busy, tuned_s, fresh[0], cfresh if not cmissing else {})
 
 
 def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
@@ -354,15 +358,6 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     return sel
 
 
-def _cuda_index(dev: torch.device) -> int:
-    """The index of a CUDA device asked for (the current one where ``dev`` names none); a ValueError where torch sees
-    no CUDA device."""
-    if not torch.cuda.is_available():
-        why = "torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
-        raise ValueError(f"device: {dev} asked for, but {why} (torch {torch.__version__}); use device='cpu'")
-    return torch.cuda.current_device() if dev.index is None else dev.index
-
-
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
                    calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
@@ -379,7 +374,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     """
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
-        dev = torch.device("cuda", _cuda_index(dev))
+        dev = torch.device("cuda", cuda_index(dev))
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
         fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, budget, mode, context, tuple(params.items()))
         sel = _selects.get(fast)
@@ -390,7 +385,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     # after the fast path: a shape that fails here is never cached
     check_dims("shapes", shapes, positive=True)  # a decision is for a real input: (-1, 64) or (0, 64) is a mistake
     if dev.type == "cuda":
-        _cuda_index(dev)
+        cuda_index(dev)
     spec = get_op(op)
     takes = list(inspect.signature(spec.problem).parameters)[1:]
     unknown = [k for k in params if k not in takes]
