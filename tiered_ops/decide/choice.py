@@ -11,7 +11,7 @@ import torch
 
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNGATED, caller_range, ungated, waits_for_gate
+from ..store.rows import UNGATED, caller_range, from_pack, ungated, waits_for_gate
 from ..store.store import Store
 from .policy import choose
 
@@ -74,6 +74,16 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
         impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget, fresh)
     gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
     return impl, f"{reason}; {gated}", cands
+
+
+def choose_gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+                 rows: list[dict], how: tuple, fresh: dict[str, Impl] | None, gate: bool) -> tuple[Impl, str, list]:
+    """The policy's choice among ``rows`` (``_decide``; ``how``: policy, calls, store, budget), gated at ``problem``
+    first (``_gated``) where ``gate`` says so (rows of another bucket) or the chosen row came from a decision pack."""
+    decided = _decide(spec, rows, dtype, device, *how, fresh)
+    if gate or any(from_pack(r) for r in rows if r["impl"] == decided[0].name):
+        return _gated(spec, problem, dtype, device, mode, rows, how, decided, fresh)
+    return decided
 
 
 # The tiers timed before their gate, which then runs only where a choice would name the candidate (``next_gate``):

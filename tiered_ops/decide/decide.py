@@ -46,10 +46,9 @@ from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import _decide, _gated
+from .choice import choose_gated
 from .claimed import measure_compiled, tune_bucket
 from .contexts import in_context, measured_compiled
-from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note
@@ -286,11 +285,8 @@ def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
                                                     "tuning off and no stored decision: eager"), []
     else:
         how = (a.policy, a.calls, ev.store, a.budget)
-        impl, reason, cands = _decide(spec, ctx_rows, a.dtype, a.device, *how, fresh)
-        from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
-        if (near is not None and near.gate) or from_pack:
-            impl, reason, cands = _gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how,
-                                         (impl, reason, cands), fresh)
+        impl, reason, cands = choose_gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how, fresh,
+                                           near is not None and near.gate)
         if near is not None:
             reason = (f"{'tuning in the background' if ev.provisional else 'tuning off'}, nothing measured in "
                       f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
