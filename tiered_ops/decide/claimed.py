@@ -182,7 +182,7 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
                                       f"measuring it (waited {waited:.0f} s)")
     try:
         rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows)
+        todo, again = provisional.to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
     except BaseException:
         store.release(claim)
         raise
