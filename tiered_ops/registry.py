@@ -268,20 +268,26 @@ class OpSpec:
         bwd = self.bwd_bytes(problem, dtype) if self.bwd_bytes else 0
         return bwd if mode == "bwd" else fwd + bwd
 
-    def fresh_impl(self, row: dict) -> Impl | None:
+    def fresh_impl(self, row: dict, env: str | None = None) -> Impl | None:
         """The implementation a stored row measured, if it still exists with the same source, the row was measured
         with the current method of its context (``CONTEXT_METHODS``) and, for a failure stored with its build
-        environment (``env``), that environment is still this process's; else None."""
+        environment (``env``), that environment is still this process's (``env``: as the caller read it); else None."""
         impl = self.impls.get(row["impl"])
         if (impl is None or row["source_hash"] != impl.source_hash
                 or row.get("method") != CONTEXT_METHODS.get(row.get("context"), METHOD_VERSION)):
             return None
-        return None if row.get("env") and row["env"] != environment() else impl
+        return None if row.get("env") and row["env"] != (env or environment()) else impl
+
+    def freshness(self, rows: list[dict]) -> tuple[dict[str, Impl], list[Impl]]:
+        """(the implementation of each fresh row of ``rows`` by its name, the implementations of ours, no peer,
+        without one): ``fresh_impl`` over one row per implementation (a bucket's newest), the environment read once."""
+        env = environment() if any(r.get("env") for r in rows) else None
+        fresh = {r["impl"]: impl for r in rows if (impl := self.fresh_impl(r, env)) is not None}
+        return fresh, [i for i in self.impls.values() if i.name not in fresh and i.tier != Tier.PEER]
 
     def unmeasured(self, rows: list[dict]) -> list[Impl]:
         """The implementations of ours (no peer) without a fresh row among ``rows`` (``fresh_impl``)."""
-        have = {r["impl"] for r in rows if self.fresh_impl(r) is not None}
-        return [i for i in self.impls.values() if i.name not in have and i.tier != Tier.PEER]
+        return self.freshness(rows)[1]
 
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:

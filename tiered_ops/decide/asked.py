@@ -35,7 +35,8 @@ class Asked:
 class Evidence:
     """The rows a decision is made from, and how they came: ``bucket_key`` (op, bucket, dtype, device key, mode) in
     the store's terms; ``near``, the nearest measured bucket's where this one has none; ``compiled``, the compiled
-    context's; ``provisional``, tuning in the background with rows missing (``job``: its queued bucket)."""
+    context's; ``provisional``, tuning in the background with rows missing (``job``: its queued bucket); ``fresh`` and
+    ``compiled_fresh``, the fresh implementations of ``rows`` and ``compiled`` by name (``OpSpec.freshness``)."""
 
     store: Store
     bucket_key: tuple[str, str, str, str, str]
@@ -49,3 +50,5 @@ class Evidence:
     tuning: str | None
     busy: str | None
     tuned_s: float | None
+    fresh: dict[str, Any]
+    compiled_fresh: dict[str, Any]

@@ -11,7 +11,7 @@ import torch
 
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNGATED, caller_range, ungated, waits_for_gate
+from ..store.rows import UNGATED, caller_range, from_pack, ungated, waits_for_gate
 from ..store.store import Store
 from .policy import choose
 
@@ -19,24 +19,27 @@ log = logging.getLogger(__name__)
 
 
 def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, policy: str,
-            calls: int | None, store: Store, budget: int | None = None) -> tuple[Impl, str, list]:
-    """Choose among the correct fresh timed implementations under ``policy``; (impl, reason, candidates)."""
+            calls: int | None, store: Store, budget: int | None = None, fresh: dict[str, Impl] | None = None,
+            ) -> tuple[Impl, str, list]:
+    """Choose among the correct fresh timed implementations under ``policy``; (impl, reason, candidates).
+    ``fresh``: the rows' fresh implementations by name (``OpSpec.freshness``, one row per implementation) where the
+    caller has them."""
     cands, ok = [], []
     for r in rows:
-        impl = spec.fresh_impl(r)
-        fresh = impl is not None
+        impl = spec.fresh_impl(r) if fresh is None else fresh.get(r["impl"])
+        is_fresh = impl is not None
         c = {k: r.get(k) for k in ("impl", "tier", "caller_us", "p50_us", "p20_us", "p80_us", "host_us", "host_p80_us",
                                    "gbps", "frac_copy", "rel_error", "ok", "reason", "first_call_s", "peak_bytes")
-             } | {"fresh": fresh}
+             } | {"fresh": is_fresh}
         if r.get("predicted"):  # a time predicted at another shape: its kernel time there, for the policy's tie rule
             c |= {"predicted": True, "kernel_us": r.get("kernel_us")}
-        if fresh and r["ok"] and r["caller_us"] is not None and not r.get("predicted"):
+        if is_fresh and r["ok"] and r["caller_us"] is not None and not r.get("predicted"):
             c["lo"], c["hi"] = caller_range(r)  # a time predicted at another shape has no measured spread
-        if fresh and impl.tier == Tier.CUDA and policy == "cold-start":
+        if is_fresh and impl.tier == Tier.CUDA and policy == "cold-start":
             meta = store.get_meta(spec.name, impl.name, r["device_key"], impl.source_hash) or {}
             c["build_s"] = meta.get("build_s_extension")
         cands.append(c)
-        if (fresh and impl.tier != Tier.PEER and r["ok"] and r["caller_us"] is not None
+        if (is_fresh and impl.tier != Tier.PEER and r["ok"] and r["caller_us"] is not None
                 and impl.why_not(device, dtype) is None):
             ok.append(c)  # a peer is measured for comparison, never chosen
     best, reason, totals = choose(ok, policy, calls, budget=budget)
@@ -48,12 +51,14 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 
 
 def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, rows: list[dict],
-           how: tuple, decided: tuple[Impl, str, list]) -> tuple[Impl, str, list]:
+           how: tuple, decided: tuple[Impl, str, list], fresh: dict[str, Impl] | None = None,
+           ) -> tuple[Impl, str, list]:
     """A decision read from another dtype's measurements, gated at the requested dtype before it is returned.
 
     Nothing returns an implementation that never passed the float64 gate at the requested dtype: the choice is
     gated now at ``problem`` (the gate alone, no timing; cached per implementation, dtype and device like every
-    gate), and one that fails is struck and the choice made again among the rest, eager last."""
+    gate), and one that fails is struck and the choice made again among the rest, eager last (``fresh`` as
+    ``_decide``)."""
     policy, calls, store, budget = how
     impl, reason, cands = decided
     failed: list[str] = []
@@ -66,9 +71,19 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
         rows = [r for r in rows if r["impl"] != impl.name]
         if impl.name == "eager":
             break  # nothing left that passes: eager, with the failures on record
-        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget)
+        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget, fresh)
     gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
     return impl, f"{reason}; {gated}", cands
+
+
+def choose_gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+                 rows: list[dict], how: tuple, fresh: dict[str, Impl] | None, gate: bool) -> tuple[Impl, str, list]:
+    """The policy's choice among ``rows`` (``_decide``; ``how``: policy, calls, store, budget), gated at ``problem``
+    first (``_gated``) where ``gate`` says so (rows of another bucket) or the chosen row came from a decision pack."""
+    decided = _decide(spec, rows, dtype, device, *how, fresh)
+    if gate or any(from_pack(r) for r in rows if r["impl"] == decided[0].name):
+        return _gated(spec, problem, dtype, device, mode, rows, how, decided, fresh)
+    return decided
 
 
 # The tiers timed before their gate, which then runs only where a choice would name the candidate (``next_gate``):

@@ -182,7 +182,7 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
                                       f"measuring it (waited {waited:.0f} s)")
     try:
         rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows)
+        todo, again = provisional.to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
     except BaseException:
         store.release(claim)
         raise
@@ -194,23 +194,15 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
     return claim, rows, todo, again, None
 
 
-def compiled_rows(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, store: Store,
-                   device_key: str, bkey: str, measure_missing: bool) -> list[dict]:
-    """The stored compiled-context rows of this decision key when every implementation has a fresh one (measuring
-    the missing ones when ``measure_missing``), else none: a compiled decision from part of the tiers would not be
-    one. Read (and measured) beside the bucket's own rows: a miss reads the store, then prices the rows per context
-    (``contexts``)."""
-    dname = DTYPE_NAMES[dtype]
-    rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
-    missing = spec.unmeasured(rows)
-    if missing and measure_missing:
-        log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
-                 problem, dname, mode, len(missing))
-        store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled")
-                   for impl in missing])
-        rows = store.latest(spec.name, bkey, dname, device_key, mode, context="compiled")
-        missing = []
-    return rows if not missing else []
+def measure_compiled(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                     mode: str, key5: tuple[str, str, str, str, str], missing: list[Impl]) -> list[dict]:
+    """Measure ``missing`` inside a compiled caller (``measure.measure_kept``, context ``compiled``) and store them:
+    the bucket ``key5``'s compiled-context rows after. A miss reads those rows beside the bucket's own and asks this
+    where some are missing (once: then every implementation has one)."""
+    log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
+             problem, key5[2], mode, len(missing))
+    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+    return store.latest(*key5, context="compiled")
 
 
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,

@@ -26,11 +26,11 @@ import torch
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import bucket_str
 from ..registry import DTYPE_NAMES, DTYPES, Impl, OpSpec, Problem
+from ..store.rows import from_pack
 from ..store.store import STORE_ERRORS
 from ..tiers.catalog import get_op
 from . import background, table
 from . import decide as _decide
-from .packs import needs_first_use_gate
 
 log = logging.getLogger(__name__)
 _told: set[tuple] = set()  # buckets whose traced miss was logged
@@ -88,7 +88,7 @@ def _choose(spec: OpSpec, bucket: tuple, problem: Problem | None, dtype: torch.d
     key = (spec.name, bucket_str(bucket), dname, fp.key, mode)
     rows = store.latest(*key)
     missing = [i.name for i in spec.unmeasured(rows)]
-    if not missing and not any(needs_first_use_gate(r) for r in rows):
+    if not missing and not any(from_pack(r) for r in rows):
         # the bucket is measured: its decisions are made from the rows (and kept for every context), as an eager
         # call would make them; nothing is measured
         return _decide.select_problem(spec, problem, dtype, device, tune=False, mode=mode, context="compiled",

@@ -1,6 +1,6 @@
 """The stored rows as a caller in each context pays them (``registry.CONTEXTS``): measured inside a compiled
-caller where every implementation has such a row (read, and measured where missing, by ``claimed.compiled_rows``
-beside the bucket's own rows), else the eager rows read for the context."""
+caller where every implementation has such a row (read beside the bucket's own rows by ``decide``, measured where
+missing by ``claimed.measure_compiled``), else the eager rows read for the context."""
 
 from __future__ import annotations
 

@@ -36,19 +36,19 @@ from typing import Any, Callable
 import torch
 
 from .. import envs
+from ..buckets import encode as bucket_str
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import bucket_str, measure_kept
-from ..measure.timing import default_device
+from ..measure.measure import measure_kept
+from ..measure.timing import cuda_index, default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import _decide, _gated
-from .claimed import compiled_rows, tune_bucket
+from .choice import choose_gated
+from .claimed import measure_compiled, tune_bucket
 from .contexts import in_context, measured_compiled
-from .packs import needs_first_use_gate
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note
@@ -234,8 +234,9 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
     bkey, dname = bucket_str(a.key[1]), DTYPE_NAMES[dtype]
     bucket_key = (spec.name, bkey, dname, fp.key, mode)
     rows = store.latest(*bucket_key)
+    fresh = spec.freshness(rows)  # the registry asked once per set of rows: which are fresh, what is missing
     # the candidates without a fresh row, and once a busy bucket's back-off has passed every correct one
-    missing, _ = to_measure(store, spec, bucket_key, rows)
+    missing, _ = to_measure(store, spec, bucket_key, rows, fresh=fresh)
     tmode, asked = tuning_mode(), tune is None
     tune = tmode == "blocking" if tune is None else tune
     tuned_s, job, busy, tuning = None, None, None, None
@@ -254,15 +255,21 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
                                                    measure=measure_kept, key5=bucket_key,
                                                    claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
-    busy = busy or busy_note(spec, rows)
+        fresh = spec.freshness(rows)
+    busy = busy or busy_note(spec, rows, fresh[0])
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)
     near = nearest_rows(store, spec, problem, dtype, dname, fp.key, mode, other_dtype=not provisional) if (
         not rows and not tune) else None
-    rows = near.rows if near is not None else rows
-    compiled = compiled_rows(spec, problem, dtype, device, mode, store, fp.key, bkey,
-                             measure_missing=tune and context == "compiled" and near is None)
-    return Evidence(store, bucket_key, rows, near, compiled, tune, tmode, provisional, job, tuning, busy, tuned_s)
+    rows, fresh = (near.rows, spec.freshness(near.rows)) if near is not None else (rows, fresh)
+    # the compiled context's rows: each implementation's (measured where missing, for a blocking compiled call) or none
+    compiled = store.latest(*bucket_key, context="compiled")
+    cfresh, cmissing = spec.freshness(compiled)
+    if cmissing and tune and context == "compiled" and near is None:
+        compiled = measure_compiled(store, spec, problem, dtype, device, mode, bucket_key, cmissing)
+        cfresh, cmissing = spec.freshness(compiled)[0], []
+    return Evidence(store, bucket_key, rows, near, compiled if not cmissing else [], tune, tmode, provisional, job,
+                    tuning, busy, tuned_s, fresh[0], cfresh if not cmissing else {})
 
 
 def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
@@ -271,17 +278,15 @@ def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
     spec, near = a.spec, ev.near
     ctx_rows, why = measured_compiled(ev.compiled, a.mode) if ctx == "compiled" and ev.compiled else in_context(
         ev.rows, ctx)
+    fresh = ev.compiled_fresh if ctx == "compiled" and ev.compiled else ev.fresh
     if not ctx_rows and not ev.tune:
         impl, reason, cands = spec.impls["eager"], ("tuning in the background, nothing measured of it yet: "
                                                     "eager" if ev.provisional else
                                                     "tuning off and no stored decision: eager"), []
     else:
         how = (a.policy, a.calls, ev.store, a.budget)
-        impl, reason, cands = _decide(spec, ctx_rows, a.dtype, a.device, *how)
-        from_pack = any(needs_first_use_gate(r) for r in ctx_rows if r["impl"] == impl.name)
-        if (near is not None and near.gate) or from_pack:
-            impl, reason, cands = _gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how,
-                                         (impl, reason, cands))
+        impl, reason, cands = choose_gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how, fresh,
+                                           near is not None and near.gate)
         if near is not None:
             reason = (f"{'tuning in the background' if ev.provisional else 'tuning off'}, nothing measured in "
                       f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "
@@ -349,15 +354,6 @@ def capture_selection(spec: OpSpec, problem: Problem, dtype: torch.dtype, device
     return sel
 
 
-def _cuda_index(dev: torch.device) -> int:
-    """The index of a CUDA device asked for (the current one where ``dev`` names none); a ValueError where torch sees
-    no CUDA device."""
-    if not torch.cuda.is_available():
-        why = "torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
-        raise ValueError(f"device: {dev} asked for, but {why} (torch {torch.__version__}); use device='cpu'")
-    return torch.cuda.current_device() if dev.index is None else dev.index
-
-
 def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype | str | None = None,
                    device: torch.device | str | None = None, *, tune: bool | None = None, policy: str | None = None,
                    calls: int | None = None, mode: str = "fwd_nograd", context: str = "eager",
@@ -374,7 +370,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     """
     dev = torch.device(device) if device is not None else default_device()
     if dev.type == "cuda" and dev.index is None:  # the key holds the resolved device: set_device changes it
-        dev = torch.device("cuda", _cuda_index(dev))
+        dev = torch.device("cuda", cuda_index(dev))
     try:  # fast path: the same arguments as an earlier call (unhashable params skip it)
         fast = (op, tuple(shapes), dtype, dev, tune, policy, calls, budget, mode, context, tuple(params.items()))
         sel = _selects.get(fast)
@@ -385,7 +381,7 @@ def select_backend(op: str, shapes: tuple[int, ...] | list[int] | torch.Size, dt
     # after the fast path: a shape that fails here is never cached
     check_dims("shapes", shapes, positive=True)  # a decision is for a real input: (-1, 64) or (0, 64) is a mistake
     if dev.type == "cuda":
-        _cuda_index(dev)
+        cuda_index(dev)
     spec = get_op(op)
     takes = list(inspect.signature(spec.problem).parameters)[1:]
     unknown = [k for k in params if k not in takes]

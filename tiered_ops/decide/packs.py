@@ -10,8 +10,8 @@ imported, marked ``origin = 'pack:<file name>'``. A row whose implementation is 
 hash or measurement method differs from the installed implementation's, is refused with the reason: its figures are
 not this code's. Packs of different GPUs coexist in one store: rows are keyed by device fingerprint.
 
-An imported choice was gated on the machine that measured it, not here: ``needs_first_use_gate`` tells the
-selection layer which rows those are, so it can gate them on first use.
+An imported choice was gated on the machine that measured it, not here: ``needs_first_use_gate`` (``store.rows``'
+``from_pack``) tells the selection layer which rows those are, so it can gate them on first use.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from typing import Any
 from ..buckets import decode
 from ..method import CONTEXT_METHODS, METHOD_VERSION
 from ..registry import OPS, Tier
+from ..store.rows import PACK as ORIGIN
+from ..store.rows import from_pack as needs_first_use_gate  # noqa: F401 (the pack's rule, known by this name here)
 from ..store.rows import usable
 from ..store.store import COLUMN_NAMES, Store, open_store
 from ..tiers.catalog import all_ops
@@ -39,7 +41,6 @@ log = logging.getLogger(__name__)
 FORMAT, FORMAT_VERSION = "tiered_ops.decisions", 1
 KEY = ("op", "bucket", "dtype", "device_key", "mode")
 DEVICE = ("device_type", "gpu_name", "capability", "sm_count", "torch_version", "triton_version", "cuda_version")
-ORIGIN = "pack:"
 
 
 def _slug(name: str) -> str:
@@ -199,8 +200,3 @@ def load_decisions(path: str | Path, store: Store | None = None) -> ImportResult
     calls (decisions made earlier in the process are cached). Refused rows are logged with the reason."""
     return import_pack(path, store if store is not None else open_store())
 
-
-def needs_first_use_gate(row: dict[str, Any]) -> bool:
-    """Whether a stored row came from a decision pack (it was gated where it was measured, not on this machine): a
-    choice made from it is gated here on its first use."""
-    return str(row.get("origin") or "").startswith(ORIGIN)

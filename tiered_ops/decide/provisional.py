@@ -33,23 +33,26 @@ _told: set[tuple] = set()
 _lock = threading.Lock()
 
 
-def _candidates(spec: OpSpec, rows: list[dict]) -> list[dict]:
-    """The rows of ``rows`` (newest per implementation) of current implementations of ours (no peer)."""
-    return [r for r in rows if spec.fresh_impl(r) is not None and spec.impls[r["impl"]].tier != Tier.PEER]
+def _candidates(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> list[dict]:
+    """The rows of ``rows`` (newest per implementation) of current implementations of ours (no peer); ``fresh``:
+    their fresh implementations by name (``OpSpec.freshness``) where the caller has them."""
+    fresh = spec.freshness(rows)[0] if fresh is None else fresh
+    return [r for r in rows if r["impl"] in fresh and fresh[r["impl"]].tier != Tier.PEER]
 
 
-def busy_rows(spec: OpSpec, rows: list[dict]) -> list[dict]:
-    """The candidates' newest rows that were timed on a busy machine."""
-    return [r for r in _candidates(spec, rows) if contended(r)]
+def busy_rows(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> list[dict]:
+    """The candidates' newest rows that were timed on a busy machine (``fresh`` as ``_candidates``)."""
+    return [r for r in _candidates(spec, rows, fresh) if contended(r)]
 
 
-def note(spec: OpSpec, rows: list[dict]) -> str | None:
+def note(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> str | None:
     """Why a decision from ``rows`` (one bucket's newest row per implementation) is provisional, or None where every
-    candidate's newest row is a clean one (or a failure, which no re-time changes)."""
-    busy = busy_rows(spec, rows)
+    candidate's newest row is a clean one (or a failure, which no re-time changes); ``fresh`` as ``_candidates``."""
+    cands = _candidates(spec, rows, fresh)
+    busy = [r for r in cands if contended(r)]
     if not busy:
         return None
-    clean = [r["impl"] for r in _candidates(spec, rows) if usable(r)]
+    clean = [r["impl"] for r in cands if usable(r)]
     first = str(busy[0]["reason"])
     return (f"provisional: the timings of {len(busy)} of {len(busy) + len(clean)} candidate(s) were taken on a busy "
             f"machine ({', '.join(r['impl'] for r in busy)}; {first}); "
@@ -69,9 +72,11 @@ def busy_streak(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str])
     return max(streak.values(), default=0)
 
 
-def retime_at(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict]) -> float | None:
-    """When the bucket's busy rows are to be timed again (epoch seconds), or None where none of ``rows`` is busy."""
-    busy = busy_rows(spec, rows)
+def retime_at(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict],
+              fresh: dict[str, Impl] | None = None) -> float | None:
+    """When the bucket's busy rows are to be timed again (epoch seconds), or None where none of ``rows`` is busy
+    (``fresh`` as ``_candidates``)."""
+    busy = busy_rows(spec, rows, fresh)
     if not busy:
         return None
     n = max(1, busy_streak(store, spec, key))
@@ -79,14 +84,16 @@ def retime_at(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], r
 
 
 def to_measure(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict],
-               now: float | None = None) -> tuple[list[Impl], bool]:
+               now: float | None = None, fresh: tuple[dict[str, Impl], list[Impl]] | None = None,
+               ) -> tuple[list[Impl], bool]:
     """(the implementations to measure for the bucket ``key`` on a miss, whether it is a re-time): the candidates
     without a fresh row; once a busy bucket's back-off has passed, those and every candidate whose newest row is
     correct and timed (clean or busy: timed again side by side). A failed candidate, or one that cannot be timed
-    here (Triton on the CPU's interpreter), keeps its row."""
-    have = {r["impl"]: r for r in rows if spec.fresh_impl(r) is not None}
-    missing = spec.unmeasured(rows)
-    at = retime_at(store, spec, key, rows)
+    here (Triton on the CPU's interpreter), keeps its row. ``fresh``: ``spec.freshness(rows)`` where the caller has
+    it."""
+    found, missing = spec.freshness(rows) if fresh is None else fresh
+    have = {r["impl"]: r for r in rows if r["impl"] in found}
+    at = retime_at(store, spec, key, rows, found)
     if at is None or (time.time() if now is None else now) < at:
         return missing, False
     return missing + [i for i in spec.impls.values() if i.name in have and i.tier != Tier.PEER

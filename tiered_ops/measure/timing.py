@@ -55,6 +55,15 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def cuda_index(dev: torch.device) -> int:
+    """The index of a CUDA device asked for (the current one where ``dev`` names none); a ValueError where torch sees
+    no CUDA device."""
+    if not torch.cuda.is_available():
+        why = "torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ValueError(f"device: {dev} asked for, but {why} (torch {torch.__version__}); use device='cpu'")
+    return torch.cuda.current_device() if dev.index is None else dev.index
+
+
 def one_call_s(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call of ``fn``, synchronized before and after (the GPU's time for a GPU-bound call)."""
     sync(device)

@@ -17,6 +17,7 @@ WAITING = UNGATED + "timed; its gate runs only where it would be chosen"  # an u
 # the reason of a peer's row that fails an edge case it does not claim (Liger at 0 rows) but is correct at the row's
 # problem: timed there, so the reports show it beside ours; not ok, so nothing ever chooses it
 EDGE_ONLY = "timed; fails an edge case it does not claim: "
+PACK = "pack:"  # the origin of a row imported from a decision pack (``decide.packs``), followed by the pack's name
 
 
 def _num(v: object) -> float | None:
@@ -77,6 +78,12 @@ def edge_only(row: Any) -> bool:
     """Whether a stored row is a peer's timed at a problem where it is correct, though it fails an edge case it does
     not claim (``EDGE_ONLY``): shown beside ours, never chosen."""
     return _says(row, EDGE_ONLY)
+
+
+def from_pack(row: dict[str, Any]) -> bool:
+    """Whether a stored row came from a decision pack (it was gated where it was measured, not on this machine): a
+    choice made from it is gated here on its first use."""
+    return str(row.get("origin") or "").startswith(PACK)
 
 
 def usable(row: Any) -> bool:
