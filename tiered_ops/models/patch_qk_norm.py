@@ -201,7 +201,8 @@ def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> st
     q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
     if not _takes(self, q, k, cos, sin):
         return "patched"
-    return "own" if qk_norm_rope.decomposes(q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon) else None
+    return "own" if qk_norm_rope.decomposes(q, k, cos, sin, StandIn(wq.shape, wq), StandIn(wk.shape, wk),
+                                            self.q_norm.variance_epsilon) else None
 
 
 def _read(proj: nn.Module) -> int | None:

@@ -45,6 +45,7 @@ from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
 from .patch_layers import (
     LOSS_MARK,
+    StandIn,
     decoder_plan,
     loss_plan,
     norm_form,
@@ -105,8 +106,9 @@ class PatchReport:
 # Each forward asks whether it takes the input's dtype (float32, bfloat16 or float16: ``patch_layers.TAKEN``) as
 # ``dt.is_floating_point and dt.itemsize in (2, 4)``, read off the dtype alone: a trace folds it without a guard, where
 # ``dt in TAKEN`` guards each element of the global tuple on every call of the compiled model. tests/test_guards.py
-# checks that the two agree on every dtype torch has. The original forward is called as ``own_forward`` directly (each
-# helper between costs guards on its code).
+# checks that the two agree on every dtype torch has. A parameter is asked about through a ``StandIn`` (its
+# ``requires_grad`` read by a trace guards its type: one guard per parameter). The original forward is called as
+# ``own_forward`` directly (each helper between costs guards on its code).
 
 def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     dt = x.dtype
@@ -114,15 +116,18 @@ def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
 
 
 def _layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(input, self.weight, self.bias) or tracing() and layer_norm.decomposes(
-            input, self.normalized_shape, self.weight, self.bias, self.eps):
+    w, b = self.weight, self.bias
+    if not _same_dtype(input, w, b) or tracing() and layer_norm.decomposes(
+            input, self.normalized_shape, w if w is None else StandIn(w.shape, w),
+            b if b is None else StandIn(b.shape, b), self.eps):
         return own_forward(self, input)
     return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(x, self.weight) or tracing() and rms_norm.decomposes(x, self.normalized_shape, self.weight,
-                                                                            self.eps):
+    w = self.weight
+    if not _same_dtype(x, w) or tracing() and rms_norm.decomposes(
+            x, self.normalized_shape, w if w is None else StandIn(w.shape, w), self.eps):
         return own_forward(self, x)
     return rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
@@ -131,16 +136,17 @@ def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> tor
     x, w = hidden_states, self.weight
     dt = x.dtype
     if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
-            tracing() and rms_norm.decomposes(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)):
+            tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.variance_epsilon,
+                                              cast_before_weight=True)):
         return own_forward(self, x)
     # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
     return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
 
 
 def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    dt = x.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or self.weight.dtype not in (dt, torch.float32) or (
-            tracing() and rms_norm.decomposes(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)):
+    dt, w = x.dtype, self.weight
+    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
+            tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.eps, weight_offset=1.0)):
         return own_forward(self, x)
     # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
     return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
