@@ -42,7 +42,7 @@ from torch import nn
 from ..runtime.dispatch import public
 from .patch_layers import StandIn, norm_form, tracing
 from .patch_rope import _NAME, _holds, _shadow, rope_form
-from .swap import install_routed, original_class, own_forward
+from .swap import original_class, per_class
 
 qk_norm_rope = public("qk_norm_rope")
 
@@ -162,10 +162,6 @@ def _stock_routed(cls: type) -> Callable[..., Any] | str:
     return _made(cls, True)
 
 
-_ROUTED = "_tiered_ops_qk_norm_forward"
-_STOCK_ROUTED = "_tiered_ops_qk_norm_stock_forward"
-
-
 def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> str | None:
     """While dynamo traces: which of stock's forwards the call traces, asked with stand-ins of q and k [batch, heads,
     seq, head_dim] (hidden_states' dtype, device and requires_grad): "patched" where the op would not be called (the
@@ -219,24 +215,26 @@ def _read(proj: nn.Module) -> int | None:
     return w.shape[0]
 
 
-def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    fwd = getattr(type(self), "_tiered_ops_qk_norm_forward", None)  # _ROUTED, spelled out: a global read is a guard
-    if fwd is None:  # a swapped class made again by pickle: its forward made now
-        fwd = install(type(self))
-    if tracing():
-        stock = _traced_as_stock(self, args, kwargs)
-        if stock == "own":
-            return type(self)._tiered_ops_qk_norm_stock_forward(self, *args, **kwargs)  # _STOCK_ROUTED
-        if stock == "patched":
-            return own_forward(self, *args, **kwargs)
-    return fwd(self, *args, **kwargs)
+@per_class
+def _qk_norm_attention_forward(base: type) -> Callable[..., Any]:
+    """The swapped class's forward: its base's forward rewritten (``_routed``), or while dynamo traces, stock's code
+    where ``_traced_as_stock`` says so; each forward held in the closure (a trace reads nothing of the class per
+    module)."""
+    routed, stock, own = _routed(base), _stock_routed(base), base.forward
+    for made in (routed, stock):
+        if isinstance(made, str):  # a class made again by pickle in a process whose transformers differs
+            raise RuntimeError(f"tiered_ops.patch: {base.__qualname__} can no longer be routed: {made}")
 
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            how = _traced_as_stock(self, args, kwargs)
+            if how == "own":
+                return stock(self, *args, **kwargs)
+            if how == "patched":
+                return own(self, *args, **kwargs)
+        return routed(self, *args, **kwargs)
 
-def install(swapped: type) -> Callable[..., Any]:
-    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite), with
-    the stock forward a trace runs where the op decomposes (``_stock_routed``)."""
-    install_routed(swapped, _STOCK_ROUTED, _stock_routed)
-    return install_routed(swapped, _ROUTED, _routed)
+    return forward
 
 
 def qk_norm_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:

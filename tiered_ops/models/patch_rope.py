@@ -27,7 +27,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import same_syntax, tracing
-from .swap import install_routed, original_class
+from .swap import original_class, per_class
 
 rotary_embedding = public("rotary_embedding")
 
@@ -173,19 +173,14 @@ def _routed(cls: type) -> tuple[Callable[..., Any], str] | str:
     return new, form
 
 
-_ROUTED = "_tiered_ops_rope_forward"  # class attribute of a swapped class: the routed forward of its base
-
-
-def _rope_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    fwd = getattr(type(self), "_tiered_ops_rope_forward", None)  # _ROUTED, spelled out: a global read is a guard
-    if fwd is None:  # a swapped class made again by pickle (another process): its routed forward made now
-        fwd = install(type(self))
-    return fwd(self, *args, **kwargs)
-
-
-def install(swapped: type) -> Callable[..., Any]:
-    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
-    return install_routed(swapped, _ROUTED, lambda base: r if isinstance(r := _routed(base), str) else r[0])
+@per_class
+def _rope_attention_forward(base: type) -> Callable[..., Any]:
+    """The swapped class's forward: its base's forward routed (``_routed``), itself (no call between: a trace reads
+    nothing of the class per module)."""
+    routed = _routed(base)
+    if isinstance(routed, str):  # a class made again by pickle in a process whose transformers differs
+        raise RuntimeError(f"tiered_ops.patch: {base.__qualname__} can no longer be routed: {routed}")
+    return routed[0]
 
 
 def rope_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:
