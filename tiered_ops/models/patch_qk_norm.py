@@ -41,7 +41,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import StandIn, norm_form, tracing
-from .patch_rope import _NAME, _holds, _shadow, rope_form
+from .patch_rope import _NAME, compiled, rewrap, rope_form
 from .swap import original_class, per_class
 
 qk_norm_rope = public("qk_norm_rope")
@@ -90,7 +90,7 @@ def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
 def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str | None, value: Any
                ) -> types.FunctionType | str:
     """The forward ``raw`` with the statements ``new`` maps replaced by theirs, its global ``name`` bound to
-    ``value`` (in a copy of its module's globals; None: in its module's own), or why not."""
+    ``value`` (a variable of its closure: ``compiled``; None: no name rebound), or why not."""
     dumps = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in new.items()}
     if raw.__code__.co_freevars:
         return "its forward uses a closure"
@@ -106,32 +106,7 @@ def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str | None, v
         return "its forward does not hold Qwen3's q_norm/k_norm and apply_rotary_pos_emb lines"
     for i in found:
         fn.body[i] = copy.deepcopy(dumps[ast.dump(fn.body[i])])
-    fn.decorator_list = []
-    globals_ = raw.__globals__ if name is None else _shadow(raw.__globals__, name, value).__dict__
-    ns: dict[str, Any] = {}  # the definition lands here, not in globals_
-    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<qk_norm_rope>", "exec"),  # noqa: S102
-         globals_, ns)
-    new = ns[fn.name]
-    new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
-    return new
-
-
-def _rewrap(fwd: Any, raw: types.FunctionType, new: types.FunctionType) -> Callable[..., Any] | None:
-    """``fwd`` (``raw`` under its decorators) with ``new`` in place of ``raw``."""
-    if fwd is raw:
-        return new
-    inner = getattr(fwd, "__wrapped__", None)
-    if not isinstance(fwd, types.FunctionType) or inner is None:
-        return None
-    new_inner = _rewrap(inner, raw, new)
-    cells = fwd.__closure__ or ()
-    if new_inner is None or not any(_holds(c, inner) for c in cells):
-        return None
-    out = types.FunctionType(fwd.__code__, fwd.__globals__, fwd.__name__, fwd.__defaults__,
-                             tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
-    out.__kwdefaults__, out.__qualname__, out.__module__ = fwd.__kwdefaults__, fwd.__qualname__, fwd.__module__
-    out.__wrapped__ = new_inner  # type: ignore[attr-defined]
-    return out
+    return compiled(fn, raw, name, value)
 
 
 def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
@@ -145,7 +120,7 @@ def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
         raw, _NEW, _CALL, _norm_call(raw.__globals__[_NAME]))
     if isinstance(new, str):
         return new
-    return _rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
+    return rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
 
 
 @functools.lru_cache(maxsize=64)
