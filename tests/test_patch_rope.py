@@ -132,6 +132,29 @@ def test_an_apply_rotary_pos_emb_whose_code_differs_is_left(monkeypatch):
 
 
 @needs_hf
+def test_the_routed_forward_reads_its_modules_own_globals(monkeypatch):
+    """The routed forward runs in its modeling module's own globals (apply_rotary_pos_emb alone bound apart, in its
+    closure): a global of the module rebound after the patch is read, as stock's forward reads it (a copy of the
+    globals made at patch time did not see it)."""
+    from transformers.models.llama import modeling_llama
+
+    model = tiny("llama")
+    patch(model, ops=["rotary_embedding"])
+    real, asked = modeling_llama.ALL_ATTENTION_FUNCTIONS, []
+
+    class Counting:
+        def get_interface(self, name, default):
+            asked.append(name)
+            return real.get_interface(name, default)
+
+    monkeypatch.setattr(modeling_llama, "ALL_ATTENTION_FUNCTIONS", Counting())
+    seen = _counted(monkeypatch)
+    with torch.no_grad():
+        model(torch.randint(0, 128, (2, 8)))
+    assert len(asked) == 2 and len(seen) == 2, (asked, seen)
+
+
+@needs_hf
 def test_ops_without_the_route_leave_the_attention_with_why():
     report = patch(tiny("mistral"), ops=["rms_norm"])
     assert [x.path for x in report.left if "rotary_embedding not in ops" in x.reason] == [
@@ -212,8 +235,9 @@ def test_an_attention_whose_lines_differ_is_not_fused(monkeypatch):
 
 @needs_hf
 def test_both_routes_of_one_modeling_module_compile_in_one_process():
-    """Qwen3 routed plainly (ops without qk_norm_rope) and fused, in one process: each route's forward keeps its own
-    globals, which torch.compile finds by module name (a shared name made one route read the other's)."""
+    """Qwen3 routed plainly (ops without qk_norm_rope) and fused, in one process: each route's forward binds its own
+    name (apply_rotary_pos_emb, the fused call) in its closure; a copy of the module's globals shared by name once made
+    one route read the other's."""
     from torch._dynamo.utils import counters
 
     ids = torch.randint(0, 128, (2, 8))

@@ -5,6 +5,8 @@ graph guards that the stock one does not. One variant per process (a fresh dynam
 
     PYTHONPATH=$PWD python3 scripts/diag/guard_count.py                       # every model x variant, each in a child
     PYTHONPATH=$PWD python3 scripts/diag/guard_count.py --model llama --variant patched --show 40
+    PYTHONPATH=$PWD python3 scripts/diag/guard_count.py --layers 4     # 4 decoder layers: the per-layer part is the
+                                                                        # difference from 2 layers' count, halved
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              vocab_size=128)
 
 
-def tiny(family: str):  # noqa: ANN201 (a transformers model)
-    """tests/test_patch.py's tiny model of ``family`` (hidden 64, 2 layers), in eval mode."""
+def tiny(family: str, layers: int = 2):  # noqa: ANN201 (a transformers model)
+    """tests/test_patch.py's tiny model of ``family`` (hidden 64, 2 layers unless ``layers``), in eval mode."""
     import torch
     import transformers as t
 
     torch.manual_seed(0)
-    cfg = {"llama": lambda: t.LlamaConfig(**SMALL), "qwen3": lambda: t.Qwen3Config(**SMALL, head_dim=16)}[family]()
+    small = dict(SMALL, num_hidden_layers=layers)
+    cfg = {"llama": lambda: t.LlamaConfig(**small), "qwen3": lambda: t.Qwen3Config(**small, head_dim=16)}[family]()
     cls = {"llama": t.LlamaForCausalLM, "qwen3": t.Qwen3ForCausalLM}[family]
     return cls(cfg).eval()
 
@@ -65,7 +68,7 @@ def group(src: str) -> str:
     return src[: len("L['self']") + sum(len(s) for s in steps[:4])] if steps else src
 
 
-def measure(model: str, variant: str) -> dict:
+def measure(model: str, variant: str, layers: int = 2) -> dict:
     """Compile ``model`` and call it on one token (a decode step's shapes; no KV cache: ``use_cache=False``, the
     cache's own guards are the same for both variants), twice, then read the guards of its forward's cache entries.
     Tuning is off (``TIERED_OPS_TUNE=0`` unless set): the patched trace takes the eager tier, with no stored
@@ -75,7 +78,7 @@ def measure(model: str, variant: str) -> dict:
 
     import tiered_ops
 
-    m = tiny(model)
+    m = tiny(model, layers)
     if variant == "patched":
         tiered_ops.patch(m)
     ids = torch.randint(0, m.config.vocab_size, (1, 1))
@@ -125,10 +128,11 @@ def main() -> int:
     p.add_argument("--model", choices=MODELS)
     p.add_argument("--variant", choices=("stock", "patched"))
     p.add_argument("--show", type=int, default=25, help="lines of each list printed")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the tiny models")
     p.add_argument("--json", action="store_true", help="(a child) print the measurement as JSON")
     a = p.parse_args()
     if a.model and a.variant:
-        r = measure(a.model, a.variant)
+        r = measure(a.model, a.variant, a.layers)
         if a.json:
             print(json.dumps(r))
         else:
@@ -137,7 +141,8 @@ def main() -> int:
     for model in (a.model,) if a.model else MODELS:
         got = {}
         for variant in ("stock", "patched"):
-            out = subprocess.run([sys.executable, __file__, "--model", model, "--variant", variant, "--json"],
+            out = subprocess.run([sys.executable, __file__, "--model", model, "--variant", variant, "--json",
+                                  "--layers", str(a.layers)],
                                  capture_output=True, text=True, check=True, env=dict(os.environ))
             got[variant] = json.loads(out.stdout.strip().splitlines()[-1])
         report(got["stock"], got["patched"], a.show)

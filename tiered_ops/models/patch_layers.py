@@ -128,11 +128,16 @@ class StandIn:
     """What a public op's ``decomposes`` reads of a tensor argument (shape, dtype, device, requires_grad), for a
     tensor not yet computed where the question is asked: shaped ``shape``, the rest as ``like``'s. Made while dynamo
     traces, it puts no node in the graph (a view standing in would: unused, yet it shifts the names of the compiled
-    code's buffers)."""
+    code's buffers).
+
+    Also for a module's parameter (``StandIn(w.shape, w)``): a trace that reads a Parameter's ``requires_grad`` guards
+    its type (one guard per parameter, on every call of the compiled model), and ``decomposes`` reads it. Here it is
+    read only with grad mode on: with it off no call records a graph (a key's training bit is ``grad and ...``) and
+    no contract of a patched op reads it, so the stand-in says False without reading it."""
 
     def __init__(self, shape: tuple[int, ...], like: torch.Tensor) -> None:
         self.shape, self.dtype, self.device = torch.Size(shape), like.dtype, like.device
-        self.requires_grad, self._dev = like.requires_grad, like.get_device()
+        self.requires_grad, self._dev = torch.is_grad_enabled() and like.requires_grad, like.get_device()
 
     def get_device(self) -> int:
         return self._dev
@@ -176,12 +181,13 @@ def add_rms_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, gemma
         # then the original's, and Inductor plans the same kernels and buffers for it
         # Gemma: (1 + w) in fp32, one rounding; Llama: normalized in fp32, rounded to x's dtype, then the weight (the
         # output promote(w, x)). Traced as the original's add and norm where the op would trace its decomposition.
+        # (the weight asked about through a stand-in: no guard on its type, StandIn)
         if gemma:
-            if not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), w, norm.eps,
-                                                                weight_offset=1.0)):
+            if not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), StandIn(w.shape, w),
+                                                                norm.eps, weight_offset=1.0)):
                 return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.eps, weight_offset=1.0)
-        elif not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), w, norm.variance_epsilon,
-                                                              cast_before_weight=True)):
+        elif not (tracing() and fused_add_rms_norm.decomposes(residual, x, (x.shape[-1],), StandIn(w.shape, w),
+                                                              norm.variance_epsilon, cast_before_weight=True)):
             return fused_add_rms_norm(residual, x, (x.shape[-1],), w, norm.variance_epsilon, cast_before_weight=True)
     h = residual + x
     return norm(h), h

@@ -41,8 +41,8 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import StandIn, norm_form, tracing
-from .patch_rope import _NAME, _holds, _shadow, rope_form
-from .swap import install_routed, original_class, own_forward
+from .patch_rope import _NAME, compiled, rewrap, rope_form
+from .swap import original_class, per_class
 
 qk_norm_rope = public("qk_norm_rope")
 
@@ -90,7 +90,7 @@ def _norm_call(original: Callable[..., Any]) -> Callable[..., Any]:
 def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str | None, value: Any
                ) -> types.FunctionType | str:
     """The forward ``raw`` with the statements ``new`` maps replaced by theirs, its global ``name`` bound to
-    ``value`` (in a copy of its module's globals; None: in its module's own), or why not."""
+    ``value`` (a variable of its closure: ``compiled``; None: no name rebound), or why not."""
     dumps = {ast.dump(ast.parse(k).body[0]): ast.parse(v).body[0] for k, v in new.items()}
     if raw.__code__.co_freevars:
         return "its forward uses a closure"
@@ -106,32 +106,7 @@ def _rewritten(raw: types.FunctionType, new: dict[str, str], name: str | None, v
         return "its forward does not hold Qwen3's q_norm/k_norm and apply_rotary_pos_emb lines"
     for i in found:
         fn.body[i] = copy.deepcopy(dumps[ast.dump(fn.body[i])])
-    fn.decorator_list = []
-    globals_ = raw.__globals__ if name is None else _shadow(raw.__globals__, name, value).__dict__
-    ns: dict[str, Any] = {}  # the definition lands here, not in globals_
-    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<qk_norm_rope>", "exec"),  # noqa: S102
-         globals_, ns)
-    new = ns[fn.name]
-    new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
-    return new
-
-
-def _rewrap(fwd: Any, raw: types.FunctionType, new: types.FunctionType) -> Callable[..., Any] | None:
-    """``fwd`` (``raw`` under its decorators) with ``new`` in place of ``raw``."""
-    if fwd is raw:
-        return new
-    inner = getattr(fwd, "__wrapped__", None)
-    if not isinstance(fwd, types.FunctionType) or inner is None:
-        return None
-    new_inner = _rewrap(inner, raw, new)
-    cells = fwd.__closure__ or ()
-    if new_inner is None or not any(_holds(c, inner) for c in cells):
-        return None
-    out = types.FunctionType(fwd.__code__, fwd.__globals__, fwd.__name__, fwd.__defaults__,
-                             tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
-    out.__kwdefaults__, out.__qualname__, out.__module__ = fwd.__kwdefaults__, fwd.__qualname__, fwd.__module__
-    out.__wrapped__ = new_inner  # type: ignore[attr-defined]
-    return out
+    return compiled(fn, raw, name, value)
 
 
 def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
@@ -145,7 +120,7 @@ def _made(cls: type, stock: bool) -> Callable[..., Any] | str:
         raw, _NEW, _CALL, _norm_call(raw.__globals__[_NAME]))
     if isinstance(new, str):
         return new
-    return _rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
+    return rewrap(fwd, raw, new) or "its forward is wrapped by a decorator this rewrite cannot see through"
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,10 +135,6 @@ def _stock_routed(cls: type) -> Callable[..., Any] | str:
     trace runs where qk_norm_rope would trace its decomposition. That decision covers the norms (``tune`` records the
     op's call, never theirs), so a patched norm there would ask for an rms_norm decision no tune makes."""
     return _made(cls, True)
-
-
-_ROUTED = "_tiered_ops_qk_norm_forward"
-_STOCK_ROUTED = "_tiered_ops_qk_norm_stock_forward"
 
 
 def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> str | None:
@@ -201,7 +172,8 @@ def _traced_as_stock(self: nn.Module, args: tuple, kwargs: dict[str, Any]) -> st
     q, k = StandIn((b, heads, s, d), hidden), StandIn((b, kv_heads, s, d), hidden)
     if not _takes(self, q, k, cos, sin):
         return "patched"
-    return "own" if qk_norm_rope.decomposes(q, k, cos, sin, wq, wk, self.q_norm.variance_epsilon) else None
+    return "own" if qk_norm_rope.decomposes(q, k, cos, sin, StandIn(wq.shape, wq), StandIn(wk.shape, wk),
+                                            self.q_norm.variance_epsilon) else None
 
 
 def _read(proj: nn.Module) -> int | None:
@@ -218,24 +190,26 @@ def _read(proj: nn.Module) -> int | None:
     return w.shape[0]
 
 
-def _qk_norm_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    fwd = getattr(type(self), "_tiered_ops_qk_norm_forward", None)  # _ROUTED, spelled out: a global read is a guard
-    if fwd is None:  # a swapped class made again by pickle: its forward made now
-        fwd = install(type(self))
-    if tracing():
-        stock = _traced_as_stock(self, args, kwargs)
-        if stock == "own":
-            return type(self)._tiered_ops_qk_norm_stock_forward(self, *args, **kwargs)  # _STOCK_ROUTED
-        if stock == "patched":
-            return own_forward(self, *args, **kwargs)
-    return fwd(self, *args, **kwargs)
+@per_class
+def _qk_norm_attention_forward(base: type) -> Callable[..., Any]:
+    """The swapped class's forward: its base's forward rewritten (``_routed``), or while dynamo traces, stock's code
+    where ``_traced_as_stock`` says so; each forward held in the closure (a trace reads nothing of the class per
+    module)."""
+    routed, stock, own = _routed(base), _stock_routed(base), base.forward
+    for made in (routed, stock):
+        if isinstance(made, str):  # a class made again by pickle in a process whose transformers differs
+            raise RuntimeError(f"tiered_ops.patch: {base.__qualname__} can no longer be routed: {made}")
 
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            how = _traced_as_stock(self, args, kwargs)
+            if how == "own":
+                return stock(self, *args, **kwargs)
+            if how == "patched":
+                return own(self, *args, **kwargs)
+        return routed(self, *args, **kwargs)
 
-def install(swapped: type) -> Callable[..., Any]:
-    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite), with
-    the stock forward a trace runs where the op decomposes (``_stock_routed``)."""
-    install_routed(swapped, _STOCK_ROUTED, _stock_routed)
-    return install_routed(swapped, _ROUTED, _routed)
+    return forward
 
 
 def qk_norm_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:

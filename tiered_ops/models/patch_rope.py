@@ -3,8 +3,9 @@
 transformers' attention modules (Llama, Mistral, Qwen2, Qwen3, Gemma and the many that copy them) call their modeling
 module's ``apply_rotary_pos_emb(query_states, key_states, cos, sin)`` from ``forward``. The rewrite swaps the module's
 class (``swap``) for one whose forward is the class's own forward code run with ``apply_rotary_pos_emb`` bound to a
-call of ``tiered_ops.rotary_embedding`` instead (a copy of the function with that one global rebound; decorators such
-as ``deprecate_kwarg`` kept around it): the rest of the forward is the class's, line for line. It applies where the
+call of ``tiered_ops.rotary_embedding`` instead (its source compiled again in its module, that one name a variable of
+its closure; decorators such as ``deprecate_kwarg`` kept around it): the rest of the forward is the class's, line for
+line. It applies where the
 modeling module's ``apply_rotary_pos_emb`` and ``rotate_half`` are, as syntax, transformers' rotate-half code: the full
 form (Llama's: cos as wide as head_dim) or the partial one (GPT-NeoX's, Bamba's: the dims past cos's width pass
 through), and where every call of it in the forward passes those four arguments (``unsqueeze_dim=1``). A call the op
@@ -15,9 +16,9 @@ narrower than head_dim under the full form, where the original raises) runs the 
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
-import sys
 import textwrap
 import types
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import same_syntax, tracing
-from .swap import install_routed, original_class
+from .swap import original_class, per_class
 
 rotary_embedding = public("rotary_embedding")
 
@@ -99,40 +100,62 @@ def _rope_call(original: Callable[..., Any], partial: bool) -> Callable[..., Any
     return apply_rotary_pos_emb
 
 
-def _rebound(fn: Callable[..., Any], name: str, value: Any) -> Callable[..., Any] | None:
-    """A copy of ``fn`` whose global ``name`` is ``value``; a decorator's wrapper (``__wrapped__``) is copied around a
-    copy of what it wraps. None where a wrapper does not hold what it wraps in its closure."""
-    inner = getattr(fn, "__wrapped__", None)
-    if not isinstance(fn, types.FunctionType):
+def _rebound(fwd: Callable[..., Any], name: str, value: Any) -> Callable[..., Any] | None:
+    """A copy of forward ``fwd`` whose global ``name`` is ``value`` (its decorators' wrappers copied around it:
+    ``rewrap``), or None where it has no source, a closure of its own, or a wrapper that does not hold what it wraps."""
+    raw = inspect.unwrap(fwd)
+    if not isinstance(raw, types.FunctionType) or raw.__code__.co_freevars:
         return None
-    if inner is None:
-        new = types.FunctionType(fn.__code__, _shadow(fn.__globals__, name, value).__dict__, fn.__name__,
-                                 fn.__defaults__, fn.__closure__)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(raw)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    return rewrap(fwd, raw, compiled(fn, raw, name, value))
+
+
+def compiled(fn: ast.FunctionDef, raw: types.FunctionType, name: str | None, value: Any) -> types.FunctionType:
+    """``fn`` (a rewrite of function ``raw``'s source) compiled in ``raw``'s module, its decorators dropped, named as
+    ``raw``; with ``name``, that name is ``value`` in it: a variable of its closure (the source compiled inside a
+    function taking ``name``). Every other global is its module's own, not a copy: a trace guards those once for
+    stock's code and this alike, where a copy of the module's globals is guarded apart (each global it reads, twice)."""
+    fn = copy.deepcopy(fn)
+    fn.decorator_list = []
+    ast.increment_lineno(fn, raw.__code__.co_firstlineno - fn.lineno)  # the file's lines in tracebacks
+    if name is None:
+        tree = ast.Module(body=[fn], type_ignores=[])
     else:
-        new_inner = _rebound(inner, name, value)
-        cells = fn.__closure__ or ()
-        if new_inner is None or not any(_holds(c, inner) for c in cells):
-            return None
-        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
-                                 tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
-        new.__wrapped__ = new_inner  # type: ignore[attr-defined]
-    new.__kwdefaults__, new.__qualname__, new.__module__ = fn.__kwdefaults__, fn.__qualname__, fn.__module__
-    new.__dict__.update({k: v for k, v in fn.__dict__.items() if k != "__wrapped__"})
+        tree = ast.parse(f"def _tiered_ops_closure({name}):\n    return {fn.name}\n")
+        tree.body[0].body.insert(0, fn)
+    ns: dict[str, Any] = {}  # the definition lands here, not in the module's globals
+    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(raw) or "<tiered_ops>", "exec"),  # noqa: S102
+         raw.__globals__, ns)
+    new = ns[fn.name] if name is None else ns["_tiered_ops_closure"](value)
+    new.__qualname__, new.__module__ = raw.__qualname__, raw.__module__
+    new.__dict__.update({k: v for k, v in raw.__dict__.items() if k != "__wrapped__"})
     return new
 
 
-def _shadow(globals_: dict[str, Any], name: str, value: Any) -> types.ModuleType:
-    """A module holding a copy of ``globals_`` (a modeling module's) with ``name`` bound to ``value``, registered in
-    sys.modules under its own name: torch.compile finds a function's globals through its module's name, so the copy
-    must be a module of its own (a plain dict named as the original module would be read as the original)."""
-    qual = f"{__name__}._routed.{name}.{globals_.get('__name__', 'module')}"  # one per rebound name (both routes)
-    mod = sys.modules.get(qual)
-    if mod is None or mod.__dict__.get(name) is not value:
-        mod = types.ModuleType(qual)
-        mod.__dict__.update({k: v for k, v in globals_.items() if k not in ("__name__", "__spec__", "__loader__")})
-        mod.__dict__[name] = value
-        sys.modules[qual] = mod
-    return mod
+def rewrap(fwd: Any, raw: types.FunctionType, new: types.FunctionType) -> Callable[..., Any] | None:
+    """``fwd`` (``raw`` under its decorators' wrappers, each holding what it wraps in its closure) with ``new`` in
+    place of ``raw``; None where a wrapper does not hold what it wraps."""
+    if fwd is raw:
+        return new
+    inner = getattr(fwd, "__wrapped__", None)
+    if not isinstance(fwd, types.FunctionType) or inner is None:
+        return None
+    new_inner = rewrap(inner, raw, new)
+    cells = fwd.__closure__ or ()
+    if new_inner is None or not any(_holds(c, inner) for c in cells):
+        return None
+    out = types.FunctionType(fwd.__code__, fwd.__globals__, fwd.__name__, fwd.__defaults__,
+                             tuple(types.CellType(new_inner) if _holds(c, inner) else c for c in cells))
+    out.__kwdefaults__, out.__qualname__, out.__module__ = fwd.__kwdefaults__, fwd.__qualname__, fwd.__module__
+    out.__dict__.update({k: v for k, v in fwd.__dict__.items() if k != "__wrapped__"})
+    out.__wrapped__ = new_inner  # type: ignore[attr-defined]
+    return out
 
 
 def _holds(cell: Any, obj: Any) -> bool:
@@ -173,19 +196,14 @@ def _routed(cls: type) -> tuple[Callable[..., Any], str] | str:
     return new, form
 
 
-_ROUTED = "_tiered_ops_rope_forward"  # class attribute of a swapped class: the routed forward of its base
-
-
-def _rope_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    fwd = getattr(type(self), "_tiered_ops_rope_forward", None)  # _ROUTED, spelled out: a global read is a guard
-    if fwd is None:  # a swapped class made again by pickle (another process): its routed forward made now
-        fwd = install(type(self))
-    return fwd(self, *args, **kwargs)
-
-
-def install(swapped: type) -> Callable[..., Any]:
-    """The routed forward of ``swapped``'s base, kept on ``swapped`` (the class ``swap`` made for this rewrite)."""
-    return install_routed(swapped, _ROUTED, lambda base: r if isinstance(r := _routed(base), str) else r[0])
+@per_class
+def _rope_attention_forward(base: type) -> Callable[..., Any]:
+    """The swapped class's forward: its base's forward routed (``_routed``), itself (no call between: a trace reads
+    nothing of the class per module)."""
+    routed = _routed(base)
+    if isinstance(routed, str):  # a class made again by pickle in a process whose transformers differs
+        raise RuntimeError(f"tiered_ops.patch: {base.__qualname__} can no longer be routed: {routed}")
+    return routed[0]
 
 
 def rope_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:

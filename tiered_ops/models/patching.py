@@ -45,6 +45,7 @@ from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
 from .patch_layers import (
     LOSS_MARK,
+    StandIn,
     decoder_plan,
     loss_plan,
     norm_form,
@@ -54,10 +55,9 @@ from .patch_layers import (
 )
 from .patch_mlp import hf_gelu_form as _hf_gelu_form
 from .patch_mlp import mlp_plan
-from .patch_qk_norm import install as install_qk_norm
 from .patch_qk_norm import qk_norm_plan
-from .patch_rope import install, rope_plan
-from .swap import own_forward, swap, unswap
+from .patch_rope import rope_plan
+from .swap import per_class, swap, unswap
 
 gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
 
@@ -100,79 +100,133 @@ class PatchReport:
         return "\n".join(lines)
 
 
-# ---- replacement forwards (each the forward of a swapped subclass: swap.py) -------------------------------------
+# ---- replacement forwards (each made per swapped class: swap.py's ``per_class``) --------------------------------
 
 # Each forward asks whether it takes the input's dtype (float32, bfloat16 or float16: ``patch_layers.TAKEN``) as
 # ``dt.is_floating_point and dt.itemsize in (2, 4)``, read off the dtype alone: a trace folds it without a guard, where
 # ``dt in TAKEN`` guards each element of the global tuple on every call of the compiled model. tests/test_guards.py
-# checks that the two agree on every dtype torch has. The original forward is called as ``own_forward`` directly (each
-# helper between costs guards on its code).
+# checks that the two agree on every dtype torch has. A parameter is asked about through a ``StandIn`` (its
+# ``requires_grad`` read by a trace guards its type: one guard per parameter). The original forward (``own``: the
+# class's, held by the forward made for it) is called directly (each helper between costs guards on its code).
 
 def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     dt = x.dtype
     return dt.is_floating_point and dt.itemsize in (2, 4) and all(p is None or p.dtype == dt for p in params)
 
 
-def _layer_norm_forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(input, self.weight, self.bias) or tracing() and layer_norm.decomposes(
-            input, self.normalized_shape, self.weight, self.bias, self.eps):
-        return own_forward(self, input)
-    return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+@per_class
+def _layer_norm_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight, self.bias
+        if not _same_dtype(input, w, b) or tracing() and layer_norm.decomposes(
+                input, self.normalized_shape, w if w is None else StandIn(w.shape, w),
+                b if b is None else StandIn(b.shape, b), self.eps):
+            return own(self, input)
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    return forward
 
 
-def _rms_norm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    if not _same_dtype(x, self.weight) or tracing() and rms_norm.decomposes(x, self.normalized_shape, self.weight,
-                                                                            self.eps):
-        return own_forward(self, x)
-    return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+@per_class
+def _rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if not _same_dtype(x, w) or tracing() and rms_norm.decomposes(
+                x, self.normalized_shape, w if w is None else StandIn(w.shape, w), self.eps):
+            return own(self, x)
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    return forward
 
 
-def _llama_rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    x, w = hidden_states, self.weight
-    dt = x.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
-            tracing() and rms_norm.decomposes(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)):
-        return own_forward(self, x)
-    # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
-    return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
+@per_class
+def _llama_rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        x, w = hidden_states, self.weight
+        dt = x.dtype
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
+                tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.variance_epsilon,
+                                                  cast_before_weight=True)):
+            return own(self, x)
+        # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
+        return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
+
+    return forward
 
 
-def _gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    dt = x.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or self.weight.dtype not in (dt, torch.float32) or (
-            tracing() and rms_norm.decomposes(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)):
-        return own_forward(self, x)
-    # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
-    return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
+@per_class
+def _gemma_rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        dt, w = x.dtype, self.weight
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
+                tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.eps,
+                                                  weight_offset=1.0)):
+            return own(self, x)
+        # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
+        return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
+
+    return forward
 
 
-def _nn_gelu_forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
-    dt = input.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(
-            input, None, self.approximate):
-        return own_forward(self, input)
-    return gelu(input, None, self.approximate)
+@per_class
+def _nn_gelu_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
+        dt = input.dtype
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(
+                input, None, self.approximate):
+            return own(self, input)
+        return gelu(input, None, self.approximate)
+
+    return forward
 
 
-def _gelu_erf_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    dt = input.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "none"):
-        return own_forward(self, input)
-    return gelu(input, None, "none")
+@per_class
+def _gelu_erf_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+        dt = input.dtype
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "none"):
+            return own(self, input)
+        return gelu(input, None, "none")
+
+    return forward
 
 
-def _gelu_tanh_forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-    dt = input.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "tanh"):
-        return own_forward(self, input)
-    return gelu(input, None, "tanh")
+@per_class
+def _gelu_tanh_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+        dt = input.dtype
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "tanh"):
+            return own(self, input)
+        return gelu(input, None, "tanh")
+
+    return forward
 
 
-def _softmax_forward(self: nn.Softmax, input: torch.Tensor) -> torch.Tensor:
-    dt = input.dtype
-    if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and softmax.decomposes(input, self.dim):
-        return own_forward(self, input)
-    return softmax(input, self.dim)
+@per_class
+def _softmax_forward(base: type) -> Callable[..., torch.Tensor]:
+    own = base.forward
+
+    def forward(self: nn.Softmax, input: torch.Tensor) -> torch.Tensor:
+        dt = input.dtype
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and softmax.decomposes(input, self.dim):
+            return own(self, input)
+        return softmax(input, self.dim)
+
+    return forward
 
 
 # ---- what to do with one module -------------------------------------------------------------------------------
@@ -276,16 +330,15 @@ def _fuse_residual(model: nn.Module, report: PatchReport) -> None:
 def _route_rope(model: nn.Module, report: PatchReport, wanted: Sequence[str]) -> None:
     """Each Qwen3-style attention's q_norm/k_norm + RoPE onto tiered_ops.qk_norm_rope (``patch_qk_norm``), and each
     other transformers attention's apply_rotary_pos_emb onto tiered_ops.rotary_embedding (``patch_rope``)."""
-    routes = (("qk_norm_rope", qk_norm_plan, install_qk_norm, "q_norm/k_norm + RoPE not fused"),
-              ("rotary_embedding", rope_plan, install, "rotary embedding not routed"))
-    for op, plan_of, installed, left in routes:  # the fused route first
+    routes = (("qk_norm_rope", qk_norm_plan, "q_norm/k_norm + RoPE not fused"),
+              ("rotary_embedding", rope_plan, "rotary embedding not routed"))
+    for op, plan_of, left in routes:  # the fused route first
         for path, m, cls, plan in _planned(model, plan_of):
             if isinstance(plan, str) or op not in wanted:
                 reason = plan if isinstance(plan, str) else f"{op} not in ops={list(wanted)}"
                 report.left.append(Left(path, cls, f"{left}: {reason}"))
                 continue
             swap(m, plan[0])
-            installed(type(m))
             object.__setattr__(m, _MARK, plan[1])
             report.swapped.append(Swapped(path, cls, plan[1]))
 
