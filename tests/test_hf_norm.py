@@ -231,7 +231,7 @@ def test_fused_add_matches_hf_sum_then_module(impl, form, dtype, wdtype):
 def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeypatch):
     from tiered_ops.decide import decide as select
     from tiered_ops.decide import seam
-    from tiered_ops.models import patching
+    from tiered_ops.models import patch_modules
 
     def chosen(spec, problem, dt, device, *args, **kwargs):
         impl = spec.impls[tier]
@@ -240,8 +240,8 @@ def test_patched_module_is_one_call_bit_equal(tier, form, dtype, wdtype, monkeyp
     monkeypatch.setattr(seam, "select_problem", chosen)
     select.clear_cache()
     calls = []
-    real = patching.rms_norm
-    monkeypatch.setattr(patching, "rms_norm", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = patch_modules.rms_norm
+    monkeypatch.setattr(patch_modules, "rms_norm", lambda *a, **k: calls.append(k) or real(*a, **k))
     dev = torch.device("cuda" if tier == "triton" and HAS_CUDA else "cpu")  # the Triton tier compiled where it can be
     m = _module(form, 64, dtype if wdtype == "same" else torch.float32, dev)
     x = _exact_rows(16, 64, dtype, dev, seed=9)

@@ -40,26 +40,31 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..runtime.dispatch import public
 from .lm_head_loss import DESCRIPTION as LM_HEAD_ROUTE
 from .lm_head_loss import head_plan
 from .patch_layers import (
     LOSS_MARK,
-    StandIn,
     decoder_plan,
     loss_plan,
     norm_form,
     route_loss,
-    tracing,
     unroute_loss,
 )
 from .patch_mlp import hf_gelu_form as _hf_gelu_form
 from .patch_mlp import mlp_plan
+from .patch_modules import (
+    gelu_erf_forward,
+    gelu_tanh_forward,
+    gemma_rms_norm_forward,
+    layer_norm_forward,
+    llama_rms_norm_forward,
+    nn_gelu_forward,
+    rms_norm_forward,
+    softmax_forward,
+)
 from .patch_qk_norm import qk_norm_plan
 from .patch_rope import rope_plan
-from .swap import per_class, swap, unswap
-
-gelu, layer_norm, rms_norm, softmax = (public(n) for n in ("gelu", "layer_norm", "rms_norm", "softmax"))
+from .swap import swap, unswap
 
 log = logging.getLogger(__name__)
 
@@ -100,135 +105,6 @@ class PatchReport:
         return "\n".join(lines)
 
 
-# ---- replacement forwards (each made per swapped class: swap.py's ``per_class``) --------------------------------
-
-# Each forward asks whether it takes the input's dtype (float32, bfloat16 or float16: ``patch_layers.TAKEN``) as
-# ``dt.is_floating_point and dt.itemsize in (2, 4)``, read off the dtype alone: a trace folds it without a guard, where
-# ``dt in TAKEN`` guards each element of the global tuple on every call of the compiled model. tests/test_guards.py
-# checks that the two agree on every dtype torch has. A parameter is asked about through a ``StandIn`` (its
-# ``requires_grad`` read by a trace guards its type: one guard per parameter). The original forward (``own``: the
-# class's, held by the forward made for it) is called directly (each helper between costs guards on its code).
-
-def _same_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
-    dt = x.dtype
-    return dt.is_floating_point and dt.itemsize in (2, 4) and all(p is None or p.dtype == dt for p in params)
-
-
-@per_class
-def _layer_norm_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.LayerNorm, input: torch.Tensor) -> torch.Tensor:
-        w, b = self.weight, self.bias
-        if not _same_dtype(input, w, b) or tracing() and layer_norm.decomposes(
-                input, self.normalized_shape, w if w is None else StandIn(w.shape, w),
-                b if b is None else StandIn(b.shape, b), self.eps):
-            return own(self, input)
-        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    return forward
-
-
-@per_class
-def _rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if not _same_dtype(x, w) or tracing() and rms_norm.decomposes(
-                x, self.normalized_shape, w if w is None else StandIn(w.shape, w), self.eps):
-            return own(self, x)
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
-
-    return forward
-
-
-@per_class
-def _llama_rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-        x, w = hidden_states, self.weight
-        dt = x.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
-                tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.variance_epsilon,
-                                                  cast_before_weight=True)):
-            return own(self, x)
-        # one launch: normalized in fp32, rounded to x's dtype, then the weight (the output in promote(w, x))
-        return rms_norm(x, (x.shape[-1],), w, self.variance_epsilon, cast_before_weight=True)
-
-    return forward
-
-
-@per_class
-def _gemma_rms_norm_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        dt, w = x.dtype, self.weight
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or w.dtype not in (dt, torch.float32) or (
-                tracing() and rms_norm.decomposes(x, (x.shape[-1],), StandIn(w.shape, w), self.eps,
-                                                  weight_offset=1.0)):
-            return own(self, x)
-        # one launch: (1 + w) in fp32 times the normalized x, then one rounding to x's dtype
-        return rms_norm(x, (x.shape[-1],), self.weight, self.eps, weight_offset=1.0)
-
-    return forward
-
-
-@per_class
-def _nn_gelu_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.GELU, input: torch.Tensor) -> torch.Tensor:
-        dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(
-                input, None, self.approximate):
-            return own(self, input)
-        return gelu(input, None, self.approximate)
-
-    return forward
-
-
-@per_class
-def _gelu_erf_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-        dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "none"):
-            return own(self, input)
-        return gelu(input, None, "none")
-
-    return forward
-
-
-@per_class
-def _gelu_tanh_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-        dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "tanh"):
-            return own(self, input)
-        return gelu(input, None, "tanh")
-
-    return forward
-
-
-@per_class
-def _softmax_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Softmax, input: torch.Tensor) -> torch.Tensor:
-        dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and softmax.decomposes(input, self.dim):
-            return own(self, input)
-        return softmax(input, self.dim)
-
-    return forward
-
-
 # ---- what to do with one module -------------------------------------------------------------------------------
 
 @dataclass
@@ -241,17 +117,17 @@ class _Plan:
 def _plan_torch(m: nn.Module) -> _Plan | str | None:
     fwd = type(m).forward
     if isinstance(m, nn.LayerNorm) and fwd is nn.LayerNorm.forward:
-        return _Plan("layer_norm", _layer_norm_forward, "tiered_ops.layer_norm")
+        return _Plan("layer_norm", layer_norm_forward, "tiered_ops.layer_norm")
     if isinstance(m, nn.RMSNorm) and fwd is nn.RMSNorm.forward:
-        return _Plan("rms_norm", _rms_norm_forward, "tiered_ops.rms_norm")
+        return _Plan("rms_norm", rms_norm_forward, "tiered_ops.rms_norm")
     if isinstance(m, nn.GELU) and fwd is nn.GELU.forward:
         if m.approximate not in ("none", "tanh"):
             return f"GELU with an unknown approximation {m.approximate!r}"
-        return _Plan("gelu", _nn_gelu_forward, f"tiered_ops.gelu (approximate={m.approximate!r})")
+        return _Plan("gelu", nn_gelu_forward, f"tiered_ops.gelu (approximate={m.approximate!r})")
     if isinstance(m, nn.Softmax) and fwd is nn.Softmax.forward:
         if m.dim is None:
             return "Softmax(dim=None): torch picks the dim from the input's rank; tiered_ops.softmax needs a dim"
-        return _Plan("softmax", _softmax_forward, f"tiered_ops.softmax (dim={m.dim})")
+        return _Plan("softmax", softmax_forward, f"tiered_ops.softmax (dim={m.dim})")
     if isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.GELU, nn.Softmax)):
         return f"subclass of {type(m).__mro__[1].__name__} with its own forward"
     return None
@@ -271,16 +147,16 @@ def _plan_hf(m: nn.Module) -> _Plan | str | None:
             if name == "ClippedGELUActivation":
                 return "GELU clipped to [min, max]: no clipped tiered_ops.gelu"
             return "GELU with an unknown approximation"
-        fwd = _gelu_erf_forward if form == "none" else _gelu_tanh_forward
+        fwd = gelu_erf_forward if form == "none" else gelu_tanh_forward
         return _Plan("gelu", fwd, f"tiered_ops.gelu (approximate={form!r})")
     if "RMSNorm" not in name or not hasattr(m, "weight"):
         return None
     form = norm_form(cls)
     if form == "llama" and hasattr(m, "variance_epsilon"):
-        return _Plan("rms_norm", _llama_rms_norm_forward,
+        return _Plan("rms_norm", llama_rms_norm_forward,
                      "tiered_ops.rms_norm (Llama form: cast_before_weight=True, one launch)")
     if form == "gemma" and hasattr(m, "eps"):
-        return _Plan("rms_norm", _gemma_rms_norm_forward,
+        return _Plan("rms_norm", gemma_rms_norm_forward,
                      "tiered_ops.rms_norm (Gemma form: weight_offset=1.0, one launch)")
     if name in _LLAMA_STYLE or name in _GEMMA_STYLE:
         return "its forward is not the Llama/Gemma RMSNorm code this patch reproduces (another transformers version)"
