@@ -201,7 +201,8 @@ def measure_compiled(store: Store, spec: OpSpec, problem: Problem, dtype: torch.
     where some are missing (once: then every implementation has one)."""
     log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
              problem, key5[2], mode, len(missing))
-    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled", bucket=key5[1])
+               for impl in missing])
     return store.latest(*key5, context="compiled")
 
 
@@ -240,7 +241,8 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                     store.claim(slot, lease)
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(store, spec, impl, problem, dtype, device, mode, **_pruning(impl, rows, new)))
+                new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
+                                   **_pruning(impl, rows, new)))
             end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
             store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
             rows = _gate_named(store, spec, problem, dtype, device, mode, key5)

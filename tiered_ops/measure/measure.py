@@ -14,7 +14,7 @@ import torch
 
 from ..buckets import encode
 from ..environment import environment
-from ..envs import contention_check
+from ..envs import contention_check, gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
 from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING, caller_range, edge_only, pruned, usable
 from ..store.store import Store
@@ -88,12 +88,13 @@ def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = 
     return lambda: torch.autograd.grad(fn(*args, **kwargs), leaves, dy)
 
 
-def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint
-             ) -> dict[str, Any]:
-    """The identifying columns of a store row, not yet ok (a measurement fills in the rest)."""
+def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint,
+             bucket: str | None = None) -> dict[str, Any]:
+    """The identifying columns of a store row, not yet ok (a measurement fills in the rest). ``bucket``: the bucket's
+    stored text where the caller has it (``buckets.encode`` of ``spec.bucket(problem)``), else made here."""
     return dict(
-        op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem),
-        bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[dtype], device_key=fp.key,
+        op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem), dtype=DTYPE_NAMES[dtype],
+        bucket=bucket if bucket is not None else bucket_str(spec.bucket(problem)), device_key=fp.key,
         device_type=fp.device_type, gpu_name=fp.name, capability=fp.capability, sm_count=fp.sm_count,
         torch_version=fp.torch, triton_version=fp.triton, cuda_version=fp.cuda, source_hash=impl.source_hash,
         timestamp=time.time(), ok=0,
@@ -102,8 +103,8 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
-            best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None
-            ) -> dict[str, Any]:
+            best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None,
+            bucket: str | None = None) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -120,11 +121,11 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
 
     ``edges``: the worst error of the edge problems' pass that the store recorded (``stored_edges``): not checked
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``keep_edges`` records it in the store and drops it from the row)."""
+    ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s."""
     grad = mode in GRAD_MODES
     if edges is not None:
         edges_known(spec, impl, dtype, device, grad, edges)
-    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated)
+    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket)
     return _with_edges(spec, impl, dtype, device, grad, row)
 
 
@@ -166,12 +167,12 @@ def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
 
 
 def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-             context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool
-             ) -> dict[str, Any]:
+             context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool,
+             bucket: str | None) -> dict[str, Any]:
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
-    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
+    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device), bucket)
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
@@ -244,11 +245,12 @@ def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
 def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                row: dict[str, Any]) -> str | None:
     """``gate_row``'s work on the row; what the gate sampled of ``problem`` where it passed (None: all of it)."""
-    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+    budget = gate_bytes(device.type)  # read once: the gate's and its note's
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
     if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
         # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
         # rows) is still timed where it is correct, marked, so the reports show it beside ours
-        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
         if wrong is None:
             row.update(ok=0, rel_error=at if math.isfinite(at) else None,
                        reason=EDGE_ONLY + why[len("edge case: "):])
@@ -259,7 +261,7 @@ def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
             row["env"] = environment()
         return None
-    note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
+    note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
     return note
 
