@@ -42,11 +42,10 @@ from ..measure.measure import (
     gate_row,
     keep_edges,
     measure_kept,
-    prune_bar,
     stored_edges,
 )
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
-from ..store.rows import contended
+from ..store.rows import contended, prune_bar
 from ..store.store import Store
 from . import provisional
 from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
@@ -142,7 +141,7 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
 def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
     """How ``impl`` is measured after ``rows`` (stored) and ``new`` (measured so far), as background tuning and the
     sweep measure (successive halving): a short timing first, the rest skipped where it lies clearly above the fastest
-    full timing so far (``measure.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
+    full timing so far (``rows.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
     without its gate, which runs afterwards only where a choice would name it (``_gate_named``)."""
     bar = prune_bar([*rows, *new], PRUNE_FACTOR)
     kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
@@ -16,7 +16,7 @@ from ..buckets import encode
 from ..environment import environment
 from ..envs import contention_check, gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
-from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING, caller_range, edge_only, pruned, usable
+from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
 from ..store.store import Store
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
@@ -192,13 +192,13 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     if prune_above_us is not None and not gate_first and not impl.timeable(device):
         if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
             return row
-    sample_note, not_timeable = None, impl.timeable(device)
+    sample_note, not_timeable, edge = None, impl.timeable(device), False
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
-        if not row["ok"] and not edge_only(row):  # a peer failing only an edge case it does not claim is timed
+        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
+        if not row["ok"] and not edge:  # a peer failing only an edge case it does not claim is timed
             return row
     if not_timeable:
-        if edge_only(row):
+        if edge:
             return row
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
@@ -243,8 +243,9 @@ def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
 
 
 def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-               row: dict[str, Any]) -> str | None:
-    """``gate_row``'s work on the row; what the gate sampled of ``problem`` where it passed (None: all of it)."""
+               row: dict[str, Any]) -> tuple[bool, str | None]:
+    """``gate_row``'s work on the row: (whether it marked the row ``rows.EDGE_ONLY``, what the gate sampled of
+    ``problem`` where it passed: None, all of it)."""
     budget = gate_bytes(device.type)  # read once: the gate's and its note's
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
     if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
@@ -254,16 +255,16 @@ def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
         if wrong is None:
             row.update(ok=0, rel_error=at if math.isfinite(at) else None,
                        reason=EDGE_ONLY + why[len("edge case: "):])
-            return None
+            return True, None
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row.update(ok=0, reason=why)
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
             row["env"] = environment()
-        return None
+        return False, None
     note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
-    return note
+    return False, note
 
 
 EDGES = "edges_rel_error"  # a row's field (not a store column): its implementation passed the edge problems
@@ -322,20 +323,6 @@ def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, 
     if not gated:
         row["ok"] = 0
     return True
-
-
-def prune_bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
-    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
-    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
-    without one. A row without a p20-p80 spread is no bar."""
-    if factor is None:
-        return None
-    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
-            and r.get("p80_us") is not None and r.get("p20_us") is not None]
-    if not full:
-        return None
-    best = min(full, key=lambda r: caller_range(r)[1])
-    return factor * caller_range(best)[1], best["impl"]
 
 
 def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:
