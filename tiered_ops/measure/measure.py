@@ -17,7 +17,6 @@ from ..environment import environment
 from ..envs import contention_check, gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
 from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
-from ..store.store import Store
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
@@ -274,33 +273,6 @@ def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint
     """The store's key (``EDGE_KEY``) of ``impl``'s edge gate at ``dtype`` on the device ``fp`` names in ``mode``."""
     return (spec.name, impl.name, impl.source_hash, DTYPE_NAMES[dtype], fp.key, int(mode in GRAD_MODES),
             fp.torch or "", fp.triton or "")
-
-
-def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
-                 ) -> float | None:
-    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure``'s
-    ``edges``), else None."""
-    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
-
-
-def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-                 mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
-    """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
-    pass is recorded in it; the row back, ready to be added."""
-    fp = fingerprint(device)
-    edges = stored_edges(store, spec, impl, dtype, fp, mode)
-    row = measure(spec, impl, problem, dtype, device, mode, edges=edges, **kw)
-    return keep_edges(store, spec, impl, dtype, fp, mode, row, edges)
-
-
-def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
-               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
-    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
-    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
-    passed = row.pop(EDGES, None)
-    if passed is not None and stored is None:
-        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
-    return row
 
 
 def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, nbytes: int, context: str,
