@@ -45,9 +45,8 @@ from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import choose_gated
+from .choice import choose_gated, in_context, measured_compiled
 from .claimed import measure_compiled, measure_kept, tune_bucket
-from .contexts import in_context, measured_compiled
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note
