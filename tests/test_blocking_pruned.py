@@ -23,7 +23,9 @@ def _fake_measure(asked: list, times: dict[str, tuple[float, float]]):
     back pruned (not gated), ``gated=False`` rows come back not ok and not gated, as ``measure`` writes them."""
 
     def measure(store, spec, impl, problem, dtype, device, mode, **kw):
-        asked.append((impl.name, dict(kw)))
+        if "bucket" in kw:  # the tuner hands down its store key's bucket
+            assert kw.pop("bucket") == base_row(spec, impl, problem, dtype, mode, fingerprint(device))["bucket"]
+        asked.append((impl.name, dict(kw)))  # the pruning's keywords
         lo, hi = times[impl.name]
         row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
         row.update(p20_us=lo, p50_us=(lo + hi) / 2, p80_us=hi, host_us=lo, host_p20_us=lo, host_p80_us=hi,

@@ -9,8 +9,7 @@ import torch
 import tiered_ops
 from tiered_ops.cli.cli import main
 from tiered_ops.decide import decide, table
-from tiered_ops.decide.choice import _decide
-from tiered_ops.decide.contexts import in_context, measured_compiled
+from tiered_ops.decide.choice import _decide, in_context, measured_compiled
 from tiered_ops.runtime import memo
 
 

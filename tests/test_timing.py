@@ -221,7 +221,7 @@ def test_a_candidate_pruned_before_its_gate_costs_no_gate_and_is_never_ok(monkey
 
 def test_the_pruning_bar_is_the_fastest_full_timing_of_ours_and_a_pruned_row_never_wins():
     from tiered_ops.analysis.analysis import decisions, winners
-    from tiered_ops.measure.measure import prune_bar
+    from tiered_ops.store.rows import prune_bar
 
     fp, p = fingerprint.fingerprint(CPU), MULADD.problem((64, 64))
 

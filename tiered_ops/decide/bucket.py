@@ -17,11 +17,13 @@ from .. import envs
 from ..measure import recheck
 from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
-from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key, keep_edges, prune_bar, stored_edges
+from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key
 from ..measure.worker import Pool
 from ..registry import GRAD_MODES, Impl, OpSpec, Problem
+from ..store.rows import prune_bar
 from ..store.store import Store
 from .choice import GATED_LAST, MEASURE_ORDER, _decide, gate_in_turn
+from .claimed import keep_edges, stored_edges
 from .helpers import FirstCalls, split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect

@@ -34,19 +34,10 @@ import torch
 
 from .. import envs
 from ..measure import recheck
-from ..measure.fingerprint import fingerprint
-from ..measure.measure import (
-    PRUNE_FACTOR,
-    bucket_str,
-    check_fits,
-    gate_row,
-    keep_edges,
-    measure_kept,
-    prune_bar,
-    stored_edges,
-)
+from ..measure.fingerprint import Fingerprint, fingerprint
+from ..measure.measure import EDGES, PRUNE_FACTOR, bucket_str, check_fits, edge_store_key, gate_row, measure
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
-from ..store.rows import contended
+from ..store.rows import contended, prune_bar
 from ..store.store import Store
 from . import provisional
 from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
@@ -142,13 +133,40 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
 def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
     """How ``impl`` is measured after ``rows`` (stored) and ``new`` (measured so far), as background tuning and the
     sweep measure (successive halving): a short timing first, the rest skipped where it lies clearly above the fastest
-    full timing so far (``measure.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
+    full timing so far (``rows.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
     without its gate, which runs afterwards only where a choice would name it (``_gate_named``)."""
     bar = prune_bar([*rows, *new], PRUNE_FACTOR)
     kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
     if impl.tier in GATED_LAST:
         kw.update(gated=False, gate_first=False)
     return kw
+
+
+def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
+                 ) -> float | None:
+    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure.measure``'s
+    ``edges``), else None. The tuner, not the measurement, speaks to the store."""
+    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
+
+
+def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
+                 mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
+    """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
+    pass is recorded in it; the row back, ready to be added."""
+    fp = fingerprint(device)
+    edges = stored_edges(store, spec, impl, dtype, fp, mode)
+    row = measure(spec, impl, problem, dtype, device, mode, edges=edges, **kw)
+    return keep_edges(store, spec, impl, dtype, fp, mode, row, edges)
+
+
+def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
+               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
+    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
+    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
+    passed = row.pop(EDGES, None)
+    if passed is not None and stored is None:
+        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
+    return row
 
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
@@ -196,12 +214,13 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
 
 def measure_compiled(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                      mode: str, key5: tuple[str, str, str, str, str], missing: list[Impl]) -> list[dict]:
-    """Measure ``missing`` inside a compiled caller (``measure.measure_kept``, context ``compiled``) and store them:
+    """Measure ``missing`` inside a compiled caller (``measure_kept``, context ``compiled``) and store them:
     the bucket ``key5``'s compiled-context rows after. A miss reads those rows beside the bucket's own and asks this
     where some are missing (once: then every implementation has one)."""
     log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
              problem, key5[2], mode, len(missing))
-    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled") for impl in missing])
+    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled", bucket=key5[1])
+               for impl in missing])
     return store.latest(*key5, context="compiled")
 
 
@@ -211,7 +230,7 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
                 ) -> tuple[list[dict], float | None, str | None]:
     """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
-    ``measure.measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
+    ``measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
     measured here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's
     terms) and ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that
     has them made them (``select_problem``), else made here."""
@@ -240,7 +259,8 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                     store.claim(slot, lease)
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(store, spec, impl, problem, dtype, device, mode, **_pruning(impl, rows, new)))
+                new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
+                                   **_pruning(impl, rows, new)))
             end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
             store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
             rows = _gate_named(store, spec, problem, dtype, device, mode, key5)

@@ -38,7 +38,6 @@ import torch
 from .. import envs
 from ..buckets import encode as bucket_str
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import measure_kept
 from ..measure.timing import cuda_index, default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -46,9 +45,8 @@ from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import choose_gated
-from .claimed import measure_compiled, tune_bucket
-from .contexts import in_context, measured_compiled
+from .choice import choose_gated, in_context, measured_compiled
+from .claimed import measure_compiled, measure_kept, tune_bucket
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .provisional import note as busy_note

@@ -245,14 +245,15 @@ def check_defaults(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtyp
     return worst, None
 
 
-def gate_problem(spec: OpSpec, problem: Problem, device: torch.device, grad: bool = False
-                 ) -> tuple[Problem, str | None]:
+def gate_problem(spec: OpSpec, problem: Problem, device: torch.device, grad: bool = False,
+                 budget: int | None = None) -> tuple[Problem, str | None]:
     """The problem the gate checks at ``problem``, and a note where it is not ``problem`` itself: a row-wise problem
     whose float64 check would move more than ``envs.gate_bytes`` is checked on its first rows (as many as fit), so the
     gate's memory and time stay bounded on huge tensors; the edge problems still cover every code path. Not sampled:
     problems of one dim, a reduction over dim 0 (``dim``, or a ``normalized_shape`` of every dim), and ops whose
-    problem counts segments of the rows."""
-    budget = envs.gate_bytes(device.type)
+    problem counts segments of the rows. ``budget``: ``envs.gate_bytes`` where the caller read it (None: read here)."""
+    if budget is None:
+        budget = envs.gate_bytes(device.type)
     need = spec.mode_bytes(problem, torch.float64, "fwd+bwd" if grad else "fwd_nograd")
     shape, kw = problem.shape, problem.kw
     if need <= budget or len(shape) < 2 or shape[0] < 2 or "segments" in kw:
@@ -315,11 +316,12 @@ def check_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
 
 
 def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-         grad: bool = False) -> tuple[float, str | None]:
+         grad: bool = False, budget: int | None = None) -> tuple[float, str | None]:
     """Worst relative error over the seeds at ``problem`` and the edge problems (and ``check_defaults`` at the first
     edge problem); reason on failure.
 
-    With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate)."""
+    With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate). ``budget``: as
+    ``gate_problem``'s."""
     key = _edge_key(spec, impl, dtype, device, grad)
     if key not in _edge_results:
         worst, why = check_edges(spec, impl, dtype, device, grad)
@@ -327,18 +329,18 @@ def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     ok, worst, why = _edge_results[key]
     if not ok:
         return worst, why
-    err, why = gate_at_problem(spec, impl, problem, dtype, device, grad)
+    err, why = gate_at_problem(spec, impl, problem, dtype, device, grad, budget)
     return max(err, worst) if why is None else err, why
 
 
 def gate_at_problem(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-                    grad: bool = False) -> tuple[float, str | None]:
+                    grad: bool = False, budget: int | None = None) -> tuple[float, str | None]:
     """``gate``'s check at ``problem`` alone (its seeds, sampled as ``gate_problem`` says), without the edge problems:
     worst relative error, reason on failure."""
     pkey = _edge_key(spec, impl, dtype, device, grad) + (problem,)
     if pkey not in _problem_results:
         res: tuple[float, str | None] = (0.0, None)
-        checked, note = gate_problem(spec, problem, device, grad)
+        checked, note = gate_problem(spec, problem, device, grad, budget)
         if note:
             log.info("%s %s %s %s: %s", spec.name, impl.name, problem, DTYPE_NAMES[dtype], note)
         for seed in SEEDS:

@@ -8,16 +8,15 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
 from ..buckets import encode
 from ..environment import environment
-from ..envs import contention_check
+from ..envs import contention_check, gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
-from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING, caller_range, edge_only, pruned, usable
-from ..store.store import Store
+from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
@@ -88,12 +87,13 @@ def timed_call(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str = 
     return lambda: torch.autograd.grad(fn(*args, **kwargs), leaves, dy)
 
 
-def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint
-             ) -> dict[str, Any]:
-    """The identifying columns of a store row, not yet ok (a measurement fills in the rest)."""
+def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mode: str, fp: Fingerprint,
+             bucket: str | None = None) -> dict[str, Any]:
+    """The identifying columns of a store row, not yet ok (a measurement fills in the rest). ``bucket``: the bucket's
+    stored text where the caller has it (``buckets.encode`` of ``spec.bucket(problem)``), else made here."""
     return dict(
-        op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem),
-        bucket=bucket_str(spec.bucket(problem)), dtype=DTYPE_NAMES[dtype], device_key=fp.key,
+        op=spec.name, impl=impl.name, tier=impl.tier.label, mode=mode, problem=str(problem), dtype=DTYPE_NAMES[dtype],
+        bucket=bucket if bucket is not None else bucket_str(spec.bucket(problem)), device_key=fp.key,
         device_type=fp.device_type, gpu_name=fp.name, capability=fp.capability, sm_count=fp.sm_count,
         torch_version=fp.torch, triton_version=fp.triton, cuda_version=fp.cuda, source_hash=impl.source_hash,
         timestamp=time.time(), ok=0,
@@ -102,8 +102,8 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
-            best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None
-            ) -> dict[str, Any]:
+            best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None,
+            bucket: str | None = None) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -120,11 +120,11 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
 
     ``edges``: the worst error of the edge problems' pass that the store recorded (``stored_edges``): not checked
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``keep_edges`` records it in the store and drops it from the row)."""
+    ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s."""
     grad = mode in GRAD_MODES
     if edges is not None:
         edges_known(spec, impl, dtype, device, grad, edges)
-    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated)
+    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket)
     return _with_edges(spec, impl, dtype, device, grad, row)
 
 
@@ -166,12 +166,12 @@ def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
 
 
 def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-             context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool
-             ) -> dict[str, Any]:
+             context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool,
+             bucket: str | None) -> dict[str, Any]:
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
-    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
+    row = base_row(spec, impl, problem, dtype, mode, fingerprint(device), bucket)
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
@@ -191,13 +191,13 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     if prune_above_us is not None and not gate_first and not impl.timeable(device):
         if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
             return row
-    sample_note, not_timeable = None, impl.timeable(device)
+    sample_note, not_timeable, edge = None, impl.timeable(device), False
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
-        if not row["ok"] and not edge_only(row):  # a peer failing only an edge case it does not claim is timed
+        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
+        if not row["ok"] and not edge:  # a peer failing only an edge case it does not claim is timed
             return row
     if not_timeable:
-        if edge_only(row):
+        if edge:
             return row
         row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
         return row
@@ -242,26 +242,28 @@ def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
 
 
 def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-               row: dict[str, Any]) -> str | None:
-    """``gate_row``'s work on the row; what the gate sampled of ``problem`` where it passed (None: all of it)."""
-    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+               row: dict[str, Any]) -> tuple[bool, str | None]:
+    """``gate_row``'s work on the row: (whether it marked the row ``rows.EDGE_ONLY``, what the gate sampled of
+    ``problem`` where it passed: None, all of it)."""
+    budget = gate_bytes(device.type)  # read once: the gate's and its note's
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
     if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
         # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
         # rows) is still timed where it is correct, marked, so the reports show it beside ours
-        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES)
+        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
         if wrong is None:
             row.update(ok=0, rel_error=at if math.isfinite(at) else None,
                        reason=EDGE_ONLY + why[len("edge case: "):])
-            return None
+            return True, None
     row["rel_error"] = err if math.isfinite(err) else None
     if why:
         row.update(ok=0, reason=why)
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
             row["env"] = environment()
-        return None
-    note = gate_problem(spec, problem, device, mode in GRAD_MODES)[1]
+        return False, None
+    note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
-    return note
+    return False, note
 
 
 EDGES = "edges_rel_error"  # a row's field (not a store column): its implementation passed the edge problems
@@ -271,33 +273,6 @@ def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint
     """The store's key (``EDGE_KEY``) of ``impl``'s edge gate at ``dtype`` on the device ``fp`` names in ``mode``."""
     return (spec.name, impl.name, impl.source_hash, DTYPE_NAMES[dtype], fp.key, int(mode in GRAD_MODES),
             fp.torch or "", fp.triton or "")
-
-
-def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
-                 ) -> float | None:
-    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure``'s
-    ``edges``), else None."""
-    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
-
-
-def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-                 mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
-    """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
-    pass is recorded in it; the row back, ready to be added."""
-    fp = fingerprint(device)
-    edges = stored_edges(store, spec, impl, dtype, fp, mode)
-    row = measure(spec, impl, problem, dtype, device, mode, edges=edges, **kw)
-    return keep_edges(store, spec, impl, dtype, fp, mode, row, edges)
-
-
-def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
-               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
-    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
-    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
-    passed = row.pop(EDGES, None)
-    if passed is not None and stored is None:
-        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
-    return row
 
 
 def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, nbytes: int, context: str,
@@ -320,20 +295,6 @@ def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, 
     if not gated:
         row["ok"] = 0
     return True
-
-
-def prune_bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
-    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
-    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
-    without one. A row without a p20-p80 spread is no bar."""
-    if factor is None:
-        return None
-    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
-            and r.get("p80_us") is not None and r.get("p20_us") is not None]
-    if not full:
-        return None
-    best = min(full, key=lambda r: caller_range(r)[1])
-    return factor * caller_range(best)[1], best["impl"]
 
 
 def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:

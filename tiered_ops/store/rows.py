@@ -5,7 +5,7 @@ decisions and the analysis alike; nothing here measures."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
 UNAVAILABLE = "unavailable: "  # the reason of a row of an implementation that cannot run here (package, device)
@@ -91,3 +91,17 @@ def usable(row: Any) -> bool:
     get = row.get if isinstance(row, dict) else lambda k: getattr(row, k, None)
     caller = get("caller_us")
     return bool(get("ok")) and caller is not None and caller == caller and not contended(row)
+
+
+def prune_bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float, str] | None:
+    """The pruning bar of a case (successive halving): ``factor`` x the p80 (as a caller sees it) of the fastest
+    fully timed implementation of ours among ``rows`` (not a peer: a peer is never selected), and its name; None
+    without one. A row without a p20-p80 spread is no bar."""
+    if factor is None:
+        return None
+    full = [r for r in rows if r is not None and usable(r) and not pruned(r) and r.get("tier") != "peer"
+            and r.get("p80_us") is not None and r.get("p20_us") is not None]
+    if not full:
+        return None
+    best = min(full, key=lambda r: caller_range(r)[1])
+    return factor * caller_range(best)[1], best["impl"]

@@ -21,14 +21,15 @@ import pandas as pd
 import torch
 
 from ..decide.choice import GATED_LAST, gate_in_turn
+from ..decide.claimed import keep_edges, stored_edges
 from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, keep_edges, measure, prune_bar, stored_edges
+from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, measure
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNAVAILABLE, contended, waits_for_gate
+from ..store.rows import UNAVAILABLE, contended, prune_bar, waits_for_gate
 from ..store.store import COLUMN_NAMES, Store
 from .shards import in_shard, spread
 
