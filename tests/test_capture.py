@@ -92,7 +92,7 @@ def test_a_decision_warms_its_graphed_choice_on_the_problems_inputs(fresh, monke
     impl = _counting(calls)
     spec = get_op("rms_norm")
     monkeypatch.setitem(spec.impls, "planted", impl)
-    monkeypatch.setattr(decide, "_decide", lambda spec, rows, *a, **k: (impl, "planted", []))
+    monkeypatch.setattr(choice, "_decide", lambda spec, rows, *a, **k: (impl, "planted", []))
     monkeypatch.setattr(decide, "in_context", lambda rows, ctx: ([{"impl": "measured elsewhere"}], ""))
     problem = spec.problem((8, 64), normalized_shape=(64,))
     sel = decide.select_problem(spec, problem, torch.float32, torch.device("cpu"), tune=False, mode="fwd+bwd",
