@@ -104,30 +104,28 @@ def nn_gelu_forward(base: type) -> Callable[..., torch.Tensor]:
     return forward
 
 
-@per_class
-def gelu_erf_forward(base: type) -> Callable[..., torch.Tensor]:
+def _gelu_forward(base: type, approximate: str) -> Callable[..., torch.Tensor]:
     own = base.forward
 
     def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
         dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "none"):
+        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(
+                input, None, approximate):
             return own(self, input)
-        return gelu(input, None, "none")
+        return gelu(input, None, approximate)
 
     return forward
+
+
+# transformers' GELU activations, by form (each a module-level maker: a pickled swapped module finds it by name)
+@per_class
+def gelu_erf_forward(base: type) -> Callable[..., torch.Tensor]:
+    return _gelu_forward(base, "none")
 
 
 @per_class
 def gelu_tanh_forward(base: type) -> Callable[..., torch.Tensor]:
-    own = base.forward
-
-    def forward(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
-        dt = input.dtype
-        if not (dt.is_floating_point and dt.itemsize in (2, 4)) or tracing() and gelu.decomposes(input, None, "tanh"):
-            return own(self, input)
-        return gelu(input, None, "tanh")
-
-    return forward
+    return _gelu_forward(base, "tanh")
 
 
 @per_class
