@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiered_ops.decide.choice import _decide  # noqa: E402
-from tiered_ops.decide.contexts import measured_compiled  # noqa: E402
+from tiered_ops.decide.choice import _decide, measured_compiled  # noqa: E402
 from tiered_ops.registry import DTYPES, Impl  # noqa: E402
 from tiered_ops.store.store import Store  # noqa: E402
 from tiered_ops.tiers.catalog import get_op  # noqa: E402
