@@ -13,6 +13,7 @@ from tiered_ops.decide import packs
 from tiered_ops.measure.fingerprint import Fingerprint, fingerprint
 from tiered_ops.measure.measure import base_row
 from tiered_ops.method import METHOD_VERSION
+from tiered_ops.store.rows import from_pack
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 
@@ -58,8 +59,8 @@ def test_a_pack_round_trips_to_the_same_decisions_with_tuning_off(two_softmaxes,
         {"loc": 3}
     imported = Store(there).rows()
     assert {r["origin"] for r in imported} == {"pack:pack.json"}
-    assert all(packs.needs_first_use_gate(r) for r in imported)
-    assert not any(packs.needs_first_use_gate(r) for r in Store(here).rows())
+    assert all(from_pack(r) for r in imported)
+    assert not any(from_pack(r) for r in Store(here).rows())
 
 
 def test_a_second_import_adds_nothing_and_a_store_keeps_its_own_rows_once(two_softmaxes, tmp_path):

@@ -10,8 +10,8 @@ imported, marked ``origin = 'pack:<file name>'``. A row whose implementation is 
 hash or measurement method differs from the installed implementation's, is refused with the reason: its figures are
 not this code's. Packs of different GPUs coexist in one store: rows are keyed by device fingerprint.
 
-An imported choice was gated on the machine that measured it, not here: ``needs_first_use_gate`` (``store.rows``'
-``from_pack``) tells the selection layer which rows those are, so it can gate them on first use.
+An imported choice was gated on the machine that measured it, not here: ``store.rows.from_pack`` tells the
+selection layer which rows those are, so it can gate them on first use.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from ..buckets import decode
 from ..method import CONTEXT_METHODS, METHOD_VERSION
 from ..registry import OPS, Tier
 from ..store.rows import PACK as ORIGIN
-from ..store.rows import from_pack as needs_first_use_gate  # noqa: F401 (the pack's rule, known by this name here)
 from ..store.rows import usable
 from ..store.store import COLUMN_NAMES, Store, open_store
 from ..tiers.catalog import all_ops
