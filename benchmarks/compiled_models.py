@@ -18,7 +18,9 @@ time, alone; K > 1: every variant of the batch at once, except the GPU-searching
 compile one at a time, alone), then the rows are timed one after another with every other worker idle: the parent
 interleaves a row's timing rounds (A, B, A, B, ..., the order rotated per round), so each compiled model lives in its
 own process and the comparison is interleaved all the same, and no compile or tuning runs anywhere while a call is
-timed (compiled_models_events.csv, every request's span by the workers' clocks, shows it). A row's variants compile
+timed (compiled_models_events.csv, every request's span by the workers' clocks, shows it). From its warm-up on, every
+worker's calling thread runs on one CPU, the same for all (``--timing-cpu``, default the last this process may use): in
+the host-bound rows of f6ca16a's unpinned matrix the control sat as far from stock as tiered did. A row's variants compile
 beside the same neighbours; first_call_beside counts them (0: alone) and the note says so. With K > 1 a tiered worker's
 tuning (a fresh store's misses, measured before its row is timed) times its candidates beside the batch's other
 compiles, as the rows' notes say; ``--tune-alone`` compiles each tiered variant alone instead, at the price of its
@@ -290,6 +292,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "one at a time)")
     p.add_argument("--deadline-s", type=float, help="start no batch after this many seconds from the start, nor one "
                    "that the longest batch so far would carry past it")
+    p.add_argument("--timing-cpu", default="auto", help="the CPU every worker's calling thread runs on from its "
+                   "warm-up on, so a host-bound row's variants are timed on one core: auto (the last this process may "
+                   "use; none where the OS cannot pin), none, or a CPU number")
     p.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds a worker may take to answer")
     p.add_argument("--inject-failure", action="append", default=[], metavar="VARIANT:WORKLOAD:HOW",
                    help="test hook: that variant's worker fails when asked to compile (HOW: raise, or exit: it dies)")
@@ -307,7 +312,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if NEXT in named and "tiered" not in named:
         p.error(f"--variants: {NEXT} reads the store the row's tiered variant tunes: name tiered too")
     args.store = str(Path(args.store).resolve()) if args.store else None
+    args.timing_cpu = _timing_cpu(p, args.timing_cpu)
     return args
+
+
+def _timing_cpu(p: argparse.ArgumentParser, value: str) -> int | None:
+    """--timing-cpu as a CPU number, or None (unpinned)."""
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if value == "none" or (value == "auto" and not mine):
+        return None
+    if value == "auto":
+        return mine[-1]
+    if not value.isdigit() or (mine and int(value) not in mine):
+        p.error(f"--timing-cpu: {value!r}: expected auto, none or one of the CPUs this process may use "
+                f"({', '.join(map(str, mine)) or 'the OS pins none'})")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             f", then timed one row at a time ('beside': the other compiles a first call ran beside"
             f"{f'; {var}={threads}' if threads else ''}); "
             f"{args.rounds} interleaved rounds of at least {args.reps} "
-            f"calls (order rotated), after {args.warmup} warm-up calls. Breaks: dynamo's graph_break counter of the "
+            f"calls (order rotated), after {args.warmup} warm-up calls"
+            f"{'' if args.timing_cpu is None else f', each worker calling from CPU {args.timing_cpu} from then on'}"
+            ". Breaks: dynamo's graph_break counter of the "
             "worker; recompiles: frames compiled after the first call. Verdict (models_rows): faster/slower only "
             "beyond the spread with every round agreeing. Rel err: the compiled first step against the stock eager "
             "step, float32."]

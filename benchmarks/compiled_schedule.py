@@ -138,7 +138,7 @@ class Row:
             fail = next((f.split(":")[2] for f in args.inject_failure if f.split(":")[:2] == [v, workload]), "")
             spec = dict(config=cfg, dtype=dtype, mode=mode, workload=workload, variant=v, shape=shape,
                         device=args.device, backend=args.backend, warmup=args.warmup, settle_s=args.settle_s,
-                        carried=bool(args.store), fail=fail)
+                        carried=bool(args.store), fail=fail, timing_cpu=args.timing_cpu)
             # fresh: a new file per worker; the next run's: the tiered worker's (compiled after it, see compile_all)
             store = args.store or str(self.tmp / f"{'tiered' if v == NEXT else v}.sqlite")
             self.workers[v] = Worker(spec, {**env, "TIERED_OPS_DB": store, **own_caches(v)})

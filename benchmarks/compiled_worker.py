@@ -151,8 +151,11 @@ class Runner:
                     **counts())
 
     def warm(self) -> dict[str, Any]:
-        """The warm-up calls (a CUDA-graph mode records its graphs here), then the median of 3 timed calls."""
+        """The warm-up calls (a CUDA-graph mode records its graphs here), then the median of 3 timed calls; from here
+        on the calling thread runs on the spec's ``timing_cpu`` where it names one (every variant's on the same core:
+        a host-bound step's time moves with the core that issues it)."""
         assert self.fn is not None, "compile first"
+        pin(self.spec.get("timing_cpu"))
         t0 = time.time()
         for _ in range(self.spec["warmup"]):
             self.fn()
@@ -164,6 +167,12 @@ class Runner:
         t0 = time.time()
         ms = timed(self.fn, reps, self.cuda)
         return dict(ms=ms, t0=t0, t1=time.time(), children=children(), **counts())
+
+
+def pin(cpu: int | None) -> None:
+    """The calling thread on ``cpu`` alone (Linux's affinity of pid 0 is the calling thread's); None: as it was."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
 
 
 def children() -> int:

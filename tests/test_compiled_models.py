@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -297,3 +298,25 @@ def test_a_worker_counts_its_live_child_processes():
         child.kill()
         child.wait()
     assert compiled_worker.children() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="the OS pins no thread")
+def test_every_worker_is_timed_from_one_cpu_unless_told_otherwise(capsys):
+    mine = sorted(os.sched_getaffinity(0))
+    assert compiled_models.parse(["--quick"]).timing_cpu == mine[-1]
+    assert compiled_models.parse(["--quick", "--timing-cpu", "none"]).timing_cpu is None
+    assert compiled_models.parse(["--quick", "--timing-cpu", str(mine[0])]).timing_cpu == mine[0]
+    with pytest.raises(SystemExit):
+        compiled_models.parse(["--quick", "--timing-cpu", str(max(mine) + 1)])
+    assert "--timing-cpu: " in capsys.readouterr().err
+
+    seen = {}
+
+    def thread() -> None:  # pinned in a thread of its own: this process's other threads keep their CPUs
+        compiled_worker.pin(mine[0])
+        seen["pinned"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join()
+    assert seen["pinned"] == {mine[0]} and sorted(os.sched_getaffinity(0)) == mine
