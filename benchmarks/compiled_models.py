@@ -19,8 +19,8 @@ compile one at a time, alone), then the rows are timed one after another with ev
 interleaves a row's timing rounds (A, B, A, B, ..., the order rotated per round), so each compiled model lives in its
 own process and the comparison is interleaved all the same, and no compile or tuning runs anywhere while a call is
 timed (compiled_models_events.csv, every request's span by the workers' clocks, shows it). From its warm-up on, every
-worker's calling thread runs on one CPU, the same for all (``--timing-cpu``, default the last this process may use): in
-the host-bound rows of f6ca16a's unpinned matrix the control sat as far from stock as tiered did. A row's variants compile
+worker's calling thread runs on one CPU, the same for all (``--timing-cpu``, default the last this process may use):
+unpinned, the control sat as far from stock as tiered did in host-bound rows (H200, f6ca16a). A row's variants compile
 beside the same neighbours; first_call_beside counts them (0: alone) and the note says so. With K > 1 a tiered worker's
 tuning (a fresh store's misses, measured before its row is timed) times its candidates beside the batch's other
 compiles, as the rows' notes say; ``--tune-alone`` compiles each tiered variant alone instead, at the price of its
