@@ -6,7 +6,7 @@ its bucket in the store's ``claims`` table (the same table and rules as a sweep'
 alike: one row, its ``impl`` column ``BUCKET``, its ``problem`` column the bucket), with a lease
 (``envs.claim_lease_s``) renewed before each candidate. A process that finds the bucket claimed polls for the claim
 for at most ``envs.claim_wait_s``; when it gets it, it reads again what the owner stored and measures only what is
-still to measure (``provisional.to_measure``): nothing, when the owner finished. One that waited in vain decides
+still to measure (``choice.to_measure``): nothing, when the owner finished. One that waited in vain decides
 from what is stored, provisionally. A claim whose owner is a dead process of this host is taken over at once (a rank
 killed mid-measurement blocks nobody), one of another host at the end of its lease.
 
@@ -39,8 +39,7 @@ from ..measure.measure import EDGES, PRUNE_FACTOR, bucket_str, check_fits, edge_
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.rows import contended, prune_bar
 from ..store.store import Store
-from . import provisional
-from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
+from .choice import GATED_LAST, MEASURE_ORDER, GateTurns, to_measure
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
@@ -200,7 +199,7 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
                                       f"measuring it (waited {waited:.0f} s)")
     try:
         rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
+        todo, again = to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
     except BaseException:
         store.release(claim)
         raise
