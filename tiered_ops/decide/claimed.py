@@ -263,9 +263,10 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
             end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
             store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
             rows = _gate_named(store, spec, problem, dtype, device, mode, key5)
-            rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
-            store.add(rechecked)
-            rows = store.latest(*key5) if rechecked else rows
+            if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
+                rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
+                store.add(rechecked)
+                rows = store.latest(*key5) if rechecked else rows
         finally:
             if have_slot:
                 store.release(slot)
