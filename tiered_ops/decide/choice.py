@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from .. import envs
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNGATED, caller_range, contended, from_pack, ungated, usable, waits_for_gate
+from ..store.rows import UNGATED, caller_range, contended, from_pack, prune_bar, ungated, usable, waits_for_gate
 from ..store.store import Store
 from .policy import choose
 
@@ -165,6 +165,24 @@ GATED_LAST = {Tier.TRITON, Tier.COMPILE}
 # (their edge problems compile one kernel each) after.
 MEASURE_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
 
+
+def pruning(impl: Impl, rows: list[dict], factor: float | None) -> dict[str, Any]:
+    """How a blocking tune measures ``impl`` after ``rows`` (the bucket's stored rows and those measured so far), as
+    background tuning and the sweep measure (successive halving): a short timing first, the rest skipped where it
+    lies clearly above ``factor`` x the fastest full timing so far (``rows.prune_bar``), so a pruned candidate costs
+    no gate; a compiled tier (``GATED_LAST``) is timed without its gate, which runs afterwards only where a choice
+    would name it (``GateTurns``)."""
+    bar = prune_bar(rows, factor)
+    kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
+    if impl.tier in GATED_LAST:
+        kw.update(gated=False, gate_first=False)
+    return kw
+
+
+def busy_stamped(rows: list[dict], end: float) -> list[dict]:
+    """``rows`` (one pass of a tune) with those timed on a busy machine stamped ``end``: a busy row's back-off counts
+    from the end of its pass, not from its start."""
+    return [dict(r, timestamp=end) if contended(r) else r for r in rows]
 
 def next_gate(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, store: Store,
               policies: tuple[str, ...] = ("fastest",)) -> tuple[Impl | None, str, dict[str, dict]]:

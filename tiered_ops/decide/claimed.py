@@ -37,9 +37,8 @@ from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import EDGES, PRUNE_FACTOR, bucket_str, check_fits, edge_store_key, gate_row, measure
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
-from ..store.rows import contended, prune_bar
 from ..store.store import Store
-from .choice import GATED_LAST, MEASURE_ORDER, GateTurns, to_measure
+from .choice import MEASURE_ORDER, GateTurns, busy_stamped, pruning, to_measure
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
@@ -127,18 +126,6 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
             log.info("tiered_ops: %s: another process sharing the store holds it; waiting up to %.0f s", what, wait_s)
         time.sleep(POLL_S)
     return True, time.perf_counter() - t0
-
-
-def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
-    """How ``impl`` is measured after ``rows`` (stored) and ``new`` (measured so far), as background tuning and the
-    sweep measure (successive halving): a short timing first, the rest skipped where it lies clearly above the fastest
-    full timing so far (``rows.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
-    without its gate, which runs afterwards only where a choice would name it (``_gate_named``)."""
-    bar = prune_bar([*rows, *new], PRUNE_FACTOR)
-    kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
-    if impl.tier in GATED_LAST:
-        kw.update(gated=False, gate_first=False)
-    return kw
 
 
 def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
@@ -259,9 +246,8 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
-                                   **_pruning(impl, rows, new)))
-            end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
-            store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
+                                   **pruning(impl, [*rows, *new], PRUNE_FACTOR)))
+            store.add(busy_stamped(new, time.time()))
             rows = _gate_named(store, spec, problem, dtype, device, mode, key5)
             if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
                 rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
