@@ -5,7 +5,7 @@
 bf16 on a GPU, fp32 on a CPU), each rank starting at its own offset in the list so that they miss overlapping buckets
 at once. Rank r runs on GPU r mod the GPUs seen (``--same-gpu``: all on GPU 0). Then one process alone tunes the same
 cases on a fresh store of its own. Then, where any rank's decision was provisional (timings taken on a busy machine:
-``tiered_ops.decide.provisional``), one quiet process re-times them on the shared store (``TIERED_OPS_RETIME_S=0``),
+``tiered_ops.decide.choice``), one quiet process re-times them on the shared store (``TIERED_OPS_RETIME_S=0``),
 and the decisions are compared again.
 
 Printed per case: the ranks' decisions, the process alone's, whether they are equal, and where not, the regret (the

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from tiered_ops.cli.cli import main
-from tiered_ops.decide import claimed, decide, provisional
+from tiered_ops.decide import choice as provisional  # the provisional decisions' rules live in choice
+from tiered_ops.decide import claimed, decide
 from tiered_ops.measure import measure as measure_mod
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.store.rows import contended

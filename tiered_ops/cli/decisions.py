@@ -1,5 +1,5 @@
 """``tiered-ops decisions list|export|import``: a store's decisions, provisional ones marked
-(``tiered_ops.decide.provisional``), and decision packs on the command line (``tiered_ops.packs``)."""
+(``tiered_ops.decide.choice``), and decision packs on the command line (``tiered_ops.packs``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import logging
 import sys
 from typing import Sequence
 
-from ..decide.packs import export_pack, import_pack
-from ..decide.provisional import decisions
+from ..decide.packs import decisions, export_pack, import_pack
 from ..store.store import Store
 from .io import out_file
 

@@ -2,23 +2,39 @@
 dtype's measurements before it is returned; before it, the stored rows as a caller in each context pays them
 (``registry.CONTEXTS``): measured inside a compiled caller where every implementation has such a row (read beside
 the bucket's own rows by ``decide``, measured where missing by ``claimed.measure_compiled``), else the eager rows read
-for the context (``in_context``, ``measured_compiled``)."""
+for the context (``in_context``, ``measured_compiled``).
+
+Decisions made from timings taken on a busy machine: provisional until clean rows make them final.
+
+A CPU timing taken while the machine was busy is stored with the reason ``contended: ...`` (``rows.CONTENDED``) and no
+caller time, so no decision can use it. A choice among the other rows would be a choice by absence: the candidate
+whose timing was spoiled may be the fastest, and where every row was spoiled the choice is "no correct timed
+implementation: eager". So where any fresh candidate's newest row of a bucket is contended, the bucket's decision is
+provisional: its record says why (``record["provisional"]``), the log says so once per process, and the bucket is
+timed again once its back-off has passed (``envs.retime_s`` after the busy pass, doubling with each busy pass in a row,
+up to ``BACKOFF_MAX`` x): by a later miss of this process (the cached decision is dropped then: ``schedule``), by
+the background worker, or by the next process. A re-time measures every correct candidate again in one pass, one
+after another under one claim (``claimed``), so the rows a final decision compares were taken side by side.
+``packs.decisions`` lists a store's decisions with the provisional ones marked (``tiered-ops decisions list``)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from .. import envs
 from ..measure.gate import gate
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem, Tier
-from ..store.rows import UNGATED, caller_range, from_pack, ungated, waits_for_gate
+from ..store.rows import UNGATED, caller_range, contended, from_pack, prune_bar, ungated, usable, waits_for_gate
 from ..store.store import Store
 from .policy import choose
 
 log = logging.getLogger(__name__)
+_busy_log = logging.getLogger(__package__ + ".provisional")  # a provisional decision's lines
 
 
 # The tiers whose code a compiled caller's graph takes in (Inductor fuses it with the op's neighbours there); the
@@ -150,6 +166,24 @@ GATED_LAST = {Tier.TRITON, Tier.COMPILE}
 MEASURE_ORDER = {Tier.EAGER: 0, Tier.CUDA: 1, Tier.PEER: 2, Tier.TRITON: 3, Tier.COMPILE: 4}
 
 
+def pruning(impl: Impl, rows: list[dict], factor: float | None) -> dict[str, Any]:
+    """How a blocking tune measures ``impl`` after ``rows`` (the bucket's stored rows and those measured so far), as
+    background tuning and the sweep measure (successive halving): a short timing first, the rest skipped where it
+    lies clearly above ``factor`` x the fastest full timing so far (``rows.prune_bar``), so a pruned candidate costs
+    no gate; a compiled tier (``GATED_LAST``) is timed without its gate, which runs afterwards only where a choice
+    would name it (``GateTurns``)."""
+    bar = prune_bar(rows, factor)
+    kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
+    if impl.tier in GATED_LAST:
+        kw.update(gated=False, gate_first=False)
+    return kw
+
+
+def busy_stamped(rows: list[dict], end: float) -> list[dict]:
+    """``rows`` (one pass of a tune) with those timed on a busy machine stamped ``end``: a busy row's back-off counts
+    from the end of its pass, not from its start."""
+    return [dict(r, timestamp=end) if contended(r) else r for r in rows]
+
 def next_gate(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, store: Store,
               policies: tuple[str, ...] = ("fastest",)) -> tuple[Impl | None, str, dict[str, dict]]:
     """Which gate runs next among one case's newest ``rows``, counting each row timed without its gate as correct:
@@ -221,3 +255,126 @@ def gate_in_turn(spec: OpSpec, rows: Callable[[], list[dict]], run_gate: Callabl
         if not run_gate(*turn):
             return False
     return False
+
+
+BACKOFF_MAX = 32  # the back-off doubles with each busy pass in a row, up to this many times its first step
+_timers: dict[tuple, threading.Timer] = {}
+_told: set[tuple] = set()
+_lock = threading.Lock()
+
+
+def _candidates(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> list[dict]:
+    """The rows of ``rows`` (newest per implementation) of current implementations of ours (no peer); ``fresh``:
+    their fresh implementations by name (``OpSpec.freshness``) where the caller has them."""
+    fresh = spec.freshness(rows)[0] if fresh is None else fresh
+    return [r for r in rows if r["impl"] in fresh and fresh[r["impl"]].tier != Tier.PEER]
+
+
+def busy_rows(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> list[dict]:
+    """The candidates' newest rows that were timed on a busy machine (``fresh`` as ``_candidates``)."""
+    return [r for r in _candidates(spec, rows, fresh) if contended(r)]
+
+
+def note(spec: OpSpec, rows: list[dict], fresh: dict[str, Impl] | None = None) -> str | None:
+    """Why a decision from ``rows`` (one bucket's newest row per implementation) is provisional, or None where every
+    candidate's newest row is a clean one (or a failure, which no re-time changes); ``fresh`` as ``_candidates``."""
+    cands = _candidates(spec, rows, fresh)
+    busy = [r for r in cands if contended(r)]
+    if not busy:
+        return None
+    clean = [r["impl"] for r in cands if usable(r)]
+    first = str(busy[0]["reason"])
+    return (f"provisional: the timings of {len(busy)} of {len(busy) + len(clean)} candidate(s) were taken on a busy "
+            f"machine ({', '.join(r['impl'] for r in busy)}; {first}); "
+            + (f"chosen among the clean one(s) ({', '.join(clean)}) until they are timed again"
+               if clean else "nothing timed clean, eager until they are timed again"))
+
+
+def busy_streak(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str]) -> int:
+    """How many busy passes in a row the bucket ``key`` (op, bucket, dtype, device key, mode) has had: the most
+    contended rows any current candidate has since its last clean row."""
+    op, bucket, dtype, device_key, mode = key
+    streak: dict[str, int] = {}
+    for r in store.rows(op=op, bucket=bucket, dtype=dtype, device_key=device_key, mode=mode):
+        if spec.fresh_impl(r) is None:
+            continue
+        streak[r["impl"]] = streak.get(r["impl"], 0) + 1 if contended(r) else 0
+    return max(streak.values(), default=0)
+
+
+def retime_at(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict],
+              fresh: dict[str, Impl] | None = None) -> float | None:
+    """When the bucket's busy rows are to be timed again (epoch seconds), or None where none of ``rows`` is busy
+    (``fresh`` as ``_candidates``)."""
+    busy = busy_rows(spec, rows, fresh)
+    if not busy:
+        return None
+    n = max(1, busy_streak(store, spec, key))
+    return max(float(r["timestamp"]) for r in busy) + envs.retime_s() * min(BACKOFF_MAX, 2 ** (n - 1))
+
+
+def to_measure(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict],
+               now: float | None = None, fresh: tuple[dict[str, Impl], list[Impl]] | None = None,
+               ) -> tuple[list[Impl], bool]:
+    """(the implementations to measure for the bucket ``key`` on a miss, whether it is a re-time): the candidates
+    without a fresh row; once a busy bucket's back-off has passed, those and every candidate whose newest row is
+    correct and timed (clean or busy: timed again side by side). A failed candidate, or one that cannot be timed
+    here (Triton on the CPU's interpreter), keeps its row. ``fresh``: ``spec.freshness(rows)`` where the caller has
+    it."""
+    found, missing = spec.freshness(rows) if fresh is None else fresh
+    have = {r["impl"]: r for r in rows if r["impl"] in found}
+    at = retime_at(store, spec, key, rows, found)
+    if at is None or (time.time() if now is None else now) < at:
+        return missing, False
+    return missing + [i for i in spec.impls.values() if i.name in have and i.tier != Tier.PEER
+                      and (usable(have[i.name]) or contended(have[i.name]))], True
+
+
+def tell(key: tuple, why: str, at: float | None) -> None:
+    """Log once per process and bucket that its decision is provisional, and when it is timed again."""
+    with _lock:
+        if key in _told:
+            return
+        _told.add(key)
+    when = f"timed again in {max(0.0, at - time.time()):.0f} s or later" if at is not None else "timed again later"
+    _busy_log.warning("tiered_ops: %s %s %s %s: decision %s; %s", *key[:3], key[4], why, when)
+
+
+def schedule(key: tuple, at: float, drop: Callable[[], None]) -> None:
+    """Call ``drop`` (which forgets the bucket's cached decisions, so the next call decides again and re-times what
+    is due) at ``at``, on a daemon timer; one timer per bucket at a time."""
+    def fire() -> None:
+        with _lock:
+            _timers.pop(key, None)
+            _told.discard(key)
+        drop()
+
+    with _lock:
+        if key in _timers:
+            return
+        t = threading.Timer(max(0.0, at - time.time()), fire)
+        t.daemon = True
+        _timers[key] = t
+    t.start()
+
+
+def provisional_decision(store: Store, spec: OpSpec, key: tuple[str, str, str, str, str], rows: list[dict], why: str,
+                         tuning: bool, drop: Callable[[], None]) -> None:
+    """A provisional decision of the bucket ``key`` made from ``rows``: said once in the log, and where this process
+    tunes (``tuning``), ``drop`` (which forgets its cached decisions) is called when the bucket is due to be timed
+    again, so the next call re-times it; where nothing stored is busy (another process's claim outlasted the wait),
+    after the back-off's first step."""
+    at = (retime_at(store, spec, key, rows) or time.time() + envs.retime_s()) if tuning else None
+    tell(key, why, at)
+    if at is not None:
+        schedule(key, at, drop)
+
+
+def cancel_all() -> None:
+    """Stop every pending re-time timer of this process (tests; a process about to change stores)."""
+    with _lock:
+        timers = list(_timers.values())
+        _timers.clear()
+        _told.clear()
+    for t in timers:
+        t.cancel()

@@ -6,7 +6,7 @@ its bucket in the store's ``claims`` table (the same table and rules as a sweep'
 alike: one row, its ``impl`` column ``BUCKET``, its ``problem`` column the bucket), with a lease
 (``envs.claim_lease_s``) renewed before each candidate. A process that finds the bucket claimed polls for the claim
 for at most ``envs.claim_wait_s``; when it gets it, it reads again what the owner stored and measures only what is
-still to measure (``provisional.to_measure``): nothing, when the owner finished. One that waited in vain decides
+still to measure (``choice.to_measure``): nothing, when the owner finished. One that waited in vain decides
 from what is stored, provisionally. A claim whose owner is a dead process of this host is taken over at once (a rank
 killed mid-measurement blocks nobody), one of another host at the end of its lease.
 
@@ -37,10 +37,8 @@ from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import EDGES, PRUNE_FACTOR, bucket_str, check_fits, edge_store_key, gate_row, measure
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
-from ..store.rows import contended, prune_bar
 from ..store.store import Store
-from . import provisional
-from .choice import GATED_LAST, MEASURE_ORDER, GateTurns
+from .choice import MEASURE_ORDER, GateTurns, busy_stamped, pruning, to_measure
 
 log = logging.getLogger(__package__ + ".decide")  # the tuning lines keep the logger of select_problem's log
 
@@ -130,18 +128,6 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
     return True, time.perf_counter() - t0
 
 
-def _pruning(impl: Impl, rows: list[dict], new: list[dict]) -> dict[str, Any]:
-    """How ``impl`` is measured after ``rows`` (stored) and ``new`` (measured so far), as background tuning and the
-    sweep measure (successive halving): a short timing first, the rest skipped where it lies clearly above the fastest
-    full timing so far (``rows.prune_bar``), so a pruned candidate costs no gate; a compiled tier is timed
-    without its gate, which runs afterwards only where a choice would name it (``_gate_named``)."""
-    bar = prune_bar([*rows, *new], PRUNE_FACTOR)
-    kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
-    if impl.tier in GATED_LAST:
-        kw.update(gated=False, gate_first=False)
-    return kw
-
-
 def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
                  ) -> float | None:
     """The worst error of ``impl``'s edge problems where the store records that they passed (``measure.measure``'s
@@ -200,7 +186,7 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
                                       f"measuring it (waited {waited:.0f} s)")
     try:
         rows = store.latest(*key5)
-        todo, again = provisional.to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
+        todo, again = to_measure(store, spec, key5, rows, fresh=spec.freshness(rows))
     except BaseException:
         store.release(claim)
         raise
@@ -260,13 +246,13 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
-                                   **_pruning(impl, rows, new)))
-            end = time.time()  # a busy row's back-off counts from the end of its pass, not from its start
-            store.add([dict(r, timestamp=end) if contended(r) else r for r in new])
+                                   **pruning(impl, [*rows, *new], PRUNE_FACTOR)))
+            store.add(busy_stamped(new, time.time()))
             rows = _gate_named(store, spec, problem, dtype, device, mode, key5)
-            rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)  # launch-bound: side by side
-            store.add(rechecked)
-            rows = store.latest(*key5) if rechecked else rows
+            if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
+                rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
+                store.add(rechecked)
+                rows = store.latest(*key5) if rechecked else rows
         finally:
             if have_slot:
                 store.release(slot)

@@ -45,12 +45,11 @@ from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import choose_gated, in_context, measured_compiled
+from .choice import choose_gated, in_context, measured_compiled, provisional_decision, to_measure
+from .choice import note as busy_note
 from .claimed import measure_compiled, measure_kept, tune_bucket
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
-from .provisional import note as busy_note
-from .provisional import provisional_decision, to_measure
 from .table import Selection
 
 log = logging.getLogger(__name__)

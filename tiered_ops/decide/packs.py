@@ -33,6 +33,7 @@ from ..store.rows import PACK as ORIGIN
 from ..store.rows import usable
 from ..store.store import COLUMN_NAMES, Store, open_store
 from ..tiers.catalog import all_ops
+from .choice import note
 from .policy import choose
 
 log = logging.getLogger(__name__)
@@ -199,3 +200,23 @@ def load_decisions(path: str | Path, store: Store | None = None) -> ImportResult
     calls (decisions made earlier in the process are cached). Refused rows are logged with the reason."""
     return import_pack(path, store if store is not None else open_store())
 
+
+def decisions(store: Store, gpu: str | None = None, only_provisional: bool = False) -> list[dict[str, Any]]:
+    """The store's eager-caller decisions under the ``fastest`` policy, one per (op, bucket, dtype, device, mode):
+    the chosen implementation (None where nothing correct was timed clean), its caller time, and ``provisional``
+    (why, or None: final). ``gpu`` as ``decision_rows``."""
+    by_key: dict[tuple, list[dict]] = {}
+    for r in decision_rows(store, gpu):
+        by_key.setdefault(tuple(r[k] for k in KEY), []).append(r)
+    out = []
+    for key, group in sorted(by_key.items()):
+        spec = OPS[key[0]]
+        cands = [dict(impl=r["impl"], tier=r["tier"], caller_us=r["caller_us"], first_call_s=r["first_call_s"])
+                 for r in group if usable(r) and r["tier"] != Tier.PEER.label]
+        best, why, _ = choose(cands, "fastest")
+        busy = note(spec, group)
+        if only_provisional and busy is None:
+            continue
+        out.append(dict(zip(KEY, key), chosen=best["impl"] if best else None,
+                        caller_us=best["caller_us"] if best else None, reason=why, provisional=busy))
+    return out
