@@ -57,9 +57,14 @@ def _compare(got, stock, truth, dtype) -> None:
         for name in stock[2]:
             assert rel_error(got[2][name], stock[2][name], floor=scale) < 1e-5, name
         return
+    # the loss is one number: stock's error on it is one draw of the half-precision rounding and can land near 0
+    # (9.3e-6 for a tiny bf16 Gemma on one CPU, where the patched step's 1.4e-4 is the rounding's usual size), so the
+    # bound adds a sixteenth of the dtype's epsilon; the logits and gradients, many numbers each, keep stock's error
+    # as their scale (bf16 here: 5.6e-3 to 1.3e-2, so the floor loosens them by a tenth at most)
+    floor = torch.finfo(dtype).eps / 16
     for what, g, s, t in [("loss", got[0], stock[0], truth[0]), ("logits", got[1], stock[1], truth[1]),
                           ("gradients", _flat(got[2]), _flat(stock[2]), _flat(truth[2]))]:
-        assert rel(g, t) <= 2 * rel(s, t) + 1e-6, f"{what}: patched {rel(g, t):.2e} vs stock {rel(s, t):.2e}"
+        assert rel(g, t) <= 2 * rel(s, t) + floor, f"{what}: patched {rel(g, t):.2e} vs stock {rel(s, t):.2e}"
 
 
 @needs_hf
