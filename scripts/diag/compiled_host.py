@@ -6,7 +6,9 @@ same decompositions: each variant in a process of its own (built, patched, compi
 - one profiler window of 20 steps: CUDA kernels, graph launches, copies and runtime calls per step, the GPU time of
   the kernels per step;
 - cProfile of 200 steps: the Python functions with the most own time per step;
-- what else lives in the process: its threads, child processes, tracked objects;
+- what else lives in the process: its threads, child processes, tracked objects, and the CPU time each of its threads
+  and each CPU of the machine spent during the timed calls (an idle thread of the process's own, or a busy sibling of
+  the calling thread's CPU, slows every function of the step alike);
 - Inductor's generated modules (``PyCodeCache``): a digest of each one's source, so two variants' graphs can be
   compared, and the sources themselves under ``--out``.
 
@@ -57,6 +59,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     if cuda:
         torch.cuda.synchronize()
     host = []
+    before_threads, before_cpus, t_window = thread_ticks(), cpu_ticks(), time.perf_counter()
     for _ in range(args.reps):
         t = time.perf_counter()
         fn()
@@ -64,6 +67,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
         if cuda:
             torch.cuda.synchronize()
     out["host_ms"] = statistics.median(host)
+    out["busy"] = busy(before_threads, before_cpus, time.perf_counter() - t_window, main=threading.get_native_id())
     if cuda:
         from torch.profiler import ProfilerActivity, profile
 
@@ -100,6 +104,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     out["children"] = children()
     out["gc_objects"] = len(gc.get_objects())
     out["gc_counts"] = gc.get_count()
+    out["guard_lines"] = guard_lines(r.model)
     from torch._inductor.codecache import PyCodeCache
 
     mods = {}
@@ -116,13 +121,62 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     return out
 
 
+def guard_lines(model: torch.nn.Module) -> list[int]:
+    """The lines of each of dynamo's cache entries on the model class's ``forward`` (its guard tree as torch prints it):
+    a patched model's guards are checked on every call, before its graph runs."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    code = type(model).forward.__code__
+    return [str(e.guard_manager).count("\n") for e in _debug_get_cache_entry_list(code)]
+
+
+def thread_ticks() -> dict[str, int]:
+    """``tid name`` -> user + system clock ticks of each thread of this process (Linux; empty elsewhere)."""
+    out = {}
+    for t in Path("/proc/self/task").glob("*") if Path("/proc/self/task").is_dir() else []:
+        try:
+            fields = (t / "stat").read_text().rsplit(")", 1)[1].split()
+            out[f"{t.name} {(t / 'comm').read_text().strip()}"] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def cpu_ticks() -> dict[str, int]:
+    """``cpuN`` -> busy clock ticks (all but idle and iowait) of each CPU of the machine (Linux; empty elsewhere)."""
+    out = {}
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *v = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                n = [int(x) for x in v]
+                out[name] = sum(n) - n[3] - n[4]
+    except OSError:
+        pass
+    return out
+
+
+def busy(threads: dict[str, int], cpus: dict[str, int], seconds: float, main: int) -> dict:
+    """The share of ``seconds`` each thread of this process other than ``main`` and each CPU was busy since the
+    ``threads`` and ``cpus`` readings (only those above 2 %), and the calling thread's own share."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    now_t, now_c = thread_ticks(), cpu_ticks()
+    share = {k: (now_t[k] - v) / hz / seconds for k, v in threads.items() if k in now_t}
+    cpu = {k: (now_c[k] - v) / hz / seconds for k, v in cpus.items() if k in now_c}
+    own = next((v for k, v in share.items() if k.split()[0] == str(main)), None)
+    return dict(seconds=round(seconds, 3), calling_thread=own,
+                threads={k: round(v, 3) for k, v in share.items() if v > 0.02 and k.split()[0] != str(main)},
+                cpus={k: round(v, 3) for k, v in cpu.items() if v > 0.02})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="qwen3-4b-dims-2l")
     ap.add_argument("--quick", action="store_true", help="the tiny CPU configs")
     ap.add_argument("--mode", default="reduce-overhead")
     ap.add_argument("--workload", default="decode", choices=("prefill", "decode", "train"))
-    ap.add_argument("--variants", default="stock,tiered")
+    ap.add_argument("--variants", default="stock,tiered",
+                    help="in order, of stock, stock-copy, tiered, tiered-next (after tiered: its store, no tuning)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--cpu", type=int, default=None, help="the CPU the calling thread runs on (default: the last)")
@@ -139,8 +193,8 @@ def main() -> None:
     results = []
     for v in args.variants.split(","):
         env = dict(os.environ)
-        if v.startswith("tiered"):
-            env["TIERED_OPS_DB"] = str(Path(args.out).resolve() / f"{v}.sqlite")
+        if v.startswith("tiered"):  # tiered-next: patched in a process that reads what tiered tuned (run it after)
+            env["TIERED_OPS_DB"] = str(Path(args.out).resolve() / "tiered.sqlite")
         cmd = [sys.executable, __file__, *sys.argv[1:], "--one", v]
         t = time.time()
         p = subprocess.run(cmd, env=env)
@@ -155,6 +209,7 @@ def main() -> None:
               f"{res['tasks']} threads ({', '.join(res['threads'])}), {res['children']} children, "
               f"{res['gc_objects']} objects; note {res['note']}")
         print(f"   per step: {res.get('per_step')}")
+        print(f"   busy while timed: {res.get('busy')}; guard lines per cache entry: {res.get('guard_lines')}")
         for f in res["python_us_per_step"]:
             print(f"   {f['own_us']:8.1f} us own {f['cum_us']:8.1f} cum {f['calls']:6.1f} calls  {f['fn']}")
     if len(results) > 1:
