@@ -95,6 +95,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
         torch.cuda.synchronize()
     pr.disable()
     stats = pstats.Stats(pr)
+    out["python_calls_per_step"] = stats.total_calls / args.reps  # the same work makes the same calls
     top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
     out["python_us_per_step"] = [
         dict(fn=f"{Path(k[0]).name}:{k[1]}:{k[2]}", calls=v[1] / args.reps, own_us=v[2] / args.reps * 1e6,
@@ -207,7 +208,8 @@ def main() -> None:
         print(f"== {v} ({time.time() - t:.0f} s): {res['ms']:.3f} ms per step, host {res['host_ms']:.3f} ms, "
               f"GPU {res.get('gpu_us_per_step', 0):.0f} us; breaks {res['breaks']} graphs {res['graphs']}; "
               f"{res['tasks']} threads ({', '.join(res['threads'])}), {res['children']} children, "
-              f"{res['gc_objects']} objects; note {res['note']}")
+              f"{res['gc_objects']} objects, {res['python_calls_per_step']:.0f} Python calls a step; "
+              f"note {res['note']}")
         print(f"   per step: {res.get('per_step')}")
         print(f"   busy while timed: {res.get('busy')}; guard lines per cache entry: {res.get('guard_lines')}")
         for f in res["python_us_per_step"]:
