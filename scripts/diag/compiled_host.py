@@ -21,6 +21,7 @@ same decompositions: each variant in a process of its own (built, patched, compi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import hashlib
@@ -106,6 +107,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     out["gc_objects"] = len(gc.get_objects())
     out["gc_counts"] = gc.get_count()
     out["guard_lines"] = guard_lines(r.model)
+    out["placement"] = placement(args.cpu)
     from torch._inductor.codecache import PyCodeCache
 
     mods = {}
@@ -129,6 +131,34 @@ def guard_lines(model: torch.nn.Module) -> list[int]:
 
     code = type(model).forward.__code__
     return [str(e.guard_manager).count("\n") for e in _debug_get_cache_entry_list(code)]
+
+
+def placement(cpu: int | None) -> dict:
+    """Where the process sits (Linux): the calling CPU's SMT siblings and NUMA node, the CPU each thread last ran on,
+    and the process's resident pages per NUMA node (memory first touched on another node than the calling CPU's is
+    read across the interconnect by every function alike)."""
+    out: dict = {}
+    if cpu is None or not Path("/proc/self/numa_maps").exists():
+        return out
+    top = Path(f"/sys/devices/system/cpu/cpu{cpu}")
+    with contextlib.suppress(OSError):
+        out["siblings"] = (top / "topology" / "thread_siblings_list").read_text().strip()
+    out["node"] = next((d.name for d in top.glob("node*")), None)
+    last: dict[int, int] = {}
+    for t in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            c = int((t / "stat").read_text().rsplit(")", 1)[1].split()[36])
+            last[c] = last.get(c, 0) + 1
+    out["threads_last_cpu"] = dict(sorted(last.items()))
+    pages: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/numa_maps").read_text().splitlines():
+            for f in line.split():
+                if f.startswith("N") and "=" in f:
+                    k, v = f.split("=", 1)
+                    pages[k] = pages.get(k, 0) + int(v)
+    out["pages_per_node"] = pages
+    return out
 
 
 def thread_ticks() -> dict[str, int]:
@@ -212,6 +242,7 @@ def main() -> None:
               f"note {res['note']}")
         print(f"   per step: {res.get('per_step')}")
         print(f"   busy while timed: {res.get('busy')}; guard lines per cache entry: {res.get('guard_lines')}")
+        print(f"   placement: {res.get('placement')}")
         for f in res["python_us_per_step"]:
             print(f"   {f['own_us']:8.1f} us own {f['cum_us']:8.1f} cum {f['calls']:6.1f} calls  {f['fn']}")
     if len(results) > 1:
