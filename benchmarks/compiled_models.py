@@ -2,8 +2,8 @@
 -> call, from a fresh store), each compiled model in a process of its own, graph breaks and recompiles counted per row.
 
 A row is (config, dtype, compile mode, workload). Each of its variants (stock; tiered = ``tiered_ops.patch(model)``;
-in the inference rows but those of the GPU-searching modes, and wherever ``--variants`` names it, stock-copy, an
-unpatched second stock, the control: a host-bound step's time differs from one process to another; where named,
+in every row but those of the GPU-searching modes, and wherever ``--variants`` names it, stock-copy, an unpatched
+second stock, the control: a step's time differs from one process to another; where named,
 tiered-next, patched in a process that starts after the tiered worker's tuning and reads its store: the graph the next
 run of the same program compiles, with the decisions made) runs in a worker process of its own
 (benchmarks/compiled_worker.py, multiprocessing spawn): two compiled instances of one class in one process share
@@ -65,10 +65,10 @@ a start each): at their mean, ~49 s, the rows need ~30 min and more, past the ~2
 4 (``--parallel 4``), measured on the H200 at 4594371 with two variants a row (reports/nvidia-h200/tree-4594371): a
 batch of default or reduce-overhead rows took 94-111 s from its workers' start to its last timed call (starts ~10 s,
 compiles 13-51 s at once, then the rows' timing); the GPU-searching rows compile alone (stock's max-autotune decode
-37 s, max-autotune-no-cudagraphs prefill 138 s). With the control in the inference rows a batch holds up to 12
-workers (1 compile thread each on 16 cores): not measured yet. Each third of the plan holds 10 default or
-reduce-overhead rows and one or two GPU-searching decode rows; a call cut by its deadline leaves the rest to a fourth
-call with ``--done``.
+37 s, max-autotune-no-cudagraphs prefill 138 s). With the control in every row a batch holds up to 12 workers (1
+compile thread each on 16 cores); with it in the inference rows only, a third of the plan took 274-306 s (9d6ee93).
+Each third of the plan holds 10 default or reduce-overhead rows and one or two GPU-searching decode rows; a call cut by
+its deadline leaves the rest to a fourth call with ``--done``.
 
 The plan of calls (scripts/gpu.sh; the stage ends batches by DEADLINE - RESERVE, then packs the compile caches (at most
 40 s) and the files; each part's caches in a folder of their own, so its first calls start from an empty cache and a
@@ -262,7 +262,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "overrides)")
     p.add_argument("--variants", help=f"comma-separated, of stock, {CONTROL}, tiered, {NEXT} (patched in a process "
                    "of its own that reads the store the row's tiered variant tuned: what the next run compiles); auto: "
-                   f"stock and tiered, with {CONTROL} in the inference rows (default; stock,tiered with --quick)")
+                   f"stock, {CONTROL} and tiered (default; stock,tiered in the GPU-searching modes and with --quick)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per row (default 5; 2 with --quick)")
     p.add_argument("--reps", type=int, help="calls per variant and round (default 10; 2 with --quick)")
     p.add_argument("--warmup", type=int, help="untimed calls after the first (default 3; 1 with --quick)")

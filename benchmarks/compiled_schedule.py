@@ -49,16 +49,16 @@ class WorkerError(Exception):
 
 
 def variants(args: Any, workload: str, mode: str = "default") -> list[str]:
-    """A row's variants: ``--variants``, or with ``auto`` stock and tiered, and in the inference rows (prefill, decode)
-    the control too (``CONTROL``, a second unpatched stock in a process of its own): those steps are mostly the host's
-    issue of their kernels, and one process's host time differs from another's with the same code (between two
-    measuring workers, a factor with quartiles 0.77 and 1.30: benchmarks/PERF_LOG.md), so a verdict there must also
-    hold against the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose variants compile one at a time
-    (37 s and more each on the H200: their GEMM search times kernels on the GPU)."""
+    """A row's variants: ``--variants``, or with ``auto`` stock, the control (``CONTROL``, a second unpatched stock in
+    a process of its own) and tiered: one process's time differs from another's with the same code (host-bound steps:
+    between two measuring workers, a factor with quartiles 0.77 and 1.30, benchmarks/PERF_LOG.md; a GPU-bound training
+    step by a few per cent, its memory laid out by another process's allocations), so a verdict must also hold against
+    the control's. Not in the GPU-searching modes (``ALONE_MODES``), whose variants compile one at a time (37 s and more
+    each on the H200: their GEMM search times kernels on the GPU)."""
     if args.variants != "auto":
         named = args.variants.split(",")
         return [v for v in named if v != NEXT] + [NEXT] * (NEXT in named)  # NEXT compiles after tiered
-    return ["stock", "tiered"] if workload == "train" or mode in ALONE_MODES else ["stock", CONTROL, "tiered"]
+    return ["stock", "tiered"] if mode in ALONE_MODES else ["stock", CONTROL, "tiered"]
 
 
 @contextlib.contextmanager
