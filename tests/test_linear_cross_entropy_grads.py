@@ -152,3 +152,62 @@ def test_the_forwards_gradients_hold_one_chunk_buffer_and_no_whole_product(dtype
     lse, one = torch.rand(n, device=dev), torch.tensor(1.0, device=dev)
     bwd = _allocations(lambda: lce.linear_cross_entropy_bwd_launch(one, h, w, t, None, lse, -100, "mean", 0.1, chunk))
     assert ((chunk, v), dtype) in bwd and bwd.count(((v, hd), torch.float32)) >= 2, bwd
+
+
+def _most_alive(fn, chunk: int, v: int) -> int:
+    """The most float32 [rows <= chunk, V] tensors (a chunk's logits, a sum of them; not the CPU's float32 copy of
+    weight.T, [H, V] with H > chunk) alive at once while ``fn`` runs: counted
+    at each one's allocation, over the storages of those allocated before it that are not yet freed. Garbage is
+    collected first: the CPU's Triton interpreter leaves a launch's arguments in reference cycles (a GPU launch frees
+    them with their last name), so that only what the code still names is counted."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    made: list[StorageWeakRef] = []
+    most = 0
+
+    class Alive(TorchDispatchMode):
+        supports_higher_order_operators = True  # a Triton launch on a GPU: run as it is
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal most
+            out = func(*args, **(kwargs or {}))
+            seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            for t in tree_leaves(out):
+                if (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == v
+                        and t.shape[0] <= chunk and t.untyped_storage().data_ptr() not in seen):
+                    made.append(StorageWeakRef(t.untyped_storage()))
+                    gc.collect()
+                    most = max(most, sum(not r.expired() for r in made))
+            return out
+
+    with Alive():
+        fn()
+    return most
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_one_chunks_float32_logits_alive_at_a_time(dtype, with_bias):
+    # the chunk loops (the inference forward, the forward with the gradients, the recomputing backward) hold one
+    # chunk's float32 logits at a time: each freed before the next chunk's GEMM allocates, the bias added into the
+    # GEMM's own buffer (on a GPU a second one would be that much more peak memory)
+    import triton_src.linear_cross_entropy as lce
+
+    n, hd, v, chunk = 40, 32, 64, 16  # three chunks, the last short; H > chunk
+    dev = device_for("triton")
+    h, w = torch.randn(n, hd, device=dev).to(dtype), (torch.randn(v, hd, device=dev) / 4).to(dtype)
+    b = torch.randn(v, device=dev).to(dtype) if with_bias else None
+    t = torch.randint(0, v, (n,), device=dev)
+    lse, one = torch.rand(n, device=dev), torch.tensor(1.0, device=dev)
+    calls = {
+        "inference forward": lambda: lce.linear_cross_entropy_launch(h, w, t, b, -100, "mean", 0.0, None, chunk, False),
+        "forward with gradients": lambda: lce.linear_cross_entropy_launch(h, w, t, b, -100, "mean", 0.0, None, chunk,
+                                                                          True),
+        "recomputing backward": lambda: lce.linear_cross_entropy_bwd_launch(one, h, w, t, b, lse, -100, "mean", 0.0,
+                                                                            chunk),
+    }
+    assert {name: _most_alive(call, chunk, v) for name, call in calls.items()} == dict.fromkeys(calls, 1)
