@@ -211,3 +211,36 @@ def test_one_chunks_float32_logits_alive_at_a_time(dtype, with_bias):
                                                                             chunk),
     }
     assert {name: _most_alive(call, chunk, v) for name, call in calls.items()} == dict.fromkeys(calls, 1)
+
+
+@pytest.mark.parametrize("grads", [True, False], ids=["grads_in_forward", "recomputing"])
+def test_the_backward_makes_no_zeros_for_the_outputs_without_a_gradient(grads):
+    # lse, dhidden, dweight and dbias are outputs of the op that take no gradient: autograd must not build zeros
+    # shaped like them for the backward (with the gradients in the forward, dweight's float32 [V, H] zeros would sit
+    # beside the accumulator at the step's peak)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n, hd, v = 24, 16, 40
+    dev = device_for("triton")
+    tiered_ops.get_op(OP).impls["triton"].why_not(dev)
+    h = torch.randn(n, hd, device=dev, requires_grad=True)
+    w = (torch.randn(v, hd, device=dev) / 4).requires_grad_()
+    t = torch.randint(0, v, (n,), device=dev)
+    loss = _kernel_op("triton")(h, w, t, None, -100, "mean", 0.0, None, 16, grads)[0]
+    made: list[tuple] = []
+
+    class Zeros(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            aten = torch.ops.aten
+            if func in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.fill_.Scalar,
+                        aten.zero_.default):
+                made.append((func.__name__, tuple(out.shape), out.dtype))
+            return out
+
+    with Zeros():
+        dh, dw = torch.autograd.grad(loss, (h, w))
+    assert not [m for m in made if m[1] in ((v, hd), (n, hd), (n,))], made
+    h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
+    for got, want in zip((dh, dw), torch.autograd.grad(truth64(OP, h64, w64, t), (h64, w64))):
+        assert_like_truth(got, want, 1e-5)
