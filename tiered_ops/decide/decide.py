@@ -38,6 +38,7 @@ import torch
 from .. import envs
 from ..buckets import encode as bucket_str
 from ..measure.fingerprint import fingerprint
+from ..measure.measure import Settings
 from ..measure.timing import cuda_index, default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -251,7 +252,9 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
             tuned = (store.latest(*bucket_key), *tuned[1:])
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
                                                    measure=measure_kept, key5=bucket_key,
-                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
+                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()),
+                                                   settings=Settings(envs.gate_bytes(device.type),
+                                                                     envs.contention_check()))
         fresh = spec.freshness(rows)
     busy = busy or busy_note(spec, rows, fresh[0])
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
