@@ -27,15 +27,21 @@ log = logging.getLogger(__name__)
 class Settings(NamedTuple):
     """What a measurement reads from the environment, as a caller that measures several candidates read it once
     (the tuner's miss): the gate's byte budget on the device (``envs.gate_bytes``) and whether a CPU timing taken on
-    a busy machine is taken again and flagged (``envs.contention_check``). None where a measurement takes it: read
-    there, when needed."""
+    a busy machine is taken again and flagged (``envs.contention_check``), and the build environment a failure that
+    may be the environment's is stored with (``environment.environment``; None: read at the failure). None where a
+    measurement takes it: read there, when needed."""
 
     gate_bytes: int
     contention_check: bool
+    env: str | None = None
 
 
 def _checks_busy(settings: Settings | None) -> bool:
     return contention_check() if settings is None else settings.contention_check
+
+
+def _env(settings: Settings | None) -> str:
+    return environment() if settings is None or settings.env is None else settings.env
 
 
 # The neighbours an op has in a transformers decoder compiled by Inductor (default mode: a GEMM is an extern call that
@@ -191,14 +197,14 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
-        row.update(reason=UNAVAILABLE + why, env=environment())  # failures that may be the environment's
+        row.update(reason=UNAVAILABLE + why, env=_env(settings))  # failures that may be the environment's
         return row
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
         call = _first(spec, impl, inp, mode, context, device)  # warm-up: recorded in first_call_s, not timed
     except Exception as e:
-        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
+        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=_env(settings))
         return row
     row["first_call_s"] = time.perf_counter() - t0
     nbytes = spec.mode_bytes(problem, dtype, mode)
@@ -275,7 +281,7 @@ def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
     if why:
         row.update(ok=0, reason=why)
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
-            row["env"] = environment()
+            row["env"] = _env(settings)
         return False, None
     note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
