@@ -43,7 +43,7 @@ def aside(monkeypatch):
 def _in_process(monkeypatch, asked: list) -> None:
     """The caller's own measuring made up from TIMES (as tests/test_blocking_pruned.py makes it up)."""
     monkeypatch.setattr(select, "measure_kept", _fake_measure(asked, TIMES))
-    monkeypatch.setattr(claimed, "gate_row", lambda spec, impl, problem, dtype, device, mode, row, edges=None:
+    monkeypatch.setattr(claimed, "gate_row", lambda spec, impl, problem, dtype, device, mode, row, edges=None, **_:
                         dict(row, ok=1, rel_error=0.0, reason=None))
     monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tiered_ops.decide import decide as sel_mod
-from tiered_ops.measure import contention, fingerprint, timing
+from tiered_ops.measure import fingerprint, timing
 from tiered_ops.measure.measure import base_row, flag_contended, measure
 from tiered_ops.store.rows import CONTENDED, contended, pruned, usable
 from tiered_ops.store.store import Store
@@ -40,7 +40,7 @@ def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
         time.sleep(0.03)
 
     t = timing.time_call(slow, CPU)
-    assert t.samples >= contention.CPU_MIN_SAMPLES, t
+    assert t.samples >= timing.CPU_MIN_SAMPLES, t
     assert t.p20_us <= t.p50_us <= t.p80_us and t.p50_us >= 30_000, t
     assert t.host_us == t.p50_us and t.host_p80_us is None  # the CPU has no separate host time
 
@@ -48,23 +48,23 @@ def test_cpu_timing_takes_the_minimum_number_of_samples_even_for_a_slow_call():
 def test_idle_timing_of_a_small_op_has_a_spread():
     x = torch.randn(4096)
     t = timing.time_call(lambda: x.mul(1.0001), CPU)
-    assert t.samples >= contention.CPU_MIN_SAMPLES, t
+    assert t.samples >= timing.CPU_MIN_SAMPLES, t
     assert t.p20_us < t.p80_us, t  # distinct order statistics of >= 10 blocks on a fine clock
-    blocks, calls, _ = contention.cpu_blocks(lambda: x.mul(1.0001))
-    assert len(blocks) >= contention.CPU_MIN_SAMPLES and calls > 1  # a 4096-element multiply is far below 1 ms
-    assert statistics.median(blocks) >= contention.CPU_MIN_BLOCK_S
+    blocks, calls, _ = timing.cpu_blocks(lambda: x.mul(1.0001))
+    assert len(blocks) >= timing.CPU_MIN_SAMPLES and calls > 1  # a 4096-element multiply is far below 1 ms
+    assert statistics.median(blocks) >= timing.CPU_MIN_BLOCK_S
 
 
 def test_contention_signals():
-    assert contention.contention(FINE, 100, 0.0, 9.0, 10.0) is None
-    assert contention.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
-    why = contention.contention(QUANTIZED, 1, 0.0)
+    assert timing.contention(FINE, 100, 0.0, 9.0, 10.0) is None
+    assert timing.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
+    why = timing.contention(QUANTIZED, 1, 0.0)
     assert "multiples of 8.0 ms" in why and "p80/p20 = 2.0" not in why, why
-    assert "multiples" not in (contention.contention([0.008, 0.0101, 0.0123, 0.0149, 0.0171], 1, 0.0) or "")
-    assert contention.contention(FINE, 100, 0.0, 3.0, 10.0) is None  # a low copy probe alone: an idle VM's noise
-    assert "copy probe 3.0 GB/s < 0.5 x" in contention.contention(FINE, 100, 0.6, 3.0, 10.0)  # with another signal
-    assert "waited for a CPU 60%" in contention.contention(FINE, 100, 0.6)
-    assert "p80/p20 = 3.0" in contention.contention([0.001] * 3 + [0.002] * 4 + [0.003] * 3 + [0.00301], 10, 0.0)
+    assert "multiples" not in (timing.contention([0.008, 0.0101, 0.0123, 0.0149, 0.0171], 1, 0.0) or "")
+    assert timing.contention(FINE, 100, 0.0, 3.0, 10.0) is None  # a low copy probe alone: an idle VM's noise
+    assert "copy probe 3.0 GB/s < 0.5 x" in timing.contention(FINE, 100, 0.6, 3.0, 10.0)  # with another signal
+    assert "waited for a CPU 60%" in timing.contention(FINE, 100, 0.6)
+    assert "p80/p20 = 3.0" in timing.contention([0.001] * 3 + [0.002] * 4 + [0.003] * 3 + [0.00301], 10, 0.0)
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def busy(monkeypatch):
     class State:
         on, calls = True, 0
 
-    def blocks(fn, budget_s=contention.CPU_BUDGET_S, min_samples=contention.CPU_MIN_SAMPLES):
+    def blocks(fn, budget_s=timing.CPU_BUDGET_S, min_samples=timing.CPU_MIN_SAMPLES):
         State.calls += 1
         fn()
         return (list(QUANTIZED) if State.on else list(FINE)), 1, None
@@ -159,7 +159,7 @@ def _spinners(n: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
 
 
-@pytest.mark.skipif(contention._run_delay_s() is None, reason="needs Linux schedstat (/proc/thread-self/schedstat)")
+@pytest.mark.skipif(timing._run_delay_s() is None, reason="needs Linux schedstat (/proc/thread-self/schedstat)")
 def test_a_planted_busy_loop_is_noticed():
     """Two spinning processes per core (bounded at 10 s, stopped at the end) while a CPU timing runs: the timing
     thread waits for a CPU and the timing says the machine was busy."""
@@ -169,13 +169,13 @@ def test_a_planted_busy_loop_is_noticed():
     procs = _spinners(2 * len(os.sched_getaffinity(0)), 10.0)
     try:
         time.sleep(0.5)  # the spinners are running
-        blocks, calls, waited = contention.cpu_blocks(work)
-        why = contention.contention(blocks, calls, waited)
+        blocks, calls, waited = timing.cpu_blocks(work)
+        why = timing.contention(blocks, calls, waited)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    assert waited is not None and waited > contention.WAIT_LIMIT, (waited, blocks)
+    assert waited is not None and waited > timing.WAIT_LIMIT, (waited, blocks)
     assert why is not None and "waited for a CPU" in why, why
 
 
@@ -262,7 +262,7 @@ def test_the_winner_per_mode_table_says_why_a_cell_is_empty():
 
 
 def test_interleaved_rounds_rotate_the_order():
-    from tiered_ops.measure.timing import interleaved, rotated
+    from tiered_ops.measure.recheck import interleaved, rotated
 
     assert "".join(rotated(list("abc"), 4)) == "abcbcacababc"
     seen: list[str] = []

@@ -278,10 +278,11 @@ class OpSpec:
             return None
         return None if row.get("env") and row["env"] != (env or environment()) else impl
 
-    def freshness(self, rows: list[dict]) -> tuple[dict[str, Impl], list[Impl]]:
+    def freshness(self, rows: list[dict], env: str | None = None) -> tuple[dict[str, Impl], list[Impl]]:
         """(the implementation of each fresh row of ``rows`` by its name, the implementations of ours, no peer,
-        without one): ``fresh_impl`` over one row per implementation (a bucket's newest), the environment read once."""
-        env = environment() if any(r.get("env") for r in rows) else None
+        without one): ``fresh_impl`` over one row per implementation (a bucket's newest), the environment read once
+        (``env``: as the caller read it)."""
+        env = env or (environment() if any(r.get("env") for r in rows) else None)
         fresh = {r["impl"]: impl for r in rows if (impl := self.fresh_impl(r, env)) is not None}
         return fresh, [i for i in self.impls.values() if i.name not in fresh and i.tier != Tier.PEER]
 

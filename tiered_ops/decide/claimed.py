@@ -35,7 +35,7 @@ import torch
 from .. import envs
 from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import EDGES, PRUNE_FACTOR, bucket_str, check_fits, edge_store_key, gate_row, measure
+from ..measure.measure import EDGES, PRUNE_FACTOR, Settings, bucket_str, check_fits, edge_store_key, gate_row, measure
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from .choice import MEASURE_ORDER, GateTurns, busy_stamped, pruning, to_measure
@@ -156,16 +156,16 @@ def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: F
 
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-                key5: tuple[str, str, str, str, str]) -> list[dict]:
+                key5: tuple[str, str, str, str, str], settings: dict[str, Settings]) -> list[dict]:
     """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
-    rows passed over stored as never chosen; the bucket's newest rows after."""
+    rows passed over stored as never chosen; the bucket's newest rows after. ``settings``: as ``tune_bucket``'s."""
     fp = fingerprint(device)
     turns = GateTurns(spec, dtype, device, store)
     rows = store.latest(*key5)
     while (turn := turns.next(rows)) is not None:
         impl, row = turn[:2]
         edges = stored_edges(store, spec, impl, dtype, fp, mode)
-        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
+        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges, **settings)
         store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
         rows = store.latest(*key5)
     for r in turns.passed_over:
@@ -214,17 +214,19 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 context: str, progress: Callable[[str], None] | None = None,
                 measure: Callable[..., dict[str, Any]] = measure_kept, *,
                 key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
-                ) -> tuple[list[dict], float | None, str | None]:
+                settings: Settings | None = None) -> tuple[list[dict], float | None, str | None]:
     """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
     ``measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
     measured here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's
     terms) and ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that
-    has them made them (``select_problem``), else made here."""
+    has them made them (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read
+    them, given to each measurement and gate, else read by those."""
     dname = DTYPE_NAMES[dtype]
     if key5 is None:
         key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fingerprint(device).key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
     lease, wait_s = claim_s if claim_s is not None else (envs.claim_lease_s(), envs.claim_wait_s())
+    given = {} if settings is None else {"settings": settings}
     claim, rows, todo, again, early = open_bucket(store, spec, key5, what, wait_s, lease)
     if early is not None:
         return early
@@ -246,9 +248,9 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
                 new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
-                                   **pruning(impl, [*rows, *new], PRUNE_FACTOR)))
+                                   **pruning(impl, [*rows, *new], PRUNE_FACTOR), **given))
             store.add(busy_stamped(new, time.time()))
-            rows = _gate_named(store, spec, problem, dtype, device, mode, key5)
+            rows = _gate_named(store, spec, problem, dtype, device, mode, key5, given)
             if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
                 rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
                 store.add(rechecked)

@@ -37,7 +37,9 @@ import torch
 
 from .. import envs
 from ..buckets import encode as bucket_str
+from ..environment import environment
 from ..measure.fingerprint import fingerprint
+from ..measure.measure import Settings
 from ..measure.timing import cuda_index, default_device
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
@@ -249,10 +251,11 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
         if tuned is not None:
             _add_unsaved(store)  # a store kept in memory: the worker's rows came back with the job
             tuned = (store.latest(*bucket_key), *tuned[1:])
+        read = Settings(envs.gate_bytes(device.type), envs.contention_check(), environment())  # once, passed down
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
                                                    measure=measure_kept, key5=bucket_key,
-                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()))
-        fresh = spec.freshness(rows)
+                                                   claim_s=(envs.claim_lease_s(), envs.claim_wait_s()), settings=read)
+        fresh = spec.freshness(rows, read.env)
     busy = busy or busy_note(spec, rows, fresh[0])
     # the nearest measured bucket (not another dtype's or other flags' in the background: their choice needs a
     # gate at this problem, on the calling thread)

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -22,6 +22,26 @@ from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate
 from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
 
 log = logging.getLogger(__name__)
+
+
+class Settings(NamedTuple):
+    """What a measurement reads from the environment, as a caller that measures several candidates read it once
+    (the tuner's miss): the gate's byte budget on the device (``envs.gate_bytes``) and whether a CPU timing taken on
+    a busy machine is taken again and flagged (``envs.contention_check``), and the build environment a failure that
+    may be the environment's is stored with (``environment.environment``; None: read at the failure). None where a
+    measurement takes it: read there, when needed."""
+
+    gate_bytes: int
+    contention_check: bool
+    env: str | None = None
+
+
+def _checks_busy(settings: Settings | None) -> bool:
+    return contention_check() if settings is None else settings.contention_check
+
+
+def _env(settings: Settings | None) -> str:
+    return environment() if settings is None or settings.env is None else settings.env
 
 
 # The neighbours an op has in a transformers decoder compiled by Inductor (default mode: a GEMM is an extern call that
@@ -103,7 +123,7 @@ def base_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, mod
 def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
             mode: str = "fwd_nograd", context: str = "eager", prune_above_us: float | None = None,
             best: str = "", gate_first: bool = True, gated: bool = True, edges: float | None = None,
-            bucket: str | None = None) -> dict[str, Any]:
+            bucket: str | None = None, settings: Settings | None = None) -> dict[str, Any]:
     """Gate, then time one implementation in ``mode`` as a caller in ``context`` runs it (``eager``: called from
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
@@ -120,11 +140,13 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
 
     ``edges``: the worst error of the edge problems' pass that the store recorded (``stored_edges``): not checked
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s."""
+    ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s; ``settings``: as
+    ``Settings``."""
     grad = mode in GRAD_MODES
     if edges is not None:
         edges_known(spec, impl, dtype, device, grad, edges)
-    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket)
+    row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket,
+                   settings)
     return _with_edges(spec, impl, dtype, device, grad, row)
 
 
@@ -167,7 +189,7 @@ def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
 
 def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
              context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool,
-             bucket: str | None) -> dict[str, Any]:
+             bucket: str | None, settings: Settings | None) -> dict[str, Any]:
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -175,25 +197,25 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
-        row.update(reason=UNAVAILABLE + why, env=environment())  # failures that may be the environment's
+        row.update(reason=UNAVAILABLE + why, env=_env(settings))  # failures that may be the environment's
         return row
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
         call = _first(spec, impl, inp, mode, context, device)  # warm-up: recorded in first_call_s, not timed
     except Exception as e:
-        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=environment())
+        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=_env(settings))
         return row
     row["first_call_s"] = time.perf_counter() - t0
     nbytes = spec.mode_bytes(problem, dtype, mode)
     if prune_above_us is not None and long_call(call, device, row["first_call_s"]):
         prune_above_us = None  # its quick look would cost what its full timing does: timed in full at once
     if prune_above_us is not None and not gate_first and not impl.timeable(device):
-        if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=False):
+        if _pruned(row, call, device, nbytes, context, prune_above_us, best, False, settings):
             return row
     sample_note, not_timeable, edge = None, impl.timeable(device), False
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row)
+        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings)
         if not row["ok"] and not edge:  # a peer failing only an edge case it does not claim is timed
             return row
     if not_timeable:
@@ -203,14 +225,14 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
         return row
     row["peak_bytes"] = peak_bytes(call, device)
     if prune_above_us is not None and gate_first:
-        if _pruned(row, call, device, nbytes, context, prune_above_us, best, gated=True):
+        if _pruned(row, call, device, nbytes, context, prune_above_us, best, True, settings):
             return row
     for attempt in range(1, CONTENDED_TRIES + 1):
         t = time_call(call, device)
         copy = copy_bandwidth_gbps(device)
         gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
         busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
-        if not busy or not contention_check():
+        if not busy or not _checks_busy(settings):
             busy = ""
             break
         log.info("%s %s %s %s %s: %s (attempt %d of %d)", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode,
@@ -230,22 +252,22 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
 
 
 def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-             row: dict[str, Any], edges: float | None = None) -> dict[str, Any]:
+             row: dict[str, Any], edges: float | None = None, settings: Settings | None = None) -> dict[str, Any]:
     """The gate of ``row``'s implementation at ``problem`` in ``mode``, written into the row: ok and its relative
     error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why. ``edges``
-    and the row's ``EDGES`` as in ``measure``."""
+    and the row's ``EDGES``, and ``settings``, as in ``measure``."""
     grad = mode in GRAD_MODES
     if edges is not None:
         edges_known(spec, impl, dtype, device, grad, edges)
-    _gate_into(spec, impl, problem, dtype, device, mode, row)
+    _gate_into(spec, impl, problem, dtype, device, mode, row, settings)
     return _with_edges(spec, impl, dtype, device, grad, row)
 
 
 def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-               row: dict[str, Any]) -> tuple[bool, str | None]:
+               row: dict[str, Any], settings: Settings | None = None) -> tuple[bool, str | None]:
     """``gate_row``'s work on the row: (whether it marked the row ``rows.EDGE_ONLY``, what the gate sampled of
     ``problem`` where it passed: None, all of it)."""
-    budget = gate_bytes(device.type)  # read once: the gate's and its note's
+    budget = gate_bytes(device.type) if settings is None else settings.gate_bytes  # one: the gate's and its note's
     err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
     if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
         # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
@@ -259,7 +281,7 @@ def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, d
     if why:
         row.update(ok=0, reason=why)
         if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
-            row["env"] = environment()
+            row["env"] = _env(settings)
         return False, None
     note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
     row.update(ok=1, reason=f"correct ({note})" if note else None)
@@ -276,13 +298,13 @@ def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint
 
 
 def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, nbytes: int, context: str,
-            bar_us: float, best: str, gated: bool) -> bool:
+            bar_us: float, best: str, gated: bool, settings: Settings | None = None) -> bool:
     """A short timing; where its caller p20 lies above ``bar_us`` the row takes its figures and the ``pruned: ...``
     reason (True: the measurement ends there). ``gated``: the gate passed before (the row stays ok), else the row is
     not ok: never gated, so never chosen."""
     t = time_call(call, device, quick=True)
     lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
-    if lo <= bar_us or (t.contended and contention_check()):
+    if lo <= bar_us or (t.contended and _checks_busy(settings)):
         return False
     copy = copy_bandwidth_gbps(device)
     gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None

@@ -15,16 +15,32 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from ..registry import OpSpec, Problem
 from ..store.rows import pruned, usable
-from .contention import quantile
-from .timing import batch_times_us, no_gc, rotated, sync
+from .timing import batch_times_us, no_gc, quantile, sync
 
 log = logging.getLogger(__name__)
+
+
+def rotated(names: list[str], rounds: int) -> Iterator[str]:
+    """``names`` once per round over ``rounds`` rounds, the order rotated each round (ABC, BCA, CAB, ...): a host's
+    drift during the rounds falls on every candidate alike."""
+    for r in range(rounds):
+        k = r % len(names)
+        yield from names[k:] + names[:k]
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, measure: Callable[[Callable[[], object]], float]
+                ) -> dict[str, list[float]]:
+    """``measure`` of each of ``calls`` once per round, in ``rotated`` order: the samples per name."""
+    out: dict[str, list[float]] = {n: [] for n in calls}
+    for n in rotated(list(calls), rounds):
+        out[n].append(measure(calls[n]))
+    return out
 
 ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
 HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)

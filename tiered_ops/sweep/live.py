@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from ..decide import decide as sel
-from ..measure.timing import host_time_per_call, interleaved
+from ..measure.recheck import interleaved
+from ..measure.timing import host_time_per_call
 from ..registry import DTYPES, MODES
 from ..runtime.dispatch import make_public
 from ..store.store import Store
