@@ -38,6 +38,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
+from scripts.diag.guard_count import guard_lines  # noqa: E402
+
 
 def one(args: argparse.Namespace, variant: str) -> dict:
     from benchmarks.compiled_models import configs
@@ -106,7 +108,7 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     out["children"] = children()
     out["gc_objects"] = len(gc.get_objects())
     out["gc_counts"] = gc.get_count()
-    out["guard_lines"] = guard_lines(r.model)
+    out["guard_lines"] = len(guard_lines(type(r.model).forward))  # every cache entry's, checked before each call
     out["placement"] = placement(args.cpu)
     from torch._inductor.codecache import PyCodeCache
 
@@ -122,15 +124,6 @@ def one(args: argparse.Namespace, variant: str) -> dict:
             (dest / f"{digest}.py").write_text(text)
     out["inductor_modules"] = sorted(mods.values())
     return out
-
-
-def guard_lines(model: torch.nn.Module) -> list[int]:
-    """The lines of each of dynamo's cache entries on the model class's ``forward`` (its guard tree as torch prints it):
-    a patched model's guards are checked on every call, before its graph runs."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    code = type(model).forward.__code__
-    return [str(e.guard_manager).count("\n") for e in _debug_get_cache_entry_list(code)]
 
 
 def placement(cpu: int | None) -> dict:
@@ -241,7 +234,7 @@ def main() -> None:
               f"{res['gc_objects']} objects, {res['python_calls_per_step']:.0f} Python calls a step; "
               f"note {res['note']}")
         print(f"   per step: {res.get('per_step')}")
-        print(f"   busy while timed: {res.get('busy')}; guard lines per cache entry: {res.get('guard_lines')}")
+        print(f"   busy while timed: {res.get('busy')}; guard lines: {res.get('guard_lines')}")
         print(f"   placement: {res.get('placement')}")
         for f in res["python_us_per_step"]:
             print(f"   {f['own_us']:8.1f} us own {f['cum_us']:8.1f} cum {f['calls']:6.1f} calls  {f['fn']}")
