@@ -9,6 +9,9 @@ same decompositions: each variant in a process of its own (built, patched, compi
 - what else lives in the process: its threads, child processes, tracked objects, and the CPU time each of its threads
   and each CPU of the machine spent during the timed calls (an idle thread of the process's own, or a busy sibling of
   the calling thread's CPU, slows every function of the step alike);
+- the host's time with the garbage collector off and the live objects frozen, between two timings as it is; what
+  can slow every call alike (trace, profile and monitoring hooks, torch modes, forced dispatch keys, dynamo's frame
+  callback, global module hooks);
 - Inductor's generated modules (``PyCodeCache``): a digest of each one's source, so two variants' graphs can be
   compared, and the sources themselves under ``--out``.
 
@@ -26,6 +29,7 @@ import cProfile
 import gc
 import hashlib
 import json
+import logging
 import os
 import pstats
 import statistics
@@ -47,6 +51,12 @@ def one(args: argparse.Namespace, variant: str) -> dict:
     from benchmarks.models_rows import timed
 
     cfg = configs(args.quick)[args.config]
+    if variant == "stock-import":  # stock's model in a process that imported tiered_ops and loaded its extension
+        import tiered_ops
+        from tiered_ops.tiers import cuda_ext
+
+        out_ext = cuda_ext.load_if_built(torch.device("cuda")) if torch.cuda.is_available() else False
+        logging.getLogger(__name__).info("tiered_ops %s imported; extension loaded: %s", tiered_ops.__name__, out_ext)
     shape = (cfg["batch"], 1) if args.workload == "decode" else (1, cfg["seq"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = dict(config=cfg, dtype=cfg["dtype"], mode=args.mode, workload=args.workload, variant=variant, shape=shape,
@@ -71,6 +81,8 @@ def one(args: argparse.Namespace, variant: str) -> dict:
             torch.cuda.synchronize()
     out["host_ms"] = statistics.median(host)
     out["busy"] = busy(before_threads, before_cpus, time.perf_counter() - t_window, main=threading.get_native_id())
+    out["host_ab"] = host_ab(fn, args.reps, cuda)
+    out["hooks"] = hooks()
     if cuda:
         from torch.profiler import ProfilerActivity, profile
 
@@ -123,6 +135,68 @@ def one(args: argparse.Namespace, variant: str) -> dict:
             mods[Path(path).name] = digest
             (dest / f"{digest}.py").write_text(text)
     out["inductor_modules"] = sorted(mods.values())
+    return out
+
+
+def host_ab(fn, reps: int, cuda: bool) -> dict:
+    """The host's time to issue a step (median ms) as it is, with the garbage collector off and every live object
+    frozen out of its generations, then as it is again: a process holding many more objects pays for it in the
+    collections a step's allocations set off, spread over every function alike."""
+    def host() -> float:
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e3)
+            if cuda:
+                torch.cuda.synchronize()
+        return round(statistics.median(ts), 4)
+
+    out = {"as_is": host()}
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        out["gc_off_frozen"] = host()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    out["as_is_again"] = host()
+    out["gc_counts"] = list(gc.get_count())
+    out["gc_threshold"] = list(gc.get_threshold())
+    out["gc_collections"] = [s.get("collections") for s in gc.get_stats()]
+    return out
+
+
+def hooks() -> dict:
+    """What can make every call of a process slower without more calls: trace and profile functions, monitoring
+    tools, the profiler's and anomaly mode's callbacks, torch function and dispatch modes, dispatch keys forced on or
+    off for the thread, dynamo's frame callback, global module hooks, intra-op threads, the GIL's switch interval."""
+    out: dict = dict(trace=repr(sys.gettrace()), profile=repr(sys.getprofile()),
+                     switch_interval=sys.getswitchinterval(), gc_enabled=gc.isenabled(), modules=len(sys.modules),
+                     torch_threads=torch.get_num_threads())
+    mon = getattr(sys, "monitoring", None)
+    if mon is not None:
+        out["monitoring_tools"] = {i: mon.get_tool(i) for i in range(6) if mon.get_tool(i)}
+    with contextlib.suppress(Exception):
+        out["profiler_enabled"] = torch.autograd._profiler_enabled()
+    out["anomaly"] = torch.is_anomaly_enabled()
+    out["grad"] = torch.is_grad_enabled()
+    with contextlib.suppress(Exception):
+        from torch.overrides import _get_current_function_mode_stack
+        out["function_modes"] = [type(m).__name__ for m in _get_current_function_mode_stack()]
+    with contextlib.suppress(Exception):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        out["dispatch_modes"] = [type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+    with contextlib.suppress(Exception):
+        out["tls_include"] = str(torch._C._dispatch_tls_local_include_set())
+        out["tls_exclude"] = str(torch._C._dispatch_tls_local_exclude_set())
+    with contextlib.suppress(Exception):
+        out["eval_frame_callback"] = repr(torch._C._dynamo.eval_frame.get_eval_frame_callback())
+    with contextlib.suppress(Exception):
+        from torch.nn.modules import module as m
+        out["global_module_hooks"] = sum(len(getattr(m, n)) for n in dir(m) if n.startswith("_global_") and
+                                         isinstance(getattr(m, n), dict))
     return out
 
 
@@ -200,7 +274,8 @@ def main() -> None:
     ap.add_argument("--mode", default="reduce-overhead")
     ap.add_argument("--workload", default="decode", choices=("prefill", "decode", "train"))
     ap.add_argument("--variants", default="stock,tiered",
-                    help="in order, of stock, stock-copy, tiered, tiered-next (after tiered: its store, no tuning)")
+                    help="in order, of stock, stock-copy, stock-import (tiered_ops imported, its extension "
+                         "loaded), tiered, tiered-next (after tiered: its store, no tuning)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--cpu", type=int, default=None, help="the CPU the calling thread runs on (default: the last)")
@@ -236,6 +311,8 @@ def main() -> None:
         print(f"   per step: {res.get('per_step')}")
         print(f"   busy while timed: {res.get('busy')}; guard lines: {res.get('guard_lines')}")
         print(f"   placement: {res.get('placement')}")
+        print(f"   host A/B: {res.get('host_ab')}")
+        print(f"   hooks: {res.get('hooks')}")
         for f in res["python_us_per_step"]:
             print(f"   {f['own_us']:8.1f} us own {f['cum_us']:8.1f} cum {f['calls']:6.1f} calls  {f['fn']}")
     if len(results) > 1:
