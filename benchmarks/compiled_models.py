@@ -30,9 +30,11 @@ Columns: graph_breaks (``sum(counters["graph_break"].values())`` of the worker a
 recompiles (frames dynamo compiled after the first call: during warm-up and timing; torch 2.13 keeps no
 recompile counter of its own), graphs (``counters["stats"]
 ["unique_graphs"]``), cudagraph_skips (``counters["inductor"]["cudagraph_skips"]``: graphs a CUDA-graph mode ran
-without them), first_call_s, rel_err, ms p50/p20/p80 of all timed calls, verdict against stock (and against
-stock-copy where it runs, models_rows' rules: faster/slower only beyond the spread with every round agreeing), store
-(fresh, or carried with ``--store``: "had" when the file held a store when the worker started), pid (the worker's).
+without them), first_call_s, rel_err, probe_us (a fixed host workload's median us in the worker before each
+timing request, compiled_worker.Probe: a host-bound row's gap beside its host's), ms p50/p20/p80 of all timed calls,
+verdict against stock (and against stock-copy where it runs, models_rows' rules: faster/slower only beyond the spread
+with every round agreeing), store (fresh, or carried with ``--store``: "had" when the file held a store when the
+worker started), pid (the worker's).
 The counters are the worker's whole process: torch.compile calls made by tiered_ops' own tuning in that process count
 too (their reasons show in note). A worker that raises or dies is a row with its error, never a skip. Verdicts
 compare only the rounds of one row: host-bound rows (decode) on a GPU host's noisy CPU say nothing across rows or runs.
@@ -119,8 +121,8 @@ MORE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")  # for the config ma
 WORKLOADS = ("prefill", "decode", "train")
 COLUMNS = ("config", "family", "dtype", "mode", "workload", "shape", "variant", "ms_p50", "ms_p20", "ms_p80", "calls",
            "verdict", "rounds_slower", "verdict_vs_copy", "rounds_slower_vs_copy", "graph_breaks", "recompiles",
-           "graphs", "cudagraph_skips", "first_call_s", "first_call_beside", "rel_err", "store", "pid", "error", "note",
-           "backend", "device", "torch", "transformers")
+           "graphs", "cudagraph_skips", "first_call_s", "first_call_beside", "rel_err", "probe_us", "store", "pid",
+           "error", "note", "backend", "device", "torch", "transformers")
 _NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
@@ -186,8 +188,9 @@ def _plan(args: argparse.Namespace) -> Iterator[tuple[str, dict, str, str, str]]
 def render(rows: list[dict], head: list[str]) -> str:
     out = ["# Compiled-model matrix", "", *head, "",
            "| config | dtype | mode | workload | variant | median ms | p20-p80 ms | vs stock | verdict | rounds slower "
-           "| breaks | recompiles | graphs | cg skips | first call s | beside | rel err | store | error / note |",
-           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+           "| breaks | recompiles | graphs | cg skips | first call s | beside | rel err | host probe us | store "
+           "| error / note |",
+           "|---|---|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         stock = next((s for s in rows if s["variant"] == "stock" and s.get("ms_p50") and all(
             s[k] == r[k] for k in ("config", "dtype", "mode", "workload"))), None)
@@ -199,7 +202,7 @@ def render(rows: list[dict], head: list[str]) -> str:
                    f"| {r.get('graph_breaks', '')} | {r.get('recompiles', '')} | {r.get('graphs', '')} "
                    f"| {r.get('cudagraph_skips', '')} "
                    f"| {r.get('first_call_s', '')} | {r.get('first_call_beside', '')} | {r.get('rel_err', '')} "
-                   f"| {r.get('store', '')} | {err} |")
+                   f"| {r.get('probe_us', '')} | {r.get('store', '')} | {err} |")
     return "\n".join(out) + "\n"
 
 

@@ -229,6 +229,7 @@ def time_row(row: Row, args: Any, pending: int) -> None:
         reps = max(reps, min(args.reps * 20, math.ceil(args.min_round_ms / max(statistics.median(warm.values()),
                                                                                  1e-3))))
     samples: dict[str, list[list[float]]] = {v: [] for v in row.alive}
+    probes: dict[str, list[float]] = {v: [] for v in row.alive}
     last = {v: row.first[v] for v in row.alive}
     for rnd in range(args.rounds):
         order = list(row.alive)
@@ -240,6 +241,7 @@ def time_row(row: Row, args: Any, pending: int) -> None:
                 row.fail(v, e, "during timing: ")
                 continue
             samples[v].append(r["ms"])
+            probes[v].append(r["probe_us"])
             row.event(v, "time", r["t0"], r["t1"])
     for v, r in last.items():
         reasons = "; ".join(r["reasons"])
@@ -253,6 +255,9 @@ def time_row(row: Row, args: Any, pending: int) -> None:
                  r.get("children") and f"timed with {r['children']} child processes alive")
         row.rows[v]["note"] = "; ".join(x for x in notes if x)
     verdicts(row.rows, {v: s for v, s in samples.items() if v in row.alive and s})
+    for v, pr in probes.items():
+        if pr:  # the host probe's median over the rounds (Probe): beside ms, what the worker's host did
+            row.rows[v]["probe_us"] = round(statistics.median(pr), 1)
 
 
 def own_caches(variant: str) -> dict[str, str]:

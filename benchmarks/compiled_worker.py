@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import statistics
@@ -101,6 +102,7 @@ class Runner:
                                  generator=g).to(self.device)
         self.reference = step(self.model, spec["workload"], self.ids)().float().clone()
         self.fn: Callable[[], torch.Tensor] | None = None
+        self.probe = Probe()
 
     def info(self) -> dict[str, Any]:
         return dict(store=self.store, pid=os.getpid())
@@ -165,8 +167,26 @@ class Runner:
     def time(self, reps: int) -> dict[str, Any]:
         assert self.fn is not None, "compile first"
         t0 = time.time()
+        probe = statistics.median(self.probe() for _ in range(5))
         ms = timed(self.fn, reps, self.cuda)
-        return dict(ms=ms, t0=t0, t1=time.time(), children=children(), **counts())
+        return dict(ms=ms, probe_us=probe, t0=t0, t1=time.time(), children=children(), **counts())
+
+
+class Probe:
+    """A fixed piece of host work on objects the worker made at its start, timed (us) on the calling thread before each
+    timing request: a worker whose thread runs slower for no reason of its model's (its CPU's speed at the time, a
+    neighbour, where its memory lies) runs this slower too, so a host-bound row's gap can be told from its host's."""
+
+    def __init__(self, n: int = 20000) -> None:
+        items = [{"v": float(i)} for i in range(n)]
+        random.Random(0).shuffle(items)  # walked out of allocation order: memory, not just the interpreter
+        self.items = items
+
+    def __call__(self) -> float:
+        t, s = time.perf_counter(), 0.0
+        for d in self.items:
+            s += d["v"]
+        return (time.perf_counter() - t) * 1e6
 
 
 def pin(cpu: int | None) -> None:

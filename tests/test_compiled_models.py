@@ -52,6 +52,8 @@ def test_one_row_each_variant_in_its_own_process_and_a_dead_worker_is_a_row(tmp_
         assert float(r["ms_p20"]) <= float(r["ms_p50"]) <= float(r["ms_p80"])
         assert float(r["first_call_s"]) > 0
         assert float(r["rel_err"]) < 1e-2  # the compiled first step against the stock eager step
+        assert float(r["probe_us"]) > 0  # the host probe timed beside the rounds
+    assert rows["stock-copy"]["probe_us"] == ""  # a dead worker probed nothing
     pids = {rows[v]["pid"] for v in rows}  # a process of its own per variant, none of them this one
     assert len(pids) == 3 and str(os.getpid()) not in pids
     assert rows["tiered"]["store"] == "fresh" and rows["stock"]["store"] == ""  # stock never opens a store
