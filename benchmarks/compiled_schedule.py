@@ -258,6 +258,26 @@ def time_row(row: Row, args: Any, pending: int) -> None:
     for v, pr in probes.items():
         if pr:  # the host probe's median over the rounds (Probe): beside ms, what the worker's host did
             row.rows[v]["probe_us"] = round(statistics.median(pr), 1)
+    for v, text in host_notes({v: r["probe_us"] for v, r in row.rows.items() if r.get("probe_us")}).items():
+        row.rows[v]["note"] = "; ".join(x for x in (row.rows[v].get("note", ""), text) if x)
+
+
+HOST_APART = 1.25  # a worker's probe this far from stock's (either way) is said in its row's note
+
+
+def host_notes(probe_us: dict[str, float]) -> dict[str, str]:
+    """Each variant whose host probe (median us) is ``HOST_APART`` times stock's or more apart from it, with a note
+    saying so: a host-bound row's gap there is its worker's host as much as its model's."""
+    stock = probe_us.get("stock")
+    if not stock:
+        return {}
+    out = {}
+    for v, us in probe_us.items():
+        if v != "stock" and max(us / stock, stock / us) >= HOST_APART:
+            way = "slower" if us > stock else "faster"
+            out[v] = (f"host probe {us / stock:.2f}x stock's ({us:.0f} against {stock:.0f} us): "
+                      f"this worker's host ran {way}")
+    return out
 
 
 def own_caches(variant: str) -> dict[str, str]:

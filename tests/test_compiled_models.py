@@ -322,3 +322,12 @@ def test_every_worker_is_timed_from_one_cpu_unless_told_otherwise(capsys):
     t.start()
     t.join()
     assert seen["pinned"] == {mine[0]} and sorted(os.sched_getaffinity(0)) == mine
+
+
+def test_a_worker_whose_host_probe_is_far_from_stocks_says_so_in_its_note():
+    from benchmarks.compiled_schedule import host_notes
+
+    notes = host_notes({"stock": 1000.0, "stock-copy": 1100.0, "tiered": 1800.0})
+    assert set(notes) == {"tiered"} and "1.80x stock's" in notes["tiered"] and "slower" in notes["tiered"]
+    assert "faster" in host_notes({"stock": 2000.0, "tiered": 1000.0})["tiered"]
+    assert host_notes({"tiered": 1800.0}) == {}  # no stock probe (its worker died): nothing to compare with
