@@ -396,3 +396,25 @@ def test_decisions_export_and_import_say_their_summary_once(quick_softmax, tmp_p
     assert main(["--db", str(tmp_path / "t.sqlite"), "decisions", "import", str(pack)]) == 0
     out, err = capsys.readouterr()
     assert (out + err).count("2 measurement(s) added") + (out + err).count("2 row(s) added") == 1, out + err
+
+
+def test_bench_shapes_take_the_op_options_a_report_prints(tmp_path, capsys):
+    """A problem as results.csv prints it (dims, then name=value options) is a --shapes value: the sweep measures that
+    problem, options typed by the op's own parameters; an option the op does not take names the op and its options."""
+    db = tmp_path / "opts.sqlite"
+    assert main(["bench", "--ops", "linear_cross_entropy", "--impls", "eager", "--shapes",
+                 "16x8,vocab=40,head_bias=True,reduction=sum", "--dtype", "fp32", "--mode", "fwd_nograd",
+                 "--no-progress", "--no-meta", "--device", "cpu", "--db", str(db), "--csv", str(tmp_path / "o.csv")]) == 0
+    capsys.readouterr()
+    df = pd.read_csv(tmp_path / "o.csv")
+    assert set(df.problem) == {"16x8,head_bias=True,ignored=0.0,label_smoothing=0.0,reduction=sum,vocab=40"}
+    assert main(["bench", "--ops", "linear_cross_entropy", "--shapes", "16x8,vocabulary=40", "--device", "cpu",
+                 "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "linear_cross_entropy takes no option vocabulary" in err and "its options: vocab, head_bias" in err
+    assert main(["bench", "--ops", "linear_cross_entropy", "--shapes", "16x8,vocab=forty", "--device", "cpu",
+                 "--db", str(db)]) == 2
+    assert "linear_cross_entropy's option vocab" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--shapes", "16x8,vocab"])
+    assert e.value.code == 2 and "must look like vocab=32000" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from typing import NoReturn
 import torch
 
 from ..decide.policy import POLICIES
-from ..registry import CONTEXTS, DTYPES, MODES
+from ..registry import CONTEXTS, DTYPES, MODES, OpSpec, Problem
 from ..tiers.catalog import all_ops, get_op
 from .decisions import add_decisions_parser
 from .tune import add_tune_parser
@@ -33,6 +33,45 @@ def _shape(text: str) -> tuple[int, ...]:
     if any(d < 1 for d in shape):
         raise argparse.ArgumentTypeError(f"dims must be positive, got {text}")
     return shape
+
+
+def _problem_text(text: str) -> tuple[tuple[int, ...], dict[str, str]]:
+    """``DIMS[,name=value...]``, as a report prints a problem (``8192x4096,vocab=32000``): the dims, and the op's
+    options as given (typed against the op that takes them: ``shape_problem``)."""
+    dims, *rest = text.strip().split(",")
+    params = {}
+    for item in rest:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(
+                f"an op option after the dims must look like vocab=32000, got {item!r} in {text.strip()!r}")
+        params[name.strip()] = value.strip()
+    return _shape(dims), params
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low not in ("true", "false", "1", "0"):
+        raise ValueError(f"must be True or False, got {text!r}")
+    return low in ("true", "1")
+
+
+def shape_problem(spec: OpSpec, shape: tuple[int, ...], params: dict[str, str]) -> Problem:
+    """``spec``'s problem of ``shape`` with the options ``params`` (as written, typed by the op's own parameters); an
+    option the op does not take, or a value of the wrong kind, is an error that names the op and the option."""
+    takes = {p.name: p for p in list(inspect.signature(spec.problem).parameters.values())[1:]}
+    wrong = [k for k in params if k not in takes]
+    if wrong:
+        raise ValueError(f"--shapes: {spec.name} takes no option {', '.join(wrong)}; "
+                         + (f"its options: {', '.join(takes)}" if takes else "it takes no options"))
+    typed: dict[str, object] = {}
+    for name, value in params.items():
+        kind = _param_type(takes[name])
+        try:
+            typed[name] = _bool(value) if kind is bool else kind(value)  # type: ignore[operator]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"--shapes: {spec.name}'s option {name}: {e}") from None
+    return spec.problem(shape, **typed)
 
 
 def _dtypes(text: str) -> list[torch.dtype]:
@@ -188,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--impls", help="comma-separated implementation names, e.g. eager,triton (default: all)")
     s.add_argument("--import", dest="imports", action="append", metavar="MODULE",
                    help="import this module first: it registers more ops (e.g. tests.plants); repeatable")
-    s.add_argument("--shapes", type=_shape, nargs="+", help="shapes like 16384x4096 (default: the op's own)")
+    s.add_argument("--shapes", type=_problem_text, nargs="+",
+                   help="shapes like 16384x4096, with the op's options as a report prints them: 8192x4096,vocab=32000 "
+                        "(default: the op's own)")
     _listed(s, "dtype", _dtypes, "comma-separated: fp32,bf16,fp16 (default bf16,fp32 on GPU, fp32 on CPU)")
     _listed(s, "mode", _modes, f"comma-separated: {','.join(MODES)} (default: all)")
     s.add_argument("--force", action="store_true", help="re-measure even when fresh results are stored")

@@ -27,7 +27,7 @@ from ..sweep import live
 from ..sweep.bench import sweep
 from ..sweep.shards import gpu_devices
 from ..tiers.catalog import all_ops, get_op
-from .args import build_parser, op_kwargs, protect_shapes
+from .args import build_parser, op_kwargs, protect_shapes, shape_problem
 from .bench_out import report_and_summary, tables, wrapped
 from .decisions import cmd_decisions
 from .evidence import archived_note, check_files
@@ -95,8 +95,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         importlib.import_module(module)  # registers more ops (tests/plants: planted faulty kernels)
     dev = _device(args.device)
     specs = [get_op(o) for o in args.ops.split(",")] if args.ops else all_ops()
-    problems = {s.name: ([s.problem(sh) for sh in args.shapes] if args.shapes else s.default_problems(dev.type))
-                for s in specs}
+    problems = {s.name: ([shape_problem(s, sh, prm) for sh, prm in args.shapes] if args.shapes
+                         else s.default_problems(dev.type)) for s in specs}
     dtypes = args.dtype or ([torch.bfloat16, torch.float32] if dev.type == "cuda" else [torch.float32])
 
     devices = gpu_devices(args.gpus) if args.gpus else _every_gpu(args, dev)
