@@ -91,10 +91,11 @@ def measured_compiled(rows: list[dict], mode: str) -> tuple[list[dict], str]:
 
 def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.device, policy: str,
             calls: int | None, store: Store, budget: int | None = None, fresh: dict[str, Impl] | None = None,
-            ) -> tuple[Impl, str, list]:
+            runs: dict[str, str | None] | None = None) -> tuple[Impl, str, list]:
     """Choose among the correct fresh timed implementations under ``policy``; (impl, reason, candidates).
     ``fresh``: the rows' fresh implementations by name (``OpSpec.freshness``, one row per implementation) where the
-    caller has them."""
+    caller has them; ``runs``: ``Impl.why_not(device, dtype)`` of those among them that could be chosen
+    (``runnable``), where the caller asked; the others are asked here."""
     cands, ok = [], []
     for r in rows:
         impl = spec.fresh_impl(r) if fresh is None else fresh.get(r["impl"])
@@ -111,7 +112,8 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
             c["build_s"] = meta.get("build_s_extension")
         cands.append(c)
         if (is_fresh and impl.tier != Tier.PEER and r["ok"] and r["caller_us"] is not None
-                and impl.why_not(device, dtype) is None):
+                and (runs[impl.name] if runs is not None and impl.name in runs else impl.why_not(device, dtype))
+                is None):
             ok.append(c)  # a peer is measured for comparison, never chosen
     best, reason, totals = choose(ok, policy, calls, budget=budget)
     for c in cands:
@@ -123,13 +125,13 @@ def _decide(spec: OpSpec, rows: list[dict], dtype: torch.dtype, device: torch.de
 
 def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str, rows: list[dict],
            how: tuple, decided: tuple[Impl, str, list], fresh: dict[str, Impl] | None = None,
-           ) -> tuple[Impl, str, list]:
+           runs: dict[str, str | None] | None = None) -> tuple[Impl, str, list]:
     """A decision read from another dtype's measurements, gated at the requested dtype before it is returned.
 
     Nothing returns an implementation that never passed the float64 gate at the requested dtype: the choice is
     gated now at ``problem`` (the gate alone, no timing; cached per implementation, dtype and device like every
     gate), and one that fails is struck and the choice made again among the rest, eager last (``fresh`` as
-    ``_decide``)."""
+    ``_decide``, and ``runs``)."""
     policy, calls, store, budget = how
     impl, reason, cands = decided
     failed: list[str] = []
@@ -142,19 +144,28 @@ def _gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.dev
         rows = [r for r in rows if r["impl"] != impl.name]
         if impl.name == "eager":
             break  # nothing left that passes: eager, with the failures on record
-        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget, fresh)
+        impl, reason, cands = _decide(spec, rows, dtype, device, policy, calls, store, budget, fresh, runs)
     gated = f"gated at {DTYPE_NAMES[dtype]} on first use" + (f" ({'; '.join(failed)})" if failed else "")
     return impl, f"{reason}; {gated}", cands
 
 
 def choose_gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-                 rows: list[dict], how: tuple, fresh: dict[str, Impl] | None, gate: bool) -> tuple[Impl, str, list]:
-    """The policy's choice among ``rows`` (``_decide``; ``how``: policy, calls, store, budget), gated at ``problem``
-    first (``_gated``) where ``gate`` says so (rows of another bucket) or the chosen row came from a decision pack."""
-    decided = _decide(spec, rows, dtype, device, *how, fresh)
+                 rows: list[dict], how: tuple, fresh: dict[str, Impl] | None, gate: bool,
+                 runs: dict[str, str | None] | None = None) -> tuple[Impl, str, list]:
+    """The policy's choice among ``rows`` (``_decide``; ``how``: policy, calls, store, budget; ``fresh`` and ``runs``
+    as there), gated at ``problem`` first (``_gated``) where ``gate`` says so (rows of another bucket) or the chosen
+    row came from a decision pack."""
+    decided = _decide(spec, rows, dtype, device, *how, fresh, runs)
     if gate or any(from_pack(r) for r in rows if r["impl"] == decided[0].name):
-        return _gated(spec, problem, dtype, device, mode, rows, how, decided, fresh)
+        return _gated(spec, problem, dtype, device, mode, rows, how, decided, fresh, runs)
     return decided
+
+
+def runnable(rows: list[dict], fresh: dict[str, Impl]) -> list[Impl]:
+    """The implementations of ``rows`` that ``_decide`` could choose but for the device and dtype (fresh, no peer,
+    correct and timed): those it asks ``Impl.why_not`` of, which its caller may ask first and pass as ``runs``."""
+    return [impl for r in rows if r["ok"] and r["caller_us"] is not None
+            and (impl := fresh.get(r["impl"])) is not None and impl.tier != Tier.PEER]
 
 
 # The tiers timed before their gate, which then runs only where a choice would name the candidate (``next_gate``):

@@ -47,7 +47,7 @@ from ..tiers.catalog import get_op
 from . import background, blocking, table
 from .asked import Asked, Evidence
 from .capture import is_warm, warm
-from .choice import choose_gated, in_context, measured_compiled, provisional_decision, to_measure
+from .choice import choose_gated, in_context, measured_compiled, provisional_decision, runnable, to_measure
 from .choice import note as busy_note
 from .claimed import measure_compiled, measure_kept, tune_bucket
 from .policy import DEFAULT_CALLS, check_policy
@@ -285,8 +285,9 @@ def _decide_in(a: Asked, ev: Evidence, ctx: str) -> Selection:
                                                     "tuning off and no stored decision: eager"), []
     else:
         how = (a.policy, a.calls, ev.store, a.budget)
+        runs = {i.name: i.why_not(a.device, a.dtype) for i in runnable(ctx_rows, fresh)}  # asked here: values down
         impl, reason, cands = choose_gated(spec, a.problem, a.dtype, a.device, a.mode, ctx_rows, how, fresh,
-                                           near is not None and near.gate)
+                                           near is not None and near.gate, runs)
         if near is not None:
             reason = (f"{'tuning in the background' if ev.provisional else 'tuning off'}, nothing measured in "
                       f"this bucket: from the nearest measured bucket {near.label}, times predicted at this "

@@ -23,7 +23,6 @@ import torch
 
 from .. import envs
 from ..registry import DTYPE_NAMES, Impl, Inputs, OpSpec, Problem, Tier, as_outputs, rel_error
-from .timing import sync
 
 log = logging.getLogger(__name__)
 SEEDS = (1, 2)  # correctness seeds; timing uses seed 0 (fresh random data, never zeros)
@@ -104,6 +103,12 @@ class _NoBackward(Exception):
     pass
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a GPU's kernels; nothing on the CPU), as ``timing.sync`` does."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _InBackward(Exception):
     pass
 
@@ -119,7 +124,7 @@ def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: in
         out = fn(*inp.args, **inp.kwargs)
     outs = as_outputs(out)
     if not grad or not all(isinstance(o, torch.Tensor) for o in outs):
-        sync(device)
+        _sync(device)
         return out, (), None
     if not all(o.requires_grad for o in outs):
         raise _NoBackward()
@@ -128,7 +133,7 @@ def _run(fn: Callable[..., Any], spec: OpSpec, inp: Inputs, grad: bool, seed: in
     _poison(inp, device)
     try:
         grads = torch.autograd.grad(out, [inp.args[i] for i in pos], dy, allow_unused=True)
-        sync(device)
+        _sync(device)
     except Exception as e:
         raise _InBackward(e) from e
     return out, grads, kept

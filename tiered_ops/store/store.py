@@ -28,11 +28,12 @@ import sqlite3
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
 
 from .. import envs
 from ..method import CONTEXT_METHODS, METHOD_VERSION
-from ..registry import Context, check_context
+from ..registry import CONTEXTS, Context, check_context
 from . import pg as store_pg
 from . import sqlite as store_sqlite
 from .schema import (  # noqa: F401  (the schema, imported from here)
@@ -85,11 +86,25 @@ def _value(v: Any) -> Any:
     return None if isinstance(v, float) and v != v else v
 
 
+# A context's text -> its ``Context`` (a member hashes and compares as its text, so it finds itself): a known context is
+# read here, where every query and row names one; ``check_context`` answers for anything else (its error).
+_KNOWN: Mapping[str, Context] = MappingProxyType({c.value: c for c in CONTEXTS})
+
+
+def _context(context: Any, what: str = "context") -> Context:
+    """``registry.check_context(context, what)``, a known context looked up rather than asked for."""
+    try:
+        known = _KNOWN.get(context)
+    except TypeError:  # unhashable: not a context
+        known = None
+    return known if known is not None else check_context(context, what)
+
+
 def _with_context(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with its context checked and as text: a row without one (or None, NaN: from a results file or pack
     of a store before contexts) is an eager caller's."""
     ctx = _value(row.get("context"))
-    return {**row, "context": check_context(Context.EAGER if ctx is None else ctx, "a row's context").value}
+    return {**row, "context": _context(Context.EAGER if ctx is None else ctx, "a row's context").value}
 
 
 class Store:
@@ -247,7 +262,7 @@ class Store:
         cur = self._exec(
             "SELECT * FROM measurements WHERE id IN (SELECT MAX(id) FROM measurements "
             "WHERE op=? AND bucket=? AND dtype=? AND device_key=? AND mode=? AND context=? GROUP BY impl)",
-            (op, bucket, dtype, device_key, mode, check_context(context).value),
+            (op, bucket, dtype, device_key, mode, _context(context).value),
         )
         return [dict(r) for r in cur.fetchall()]
 
@@ -256,7 +271,7 @@ class Store:
         """Every bucket with a stored measurement for (op, dtype, device, mode, context)."""
         cur = self._exec("SELECT DISTINCT bucket FROM measurements WHERE op=? AND dtype=? AND device_key=? "
                          "AND mode=? AND context=? ORDER BY bucket",
-                         (op, dtype, device_key, mode, check_context(context).value))
+                         (op, dtype, device_key, mode, _context(context).value))
         return [r["bucket"] for r in cur.fetchall()]
 
     def rows(self, **where: Any) -> list[dict]:
@@ -267,7 +282,7 @@ class Store:
             raise ValueError(f"rows: no column named {', '.join(bad)}; columns: {', '.join(COLUMN_NAMES)}")
         context = where.pop("context", Context.EAGER)
         conds = [f"{k}=?" for k in where] + ([] if context == "*" else ["context=?"])
-        params = tuple(_value(v) for v in where.values()) + (() if context == "*" else (check_context(context).value,))
+        params = tuple(_value(v) for v in where.values()) + (() if context == "*" else (_context(context).value,))
         cur = self._exec(f"SELECT id, {', '.join(COLUMN_NAMES)} FROM measurements WHERE {' AND '.join(conds) or '1=1'} "
                          "ORDER BY id", params)
         return [dict(r) for r in cur.fetchall()]
