@@ -402,11 +402,12 @@ def test_bench_shapes_take_the_op_options_a_report_prints(tmp_path, capsys):
     """A problem as results.csv prints it (dims, then name=value options) is a --shapes value: the sweep measures that
     problem, options typed by the op's own parameters; an option the op does not take names the op and its options."""
     db = tmp_path / "opts.sqlite"
+    out = tmp_path / "o.csv"
     assert main(["bench", "--ops", "linear_cross_entropy", "--impls", "eager", "--shapes",
                  "16x8,vocab=40,head_bias=True,reduction=sum", "--dtype", "fp32", "--mode", "fwd_nograd",
-                 "--no-progress", "--no-meta", "--device", "cpu", "--db", str(db), "--csv", str(tmp_path / "o.csv")]) == 0
+                 "--no-progress", "--no-meta", "--device", "cpu", "--db", str(db), "--csv", str(out)]) == 0
     capsys.readouterr()
-    df = pd.read_csv(tmp_path / "o.csv")
+    df = pd.read_csv(out)
     assert set(df.problem) == {"16x8,head_bias=True,ignored=0.0,label_smoothing=0.0,reduction=sum,vocab=40"}
     assert main(["bench", "--ops", "linear_cross_entropy", "--shapes", "16x8,vocabulary=40", "--device", "cpu",
                  "--db", str(db)]) == 2
