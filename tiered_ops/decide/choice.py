@@ -164,7 +164,7 @@ def choose_gated(spec: OpSpec, problem: Problem, dtype: torch.dtype, device: tor
 def runnable(rows: list[dict], fresh: dict[str, Impl]) -> list[Impl]:
     """The implementations of ``rows`` that ``_decide`` could choose but for the device and dtype (fresh, no peer,
     correct and timed): those it asks ``Impl.why_not`` of, which its caller may ask first and pass as ``runs``."""
-    return [impl for r in rows if r["ok"] and r["caller_us"] is not None
+    return [impl for r in rows if r.get("ok") and r.get("caller_us") is not None  # a row missing either: not chosen
             and (impl := fresh.get(r["impl"])) is not None and impl.tier != Tier.PEER]
 
 
