@@ -152,3 +152,95 @@ def test_the_forwards_gradients_hold_one_chunk_buffer_and_no_whole_product(dtype
     lse, one = torch.rand(n, device=dev), torch.tensor(1.0, device=dev)
     bwd = _allocations(lambda: lce.linear_cross_entropy_bwd_launch(one, h, w, t, None, lse, -100, "mean", 0.1, chunk))
     assert ((chunk, v), dtype) in bwd and bwd.count(((v, hd), torch.float32)) >= 2, bwd
+
+
+def _most_alive(fn, chunk: int, v: int) -> int:
+    """The most float32 [rows <= chunk, V] tensors (a chunk's logits, a sum of them; not the CPU's float32 copy of
+    weight.T, [H, V] with H > chunk) alive at once while ``fn`` runs: counted
+    at each one's allocation, over the storages of those allocated before it that are not yet freed. Garbage is
+    collected first: the CPU's Triton interpreter leaves a launch's arguments in reference cycles (a GPU launch frees
+    them with their last name), so that only what the code still names is counted."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    made: list[StorageWeakRef] = []
+    most = 0
+
+    class Alive(TorchDispatchMode):
+        supports_higher_order_operators = True  # a Triton launch on a GPU: run as it is
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal most
+            out = func(*args, **(kwargs or {}))
+            seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            for t in tree_leaves(out):
+                if (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == v
+                        and t.shape[0] <= chunk and t.untyped_storage().data_ptr() not in seen):
+                    made.append(StorageWeakRef(t.untyped_storage()))
+                    gc.collect()
+                    most = max(most, sum(not r.expired() for r in made))
+            return out
+
+    with Alive():
+        fn()
+    return most
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_one_chunks_float32_logits_alive_at_a_time(dtype, with_bias):
+    # the chunk loops (the inference forward, the forward with the gradients, the recomputing backward) hold one
+    # chunk's float32 logits at a time: each freed before the next chunk's GEMM allocates, the bias added into the
+    # GEMM's own buffer (on a GPU a second one would be that much more peak memory)
+    import triton_src.linear_cross_entropy as lce
+
+    n, hd, v, chunk = 40, 32, 64, 16  # three chunks, the last short; H > chunk
+    dev = device_for("triton")
+    h, w = torch.randn(n, hd, device=dev).to(dtype), (torch.randn(v, hd, device=dev) / 4).to(dtype)
+    b = torch.randn(v, device=dev).to(dtype) if with_bias else None
+    t = torch.randint(0, v, (n,), device=dev)
+    lse, one = torch.rand(n, device=dev), torch.tensor(1.0, device=dev)
+    calls = {
+        "inference forward": lambda: lce.linear_cross_entropy_launch(h, w, t, b, -100, "mean", 0.0, None, chunk, False),
+        "forward with gradients": lambda: lce.linear_cross_entropy_launch(h, w, t, b, -100, "mean", 0.0, None, chunk,
+                                                                          True),
+        "recomputing backward": lambda: lce.linear_cross_entropy_bwd_launch(one, h, w, t, b, lse, -100, "mean", 0.0,
+                                                                            chunk),
+    }
+    assert {name: _most_alive(call, chunk, v) for name, call in calls.items()} == dict.fromkeys(calls, 1)
+
+
+@pytest.mark.parametrize("grads", [True, False], ids=["grads_in_forward", "recomputing"])
+def test_the_backward_makes_no_zeros_for_the_outputs_without_a_gradient(grads):
+    # lse, dhidden, dweight and dbias are outputs of the op that take no gradient: autograd must not build zeros
+    # shaped like them for the backward (with the gradients in the forward, dweight's float32 [V, H] zeros would sit
+    # beside the accumulator at the step's peak)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n, hd, v = 24, 16, 40
+    dev = device_for("triton")
+    tiered_ops.get_op(OP).impls["triton"].why_not(dev)
+    h = torch.randn(n, hd, device=dev, requires_grad=True)
+    w = (torch.randn(v, hd, device=dev) / 4).requires_grad_()
+    t = torch.randint(0, v, (n,), device=dev)
+    loss = _kernel_op("triton")(h, w, t, None, -100, "mean", 0.0, None, 16, grads)[0]
+    made: list[tuple] = []
+
+    class Zeros(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            aten = torch.ops.aten
+            if func in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.fill_.Scalar,
+                        aten.zero_.default):
+                made.append((func.__name__, tuple(out.shape), out.dtype))
+            return out
+
+    with Zeros():
+        dh, dw = torch.autograd.grad(loss, (h, w))
+    assert not [m for m in made if m[1] in ((v, hd), (n, hd), (n,))], made
+    h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
+    for got, want in zip((dh, dw), torch.autograd.grad(truth64(OP, h64, w64, t), (h64, w64))):
+        assert_like_truth(got, want, 1e-5)

@@ -79,9 +79,9 @@ def _mm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """One chunk's float32 logits [rows, V], contiguous."""
+    """One chunk's float32 logits [rows, V], contiguous: the GEMM's own buffer (the bias added in place)."""
     out = _mm32(h, weight.t())
-    return out if bias is None else out + bias.float()
+    return out if bias is None else out.add_(bias.float())
 
 
 def _fwd_step(v: int, smooth: bool, rows: int) -> Step:
@@ -187,16 +187,18 @@ def linear_cross_entropy_launch(hidden: torch.Tensor, weight: torch.Tensor, targ
         _fwd_step(v, label_smoothing > 0, rows)(False, logits, t, loss, lse, v, v, ignore_index, label_smoothing)
         losses.append(loss)
         lses.append(lse)
-        if grads:
-            # the logits become dlogits over themselves (``_dlogits_over``), the GEMMs' input; dweight's product of
-            # half inputs in slices of the vocabulary: the chunk's buffer and one slice alive, never a [V, H] product
-            dlogits = _dlogits_over(logits, hidden.dtype)
-            block = _block(v)
-            Step(_lce_dlogits, (rows,), num_warps_for(block), BLOCK_V=block)(
-                False, logits, t, lse, scale, dlogits, dlogits.stride(0), v, ignore_index, label_smoothing)
-            del logits
-            _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None, DW_PARTS)
-            del dlogits
+        if not grads:
+            del logits  # freed here: the name would hold it while the next chunk's GEMM allocates
+            continue
+        # the logits become dlogits over themselves (``_dlogits_over``), the GEMMs' input; dweight's product of
+        # half inputs in slices of the vocabulary: the chunk's buffer and one slice alive, never a [V, H] product
+        dlogits = _dlogits_over(logits, hidden.dtype)
+        block = _block(v)
+        Step(_lce_dlogits, (rows,), num_warps_for(block), BLOCK_V=block)(
+            False, logits, t, lse, scale, dlogits, dlogits.stride(0), v, ignore_index, label_smoothing)
+        del logits
+        _chunk_grads(dlogits, h, weight, dh[start:start + rows], dw, db if bias is not None else None, DW_PARTS)
+        del dlogits
     loss = torch.cat(losses) if losses else hidden.new_empty((0,), dtype=torch.float32)
     lse = torch.cat(lses) if lses else hidden.new_empty((0,), dtype=torch.float32)
     if reduction == "none":

@@ -215,6 +215,9 @@ def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     hidden, weight, target, bias, ctx.ignore_index, ctx.reduction, ctx.label_smoothing, _, ctx.chunk, grads = inputs
     ctx.has_bias, ctx.grads = bias is not None, grads
     ctx.mark_non_differentiable(*output[1:])
+    # no zeros made for the outputs without a gradient: the backward reads the loss's alone, and the zeros of the
+    # forward's float32 dweight (with grads) would be one more [V, H] float32 at the step's peak
+    ctx.set_materialize_grads(False)
     if grads:  # the gradients of an output gradient of 1, made by the forward: nothing else is needed
         ctx.save_for_backward(*output[2:])
     else:
