@@ -234,6 +234,36 @@ def test_the_summary_opens_the_report_with_the_picture_and_the_winners_per_op(tm
     assert (out / "winners.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_op_the_copy_target_leaves_out_has_no_copy_fraction_in_the_summary(tmp_path):
+    """An op the speed targets' copy fraction leaves out (its limit is not the copy bandwidth: the fused loss's
+    matmuls) shows no copy fraction in the summary, and the line under the table says why; the others keep theirs."""
+    import json
+
+    big, mib = "16384x4096", 128 << 20
+    rows = [_case("gelu", big, "bf16", "fwd_nograd", "eager", 200.0, mib / 200e3),
+            _case("gelu", big, "bf16", "fwd_nograd", "triton", 160.0, mib / 160e3),
+            _case("linear_cross_entropy", "8192x4096,vocab=128256", "bf16", "fwd_nograd", "eager", 9000.0, mib / 9e6),
+            _case("linear_cross_entropy", "8192x4096,vocab=128256", "bf16", "fwd_nograd", "triton", 7000.0, mib / 7e6)]
+    csv, spec = tmp_path / "results.csv", tmp_path / "targets.json"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    spec.write_text(json.dumps({"title": "Speed targets", "targets": [
+        {"kind": "copy_fraction", "mode": "fwd_nograd", "min_bytes": 1 << 26, "ours": ["triton", "cuda"],
+         "compare": ["compile"], "at_least": 0.9, "except_ops": ["linear_cross_entropy"],
+         "except_why": "matmul-bound"}]}))
+    out = tmp_path / "report"
+    assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv",
+                 "--targets-spec", str(spec)]) == 0
+    lines = (out / "README.md").read_text().splitlines()
+    cells = {x.split("|")[1].strip(): [c.strip() for c in x.split("|")[1:-1]] for x in lines
+             if x.startswith("| [")}
+    assert cells["[linear_cross_entropy](cases.md#linear_cross_entropy)"][7] == "not copy-bound (Speed targets)"
+    assert cells["[gelu](cases.md#gelu)"][7].endswith("1 case)")
+    assert "No copy fraction for linear_cross_entropy: matmul-bound." in lines
+    # without the spec, the report prints what it measured for every op
+    assert main(["report", "--results", str(csv), "--out", str(out), "--command", "x", "--no-csv"]) == 0
+    assert "not copy-bound" not in (out / "README.md").read_text()
+
+
 README_MAX = 40_000
 COMMITTED_READMES = sorted(ROOT.glob("reports/*/README.md"))
 

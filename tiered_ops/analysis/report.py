@@ -29,6 +29,7 @@ from ..store.store import COLUMN_NAMES
 from .analysis import decisions, latest, winners
 from .check import removed
 from .summary import in_territory, margin_label, row_labels, summary
+from .targets import not_copy_bound
 from .targets import render as render_targets
 
 TIER_COLORS = {"eager": "#4c72b0", "compile": "#55a868", "triton": "#c44e52", "cuda": "#8172b2"}
@@ -83,12 +84,13 @@ def _breaks(meta: dict) -> str:
 
 
 def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repeat: pd.DataFrame | None = None,
-             total: int | None = None) -> dict[str, str]:
+             total: int | None = None, not_copy: dict[str, str] | None = None) -> dict[str, str]:
     """The report's pages: ``README.md`` (the one-screen summary first, then how it was measured, the flags and
     one plot per op), ``cases.md`` (per op, the winner of each case with its margin and the decision under each
     policy) and, where it stays under ``MEASUREMENTS_MAX`` characters, ``measurements.md`` (every measurement; else
     ``results.csv`` alone holds them). ``df``: each case's newest rows; ``total``: the rows of the results they were
-    taken from, when more (a resumed store keeps older rows of a case)."""
+    taken from, when more (a resumed store keeps older rows of a case); ``not_copy``: ops whose limit is not the
+    copy bandwidth (``targets.not_copy_bound``), printed without a copy fraction."""
     first = df.iloc[0]
     count = (f"{len(df)} measurements" if total is None or total == len(df) else
              f"{total} measurements in the results, of which the {len(df)} newest of each case and implementation "
@@ -106,7 +108,7 @@ def markdown(df: pd.DataFrame, metas: dict, command: str, rendered_by: str, repe
         f"torch {first.torch_version}, Triton {first.triton_version}, CUDA {first.cuda_version}; "
         f"{count}; copy bandwidth {_f(copy, '.0f')} GB/s (median of the runs' own measurements).",
         "",
-        *summary(w, df),
+        *summary(w, df, not_copy),
         "",
         f"Per case (winner, margin, runner-up, decisions): [`cases.md`](cases.md). Every measurement: {where}.",
         "",
@@ -312,7 +314,7 @@ def render_frame(df: pd.DataFrame, out: str | Path, metas: dict, command: str, r
     left_out = sorted({f"{op} {impl}" for op, impl in zip(df.op[gone], df.impl[gone])})
     df = df[~gone]
     again = latest(again) if again is not None else None
-    pages = markdown(df, metas, command, rendered_by, again, total)
+    pages = markdown(df, metas, command, rendered_by, again, total, not_copy_bound(targets_spec))
     if left_out:
         title, rest = pages["README.md"].split("\n", 1)
         pages["README.md"] = (f"{title}\n\nLeft out of the figures: the rows of {', '.join(left_out)}, a kernel "

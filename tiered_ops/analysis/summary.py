@@ -40,7 +40,9 @@ def _n(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def _copy_cell(g: pd.DataFrame) -> str:
+def _copy_cell(g: pd.DataFrame, not_copy_bound: bool = False) -> str:
+    if not_copy_bound:
+        return "not copy-bound (Speed targets)"
     big = g[(g.moved >= LARGE_BYTES) & g.frac_copy.notna()]
     if big.empty:
         return "-"
@@ -65,9 +67,11 @@ def territories(df: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def summary(w: pd.DataFrame, df: pd.DataFrame) -> list[str]:
+def summary(w: pd.DataFrame, df: pd.DataFrame, not_copy_bound: dict[str, str] | None = None) -> list[str]:
     """Markdown lines: the picture, then one row per op (wins per tier, ties, the winners' copy fraction per mode
-    over the large cases, the territories its CUDA kernel defends)."""
+    over the large cases, the territories its CUDA kernel defends). ``not_copy_bound``: ops whose limit is not the
+    copy bandwidth (op -> why, from the speed targets' exceptions): no copy fraction is printed for them."""
+    not_copy_bound = not_copy_bound or {}
     if w.empty:
         return ["## Summary", "", "No case has a correct timed implementation."]
     w = copy_fractions(w, df)
@@ -80,7 +84,8 @@ def summary(w: pd.DataFrame, df: pd.DataFrame) -> list[str]:
     for op, g in w.groupby("op", sort=False):
         counts = g.tier.value_counts()
         lines.append(f"| [{op}](cases.md#{op}) | {len(g)} | " + " | ".join(str(int(counts.get(t, 0))) for t in TIERS)
-                     + f" | {int(g.tie.sum())} | " + " | ".join(_copy_cell(g[g["mode"] == m]) for m in modes)
+                     + f" | {int(g.tie.sum())} | "
+                     + " | ".join(_copy_cell(g[g["mode"] == m], op in not_copy_bound) for m in modes)
                      + f" | {'; '.join(defended.get(op, [])) or '-'} |")
     counts = w.tier.value_counts()
     lines += ["", f"{len(w)} cases: " + ", ".join(f"{t} wins {int(counts.get(t, 0))}" for t in TIERS)
@@ -89,6 +94,8 @@ def summary(w: pd.DataFrame, df: pd.DataFrame) -> list[str]:
               "kernel time, against the copy bandwidth measured in the same run; "
               "a territory is a region where a CUDA kernel must beat the compiler tiers by its margin "
               "(`tiered-ops check`); the picture outlines the cells a CUDA kernel wins inside one."]
+    if left := [f"No copy fraction for {op}: {why}." for op, why in not_copy_bound.items() if op in set(w.op)]:
+        lines += ["", *left]
     return lines
 
 

@@ -48,6 +48,12 @@ def target(spec: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     return next((t for t in (spec or {}).get("targets", []) if t["kind"] == kind), None)
 
 
+def not_copy_bound(spec: dict[str, Any] | None) -> dict[str, str]:
+    """The ops the copy-fraction target leaves out, with why (op -> why): their limit is not the copy bandwidth."""
+    t = target(spec, "copy_fraction") or {}
+    return {op: t.get("except_why", "not bound by copy") for op in t.get("except_ops", ())}
+
+
 # ------------------------------------------------------------------------------------------------- render
 def _short(problem: str) -> str:
     return problem.split(",")[0]
