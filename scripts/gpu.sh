@@ -471,13 +471,14 @@ PY
       $PY scripts/diag/triton_launch.py 2>&1 | grep -v -E "UserWarning|warn_once" | tee "$OUT/diag.txt" || rc=1
       ;;
     ncu)
-      # Nsight Compute on the CUDA v2 forward vs Triton at the bf16 gap (clocks as they run).
-      echo "== ncu"
+      # Nsight Compute (clocks as they run) on a set of scripts/diag/ncu_cases.py: NCU_SET=bf16 (the default: the
+      # CUDA v2 forward vs Triton at the bf16 gap) or sol (the speed-of-light cases whose bars are not met).
+      echo "== ncu (${NCU_SET:-bf16})"
       timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
-        $PY scripts/diag/ncu_cases.py > "$OUT/ncu.txt" 2>&1 || rc=1
-      grep -E "profiled case|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per" \
-        "$OUT/ncu.txt" | head -60
+        --section SchedulerStats $PY scripts/diag/ncu_cases.py --set "${NCU_SET:-bf16}" > "$OUT/ncu.txt" 2>&1 || rc=1
+      grep -E "profiled case|, Context|Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Achieved Occupancy|Registers Per" \
+        "$OUT/ncu.txt" | head -150
       ;;
     fleet)
       echo "== fleet: two tuning processes, one PostgreSQL store, a reader that measures nothing"
