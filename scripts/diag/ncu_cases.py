@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=sorted(SETS), default="bf16")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
+    # the backward on this thread: NVTX ranges are per thread, and the autograd engine's own thread is outside "prof"
+    torch.autograd.set_multithreading_enabled(False)
     for k, (op, impl, shape, dt, mode, params) in enumerate(SETS[args.set]):
         spec = get_op(op)
         why = spec.impls[impl].why_not(dev, DTYPES[dt])
