@@ -16,7 +16,8 @@
 // v3 — rows over 32768 elements split over blocks (aligned rows of a multiple of 16 bytes): pieces of 512 x 4 packs,
 // one a block; launch 1 writes each piece's exact mean and centred sum of squares, launch 2 merges a row's (Chan's
 // formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
-// once, w and b read once for all rows (blocks piece-major).
+// once, w and b read once for all rows (blocks piece-major); in fp32 all of a thread's packs of them are loaded at
+// once after the merge (pack by pack, the launch waits on each load in turn).
 #include "norm_grads.cuh"
 
 namespace tiered_ops {
@@ -236,7 +237,7 @@ __global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_norm_kernel(
   __shared__ float2 row_stat;  // the row's (mean, rstd)
   const int64_t rows = gridDim.x / pieces, g = (int64_t)gridDim.x - 1 - blockIdx.x;  // launch 1's order, reversed
   const int64_t k = g % rows * pieces + g / rows, r = k / pieces, first = (k % pieces) * kSplitPiece;
-  Pack<T> q[kSplitPacks];
+  Pack<T> q[kSplitPacks], qw[kSplitPacks], qb[kSplitPacks];
   const int cnt = load_piece(x, n, k, pieces, q);
   const int64_t npacks = n / V;
   float3 acc = make_float3(0.f, 0.f, 0.f);
@@ -249,15 +250,34 @@ __global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_norm_kernel(
   if (threadIdx.x == 0) row_stat = make_float2(acc.y, rsqrtf(acc.z / (float)n + eps));
   __syncthreads();
   const float mean = row_stat.x, rstd = row_stat.y;
+  // fp32: the piece's w and b all in flight at once, not pack by pack, each waited on before its pack is written
+  // (16-bit: at once they take 116 registers, one block an SM; pack by pack, below, 46)
+  constexpr bool kAtOnce = sizeof(T) == 4;
+  if constexpr (kAtOnce) {
+#pragma unroll
+    for (int p = 0; p < kSplitPacks; ++p) {
+      const int j = p * kSplitThreads + threadIdx.x;
+      if (j < cnt) {
+        if (w) qw[p] = load_pack(w + (first + j) * V);
+        if (b) qb[p] = load_pack(b + (first + j) * V);
+      }
+    }
+  }
   Pack<T>* yr = reinterpret_cast<Pack<T>*>(y + r * n) + first;
 #pragma unroll
   for (int p = 0; p < kSplitPacks; ++p) {
     const int j = p * kSplitThreads + threadIdx.x;
     if (j < cnt) {
-      const int64_t i = (first + j) * V;  // the pack's first element in the row
       float pw[V], pb[V];
-      if (w) load_f<T, V>(w, i, pw);
-      if (b) load_f<T, V>(b, i, pb);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if constexpr (kAtOnce) pw[e] = to_f(qw[p].v[e]), pb[e] = to_f(qb[p].v[e]);
+      }
+      if constexpr (!kAtOnce) {
+        const int64_t i = (first + j) * V;  // the pack's first element in the row
+        if (w) load_f<T, V>(w, i, pw);
+        if (b) load_f<T, V>(b, i, pb);
+      }
       Pack<T> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
