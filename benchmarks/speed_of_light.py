@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     every = json.loads(Path(args.cases).read_text())
     points = load_grid(args.cases)  # validates op, shape, dtype, mode and params, naming the entry
+    named = [c.get("case") for c in every]
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:  # a case's rows and verdict are found by its name: two cases of one name would read one's rows twice
+        ap.error(f"{args.cases}: each case needs a name of its own; named more than once: {', '.join(map(str, twice))}")
     keep = [i for i, c in enumerate(every) if not args.only or c["op"] in args.only.split(",")]
     cases, points = [every[i] for i in keep], [points[i] for i in keep]
     if not cases:

@@ -96,3 +96,12 @@ def test_an_only_that_matches_no_case_is_an_error_naming_the_ops(capsys):
         sol.main(["--only", "sofmax", "--in-process", "--device", "cpu"])
     err = capsys.readouterr().err
     assert "--only sofmax" in err and "rms_norm" in err and "softmax" in err
+
+
+def test_two_cases_of_one_name_are_an_error_naming_it(tmp_path, capsys):
+    case = {"case": "layer_norm over three dims", "op": "layer_norm", "shape": "2x4x8x8", "dtype": "fp32",
+            "mode": "fwd_nograd", "params": {"normalized_shape": [4, 8, 8]}, "ours": ["cuda"], "copy_at_least": 0.8}
+    (tmp_path / "cases.json").write_text(json.dumps([case, dict(case, dtype="bf16")]))
+    with pytest.raises(SystemExit):
+        sol.main(["--cases", str(tmp_path / "cases.json"), "--in-process", "--device", "cpu"])
+    assert "named more than once: layer_norm over three dims" in capsys.readouterr().err
