@@ -18,7 +18,7 @@ from ..envs import contention_check, gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
 from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
 from .fingerprint import Fingerprint, fingerprint
-from .gate import _short, edges_known, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
+from .gate import _short, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
 from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
 
 log = logging.getLogger(__name__)
@@ -142,12 +142,9 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
     ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s; ``settings``: as
     ``Settings``."""
-    grad = mode in GRAD_MODES
-    if edges is not None:
-        edges_known(spec, impl, dtype, device, grad, edges)
     row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket,
-                   settings)
-    return _with_edges(spec, impl, dtype, device, grad, row)
+                   settings, edges)
+    return _with_edges(spec, impl, dtype, device, mode, row, edges)
 
 
 def first_call(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str
@@ -179,9 +176,11 @@ def long_call(call: Callable[[], Any], device: torch.device, first_s: float) -> 
     return one_call_s(call, device) * 1e3 >= LONG_CALL_MS
 
 
-def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
-                row: dict[str, Any]) -> dict[str, Any]:
-    passed = edges_passed(spec, impl, dtype, device, grad)
+def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, mode: str,
+                row: dict[str, Any], known: float | None) -> dict[str, Any]:
+    """``row`` with ``EDGES`` where its implementation passed the edge problems (``known``: the store's pass, noted
+    there too): a measurement's one call into the gate's edge bookkeeping besides the gate itself."""
+    passed = edges_passed(spec, impl, dtype, device, mode in GRAD_MODES, known)
     if passed is not None:
         row[EDGES] = passed
     return row
@@ -189,7 +188,7 @@ def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.devi
 
 def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
              context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool,
-             bucket: str | None, settings: Settings | None) -> dict[str, Any]:
+             bucket: str | None, settings: Settings | None, edges: float | None = None) -> dict[str, Any]:
     check_mode(mode)
     if check_context(context) == "graphed":
         raise ValueError("context: a graphed caller's figure is the kernel time of the eager measurement")
@@ -215,7 +214,7 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
             return row
     sample_note, not_timeable, edge = None, impl.timeable(device), False
     if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings)
+        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
         if not row["ok"] and not edge:  # a peer failing only an edge case it does not claim is timed
             return row
     if not_timeable:
@@ -256,19 +255,17 @@ def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     """The gate of ``row``'s implementation at ``problem`` in ``mode``, written into the row: ok and its relative
     error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why. ``edges``
     and the row's ``EDGES``, and ``settings``, as in ``measure``."""
-    grad = mode in GRAD_MODES
-    if edges is not None:
-        edges_known(spec, impl, dtype, device, grad, edges)
-    _gate_into(spec, impl, problem, dtype, device, mode, row, settings)
-    return _with_edges(spec, impl, dtype, device, grad, row)
+    _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
+    return _with_edges(spec, impl, dtype, device, mode, row, edges)
 
 
 def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-               row: dict[str, Any], settings: Settings | None = None) -> tuple[bool, str | None]:
+               row: dict[str, Any], settings: Settings | None = None, edges: float | None = None
+               ) -> tuple[bool, str | None]:
     """``gate_row``'s work on the row: (whether it marked the row ``rows.EDGE_ONLY``, what the gate sampled of
-    ``problem`` where it passed: None, all of it)."""
+    ``problem`` where it passed: None, all of it). ``edges``: as ``gate``'s."""
     budget = gate_bytes(device.type) if settings is None else settings.gate_bytes  # one: the gate's and its note's
-    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
+    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget, edges=edges)
     if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
         # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
         # rows) is still timed where it is correct, marked, so the reports show it beside ours
