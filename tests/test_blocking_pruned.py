@@ -9,7 +9,7 @@ import torch
 
 from tiered_ops.decide import claimed
 from tiered_ops.measure.fingerprint import fingerprint
-from tiered_ops.measure.measure import PRUNE_FACTOR, base_row
+from tiered_ops.measure.measure import PRUNE_FACTOR, base_row, edge_store_key
 from tiered_ops.registry import DTYPE_NAMES, Problem
 from tiered_ops.store.rows import PRUNED, UNGATED
 from tiered_ops.store.store import Store
@@ -80,3 +80,35 @@ def test_blocking_tuning_prunes_and_gates_only_the_named_candidate(tmp_path, mon
         assert r["reason"].startswith(PRUNED if name in pruned else UNGATED), r
         assert name not in gated
     assert {r["dtype"] for r in rows} == {DTYPE_NAMES[torch.float32]}
+
+
+def test_the_gate_turns_read_the_stored_edge_gates_once_and_give_each_gate_its_own(tmp_path, monkeypatch):
+    """Two gate turns (the first named fails its gate, the next is named): the store's edge gates are read once for
+    the batch, and each gate is given the pass recorded for its own implementation (None where there is none)."""
+    spec = get_op("softmax")
+    impls = {n: spec.impls[n] for n in ("compile", "triton", "eager")}
+    monkeypatch.setattr(spec, "impls", impls)
+    given: dict = {}
+
+    def gate_row(spec_, impl, problem, dtype, device, mode, row, edges=None):
+        given[impl.name] = edges
+        if impl.name == "triton":
+            return dict(row, ok=0, rel_error=1.0, reason="wrong output")
+        return dict(row, ok=1, rel_error=0.0, reason=None)
+
+    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
+    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    store = Store(str(tmp_path / "s.sqlite"))
+    store.put_edge_gate(edge_store_key(spec, impls["triton"], torch.float32, fingerprint(CPU), "fwd_nograd"), 1e-6)
+    reads: list = []
+    real = Store.edge_gates
+    monkeypatch.setattr(Store, "edge_gates", lambda self, key: reads.append(key) or real(self, key))
+    monkeypatch.setattr(Store, "edge_gate", lambda self, key: pytest.fail(f"one implementation's gate read: {key}"))
+    times = {"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}
+    rows, _, _ = claimed.tune_bucket(store, spec, Problem((4, 64), (("dim", -1),)), torch.float32, CPU,
+                                     "fwd_nograd", "eager", measure=_fake_measure([], times))
+    assert given == {"triton": 1e-6, "compile": None}, given
+    assert len(reads) == 1, reads
+    newest = {r["impl"]: r for r in rows}
+    assert newest["compile"]["ok"] == 1 and newest["triton"]["ok"] == 0, newest

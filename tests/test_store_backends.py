@@ -67,6 +67,17 @@ def test_a_passed_edge_gate_is_kept_per_source_dtype_device_and_versions(store_t
         store.put_edge_gate(key[:3], 0.0)
 
 
+def test_every_implementations_edge_gate_is_read_in_one_query(store_target):
+    store = Store(store_target)
+    key = ("x", "a", "h", "bf16", "d", 1, "2.11", "3.6")
+    store.put_edge_gate(key, 1e-3)
+    store.put_edge_gate(("x", "b", "h2") + key[3:], 2e-3)
+    for i, other in ((0, "y"), (3, "fp16"), (4, "d2"), (5, 0), (6, "2.12"), (7, "3.7")):  # another op, dtype...
+        store.put_edge_gate(key[:i] + (other,) + key[i + 1:], 5e-3)
+    assert store.edge_gates(("x", None, None) + key[3:]) == {("a", "h"): 1e-3, ("b", "h2"): 2e-3}
+    assert store.edge_gates(("x", None, None, "fp32") + key[4:]) == {}
+
+
 def test_an_add_is_all_or_nothing(store_target):
     store = Store(store_target)
     with pytest.raises(STORE_ERRORS):

@@ -135,14 +135,38 @@ def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp:
     return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
 
 
+class EdgeGates:
+    """The tuner's side of the edge gate for a batch of ``spec``'s implementations at ``dtype`` on ``device`` in
+    ``mode``: ``known`` (what ``stored_edges`` says, the store read once for all of them, at the first question) for
+    ``measure``'s and ``gate_row``'s ``edges``, ``keep`` (``keep_edges``) for the row they return."""
+
+    def __init__(self, store: Store, spec: OpSpec, dtype: torch.dtype, device: torch.device, mode: str):
+        self.store, self.spec, self.dtype, self.fp, self.mode = store, spec, dtype, fingerprint(device), mode
+        self._stored: dict[tuple[str, str], float] | None = None
+
+    def known(self, impl: Impl) -> float | None:
+        """The worst error of ``impl``'s edge problems where the store records that they passed, else None."""
+        if self._stored is None:
+            key = edge_store_key(self.spec, impl, self.dtype, self.fp, self.mode)
+            self._stored = self.store.edge_gates(key[:1] + (None, None) + key[3:])
+        return self._stored.get((impl.name, impl.source_hash))
+
+    def keep(self, impl: Impl, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` without ``EDGES``, the pass it carries recorded in the store where none was (as ``keep_edges``)."""
+        stored, passed = self.known(impl), row.get(EDGES)
+        row = keep_edges(self.store, self.spec, impl, self.dtype, self.fp, self.mode, row, stored)
+        if stored is None and passed is not None and self._stored is not None:
+            self._stored[(impl.name, impl.source_hash)] = passed  # recorded: a later turn of it reads it here
+        return row
+
+
 def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
                  mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
     """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
     pass is recorded in it; the row back, ready to be added."""
-    fp = fingerprint(device)
-    edges = stored_edges(store, spec, impl, dtype, fp, mode)
-    row = measure(spec, impl, problem, dtype, device, mode, edges=edges, **kw)
-    return keep_edges(store, spec, impl, dtype, fp, mode, row, edges)
+    edges = EdgeGates(store, spec, dtype, device, mode)
+    row = measure(spec, impl, problem, dtype, device, mode, edges=edges.known(impl), **kw)
+    return edges.keep(impl, row)
 
 
 def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
@@ -159,14 +183,13 @@ def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 key5: tuple[str, str, str, str, str], settings: dict[str, Settings]) -> list[dict]:
     """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
     rows passed over stored as never chosen; the bucket's newest rows after. ``settings``: as ``tune_bucket``'s."""
-    fp = fingerprint(device)
+    edges = EdgeGates(store, spec, dtype, device, mode)
     turns = GateTurns(spec, dtype, device, store)
     rows = store.latest(*key5)
     while (turn := turns.next(rows)) is not None:
         impl, row = turn[:2]
-        edges = stored_edges(store, spec, impl, dtype, fp, mode)
-        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges, **settings)
-        store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
+        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges.known(impl), **settings)
+        store.add([edges.keep(impl, dict(done, timestamp=time.time()))])
         rows = store.latest(*key5)
     for r in turns.passed_over:
         store.add([r])

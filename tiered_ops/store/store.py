@@ -330,6 +330,14 @@ class Store:
                          tuple(key)).fetchone()
         return None if row is None else float(row["rel_error"])
 
+    def edge_gates(self, key: tuple) -> dict[tuple[str, str], float]:
+        """``edge_gate`` for every implementation at once: ``key`` is ``EDGE_KEY``'s values with None for the impl and
+        its source_hash; {(impl, source_hash): worst relative error} of the passes stored under the rest."""
+        cols = [(k, v) for k, v in zip(EDGE_KEY, key) if k not in ("impl", "source_hash")]
+        cur = self._exec(f"SELECT impl, source_hash, rel_error FROM edge_gates WHERE "
+                         f"{' AND '.join(f'{k}=?' for k, _ in cols)}", tuple(v for _, v in cols))
+        return {(r["impl"], r["source_hash"]): float(r["rel_error"]) for r in cur.fetchall()}
+
     def meta_rows(self) -> list[dict[str, Any]]:
         """Every implementation's stored cost metadata: op, impl, device_key, source_hash, timestamp, meta (a dict),
         ordered by op and implementation."""
