@@ -142,22 +142,34 @@ class EdgeGates:
 
     def __init__(self, store: Store, spec: OpSpec, dtype: torch.dtype, device: torch.device, mode: str):
         self.store, self.spec, self.dtype, self.fp, self.mode = store, spec, dtype, fingerprint(device), mode
-        self._stored: dict[tuple[str, str], float] | None = None
+        self._stored: dict[tuple[str, str], float] = {}
+        self._keys: dict[str, tuple] = {}  # each implementation's store key (``edge_store_key``), made once
 
     def known(self, impl: Impl) -> float | None:
         """The worst error of ``impl``'s edge problems where the store records that they passed, else None."""
-        if self._stored is None:
-            key = edge_store_key(self.spec, impl, self.dtype, self.fp, self.mode)
-            self._stored = self.store.edge_gates(key[:1] + (None, None) + key[3:])
+        if impl.name not in self._keys:
+            key = self._keys[impl.name] = edge_store_key(self.spec, impl, self.dtype, self.fp, self.mode)
+            if len(self._keys) == 1:  # the first question: every implementation's stored passes, in one query
+                self._stored = self.store.edge_gates(key[:1] + (None, None) + key[3:])
         return self._stored.get((impl.name, impl.source_hash))
 
     def keep(self, impl: Impl, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` without ``EDGES``, the pass it carries recorded in the store where none was (as ``keep_edges``)."""
-        stored, passed = self.known(impl), row.get(EDGES)
-        row = keep_edges(self.store, self.spec, impl, self.dtype, self.fp, self.mode, row, stored)
-        if stored is None and passed is not None and self._stored is not None:
+        stored = self.known(impl)
+        passed = _kept(self.store, self._keys[impl.name], row, stored)
+        if passed is not None:
             self._stored[(impl.name, impl.source_hash)] = passed  # recorded: a later turn of it reads it here
         return row
+
+
+def _kept(store: Store, key: tuple, row: dict[str, Any], stored: float | None) -> float | None:
+    """``row``'s ``EDGES`` taken out of it and recorded in the store under ``key`` where ``stored`` is None: the pass
+    recorded, else None."""
+    passed = row.pop(EDGES, None)
+    if passed is None or stored is not None:
+        return None
+    store.put_edge_gate(key, passed)
+    return passed
 
 
 def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
@@ -173,9 +185,7 @@ def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: F
                row: dict[str, Any], stored: float | None) -> dict[str, Any]:
     """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
     ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
-    passed = row.pop(EDGES, None)
-    if passed is not None and stored is None:
-        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
+    _kept(store, edge_store_key(spec, impl, dtype, fp, mode), row, stored)
     return row
 
 
