@@ -2,7 +2,7 @@
 
 Gate: before an implementation is timed at a problem it must match the float64 reference on fresh
 random inputs (two seeds) at that problem, and on the op's edge problems (checked once per
-implementation, dtype and device in a process; a pass the store recorded is not checked again, ``edges_known``).
+implementation, dtype and device in a process; a pass the store recorded is not checked again, ``_noted``).
 The error ||out-ref||/||ref|| must stay under the
 dtype's bound and NaN/Inf must appear exactly where the reference has them. In the modes that run a
 backward (fwd, bwd, fwd+bwd) every gradient is also compared with float64 autograd of the reference,
@@ -282,19 +282,18 @@ def _edge_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device
 def edges_passed(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
                  known: float | None = None) -> float | None:
     """The worst relative error over the edge problems where this process checked them and they passed, else None.
-    ``known``: a pass the store recorded, noted first as ``edges_known`` does (a measurement's one call here)."""
-    key = _edge_key(spec, impl, dtype, device, grad)
-    if known is not None:
-        _edge_results.setdefault(key, (True, known, None))
+    ``known``: a pass the store recorded (``_noted`` first: a measurement's one call here)."""
+    key = _noted(_edge_key(spec, impl, dtype, device, grad), known)
     ok, worst, _ = _edge_results.get(key, (False, 0.0, None))
     return worst if ok else None
 
 
-def edges_known(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, grad: bool,
-                rel_error: float) -> None:
-    """The edge problems passed, as recorded by an earlier process (the store's ``edge_gates``): ``gate`` does not
-    check them again here."""
-    _edge_results.setdefault(_edge_key(spec, impl, dtype, device, grad), (True, rel_error, None))
+def _noted(key: tuple, known: float | None) -> tuple:
+    """``key`` (``_edge_key``'s), its edge problems noted as passed where ``known`` (the worst error of a pass an
+    earlier process recorded in the store) is given: ``gate`` does not check them again here."""
+    if known is not None:
+        _edge_results.setdefault(key, (True, known, None))
+    return key
 
 
 def edge_checks(spec: OpSpec) -> int:
@@ -331,11 +330,9 @@ def gate(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device:
     edge problem); reason on failure.
 
     With ``grad`` the gradients are checked as well (the modes fwd, bwd and fwd+bwd share that gate). ``budget``: as
-    ``gate_problem``'s. ``edges``: a pass of the edge problems the store recorded (``edges_known``): not checked
+    ``gate_problem``'s. ``edges``: a pass of the edge problems the store recorded (``_noted``): not checked
     again."""
-    key = _edge_key(spec, impl, dtype, device, grad)
-    if edges is not None:
-        _edge_results.setdefault(key, (True, edges, None))
+    key = _noted(_edge_key(spec, impl, dtype, device, grad), edges)
     if key not in _edge_results:
         worst, why = check_edges(spec, impl, dtype, device, grad)
         _edge_results[key] = (why is None, worst, why)
