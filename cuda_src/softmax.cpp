@@ -4,8 +4,11 @@
 namespace tiered_ops {
 
 // Host launchers (softmax.cu).
-// y[r, :] = softmax(x[r, :]) for `rows` contiguous rows of `n` elements.
-cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, cudaStream_t stream);
+// y[r, :] = softmax(x[r, :]) for `rows` contiguous rows of `n` elements; `workspace`: the zeroed bytes
+// softmax_fwd_workspace asks for these pointers and rows (none where it asks for 0).
+int64_t softmax_fwd_workspace(const void* x, const void* y, int64_t rows, int64_t n, DType dtype);
+cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, void* workspace,
+                        cudaStream_t stream);
 
 // dx[r, :] = y * (dy - sum(dy * y)) over contiguous rows.
 cudaError_t softmax_bwd(const void* dy, const void* y, void* dx, int64_t rows, int64_t n, DType dtype,
@@ -25,9 +28,12 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim) {
   const at::Tensor xc = x.dim() == 0 ? x.reshape({1}) : last ? x.contiguous() : x.movedim(dim, -1).contiguous();
   at::Tensor y = at::empty_like(xc);
   const int64_t n = xc.dim() == 0 ? 1 : xc.size(-1);
-  if (xc.numel() > 0)
-    check_launch(softmax_fwd(xc.data_ptr(), y.data_ptr(), xc.numel() / n, n, dt,
+  if (xc.numel() > 0) {
+    const int64_t rows = xc.numel() / n, ws_bytes = softmax_fwd_workspace(xc.data_ptr(), y.data_ptr(), rows, n, dt);
+    const at::Tensor ws = ws_bytes ? at::zeros({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+    check_launch(softmax_fwd(xc.data_ptr(), y.data_ptr(), rows, n, dt, ws_bytes ? ws.data_ptr() : nullptr,
                              stream()), op);
+  }
   return x.dim() == 0 ? y.reshape({}) : last ? y : y.movedim(-1, dim);
 }
 

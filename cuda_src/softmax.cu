@@ -3,22 +3,22 @@
 // Bytes: ideal 1 read + 1 write of the tensor. v1 reads each row twice (pass 1: online max and sum,
 // pass 2: normalize and write); the second read hits L1/L2 for rows up to ~100 KB, beyond that it is a
 // second DRAM read (1.5x the ideal traffic).
-// Limits: any row length (the block loops over the row); one block per row, so few-row giant rows
-// use few SMs (a split-row version is the next one to add).
+// Limits: any row length; v1 takes one block a row (few giant rows use few SMs: v3 spreads them).
 // Versions: v1 — block per row, 16-byte loads when every row is 16-byte aligned.
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
-// v3 — rows too long for registers (Hopper, 16-byte aligned rows of a multiple of 16 bytes): a thread-block cluster
-// of 2 to 8 blocks per row, each block holding its share of the row in shared memory (cp.async, eight chunks in
-// flight), the blocks' (max, sum) combined through distributed shared memory: 1 read + 1 write for rows of up to
-// 8 x ~220 KB; rows up to 16 x ~220 KB take a cluster of 16 (non-portable) where the GPU places one. 16 is not taken
-// where 8 fits: on an H100 a 393216-float row over 16 blocks of 96 KB ran at 0.81 of copy (0.58 holding two rows'
-// shares, persistent) against 0.87 over 8 of 192 KB. v1 does the rest, and any GPU without clusters.
+// v3 — rows too long for registers (Hopper, 16-byte aligned rows of a multiple of 16 bytes): a row's shares held in
+// the shared memory of 2 to 2 x 132 blocks (two an SM), in clusters of 2, the clusters of a row merging their
+// (max, sum) through a small zeroed workspace; a persistent grid copies each group's next row into the slots its
+// current row's writes free, so reads and writes overlap: 1 read + 1 write for rows of up to ~29 MB (the plan's
+// measurements: benchmarks/PERF_LOG.md). v1 does the rest, and any GPU without clusters.
 // Backward: dx = y * (dy - sum(dy * y)); block per row, reads y and dy twice (the second time from L1/L2 for
 // rows up to ~100 KB), writes dx once.
 #include "common.cuh"
 
 #include <cooperative_groups.h>
+
+#include <algorithm>
 
 namespace tiered_ops {
 
@@ -82,98 +82,135 @@ __global__ void __launch_bounds__(1024, 1) softmax_v2_kernel(const T* __restrict
   });
 }
 
-// ---- v3: a cluster per row ----
-constexpr int kClusterThreads = 512;
+// ---- v3: a row held across blocks, a persistent grid of row groups ----
+constexpr int kGroupThreads = 512;
+constexpr int kFoldLag = 4;  // copies a thread keeps in flight before it folds the oldest into its (max, sum)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
-// Row r of the grid's clusters; each block of the cluster (rank k) holds packs [k * share, (k + 1) * share) of it.
-// Each thread copies, reads and writes only its own packs (j = tid, tid + blockDim, ...), so its cp.async waits
-// are all the ordering pass 1 needs; the cluster barriers order the blocks' (max, sum) exchange.
+// A pack folded into a running (max, sum of exp(x - max)). fmaxf drops NaN, so a NaN makes the sum NaN: the whole
+// row is NaN, as in torch.
 template <typename T>
-__global__ void __launch_bounds__(kClusterThreads) softmax_v3_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                                                     int64_t rows, int64_t n, int share) {
+__device__ __forceinline__ void fold_pack(const Pack<T>& q, float& m, float& s) {
+  constexpr int V = Pack<T>::N;
+  float mx = to_f(q.v[0]);
+  bool nan = false;
+#pragma unroll
+  for (int k = 0; k < V; ++k) mx = fmaxf(mx, to_f(q.v[k])), nan |= to_f(q.v[k]) != to_f(q.v[k]);
+  if (nan) s = NAN;
+  const float m_new = fmaxf(m, mx);
+  if (m_new == -INFINITY) return;
+  s *= __expf(m - m_new);
+#pragma unroll
+  for (int k = 0; k < V; ++k) s += __expf(to_f(q.v[k]) - m_new);
+  m = m_new;
+}
+
+// Two (max, sum) pairs as one; a NaN sum stays NaN (NaN * 0).
+__device__ __forceinline__ float2 merge_stat(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  return make_float2(m, a.y * (a.x == -INFINITY ? 0.f : __expf(a.x - m)) +
+                            b.y * (b.x == -INFINITY ? 0.f : __expf(b.x - m)));
+}
+
+// Row group g (of G = gridDim / (cs * K), each K clusters of cs blocks) takes rows g, g + G, ...; block k of the
+// group's cluster q holds packs [(q * cs + k) * share, + share) of the row in shared memory, each thread its own packs
+// (j = tid, tid + blockDim, ...), so its cp.async waits are all the ordering its slots need. As a thread writes row
+// r's packs it copies row r + G's into the slots they free and folds them into its (max, sum) kFoldLag copies
+// behind: reads and writes overlap, x is read once. A cluster merges its blocks' (max, sum) through distributed
+// shared memory (by the iteration's parity, one barrier a row); K > 1 clusters merge through `ws` (zeroed: G counts,
+// then two (max, sum) slots a cluster by parity). Every block of the grid is resident at once (a cooperative launch).
+template <typename T>
+__global__ void __launch_bounds__(kGroupThreads) softmax_v3_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                   int64_t rows, int64_t n, int share, int K,
+                                                                   unsigned* ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int V = Pack<T>::N;
-  constexpr int kChunksInFlight = 8;  // cp.async chunks of blockDim packs each thread keeps outstanding
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Pack<T>* buf = reinterpret_cast<Pack<T>*>(smem_raw);
   __shared__ float red[32];
-  __shared__ float2 stat;  // this block's (max, sum of exp(x - max)), read by the cluster's blocks
+  __shared__ float2 stat[2], row_stat;
   cg::cluster_group cluster = cg::this_cluster();
-  const int cs = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
-  const int tid = threadIdx.x, nt = blockDim.x;
-  const int64_t npacks = n / V, p0 = (int64_t)rank * share;
-  const int cnt = (int)max((int64_t)0, min((int64_t)share, npacks - p0));
-  const int chunks = (cnt + nt - 1) / nt;
-  for (int64_t r = blockIdx.x / cs; r < rows; r += gridDim.x / cs) {
-    const Pack<T>* src = reinterpret_cast<const Pack<T>*>(x + r * n) + p0;
-    auto issue = [&](int c) {
-      const int j = c * nt + tid;
-      if (c < chunks && j < cnt) cp_async16(buf + j, src + j);
-      cp_async_commit();  // an empty group where there is nothing to copy: the wait counts stay uniform
-    };
-#pragma unroll
-    for (int c = 0; c < kChunksInFlight; ++c) issue(c);
-    float m = -INFINITY, s = 0.f;  // this thread's running max and sum of exp(x - m)
-    for (int c = 0; c < chunks; ++c) {
-      cp_async_wait<kChunksInFlight - 1>();  // chunk c (this thread's copy of it) has landed
-      const int j = c * nt + tid;
-      if (j < cnt) {
-        const Pack<T> q = buf[j];
-        float mx = to_f(q.v[0]);
-        bool nan = false;
-#pragma unroll
-        for (int k = 0; k < V; ++k) mx = fmaxf(mx, to_f(q.v[k])), nan |= to_f(q.v[k]) != to_f(q.v[k]);
-        if (nan) s = NAN;  // fmaxf drops NaN; a NaN sum makes the whole row NaN, as in torch
-        const float m_new = fmaxf(m, mx);
-        if (m_new != -INFINITY) {
-          s *= __expf(m - m_new);
-#pragma unroll
-          for (int k = 0; k < V; ++k) s += __expf(to_f(q.v[k]) - m_new);
-          m = m_new;
-        }
-      }
-      issue(c + kChunksInFlight);
-    }
+  const int cs = (int)cluster.num_blocks(), rank = (int)cluster.block_rank(), tid = threadIdx.x, nt = blockDim.x;
+  const int c = blockIdx.x / cs, g = c / K, q = c % K, G = gridDim.x / (cs * K);
+  const int64_t npacks = n / V, p0 = (int64_t)(q * cs + rank) * share;
+  const int cnt = (int)max((int64_t)0, min((int64_t)share, npacks - p0)), chunks = (cnt + nt - 1) / nt;
+  unsigned* count = ws + g;
+  float2* slots = reinterpret_cast<float2*>(ws + ((G + 1) & ~1)) + (int64_t)g * K * 2;
+  float m = -INFINITY, s = 0.f;
+  auto fold = [&](int cc) {
+    const int j = cc * nt + tid;
+    if (j < cnt) fold_pack(buf[j], m, s);
+  };
+  auto fold_rest = [&] {
     cp_async_wait<0>();
+    for (int cc = max(0, chunks - kFoldLag); cc < chunks; ++cc) fold(cc);
+  };
+  int64_t r = g;
+  if (r < rows) {  // the group's first row
+    const Pack<T>* src = reinterpret_cast<const Pack<T>*>(x + r * n) + p0;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const int j = cc * nt + tid;
+      if (j < cnt) cp_async16(buf + j, src + j);
+      cp_async_commit();
+      if (cc >= kFoldLag) cp_async_wait<kFoldLag>(), fold(cc - kFoldLag);
+    }
+    fold_rest();
+  }
+  for (int it = 0; r < rows; r += G, ++it) {
     const float mb = block_max(m, red);
     const float sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
-    if (tid == 0) stat = make_float2(mb, sb);
-    cluster.sync();  // every block's stat is written and visible to the cluster
-    float mr = -INFINITY;
-    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat, k)->x);
-    float sr = 0.f;
-    for (int k = 0; k < cs; ++k) {
-      const float2 o = *cluster.map_shared_rank(&stat, k);
-      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+    if (tid == 0) stat[it & 1] = make_float2(mb, sb);
+    cluster.sync();  // this iteration's stats written; the last iteration's, of the other parity, all read
+    float2 rs = make_float2(-INFINITY, 0.f);
+    for (int k = 0; k < cs; ++k) rs = merge_stat(rs, *cluster.map_shared_rank(&stat[it & 1], k));
+    if (K > 1) {
+      if (tid == 0) {
+        float2* slot = slots + (it & 1);
+        if (rank == 0) __stcg(slot + 2 * q, rs), __threadfence(), atomicAdd(count, 1u);
+        while (load_acquire(count) < (unsigned)K * (unsigned)(it + 1)) {
+        }
+        rs = make_float2(-INFINITY, 0.f);
+        for (int k = 0; k < K; ++k) rs = merge_stat(rs, __ldcg(slot + 2 * k));
+        row_stat = rs;
+      }
+      __syncthreads();
+      rs = row_stat;
     }
-    cluster.sync();  // every block has read the stats: they may be written again, or the block may exit
-    const float inv = 1.f / sr;
+    const float mr = rs.x, inv = 1.f / rs.y;
+    const bool more = r + G < rows;
     Pack<T>* dst = reinterpret_cast<Pack<T>*>(y + r * n) + p0;
-    for (int j = tid; j < cnt; j += nt) {
-      const Pack<T> q = buf[j];
-      Pack<T> o;
+    const Pack<T>* next = reinterpret_cast<const Pack<T>*>(x + (more ? r + G : r) * n) + p0;
+    m = -INFINITY, s = 0.f;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const int j = cc * nt + tid;
+      if (j < cnt) {
+        const Pack<T> v = buf[j];
+        Pack<T> o;
 #pragma unroll
-      for (int k = 0; k < V; ++k) o.v[k] = from_f<T>(__expf(to_f(q.v[k]) - mr) * inv);
-      dst[j] = o;
+        for (int k = 0; k < V; ++k) o.v[k] = from_f<T>(__expf(to_f(v.v[k]) - mr) * inv);
+        dst[j] = o;
+        if (more) cp_async16(buf + j, next + j);  // the slot's pack is in registers: the next row's may land
+      }
+      cp_async_commit();
+      if (more && cc >= kFoldLag) cp_async_wait<kFoldLag>(), fold(cc - kFoldLag);
     }
+    if (more) fold_rest();
   }
 #endif
 }
-
-// The cluster plan of rows of n elements of T: its size (0: v3 does not apply) and the packs per block.
-struct ClusterPlan {
-  int size = 0, share = 0;
-  size_t smem = 0;
-};
 
 struct DeviceFacts {
   int sms = 0, smem_optin = 0, major = 0;
@@ -194,84 +231,70 @@ static DeviceFacts device_facts() {
   return f;
 }
 
-// The smallest cluster (of at most `most` blocks) whose blocks' shares fit two blocks an SM (loads of one overlap the
-// other's math), else one an SM; the largest where the rows are too few to fill the GPU otherwise.
-static ClusterPlan cluster_plan(int64_t rows, int64_t n, int V, bool aligned, int most) {
-  ClusterPlan p;
+// v3's plan for rows of n elements of T (cs 0: v3 does not apply): clusters of cs = 2 blocks, K clusters a row, G row
+// groups. Blocks a row: the fewest (a power of two) whose shares fit two blocks an SM (the loads of one overlap the
+// other's merge), doubled while the rows leave SMs idle and a share keeps 4 packs a thread. Clusters of 2 merged
+// through global memory ran faster on an H200 than clusters of 4 or 8 a row, or no clusters (benchmarks/PERF_LOG.md).
+struct GroupPlan {
+  int cs = 0, K = 0, G = 0, share = 0;
+  size_t smem = 0;
+  int64_t workspace() const { return K > 1 ? (int64_t)((G + 1) & ~1) * 4 + (int64_t)G * K * 2 * 8 : 0; }
+};
+
+static cudaLaunchConfig_t group_config(const GroupPlan& p, cudaLaunchAttribute* attr, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(p.G * p.K * p.cs)), cfg.blockDim = dim3(kGroupThreads);
+  cfg.dynamicSmemBytes = p.smem, cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)p.cs, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeCooperative, attr[1].val.cooperative = 1;
+  cfg.attrs = attr, cfg.numAttrs = p.K > 1 ? 2 : 1;  // every block resident at once where clusters wait on others
+  return cfg;
+}
+
+// Clusters of this size and shared memory the GPU holds at once (0 where none): asked again only when the device or
+// the shared memory changes (a benign race: the same answer either way).
+template <typename T>
+static int resident_clusters(const GroupPlan& p) {
+  struct Known { size_t smem = 0; int clusters = 0; };
+  static Known known[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  Known& k = known[dev];
+  if (k.smem != p.smem) {
+    auto kernel = softmax_v3_kernel<T>;
+    GroupPlan one = p;
+    one.G = 1, one.K = 1;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = group_config(one, attr, nullptr);
+    int clusters = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)
+      clusters = 0;
+    cudaGetLastError();  // a refused query leaves no error behind for the next launch to report
+    k = Known{p.smem, clusters};
+  }
+  return k.clusters;
+}
+
+template <typename T>
+static GroupPlan group_plan(int64_t rows, int64_t n, bool aligned) {
+  constexpr int V = Pack<T>::N;
+  GroupPlan p;
   const DeviceFacts f = device_facts();
   if (f.major < 9 || !aligned || n % V != 0) return p;
-  const int64_t npacks = n / V, reserve = 1024;  // static shared memory and the runtime's share
-  const int64_t two = (f.smem_optin / 2 - reserve) / 16, one = (f.smem_optin - reserve) / 16;  // packs a block holds
-  for (const int64_t fit : {two, one}) {
-    for (int cs = 2; cs <= most && !p.size; cs *= 2)
-      if ((npacks + cs - 1) / cs <= fit) p.size = cs;
-    if (p.size) break;
-  }
-  if (!p.size) return p;
-  if (rows * p.size < f.sms && (npacks + most - 1) / most >= kClusterThreads) p.size = most;
-  p.share = (int)((npacks + p.size - 1) / p.size);
-  p.smem = (size_t)p.share * 16;
-  return p;
-}
-
-// The kernel's attributes for this plan: its dynamic shared memory, and a cluster over 8 blocks (non-portable) allowed.
-template <typename T>
-static cudaError_t set_attributes(const ClusterPlan& p) {
-  auto kernel = softmax_v3_kernel<T>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
-  if (e == cudaSuccess && p.size > 8) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return e;
+  const int64_t npacks = n / V, fit = (f.smem_optin / 2 - 1024) / 16;  // packs a block holds, two an SM
+  int64_t blocks = 2;
+  while ((npacks + blocks - 1) / blocks > fit && blocks <= f.sms) blocks *= 2;
+  while (rows * blocks < f.sms && (npacks + 2 * blocks - 1) / (2 * blocks) >= 4 * kGroupThreads) blocks *= 2;
+  p.cs = 2, p.K = (int)(blocks / 2), p.share = (int)((npacks + blocks - 1) / blocks), p.smem = (size_t)p.share * 16;
+  if (p.share > fit) return GroupPlan{};  // longer rows than the GPU holds
+  p.G = (int)std::min<int64_t>(rows, resident_clusters<T>(p) / p.K);
+  return p.G > 0 ? p : GroupPlan{};
 }
 
 template <typename T>
-static cudaError_t launch_softmax_v3(const T* x, T* y, int64_t rows, int64_t n, const ClusterPlan& p,
-                                     cudaStream_t stream) {
-  auto kernel = softmax_v3_kernel<T>;
-  cudaError_t e = set_attributes<T>(p);
-  if (e != cudaSuccess) return e;
-  const int64_t blocks = rows * p.size;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff / p.size * p.size));
-  cfg.blockDim = dim3(kClusterThreads);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)p.size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, x, y, rows, n, p.share);
-}
-
-// Whether clusters of this plan can be resident at all (a GPU partition too small for them cannot): asked again
-// only when the device or the plan changes.
-template <typename T>
-static bool cluster_fits(const ClusterPlan& p) {
-  struct Known { int size = 0; size_t smem = 0; bool fits = false; };
-  // per device, portable and non-portable sizes apart: the last plan of each asked about (a benign race: the same
-  // answer either way)
-  static Known known[64][2];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  Known& k = known[dev][p.size > 8];
-  if (k.size != p.size || k.smem != p.smem) {
-    auto kernel = softmax_v3_kernel<T>;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(p.size), cfg.blockDim = dim3(kClusterThreads), cfg.dynamicSmemBytes = p.smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)p.size, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    int clusters = 0;
-    const bool ok = set_attributes<T>(p) == cudaSuccess &&
-                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-    cudaGetLastError();  // a refused query leaves no error behind for the next launch to report
-    k = Known{p.size, p.smem, ok};
-  }
-  return k.fits;
-}
-
-template <typename T>
-static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cudaStream_t stream) {
+static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, void* workspace, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool aligned = aligned16(x) && aligned16(y);
   const RowsConfig c = rows_config(rows, n, V, aligned);
@@ -280,18 +303,38 @@ static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, cud
                           softmax_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(x, y, rows, (int)n, c.tpr));
     return cudaGetLastError();
   }
-  for (const int most : {8, 16}) {  // 16 only where 8 does not fit, and where this GPU places such clusters at all
-    const ClusterPlan p = cluster_plan(rows, n, V, aligned, most);
-    if (p.size && cluster_fits<T>(p)) return launch_softmax_v3(x, y, rows, n, p, stream);
+  const GroupPlan p = group_plan<T>(rows, n, aligned);
+  if (p.cs && (workspace || !p.workspace())) {
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = group_config(p, attr, stream);
+    return cudaLaunchKernelEx(&cfg, softmax_v3_kernel<T>, x, y, rows, n, p.share, p.K, static_cast<unsigned*>(workspace));
   }
-  const bool vec = n % V == 0 && aligned16(x) && aligned16(y);
+  const bool vec = n % V == 0 && aligned;
   return launch_block_rows(vec, V, softmax_v1_kernel<T, V>, softmax_v1_kernel<T, 1>, rows, n, stream, x, y, rows, n);
 }
 
-cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, cudaStream_t stream) {
+template <typename T>
+static int64_t workspace_of(const void* x, const void* y, int64_t rows, int64_t n) {
+  const bool aligned = aligned16(x) && aligned16(y);
+  if (rows_config(rows, n, Pack<T>::N, aligned).packs) return 0;
+  return group_plan<T>(rows, n, aligned).workspace();
+}
+
+int64_t softmax_fwd_workspace(const void* x, const void* y, int64_t rows, int64_t n, DType dtype) {
+  if (rows == 0 || n == 0) return 0;
+  switch (dtype) {
+    case DType::F32: return workspace_of<float>(x, y, rows, n);
+    case DType::F16: return workspace_of<__half>(x, y, rows, n);
+    case DType::BF16: return workspace_of<__nv_bfloat16>(x, y, rows, n);
+    default: return 0;
+  }
+}
+
+cudaError_t softmax_fwd(const void* x, void* y, int64_t rows, int64_t n, DType dtype, void* workspace,
+                        cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   TIERED_OPS_DISPATCH(dtype, T,
-                      return launch_softmax(static_cast<const T*>(x), static_cast<T*>(y), rows, n, stream));
+                      return launch_softmax(static_cast<const T*>(x), static_cast<T*>(y), rows, n, workspace, stream));
   return cudaSuccess;
 }
 
