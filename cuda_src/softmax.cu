@@ -209,6 +209,7 @@ __global__ void __launch_bounds__(kGroupThreads) softmax_v3_kernel(const T* __re
     }
     if (more) fold_rest();
   }
+  cluster.sync();  // no block exits while another of its cluster may still read its stat
 #endif
 }
 
