@@ -1,0 +1,429 @@
+// Giant-row softmax plans side by side (fp32, standalone, no torch): a cluster of 8 a row over a grid of every row
+// against persistent row groups of K clusters of cs blocks, merged through
+// global memory, with a lag of D copies before a fold, and a double-buffered variant (two rows a block). Each line:
+// kernel time (median of 15), fraction of a device-to-device copy of the same bytes timed in the same run, and the
+// worst relative error of three rows against a float64 host reference.
+//   nvcc -O3 -std=c++17 --extended-lambda -gencode=arch=compute_90a,code=sm_90a softmax_plans.cu -o sp && ./sp 512 393216
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+namespace cg = cooperative_groups;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                    \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_g() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float block_max(float v, float* sm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (!lane) sm[w] = v;
+  __syncthreads();
+  return warp_max(lane < nw ? sm[lane] : -INFINITY);
+}
+__device__ float block_sum(float v, float* sm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (!lane) sm[w] = v;
+  __syncthreads();
+  return warp_sum(lane < nw ? sm[lane] : 0.f);
+}
+__device__ __forceinline__ void online(float4 q, float& m, float& s) {
+  float mx = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+  const bool nan = (q.x != q.x) | (q.y != q.y) | (q.z != q.z) | (q.w != q.w);
+  if (nan) s = NAN;
+  const float mn = fmaxf(m, mx);
+  if (mn != -INFINITY) {
+    s *= __expf(m - mn);
+    s += __expf(q.x - mn) + __expf(q.y - mn) + __expf(q.z - mn) + __expf(q.w - mn);
+    m = mn;
+  }
+}
+
+// a cluster per row, a grid over every row
+__global__ void __launch_bounds__(512) v3(const float4* __restrict__ x, float4* __restrict__ y, long rows, long npacks,
+                                         int share) {
+  constexpr int D = 8, NT = 512;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float4* buf = reinterpret_cast<float4*>(smem_raw);
+  __shared__ float red[32];
+  __shared__ float2 stat;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
+  const long p0 = (long)rank * share;
+  const int cnt = (int)max(0L, min((long)share, npacks - p0)), chunks = (cnt + NT - 1) / NT;
+  for (long r = blockIdx.x / cs; r < rows; r += gridDim.x / cs) {
+    const float4* src = x + r * npacks + p0;
+    auto issue = [&](int c) {
+      const int j = c * NT + tid;
+      if (c < chunks && j < cnt) cp_async16(buf + j, src + j);
+      commit();
+    };
+    for (int c = 0; c < D; ++c) issue(c);
+    float m = -INFINITY, s = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+      wait_g<D - 1>();
+      const int j = c * NT + tid;
+      if (j < cnt) online(buf[j], m, s);
+      issue(c + D);
+    }
+    wait_g<0>();
+    const float mb = block_max(m, red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
+    if (!tid) stat = make_float2(mb, sb);
+    cluster.sync();
+    float mr = -INFINITY, sr = 0.f;
+    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat, k)->x);
+    for (int k = 0; k < cs; ++k) {
+      const float2 o = *cluster.map_shared_rank(&stat, k);
+      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+    }
+    cluster.sync();
+    const float inv = 1.f / sr;
+    float4* dst = y + r * npacks + p0;
+    for (int j = tid; j < cnt; j += NT) {
+      const float4 q = buf[j];
+      dst[j] = make_float4(__expf(q.x - mr) * inv, __expf(q.y - mr) * inv, __expf(q.z - mr) * inv, __expf(q.w - mr) * inv);
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// persistent: G row groups, each K clusters of cs blocks; a block holds `share` packs of its group's row, the next row
+// of the group loaded as the current one is stored; the K clusters' (max, sum) merged through global memory.
+template <int D, int NT, bool ST>
+__global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* __restrict__ y, long rows,
+                                            long npacks, int share, int K, int G, float2* part, unsigned* cnt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float4* buf = reinterpret_cast<float4*>(smem_raw);
+  __shared__ float red[32];
+  __shared__ float2 stat[2];
+  __shared__ float2 rowstat;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
+  const int c = blockIdx.x / cs, g = c / K, q = c % K;
+  const long p0 = (long)(q * cs + rank) * share;
+  const int n = (int)max(0L, min((long)share, npacks - p0)), chunks = (n + NT - 1) / NT;
+  float m = -INFINITY, s = 0.f;
+  auto fold = [&](int cc) {
+    const int j = cc * NT + tid;
+    if (j < n) online(buf[j], m, s);
+  };
+  long r = g;
+  if (r < rows) {
+    const float4* src = x + r * npacks + p0;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const int j = cc * NT + tid;
+      if (j < n) cp_async16(buf + j, src + j);
+      commit();
+      if (cc >= D) {
+        wait_g<D>();
+        fold(cc - D);
+      }
+    }
+    wait_g<0>();
+    for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
+  }
+  for (int it = 0; r < rows; r += G, ++it) {
+    const float mb = block_max(m, red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
+    if (!tid) stat[it & 1] = make_float2(mb, sb);
+    cluster.sync();
+    float mr = -INFINITY, sr = 0.f;
+    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat[it & 1], k)->x);
+    for (int k = 0; k < cs; ++k) {
+      const float2 o = *cluster.map_shared_rank(&stat[it & 1], k);
+      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+    }
+    if (K > 1) {
+      if (!tid) {
+        float2* slot = part + (long)g * K * 2 + (it & 1);
+        if (!rank) {
+          __stcg(slot + 2 * q, make_float2(mr, sr));
+          __threadfence();
+          atomicAdd(cnt + g, 1u);
+        }
+        const unsigned target = (unsigned)K * (unsigned)(it + 1);
+        while (ld_acquire(cnt + g) < target) {
+        }
+        float M = -INFINITY, S = 0.f;
+        for (int k = 0; k < K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
+        for (int k = 0; k < K; ++k) {
+          const float2 o = __ldcg(slot + 2 * k);
+          S += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - M));
+        }
+        rowstat = make_float2(M, S);
+      }
+      __syncthreads();
+      mr = rowstat.x, sr = rowstat.y;
+    }
+    const float inv = 1.f / sr;
+    const long rn = r + G;
+    const bool more = rn < rows;
+    float4* dst = y + r * npacks + p0;
+    const float4* nsrc = x + (more ? rn : r) * npacks + p0;
+    m = -INFINITY, s = 0.f;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const int j = cc * NT + tid;
+      if (j < n) {
+        const float4 v = buf[j];
+        const float4 o = make_float4(__expf(v.x - mr) * inv, __expf(v.y - mr) * inv, __expf(v.z - mr) * inv,
+                                     __expf(v.w - mr) * inv);
+        if (ST) __stcs(dst + j, o); else dst[j] = o;
+        if (more) cp_async16(buf + j, nsrc + j);
+      }
+      commit();
+      if (more && cc >= D) {
+        wait_g<D>();
+        fold(cc - D);
+      }
+    }
+    if (more) {
+      wait_g<0>();
+      for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
+    }
+  }
+}
+
+// double-buffered: one block an SM holds two rows' shares; row r + G's loads are in flight while row r merges
+template <int NT>
+__global__ void __launch_bounds__(NT, 1) pk2(const float4* __restrict__ x, float4* __restrict__ y, long rows,
+                                             long npacks, int share, int K, int G, float2* part, unsigned* cnt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float4* buf0 = reinterpret_cast<float4*>(smem_raw);
+  __shared__ float red[32];
+  __shared__ float2 stat[2];
+  __shared__ float2 rowstat;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
+  const int c = blockIdx.x / cs, g = c / K, q = c % K;
+  const long p0 = (long)(q * cs + rank) * share;
+  const int n = (int)max(0L, min((long)share, npacks - p0));
+  float m = -INFINITY, s = 0.f;
+  auto issue = [&](float4* b, long row) {
+    if (row < rows) {
+      const float4* src = x + row * npacks + p0;
+      for (int j = tid; j < n; j += NT) cp_async16(b + j, src + j);
+    }
+    commit();
+  };
+  auto foldall = [&](const float4* b) {
+    for (int j = tid; j < n; j += NT) online(b[j], m, s);
+  };
+  long r = g;
+  issue(buf0, r);
+  issue(buf0 + share, r + G);
+  wait_g<1>();
+  foldall(buf0);
+  for (int it = 0; r < rows; r += G, ++it) {
+    float4* cur = buf0 + (it & 1) * share;
+    float4* oth = buf0 + ((it + 1) & 1) * share;
+    const float mb = block_max(m, red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
+    if (!tid) stat[it & 1] = make_float2(mb, sb);
+    cluster.sync();
+    float mr = -INFINITY, sr = 0.f;
+    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat[it & 1], k)->x);
+    for (int k = 0; k < cs; ++k) {
+      const float2 o = *cluster.map_shared_rank(&stat[it & 1], k);
+      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+    }
+    if (K > 1) {
+      if (!tid) {
+        float2* slot = part + (long)g * K * 2 + (it & 1);
+        if (!rank) {
+          __stcg(slot + 2 * q, make_float2(mr, sr));
+          __threadfence();
+          atomicAdd(cnt + g, 1u);
+        }
+        const unsigned target = (unsigned)K * (unsigned)(it + 1);
+        while (ld_acquire(cnt + g) < target) {
+        }
+        float M = -INFINITY, S = 0.f;
+        for (int k = 0; k < K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
+        for (int k = 0; k < K; ++k) {
+          const float2 o = __ldcg(slot + 2 * k);
+          S += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - M));
+        }
+        rowstat = make_float2(M, S);
+      }
+      __syncthreads();
+      mr = rowstat.x, sr = rowstat.y;
+    }
+    const float inv = 1.f / sr;
+    const long r2 = r + 2 * G;
+    float4* dst = y + r * npacks + p0;
+    const float4* nsrc = x + (r2 < rows ? r2 : r) * npacks + p0;
+    for (int j = tid; j < n; j += NT) {
+      const float4 v = cur[j];
+      dst[j] = make_float4(__expf(v.x - mr) * inv, __expf(v.y - mr) * inv, __expf(v.z - mr) * inv, __expf(v.w - mr) * inv);
+      if (r2 < rows) cp_async16(cur + j, nsrc + j);
+    }
+    commit();
+    m = -INFINITY, s = 0.f;
+    if (r + G < rows) {
+      wait_g<1>();
+      foldall(oth);
+    }
+  }
+}
+
+__global__ void fill(float* x, long n, unsigned seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = ((h & 0xffffff) / 16777216.f - 0.5f) * 8.f;
+  }
+}
+
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+static float time_ms(F f, int reps = 15) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  return median(t);
+}
+
+static double check(const float* dx, const float* dy, long rows, long n) {
+  std::vector<float> hx(n), hy(n);
+  double worst = 0;
+  const long picks[] = {0, rows / 2, rows - 1};
+  for (long r : picks) {
+    CK(cudaMemcpy(hx.data(), dx + r * n, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hy.data(), dy + r * n, n * 4, cudaMemcpyDeviceToHost));
+    double mx = -INFINITY, sum = 0;
+    for (long i = 0; i < n; ++i) mx = std::max(mx, (double)hx[i]);
+    for (long i = 0; i < n; ++i) sum += std::exp((double)hx[i] - mx);
+    for (long i = 0; i < n; ++i) {
+      const double ref = std::exp((double)hx[i] - mx) / sum;
+      worst = std::max(worst, std::fabs(hy[i] - ref) / (std::fabs(ref) + 1e-30));
+    }
+  }
+  return worst;
+}
+
+int main(int argc, char** argv) {
+  const long rows = atol(argv[1]), n = atol(argv[2]), npacks = n / 4;
+  int dev = 0, sms = 0, optin = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  float *x, *y, *z;
+  const size_t bytes = (size_t)rows * n * 4;
+  CK(cudaMalloc(&x, bytes));
+  CK(cudaMalloc(&y, bytes));
+  CK(cudaMalloc(&z, bytes));
+  fill<<<1024, 256>>>(x, rows * n, 1234u);
+  float2* part;
+  unsigned* cnt;
+  CK(cudaMalloc(&part, 1 << 20));
+  CK(cudaMalloc(&cnt, 1 << 16));
+  const float copy_ms = time_ms([&] { CK(cudaMemcpyAsync(z, x, bytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_gbps = 2.0 * bytes / copy_ms / 1e6;
+  printf("%ld x %ld fp32: copy %.1f us, %.0f GB/s; %d SMs\n", rows, n, copy_ms * 1e3, copy_gbps, sms);
+  auto report = [&](const char* name, float ms) {
+    const double err = check(x, y, rows, n);
+    printf("%-28s %9.1f us  %.3f of copy  err %.2e\n", name, ms * 1e3, copy_ms / ms, err);
+    CK(cudaMemset(y, 0, bytes));
+  };
+  // today's kernel: cluster of 8 (when the share fits)
+  {
+    const int cs = 8, share = (int)((npacks + cs - 1) / cs);
+    const size_t smem = (size_t)share * 16;
+    if ((int)smem <= optin - 1024) {
+      CK(cudaFuncSetAttribute(v3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3((unsigned)(rows * cs)), cfg.blockDim = dim3(512), cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      cfg.attrs = at, cfg.numAttrs = 1;
+      report("v3 cluster 8", time_ms([&] { CK(cudaLaunchKernelEx(&cfg, v3, (const float4*)x, (float4*)y, rows, npacks, share)); }));
+    }
+  }
+  const int plans[][2] = {{2, 8}, {4, 4}, {1, 16}, {2, 16}};
+  using K_t = void (*)(const float4*, float4*, long, long, int, int, int, float2*, unsigned*);
+  struct V { K_t k; int d, nt, st; };
+  const V vars[] = {{pk<4, 512, false>, 4, 512, 0}, {pk2<512>, 0, 512, 2}, {pk2<1024>, 0, 1024, 2}, {pk2<256>, 0, 256, 2}};
+  for (auto& pl : plans) {
+    const int cs = pl[0], K = pl[1];
+    const int share = (int)((npacks + cs * K - 1) / (cs * K));
+    for (const V& v : vars) {
+      const size_t smem = (size_t)share * 16 * (v.st == 2 ? 2 : 1);
+      if ((int)smem > optin - 1024) continue;
+      auto kern = v.k;
+      CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      if (cs > 8) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      cudaLaunchConfig_t cfg = {};
+      cfg.blockDim = dim3(v.nt), cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute at[2];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      cfg.attrs = at, cfg.numAttrs = 1;
+      cfg.gridDim = dim3(cs);
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) { cudaGetLastError(); continue; }
+      const int G = (int)std::min<long>(rows, clusters / K);
+      if (G < 1) continue;
+      cfg.gridDim = dim3(G * K * cs);
+      at[1].id = cudaLaunchAttributeCooperative, at[1].val.cooperative = 1;
+      cfg.numAttrs = K > 1 ? 2 : 1;
+      auto launch = [&] {
+        if (K > 1) CK(cudaMemsetAsync(cnt, 0, G * 4));
+        CK(cudaLaunchKernelEx(&cfg, kern, (const float4*)x, (float4*)y, rows, npacks, share, K, G, part, cnt));
+      };
+      CK(cudaMemsetAsync(cnt, 0, G * 4));
+      cudaError_t e = cudaLaunchKernelEx(&cfg, kern, (const float4*)x, (float4*)y, rows, npacks, share, K, G, part, cnt);
+      if (e != cudaSuccess) { printf("  cs%d K%d: %s\n", cs, K, cudaGetErrorString(e)); cudaGetLastError(); continue; }
+      CK(cudaDeviceSynchronize());
+      char name[80];
+      snprintf(name, sizeof name, "pk D%d nt%d st%d cs%d K%d G%d (%d blocks)", v.d, v.nt, v.st, cs, K, G, G * K * cs);
+      report(name, time_ms(launch));
+    }
+  }
+  return 0;
+}
