@@ -39,9 +39,9 @@ def test_giant_row(impl, dtype):
                                    (40, 393216), (1, 900000)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rows_over_a_cluster(dtype, shape):
-    # Aligned rows too long for registers: the CUDA tier's cluster per row (2 to 8 blocks, shares that do not
-    # divide evenly, more rows than the GPU holds at once, several waves of 8-block clusters; 16 blocks where 8
-    # cannot hold the row), else its block per row.
+    # Aligned rows too long for registers: the CUDA tier's persistent row groups (a row over 2 to 64 blocks in
+    # clusters of 2, one cluster a row or several merged through the workspace, shares that do not divide evenly,
+    # more rows than groups so each group takes several rows, fewer rows than groups), else its block per row.
     assert_matches("softmax", "cuda", P(shape), dtype)
 
 
