@@ -119,6 +119,62 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
+// One iteration's row (max, sum): the block's reduced, merged over its cluster through distributed shared memory (by
+// parity) and, where K > 1, over the row's K clusters through global memory (a count a group, two slots by parity).
+struct RowMerge {
+  float2* stat;
+  float2* rowstat;
+  float* red;
+  float2* part;
+  unsigned* cnt;
+  int K, g, q;
+};
+__device__ float2 merge_row(cg::cluster_group& cluster, const RowMerge& w, float m, float s, int it) {
+  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
+  const float mb = block_max(m, w.red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), w.red);
+  if (!tid) w.stat[it & 1] = make_float2(mb, sb);
+  cluster.sync();
+  float mr = -INFINITY, sr = 0.f;
+  for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&w.stat[it & 1], k)->x);
+  for (int k = 0; k < cs; ++k) {
+    const float2 o = *cluster.map_shared_rank(&w.stat[it & 1], k);
+    sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
+  }
+  if (w.K < 2) return make_float2(mr, sr);
+  if (!tid) {
+    float2* slot = w.part + (long)w.g * w.K * 2 + (it & 1);
+    if (!rank) {
+      __stcg(slot + 2 * w.q, make_float2(mr, sr));
+      __threadfence();
+      atomicAdd(w.cnt + w.g, 1u);
+    }
+    while (ld_acquire(w.cnt + w.g) < (unsigned)w.K * (unsigned)(it + 1)) {
+    }
+    float M = -INFINITY, S = 0.f;
+    for (int k = 0; k < w.K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
+    for (int k = 0; k < w.K; ++k) {
+      const float2 o = __ldcg(slot + 2 * k);
+      S += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - M));
+    }
+    *w.rowstat = make_float2(M, S);
+  }
+  __syncthreads();
+  return *w.rowstat;
+}
+
+// Where a block of the grid sits: its row group g, its cluster q of the group, its share's first pack p0 and length n.
+struct Place {
+  int g, q, n;
+  long p0;
+};
+__device__ Place place_of(cg::cluster_group& cluster, int K, int share, long npacks) {
+  const int cs = cluster.num_blocks(), c = blockIdx.x / cs;
+  Place p;
+  p.g = c / K, p.q = c % K, p.p0 = (long)(p.q * cs + (int)cluster.block_rank()) * share;
+  p.n = (int)max(0L, min((long)share, npacks - p.p0));
+  return p;
+}
+
 // persistent: G row groups, each K clusters of cs blocks; a block holds `share` packs of its group's row, the next row
 // of the group loaded as the current one is stored; the K clusters' (max, sum) merged through global memory.
 template <int D, int NT, bool ST>
@@ -127,13 +183,12 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float4* buf = reinterpret_cast<float4*>(smem_raw);
   __shared__ float red[32];
-  __shared__ float2 stat[2];
-  __shared__ float2 rowstat;
+  __shared__ float2 stat[2], rowstat;
   cg::cluster_group cluster = cg::this_cluster();
-  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
-  const int c = blockIdx.x / cs, g = c / K, q = c % K;
-  const long p0 = (long)(q * cs + rank) * share;
-  const int n = (int)max(0L, min((long)share, npacks - p0)), chunks = (n + NT - 1) / NT;
+  const Place pl = place_of(cluster, K, share, npacks);
+  const int tid = threadIdx.x, g = pl.g, q = pl.q, n = pl.n;
+  const long p0 = pl.p0;
+  const int chunks = (n + NT - 1) / NT;
   float m = -INFINITY, s = 0.f;
   auto fold = [&](int cc) {
     const int j = cc * NT + tid;
@@ -155,37 +210,8 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
     for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
   }
   for (int it = 0; r < rows; r += G, ++it) {
-    const float mb = block_max(m, red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
-    if (!tid) stat[it & 1] = make_float2(mb, sb);
-    cluster.sync();
-    float mr = -INFINITY, sr = 0.f;
-    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat[it & 1], k)->x);
-    for (int k = 0; k < cs; ++k) {
-      const float2 o = *cluster.map_shared_rank(&stat[it & 1], k);
-      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
-    }
-    if (K > 1) {
-      if (!tid) {
-        float2* slot = part + (long)g * K * 2 + (it & 1);
-        if (!rank) {
-          __stcg(slot + 2 * q, make_float2(mr, sr));
-          __threadfence();
-          atomicAdd(cnt + g, 1u);
-        }
-        const unsigned target = (unsigned)K * (unsigned)(it + 1);
-        while (ld_acquire(cnt + g) < target) {
-        }
-        float M = -INFINITY, S = 0.f;
-        for (int k = 0; k < K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
-        for (int k = 0; k < K; ++k) {
-          const float2 o = __ldcg(slot + 2 * k);
-          S += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - M));
-        }
-        rowstat = make_float2(M, S);
-      }
-      __syncthreads();
-      mr = rowstat.x, sr = rowstat.y;
-    }
+    const float2 rs = merge_row(cluster, RowMerge{stat, &rowstat, red, part, cnt, K, g, q}, m, s, it);
+    float mr = rs.x, sr = rs.y;
     const float inv = 1.f / sr;
     const long rn = r + G;
     const bool more = rn < rows;
@@ -212,6 +238,7 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
       for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
     }
   }
+  cluster.sync();  // no block exits while a block of its cluster may still read its stat
 }
 
 // double-buffered: one block an SM holds two rows' shares; row r + G's loads are in flight while row r merges
@@ -221,13 +248,11 @@ __global__ void __launch_bounds__(NT, 1) pk2(const float4* __restrict__ x, float
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float4* buf0 = reinterpret_cast<float4*>(smem_raw);
   __shared__ float red[32];
-  __shared__ float2 stat[2];
-  __shared__ float2 rowstat;
+  __shared__ float2 stat[2], rowstat;
   cg::cluster_group cluster = cg::this_cluster();
-  const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
-  const int c = blockIdx.x / cs, g = c / K, q = c % K;
-  const long p0 = (long)(q * cs + rank) * share;
-  const int n = (int)max(0L, min((long)share, npacks - p0));
+  const Place pl = place_of(cluster, K, share, npacks);
+  const int tid = threadIdx.x, g = pl.g, q = pl.q, n = pl.n;
+  const long p0 = pl.p0;
   float m = -INFINITY, s = 0.f;
   auto issue = [&](float4* b, long row) {
     if (row < rows) {
@@ -247,37 +272,8 @@ __global__ void __launch_bounds__(NT, 1) pk2(const float4* __restrict__ x, float
   for (int it = 0; r < rows; r += G, ++it) {
     float4* cur = buf0 + (it & 1) * share;
     float4* oth = buf0 + ((it + 1) & 1) * share;
-    const float mb = block_max(m, red), sb = block_sum(s * (m == -INFINITY ? 0.f : __expf(m - mb)), red);
-    if (!tid) stat[it & 1] = make_float2(mb, sb);
-    cluster.sync();
-    float mr = -INFINITY, sr = 0.f;
-    for (int k = 0; k < cs; ++k) mr = fmaxf(mr, cluster.map_shared_rank(&stat[it & 1], k)->x);
-    for (int k = 0; k < cs; ++k) {
-      const float2 o = *cluster.map_shared_rank(&stat[it & 1], k);
-      sr += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - mr));
-    }
-    if (K > 1) {
-      if (!tid) {
-        float2* slot = part + (long)g * K * 2 + (it & 1);
-        if (!rank) {
-          __stcg(slot + 2 * q, make_float2(mr, sr));
-          __threadfence();
-          atomicAdd(cnt + g, 1u);
-        }
-        const unsigned target = (unsigned)K * (unsigned)(it + 1);
-        while (ld_acquire(cnt + g) < target) {
-        }
-        float M = -INFINITY, S = 0.f;
-        for (int k = 0; k < K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
-        for (int k = 0; k < K; ++k) {
-          const float2 o = __ldcg(slot + 2 * k);
-          S += o.y * (o.x == -INFINITY ? 0.f : __expf(o.x - M));
-        }
-        rowstat = make_float2(M, S);
-      }
-      __syncthreads();
-      mr = rowstat.x, sr = rowstat.y;
-    }
+    const float2 rs = merge_row(cluster, RowMerge{stat, &rowstat, red, part, cnt, K, g, q}, m, s, it);
+    float mr = rs.x, sr = rs.y;
     const float inv = 1.f / sr;
     const long r2 = r + 2 * G;
     float4* dst = y + r * npacks + p0;
@@ -294,6 +290,7 @@ __global__ void __launch_bounds__(NT, 1) pk2(const float4* __restrict__ x, float
       foldall(oth);
     }
   }
+  cluster.sync();  // no block exits while a block of its cluster may still read its stat
 }
 
 __global__ void fill(float* x, long n, unsigned seed) {
