@@ -137,3 +137,38 @@ def test_a_background_bucket_reads_the_edge_gates_once_and_records_each_new_pass
     assert store.count("edge_gates") == 2
     assert store.edge_gate(edge_store_key(softmax, softmax.impls["eager"], torch.float32, fp, "fwd_nograd")) == 2e-6
 
+
+def test_a_sweep_reads_the_edge_gates_once_per_case_and_records_each_new_pass_once(softmax, private_store, store_io,
+                                                                                   monkeypatch):
+    from tiered_ops.sweep import bench
+
+    given: list = []
+
+    def measure(spec, impl, problem, dtype, device, mode, **kw):
+        given.append(("measure", impl.name, kw.get("edges")))
+        gated = kw.get("gated", True)
+        return _timed(spec, impl.name, problem, mode, gated, kw.get("edges", NEW[impl.name] if gated else None))
+
+    def gate_row(spec, impl, problem, dtype, device, mode, row, edges=None):
+        given.append(("gate", impl.name, edges))
+        return _gated(impl.name, row, edges)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "gate_row", gate_row)
+    monkeypatch.setattr(bench, "copy_bandwidth_gbps", lambda device: 1.0)
+    store = Store(private_store)
+    problems = [softmax.problem((n, 64), dim=-1) for n in (4, 256)]  # two cases
+    df = bench.sweep([softmax], {"softmax": problems}, [torch.float32], CPU, store, progress=False,
+                     log=lambda s: None, modes=["fwd_nograd"], cost_metadata=False, prune=None)
+    assert store_io["edge_gate"] == [] and len(store_io["edge_gates"]) == 2, store_io  # one read per case
+    case = [("measure", "eager"), ("measure", "triton"), ("measure", "compile"), ("gate", "triton"),
+            ("gate", "compile")]
+    assert [g[:2] for g in given] == case * 2, given
+    assert [g[2] for g in given] == [None, None, None, None, None,  # the first case: nothing recorded yet
+                                     NEW["eager"], None, NEW["compile"], None, NEW["compile"]], given
+    assert sorted(store_io["put"]) == [("compile", NEW["compile"]), ("eager", NEW["eager"])], store_io["put"]
+    rows = df.set_index(["problem", "impl"])
+    for p in problems:
+        assert rows.loc[(str(p), "triton"), "ok"] == 0 and rows.loc[(str(p), "triton"), "reason"] == EDGE_FAIL
+        assert rows.loc[(str(p), "compile"), "ok"] == 1 and rows.loc[(str(p), "eager"), "ok"] == 1
+    assert EDGES not in df.columns
