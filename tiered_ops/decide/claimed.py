@@ -128,13 +128,6 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
     return True, time.perf_counter() - t0
 
 
-def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
-                 ) -> float | None:
-    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure.measure``'s
-    ``edges``), else None. The tuner, not the measurement, speaks to the store."""
-    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
-
-
 class EdgeGates:
     """The edge gate's record in the store for a batch of ``spec``'s implementations at ``dtype`` on ``device`` in
     ``mode`` (a bucket, a sweep's case): ``known`` for ``measure``'s and ``gate_row``'s ``edges``, ``keep`` for the
@@ -178,16 +171,6 @@ def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype
     edges = EdgeGates(store, spec, dtype, device, mode)
     row = measure(spec, impl, problem, dtype, device, mode, edges=edges.known(impl), **kw)
     return edges.keep(impl, row)
-
-
-def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
-               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
-    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
-    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
-    passed = row.pop(EDGES, None)
-    if passed is not None and stored is None:
-        store.put_edge_gate(edge_store_key(spec, impl, dtype, fp, mode), passed)
-    return row
 
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
