@@ -17,13 +17,13 @@ from .. import envs
 from ..measure import recheck
 from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
-from ..measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key
+from ..measure.measure import EDGES, PRUNE_FACTOR, base_row
 from ..measure.worker import Pool
 from ..registry import GRAD_MODES, Impl, OpSpec, Problem
 from ..store.rows import prune_bar
 from ..store.store import Store
 from .choice import GATED_LAST, MEASURE_ORDER, _decide, gate_in_turn
-from .claimed import keep_edges, stored_edges
+from .claimed import EdgeGates
 from .helpers import FirstCalls, split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect
@@ -119,10 +119,11 @@ def said_start(job: Job | None, pool: Pool, seconds: float) -> None:
 def tune(me: Runner, job: Job) -> None:
     """Measure ``job``'s candidates not yet stored, land its decision as it changes, and the last time at the end."""
     spec, (op, bkey, dname, fkey, mode) = job.spec, job.key
-    store = None
+    store, gates = None, None
     if job.target is not None:
         store = me.stores.get(job.target) or me.stores.setdefault(job.target, Store(job.target))
         have = {r["impl"] for r in store.latest(op, bkey, dname, fkey, mode) if spec.fresh_impl(r) is not None}
+        gates = EdgeGates(store, spec, job.dtype, job.device, mode)  # the bucket's edge gates: one read, for all
     else:
         have = {r["impl"] for r in job.measured}
     todo = sorted((n for n in job.impls if n not in have and n in spec.impls),
@@ -137,28 +138,28 @@ def tune(me: Runner, job: Job) -> None:
     aside = FirstCalls(me.helpers_for(job) if compiled else [], ("first_call", op), (job.problem, dname, mode),
                        compiled, str(job))
     try:
-        if not _time_candidates(me, job, store, todo, aside, t0):
+        if not _time_candidates(me, job, store, gates, todo, aside, t0):
             return
     finally:
         aside.join()  # the helpers serve the gates next
-    if not _gate_winner(me, job, store):
+    if not _gate_winner(me, job, store, gates):
         return  # stopping, or the worker died during a gate: the bucket is queued again (its rows are kept)
     t1 = time.perf_counter()
     new, why = recheck.retime(spec, _rows(job, store), job.problem, job.dtype, job.device, mode,
                               lambda names: me.pool_for(job).run(("host", op, names, job.problem, dname, mode),
                                                                  f"{job} host side by side"))
     for row in new:  # launch-bound: the bucket's host times taken again side by side
-        _keep(job, store, row)
+        _keep(job, gates, row)
     if new or why:
         _say(job, "host side by side", time.perf_counter() - t1, None, why or recheck.summary(new))
     job.took_s += time.perf_counter() - t0
     _land(job, store, final=True)
 
 
-def _time_candidates(me: Runner, job: Job, store: Store | None, todo: list[str], aside: FirstCalls, t0: float
-                     ) -> bool:
+def _time_candidates(me: Runner, job: Job, store: Store | None, gates: EdgeGates | None, todo: list[str],
+                     aside: FirstCalls, t0: float) -> bool:
     """Time ``todo`` in the worker, in turn, landing the decision as it changes; False where the thread stops or the
-    bucket was queued again (a candidate killed its worker)."""
+    bucket was queued again (a candidate killed its worker). ``gates``: the bucket's edge gates (None: no store)."""
     spec, (op, _, dname, _, mode), fp = job.spec, job.key, fingerprint(job.device)
     for name in todo:
         if me.stopping:
@@ -171,7 +172,7 @@ def _time_candidates(me: Runner, job: Job, store: Store | None, todo: list[str],
         kw = dict(prune_above_us=bar[0], best=bar[1], gate_first=False) if bar is not None else {}
         if spec.impls[name].tier in GATED_LAST:
             kw["gated"] = False
-        edges = stored_edges(store, spec, spec.impls[name], job.dtype, fp, mode) if store is not None else None
+        edges = gates.known(spec.impls[name]) if gates is not None else None
         if edges is not None:
             kw["edges"] = edges  # a pass the store recorded: the worker does not check the edge problems again
         reply, why = me.pool_for(job).run(("measure", op, name, job.problem, dname, mode, kw), f"{job} {name}")
@@ -190,24 +191,24 @@ def _time_candidates(me: Runner, job: Job, store: Store | None, todo: list[str],
                 return False
             reply = dict(base_row(spec, spec.impls[name], job.problem, job.dtype, mode, fp),
                          reason=f"crashed or hung: {why}")
-        _keep(job, store, reply, edges)
+        _keep(job, gates, reply)
         if name != todo[-1]:
             _land(job, store, final=False)
     return True
 
 
-def _keep(job: Job, store: Store | None, row: dict, edges: float | None = None) -> None:
-    """Store ``row``, the newest of its implementation (kept with the job where the store is in memory), and its
-    implementation's edge gate where the row says it passed and ``edges`` (what the store held before) is None."""
-    if store is not None:
-        store.add([keep_edges(store, job.spec, job.spec.impls[row["impl"]], job.dtype, fingerprint(job.device),
-                              job.mode, row, edges)])
+def _keep(job: Job, gates: EdgeGates | None, row: dict) -> None:
+    """Store ``row``, the newest of its implementation, in the store of ``gates`` (the bucket's edge gates), and
+    its implementation's edge gate where the row says it passed; None: the store is in memory, the row kept with the
+    job."""
+    if gates is not None:
+        gates.store.add([gates.keep(job.spec.impls[row["impl"]], row)])
     else:
         row.pop(EDGES, None)
         job.measured[:] = [r for r in job.measured if r["impl"] != row["impl"]] + [row]
 
 
-def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
+def _gate_winner(me: Runner, job: Job, store: Store | None, gates: EdgeGates | None) -> bool:
     """Gate the candidates timed without it (``GATED_LAST``) in the order the decision would choose them: while the
     fastest-correct choice, counting each of them as correct, names one, its gate runs in the worker and its row is
     stored again, ok or failed. Once the choice names a gated row, each still waiting is stored as never chosen. The
@@ -218,9 +219,9 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
 
     def run_gate(impl: Impl, row: dict, named_by: str, waiting: dict[str, dict]) -> bool:
         t1 = time.perf_counter()
-        edges = stored_edges(store, spec, impl, job.dtype, fingerprint(job.device), mode) if store is not None else None
+        edges = gates.known(impl) if gates is not None else None
         if edges is None:
-            edges = _split_edges(me, job, impl, store)
+            edges = _split_edges(me, job, impl, gates)
         reply, why = me.pool_for(job).run(("gate", op, impl.name, job.problem, dname, mode, row, edges),
                                           f"{job} {impl.name} gate")
         timed = ", ".join(f"{n} {r['caller_us']:.1f} us" for n, r in sorted(waiting.items()))
@@ -236,14 +237,14 @@ def _gate_winner(me: Runner, job: Job, store: Store | None) -> bool:
                 me.requeue(job)
                 return False
             reply = dict(row, ok=0, reason=f"gate crashed or hung: {why}")
-        _keep(job, store, dict(reply, timestamp=time.time()), edges)
+        _keep(job, gates, dict(reply, timestamp=time.time()))
         return True
 
-    return gate_in_turn(spec, lambda: _rows(job, store), run_gate, lambda r: _keep(job, store, r), job.dtype,
+    return gate_in_turn(spec, lambda: _rows(job, store), run_gate, lambda r: _keep(job, gates, r), job.dtype,
                         job.device, store, stopping=lambda: me.stopping)
 
 
-def _split_edges(me: Runner, job: Job, impl: Impl, store: Store | None) -> float | None:
+def _split_edges(me: Runner, job: Job, impl: Impl, gates: EdgeGates | None) -> float | None:
     """``impl``'s edge checks split over the worker and the gate helpers up beside it, run at once: their worst error
     where all passed (recorded in the store as the gate's own pass would be), else None (none up, or a share failed:
     the worker's gate then runs every check, one after another, and records why)."""
@@ -256,8 +257,8 @@ def _split_edges(me: Runner, job: Job, impl: Impl, store: Store | None) -> float
                               edge_checks(spec), f"{job} {impl.name} gate")
     _say(job, impl.name + EDGE_SHARES, time.perf_counter() - t, None,
          f"passed: {said}" if worst is not None else f"not passed ({said}): the gate runs them in the worker")
-    if worst is not None and store is not None:
-        store.put_edge_gate(edge_store_key(spec, impl, job.dtype, fingerprint(job.device), mode), worst)
+    if worst is not None and gates is not None:
+        gates.record(impl, worst)
     return worst
 
 

@@ -128,20 +128,17 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
     return True, time.perf_counter() - t0
 
 
-def stored_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str
-                 ) -> float | None:
-    """The worst error of ``impl``'s edge problems where the store records that they passed (``measure.measure``'s
-    ``edges``), else None. The tuner, not the measurement, speaks to the store."""
-    return store.edge_gate(edge_store_key(spec, impl, dtype, fp, mode))
-
-
 class EdgeGates:
-    """The tuner's side of the edge gate for a batch of ``spec``'s implementations at ``dtype`` on ``device`` in
-    ``mode``: ``known`` (what ``stored_edges`` says, the store read once for all of them, at the first question) for
-    ``measure``'s and ``gate_row``'s ``edges``, ``keep`` (``keep_edges``) for the row they return."""
+    """The edge gate's record in the store for a batch of ``spec``'s implementations at ``dtype`` on ``device`` in
+    ``mode`` (a bucket, a sweep's case): ``known`` for ``measure``'s and ``gate_row``'s ``edges``, ``keep`` for the
+    row they return, ``record`` for a pass found apart from a row. The store is read once for all of them, at the
+    first question; a pass is recorded once. ``fp``: the device's fingerprint where a worker process gave it, else
+    this process's."""
 
-    def __init__(self, store: Store, spec: OpSpec, dtype: torch.dtype, device: torch.device, mode: str):
-        self.store, self.spec, self.dtype, self.fp, self.mode = store, spec, dtype, fingerprint(device), mode
+    def __init__(self, store: Store, spec: OpSpec, dtype: torch.dtype, device: torch.device, mode: str,
+                 fp: Fingerprint | None = None):
+        self.store, self.spec, self.dtype, self.mode = store, spec, dtype, mode
+        self.fp = fp if fp is not None else fingerprint(device)
         self._stored: dict[tuple[str, str], float] = {}
         self._keys: dict[str, tuple] = {}  # each implementation's store key (``edge_store_key``), made once
 
@@ -153,23 +150,18 @@ class EdgeGates:
                 self._stored = self.store.edge_gates(key[:1] + (None, None) + key[3:])
         return self._stored.get((impl.name, impl.source_hash))
 
+    def record(self, impl: Impl, passed: float) -> None:
+        """Record that ``impl`` passed its edge problems (``passed``: their worst error), where no pass was."""
+        if self.known(impl) is None:
+            self.store.put_edge_gate(self._keys[impl.name], passed)
+            self._stored[(impl.name, impl.source_hash)] = passed  # a later question about it is answered here
+
     def keep(self, impl: Impl, row: dict[str, Any]) -> dict[str, Any]:
-        """``row`` without ``EDGES``, the pass it carries recorded in the store where none was (as ``keep_edges``)."""
-        stored = self.known(impl)
-        passed = _kept(self.store, self._keys[impl.name], row, stored)
+        """``row`` without ``EDGES``, the pass it carries recorded (``record``)."""
+        passed = row.pop(EDGES, None)
         if passed is not None:
-            self._stored[(impl.name, impl.source_hash)] = passed  # recorded: a later turn of it reads it here
+            self.record(impl, passed)
         return row
-
-
-def _kept(store: Store, key: tuple, row: dict[str, Any], stored: float | None) -> float | None:
-    """``row``'s ``EDGES`` taken out of it and recorded in the store under ``key`` where ``stored`` is None: the pass
-    recorded, else None."""
-    passed = row.pop(EDGES, None)
-    if passed is None or stored is not None:
-        return None
-    store.put_edge_gate(key, passed)
-    return passed
 
 
 def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
@@ -179,14 +171,6 @@ def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype
     edges = EdgeGates(store, spec, dtype, device, mode)
     row = measure(spec, impl, problem, dtype, device, mode, edges=edges.known(impl), **kw)
     return edges.keep(impl, row)
-
-
-def keep_edges(store: Store, spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str,
-               row: dict[str, Any], stored: float | None) -> dict[str, Any]:
-    """Record in the store that ``row``'s implementation passed its edge problems, where the row says so and
-    ``stored`` (what ``stored_edges`` read before the measurement) is None; the row back, without that field."""
-    _kept(store, edge_store_key(spec, impl, dtype, fp, mode), row, stored)
-    return row
 
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,

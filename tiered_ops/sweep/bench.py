@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from ..decide.choice import GATED_LAST, gate_in_turn
-from ..decide.claimed import keep_edges, stored_edges
+from ..decide.claimed import EdgeGates
 from ..measure import recheck
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, measure
@@ -213,6 +213,13 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         busy_since = wall_start
         shared_busy = 0  # contended rows another sweep stored while this one ran, taken as they are
         peers_kept: set[str] = set()  # peers not installed here whose earlier rows are kept
+        edge_gates: dict[tuple, EdgeGates] = {}  # each case's edge gates: the store read once for its candidates
+
+        def edges_of(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str) -> EdgeGates:
+            case = (spec.name, str(problem), dtype, mode)
+            if case not in edge_gates:
+                edge_gates[case] = EdgeGates(store, spec, dtype, device, mode, fp)
+            return edge_gates[case]
 
         def take(spec: OpSpec, problem: Problem, dtype: torch.dtype, mode: str, impl: Impl,
                  bar: tuple[float, str] | None = None, waited: bool = False) -> tuple[dict | None, bool]:
@@ -237,7 +244,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 kw: dict[str, Any] = dict(prune_above_us=bar[0], best=bar[1]) if bar is not None else {}
                 if not gate_all and impl.tier in GATED_LAST:
                     kw.update(gated=False, gate_first=False)  # gated in ``settle`` where a choice would name it
-                edges = stored_edges(store, spec, impl, dtype, fp, mode)  # a pass recorded earlier: not checked again
+                edges = edges_of(spec, problem, dtype, mode).known(impl)  # a pass recorded earlier: not checked again
                 if edges is not None:
                     kw["edges"] = edges
                 if pool is None:
@@ -248,7 +255,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     if why:
                         done = dict(base_row(spec, impl, problem, dtype, mode, fp), reason=f"crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
-                store.add([keep_edges(store, spec, impl, dtype, fp, mode, done, edges)])
+                store.add([edges_of(spec, problem, dtype, mode).keep(impl, done)])
                 if contended(done):
                     say(f"{what}: {done['reason']}: stored, excluded from decisions")
                 return done, True
@@ -261,7 +268,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
 
             def run_gate(impl: Impl, row: dict, _named_by: str, _waiting: dict) -> bool:
                 nonlocal gates
-                edges = stored_edges(store, spec, impl, dtype, fp, mode)
+                edges = edges_of(spec, problem, dtype, mode).known(impl)
                 if pool is None:
                     done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges)
                 else:
@@ -271,7 +278,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     if why:
                         done = dict(row, ok=0, reason=f"gate crashed or hung: {why}")
                         broken[(spec.name, impl.name)] = why
-                store.add([keep_edges(store, spec, impl, dtype, fp, mode, dict(done, timestamp=time.time()), edges)])
+                store.add([edges_of(spec, problem, dtype, mode).keep(impl, dict(done, timestamp=time.time()))])
                 gates += 1
                 return True
 
@@ -312,6 +319,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 raise KeyboardInterrupt
             bar.set_description(f"{spec.name} {impl.name} {problem} {DTYPE_NAMES[dtype]} {mode}")
             case = (spec.name, str(problem), dtype, mode)
+            if case not in edge_gates:
+                edge_gates.clear()  # as ``fresh``: only the current case's are needed
             if not force and case not in fresh:
                 fresh.clear()  # cases come in order: only the current one is needed
                 fresh[case] = _fresh(store, spec, problem, dtype, fp.key, mode, busy_since=busy_since)
@@ -340,6 +349,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
         while waiting:
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
+            edge_gates.clear()  # each look at them reads the passes another sweep recorded meanwhile
             for n in list(waiting):
                 results[n], now = take(*todo[n], waited=True)
                 if results[n] is not None and not now and contended(results[n]):
@@ -349,6 +359,7 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                     waiting.remove(n)
             if waiting:
                 time.sleep(CLAIM_POLL_S)
+        edge_gates.clear()
         for case in claimed:  # their rows are all stored now
             settled(case)
         for spec, impl in with_progress([(s, i) for s in specs if cost_metadata for i in chosen(s)], progress):
