@@ -116,6 +116,21 @@ class Timing:
         return max(self.p50_us, self.host_us)
 
 
+@dataclass(frozen=True)
+class RowFigures:
+    """What a measurement's row takes from its timing (``timing.time_row``). ``timing`` None: the step between the quick
+    look and the full timing ended the row, nothing timed after it."""
+
+    timing: Timing | None
+    long: bool = False  # a long GPU call (``timing.long_call``, asked where there is a bar): timed in full at once
+    pruned_at_us: float | None = None  # the quick look's caller p20, above the bar: the figures are that look's
+    peaked: bool = False  # the peak was taken (not where a quick look before the step between ended the row)
+    peak_bytes: int | None = None
+    copy_gbps: float | None = None
+    gbps: float | None = None  # the bytes given over the timing's p50 (the op's own bandwidth where it runs alone)
+    busy: str = ""  # why every try of the full timing looked taken on a busy machine ("" once one did not)
+
+
 LONG_CALL_MS = 50.0  # a call at least this long (synchronized): its timing is bounded by time, not by sample counts
 LONG_PROBES = 2  # a long call's probe calls (the enqueue time, the estimate); a short call's: 5
 LONG_MIN_SAMPLES = {100.0: 5, 10.0: 3}  # a long call's fewest timed samples, by rep_ms (the full timing's, the quick)

@@ -19,6 +19,7 @@ is the best seen in the process.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import statistics
 import time
@@ -26,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from ..envs import contention_check
 from .sampling import (
     CPU_BLOCK_RESOLUTIONS,
     CPU_BUDGET_S,
@@ -37,6 +39,7 @@ from .sampling import (
     LONG_MIN_SAMPLES,
     LONG_PROBES,
     WAIT_LIMIT,
+    RowFigures,
     Timing,
     _run_delay_s,
     clock,
@@ -52,8 +55,10 @@ __all__ = [  # the timing's own names, and those of ``sampling`` that callers an
     "LONG_CALL_MS", "LONG_MIN_SAMPLES", "QUICK", "WAIT_LIMIT", "batch_times_us", "contention", "copy_bandwidth_gbps",
     "_copy_best", "copy_probe_gbps", "cpu_blocks", "cpu_timing", "cuda_index", "_cycles_per_us", "default_device",
     "gpu_samples", "gpu_times_ms", "host_time_per_call", "no_gc", "one_call_s", "quantile", "_run_delay_s", "sync",
-    "time_call", "Timing",
+    "time_call", "Timing", "COPY_BOUND", "_beyond_copy", "long_call", "peak_bytes", "RowFigures", "time_row",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def sync(device: torch.device) -> None:
@@ -292,3 +297,92 @@ def copy_probe_gbps(device: torch.device, copies: int = 3) -> float:
     key = str(device)
     _copy_best[key] = max(_copy_best.get(key, 0.0), gbps)
     return gbps
+
+
+def long_call(call: Callable[[], object], device: torch.device, first_s: float) -> bool:
+    """Whether ``call`` is a long GPU call (``LONG_CALL_MS``): timed within a time budget, its quick look (the
+    pruning's) costs about what its full timing does, so it is never pruned, timed in full at once. Asked (one more
+    call, synchronized) only where its first call took that long."""
+    if device.type != "cuda" or first_s * 1e3 < LONG_CALL_MS:
+        return False
+    return one_call_s(call, device) * 1e3 >= LONG_CALL_MS
+
+
+def peak_bytes(call: Callable[[], object], device: torch.device) -> int | None:
+    """Bytes one call allocates above what was allocated before it (its inputs, a retained graph): the CUDA caching
+    allocator's peak during the call minus its allocation before. None on the CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return int(peak)
+
+
+COPY_BOUND = 1.5  # an op moving at least the copy's bytes cannot beat the copy bandwidth by more than this
+
+
+def _beyond_copy(gbps: float | None, copy: float, nbytes: int, device: torch.device) -> str | None:
+    """On the CPU, a bandwidth no memory system gives: above COPY_BOUND x the copy bandwidth for an op that moves at
+    least the copy's bytes (beyond every cache), so the copy figure or this timing was taken on a busy machine."""
+    if device.type != "cpu" or not gbps or nbytes < 2 * COPY_BYTES["cpu"] or gbps <= COPY_BOUND * copy:
+        return None
+    return f"{gbps:.1f} GB/s is {gbps / copy:.2f} x the copy bandwidth {copy:.1f} GB/s (limit {COPY_BOUND:g} x)"
+
+
+def _figures(t: Timing, device: torch.device, nbytes: int) -> tuple[float, float | None]:
+    """(the copy bandwidth, the op's bandwidth at ``t``'s p50) for a row timed as ``t``."""
+    return copy_bandwidth_gbps(device), nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
+
+
+def time_row(call: Callable[[], object], device: torch.device, first_s: float, nbytes: int, *,
+             bar_us: float | None = None, look_first: bool = False, between: Callable[[], bool] | None = None,
+             check_busy: bool | None = None, tries: int = 3, pause_s: float = 0.2, label: tuple[object, ...] = ()
+             ) -> RowFigures:
+    """A measurement's timing of ``call`` (made once already, in ``first_s``), moving ``nbytes``, in the order it
+    runs on the device. ``bar_us`` (successive halving) asks for a quick look (``time_call(quick=True)``): where its
+    caller p20 lies above the bar, the row ends with that look's figures (``pruned_at_us``), unless the call is long
+    (``long_call``: no look) or the look itself looked taken on a busy machine. ``look_first``: the look comes before
+    ``between`` (the measurement's step there, its gate: False ends the row untimed), else after it and the peak.
+    Then the full timing, taken again up to ``tries`` times in all, ``pause_s`` apart, while it looks taken on a busy
+    machine (its CPU signals, or a bandwidth beyond the copy's: ``_beyond_copy``), each such try logged under ``label``
+    (what is measured, its parts joined by spaces). ``check_busy`` False: a timing is taken as it is, busy or not;
+    None: as ``envs.contention_check`` says, read only where a timing looked busy."""
+
+    def checks() -> bool:  # asked only where a timing looked taken on a busy machine
+        return contention_check() if check_busy is None else check_busy
+
+    long = bar_us is not None and long_call(call, device, first_s)
+    if long:
+        bar_us = None  # its quick look would cost what its full timing does: timed in full at once
+
+    def look(peaked: bool = False, peak: int | None = None) -> RowFigures | None:
+        t = time_call(call, device, quick=True)
+        lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees
+        if lo <= bar_us or (t.contended and checks()):
+            return None
+        copy, gbps = _figures(t, device, nbytes)
+        return RowFigures(t, long, pruned_at_us=lo, peaked=peaked, peak_bytes=peak, copy_gbps=copy, gbps=gbps)
+
+    if bar_us is not None and look_first and (pruned := look()) is not None:
+        return pruned
+    if between is not None and not between():
+        return RowFigures(None, long)
+    peak = peak_bytes(call, device)
+    if bar_us is not None and not look_first and (pruned := look(True, peak)) is not None:
+        return pruned
+    for attempt in range(1, tries + 1):
+        t = time_call(call, device)
+        copy, gbps = _figures(t, device, nbytes)
+        busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
+        if not busy or not checks():
+            busy = ""
+            break
+        log.info("%s: %s (attempt %d of %d)", " ".join(map(str, label)), busy, attempt, tries)
+        if attempt < tries:
+            time.sleep(pause_s)
+    return RowFigures(t, long, peaked=True, peak_bytes=peak, copy_gbps=copy, gbps=gbps, busy=busy)
