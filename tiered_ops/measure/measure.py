@@ -1,6 +1,7 @@
 """Measurement of one implementation at one problem, after the gate (``gate``) passed it: written once, driven by
-OpSpec. Times the call in the caller's context (``timed_call``), checks the figures against the copy bandwidth, flags
-a timing taken on a busy machine (``rows.CONTENDED``), and returns the store's row."""
+OpSpec. Times the call in the caller's context (``timed_call``) in one call into ``timing`` (``timing.time_row``: the
+figures, checked against the copy bandwidth), flags a timing taken on a busy machine (``rows.CONTENDED``), and returns
+the store's row."""
 
 from __future__ import annotations
 
@@ -124,11 +125,11 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
 
-    ``prune_above_us`` (successive halving): a short first timing (``time_call(quick=True)``) whose caller p20 lies
-    above it ends the measurement there: the row keeps the short timing's figures, with the reason
+    ``prune_above_us`` (successive halving): a short first timing (``timing.time_call(quick=True)``) whose caller p20
+    lies above it ends the measurement there: the row keeps the short timing's figures, with the reason
     ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
     decision may read it, and it never wins against ``best``: its whole range lies above best's p80.
-    A long GPU call (``long_call``) is never pruned: its short timing would cost what its full one does.
+    A long GPU call (``timing.long_call``) is never pruned: its short timing would cost what its full one does.
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
     problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
