@@ -9,7 +9,7 @@ import torch
 import tiered_ops
 from tiered_ops.analysis.analysis import table
 from tiered_ops.decide import decide as sel_mod
-from tiered_ops.measure import measure as measure_mod
+from tiered_ops.measure import timing as timing_mod
 from tiered_ops.measure.measure import measure
 from tiered_ops.registry import Impl, Tier, rel_error
 from tiered_ops.runtime import memo
@@ -249,7 +249,7 @@ def test_a_sweep_frame_has_every_store_column(private_store, monkeypatch):
     that column (and every other of the store), so the CLI's table of it prints instead of raising AttributeError."""
     spec = get_op("muladd")
     monkeypatch.setattr(spec, "impls", {"eager": spec.impls["eager"]})
-    monkeypatch.setattr(measure_mod, "contention_check", lambda: False)  # a busy machine's row would have a reason
+    monkeypatch.setattr(timing_mod, "contention_check", lambda: False)  # a busy machine's row would have a reason
     df = sweep([spec], {"muladd": [spec.problem((64, 64))]}, [torch.float32], CPU, Store(private_store),
                progress=False, log=lambda s: None, modes=["fwd_nograd"], cost_metadata=False)
     assert len(df) == 1 and df.ok.iloc[0] == 1 and df.reason.isna().all()

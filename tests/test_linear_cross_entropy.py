@@ -162,9 +162,9 @@ def test_a_target_out_of_range_makes_its_row_nan_on_the_gpu(impl):
 
 @gpu
 def test_peak_memory_follows_the_chunk_and_the_memory_policy_sees_it():
-    # the measurement's peak (measure.peak_bytes, what the memory policy reads) of a training step: chunks of 1024 <
+    # the measurement's peak (timing.peak_bytes, what the memory policy reads) of a training step: chunks of 1024 <
     # 4096 < 16384 rows, and the eager tier's materialized logits above the default chunk
-    from tiered_ops.measure.measure import peak_bytes
+    from tiered_ops.measure.timing import peak_bytes
 
     spec = tiered_ops.get_op(OP)
     dev = torch.device("cuda")
@@ -298,10 +298,10 @@ def test_double_backward_is_refused(impl):
 @pytest.mark.parametrize("tier", ["triton", "cuda"])
 @pytest.mark.parametrize("n,h,v", [(16384, 1024, 32000), (8192, 4096, 128256)])  # the second: the default GPU problem
 def test_gradients_in_the_forward_hold_no_more_memory_than_recomputing_them(tier, n, h, v):
-    # a training step's peak (measure.peak_bytes) with the gradients made in the forward (dhidden and the float32
+    # a training step's peak (timing.peak_bytes) with the gradients made in the forward (dhidden and the float32
     # dweight accumulator held from the forward to the backward) is no higher than with the backward recomputing the
     # logits; the inference forward's peak stays below both by at least that accumulator
-    from tiered_ops.measure.measure import peak_bytes
+    from tiered_ops.measure.timing import peak_bytes
 
     tiered_ops.get_op(OP).impls[tier].why_not(torch.device("cuda"))  # loads the tier's ops
     dev = torch.device("cuda")

@@ -70,16 +70,16 @@ def test_a_long_call_is_timed_in_few_calls_and_a_short_one_as_before(ms, quick):
 def test_only_a_long_gpu_call_skips_the_quick_look(monkeypatch):
     # the pruning's quick look of a long call costs about what its full timing does: it is timed in full at once;
     # the one more call that says so is made only where the first call took that long, and never on the CPU
-    from tiered_ops.measure import measure
+    from tiered_ops.measure import timing
 
     took = []
-    monkeypatch.setattr(measure, "one_call_s", lambda call, device: took.append(1) or 0.12)
+    monkeypatch.setattr(timing, "one_call_s", lambda call, device: took.append(1) or 0.12)
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    assert measure.long_call(lambda: None, gpu, 0.3) and len(took) == 1
-    assert not measure.long_call(lambda: None, gpu, 0.01) and len(took) == 1  # a first call of 10 ms: short
-    assert not measure.long_call(lambda: None, cpu, 5.0) and len(took) == 1
-    monkeypatch.setattr(measure, "one_call_s", lambda call, device: 0.004)  # a long compile, a short call
-    assert not measure.long_call(lambda: None, gpu, 3.0)
+    assert timing.long_call(lambda: None, gpu, 0.3) and len(took) == 1
+    assert not timing.long_call(lambda: None, gpu, 0.01) and len(took) == 1  # a first call of 10 ms: short
+    assert not timing.long_call(lambda: None, cpu, 5.0) and len(took) == 1
+    monkeypatch.setattr(timing, "one_call_s", lambda call, device: 0.004)  # a long compile, a short call
+    assert not timing.long_call(lambda: None, gpu, 3.0)
 
 
 @pytest.mark.gpu

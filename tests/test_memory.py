@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from helpers import gpu
 
-from tiered_ops.measure.measure import measure, peak_bytes
+from tiered_ops.measure.measure import measure
+from tiered_ops.measure.timing import peak_bytes
 from tiered_ops.tiers.catalog import get_op
 
 

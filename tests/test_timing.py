@@ -112,7 +112,7 @@ def test_the_check_switched_off_stores_a_busy_timing_as_taken(busy, monkeypatch)
 def test_a_bandwidth_beyond_the_copy_is_contended(monkeypatch):
     """On the CPU an op that moves more than the copy's bytes cannot run at 2x the copy bandwidth: the copy figure
     was taken on a busy machine (a sweep stored 499 % of copy) or the timing was."""
-    from tiered_ops.measure.measure import _beyond_copy
+    from tiered_ops.measure.timing import _beyond_copy
 
     big = 4 * timing.COPY_BYTES["cpu"]
     assert "2.00 x the copy bandwidth" in _beyond_copy(20.0, 10.0, big, CPU)

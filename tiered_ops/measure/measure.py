@@ -1,6 +1,7 @@
 """Measurement of one implementation at one problem, after the gate (``gate``) passed it: written once, driven by
-OpSpec. Times the call in the caller's context (``timed_call``), checks the figures against the copy bandwidth, flags
-a timing taken on a busy machine (``rows.CONTENDED``), and returns the store's row."""
+OpSpec. Times the call in the caller's context (``timed_call``) in one call into ``timing`` (``timing.time_row``: the
+figures, checked against the copy bandwidth), flags a timing taken on a busy machine (``rows.CONTENDED``), and returns
+the store's row."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import torch
 
 from ..buckets import encode
 from ..environment import environment
-from ..envs import contention_check, gate_bytes
+from ..envs import gate_bytes
 from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
 from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
 from .fingerprint import Fingerprint, fingerprint
 from .gate import _short, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
-from .timing import COPY_BYTES, LONG_CALL_MS, copy_bandwidth_gbps, one_call_s, sync, time_call
+from .timing import RowFigures, sync, time_row
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ class Settings(NamedTuple):
     gate_bytes: int
     contention_check: bool
     env: str | None = None
-
-
-def _checks_busy(settings: Settings | None) -> bool:
-    return contention_check() if settings is None else settings.contention_check
 
 
 def _env(settings: Settings | None) -> str:
@@ -128,11 +125,11 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     Python; ``compiled``: traced into a compiled caller); returns a store row (never raises for a bad candidate).
     A graphed caller needs no measurement of its own: it pays the kernel time an eager row holds.
 
-    ``prune_above_us`` (successive halving): a short first timing (``time_call(quick=True)``) whose caller p20 lies
-    above it ends the measurement there: the row keeps the short timing's figures, with the reason
+    ``prune_above_us`` (successive halving): a short first timing (``timing.time_call(quick=True)``) whose caller p20
+    lies above it ends the measurement there: the row keeps the short timing's figures, with the reason
     ``pruned: ...`` naming ``best`` (what the sweep measured fastest in this case). It is correct and timed, so a
     decision may read it, and it never wins against ``best``: its whole range lies above best's p80.
-    A long GPU call (``long_call``) is never pruned: its short timing would cost what its full one does.
+    A long GPU call (``timing.long_call``) is never pruned: its short timing would cost what its full one does.
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
     problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
@@ -167,15 +164,6 @@ def _first(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str, devic
     return call
 
 
-def long_call(call: Callable[[], Any], device: torch.device, first_s: float) -> bool:
-    """Whether ``call`` is a long GPU call (``timing.LONG_CALL_MS``): timed within a time budget, its quick look (the
-    pruning's) costs about what its full timing does, so it is never pruned, timed in full at once. Asked (one more
-    call, synchronized) only where its first call took that long."""
-    if device.type != "cuda" or first_s * 1e3 < LONG_CALL_MS:
-        return False
-    return one_call_s(call, device) * 1e3 >= LONG_CALL_MS
-
-
 def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, mode: str,
                 row: dict[str, Any], known: float | None) -> dict[str, Any]:
     """``row`` with ``EDGES`` where its implementation passed the edge problems (``known``: the store's pass, noted
@@ -206,48 +194,60 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
         row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=_env(settings))
         return row
     row["first_call_s"] = time.perf_counter() - t0
-    nbytes = spec.mode_bytes(problem, dtype, mode)
-    if prune_above_us is not None and long_call(call, device, row["first_call_s"]):
-        prune_above_us = None  # its quick look would cost what its full timing does: timed in full at once
-    if prune_above_us is not None and not gate_first and not impl.timeable(device):
-        if _pruned(row, call, device, nbytes, context, prune_above_us, best, False, settings):
-            return row
-    sample_note, not_timeable, edge = None, impl.timeable(device), False
-    if gated or not_timeable:  # a row that cannot be timed is gated as it is measured: nothing later would gate it
-        edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
-        if not row["ok"] and not edge:  # a peer failing only an edge case it does not claim is timed
-            return row
-    if not_timeable:
-        if edge:
-            return row
-        row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
+    not_timeable = impl.timeable(device)
+    look_first = not gate_first and not not_timeable  # a quick look before the gate: a pruned row costs no gate
+    f = time_row(call, device, row["first_call_s"], spec.mode_bytes(problem, dtype, mode), bar_us=prune_above_us,
+                 look_first=look_first,
+                 between=lambda: _gated(spec, impl, problem, dtype, device, mode, row, settings, edges, gated,
+                                        not_timeable),
+                 check_busy=None if settings is None else settings.contention_check, tries=CONTENDED_TRIES,
+                 pause_s=CONTENDED_PAUSE_S,
+                 label=(spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode))
+    if f.timing is None:
         return row
-    row["peak_bytes"] = peak_bytes(call, device)
-    if prune_above_us is not None and gate_first:
-        if _pruned(row, call, device, nbytes, context, prune_above_us, best, True, settings):
-            return row
-    for attempt in range(1, CONTENDED_TRIES + 1):
-        t = time_call(call, device)
-        copy = copy_bandwidth_gbps(device)
-        gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
-        busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
-        if not busy or not _checks_busy(settings):
-            busy = ""
-            break
-        log.info("%s %s %s %s %s: %s (attempt %d of %d)", spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode,
-                 busy, attempt, CONTENDED_TRIES)
-        if attempt < CONTENDED_TRIES:
-            time.sleep(CONTENDED_PAUSE_S)
-    if context != "eager":
-        gbps = None  # the neighbours move bytes too: no bandwidth of the op alone
-    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
-               host_p80_us=t.host_p80_us, caller_us=t.caller_us,
-               gbps=gbps, copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None)
+    _with_figures(row, f, context)
+    if f.pruned_at_us is not None:
+        row["reason"] = (f"{PRUNED}a short timing's caller p20 {f.pruned_at_us:.1f} us is above "
+                         f"{prune_above_us:.1f} us ({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): "
+                         "not timed in full" + ("; not gated either (never chosen)" if look_first else ""))
+        if look_first:
+            row["ok"] = 0
+        return row
     if not gated:
         row["reason"] = WAITING
-    if busy:
-        flag_contended(row, f"{busy}; {CONTENDED_TRIES} tries")
+    if f.busy:
+        flag_contended(row, f"{f.busy}; {CONTENDED_TRIES} tries")
     return row
+
+
+def _gated(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
+           row: dict[str, Any], settings: Settings | None, edges: float | None, gated: bool, not_timeable: str | None
+           ) -> bool:
+    """A measurement's gate, where it runs (``gated``, or a row that cannot be timed: nothing later would gate it),
+    written into the row: whether the row goes on to be timed. A peer failing only an edge case it does not claim is
+    timed; a row that cannot be timed ends here, its reason saying so where the gate passed."""
+    if not (gated or not_timeable):
+        return True
+    edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
+    if not row["ok"] and not edge:
+        return False
+    if not_timeable:
+        if not edge:
+            row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
+        return False
+    return True
+
+
+def _with_figures(row: dict[str, Any], f: RowFigures, context: str) -> None:
+    """The row's timing columns from ``f``: the peak where it was taken; no bandwidth of the op alone inside a
+    compiled caller (the neighbours move bytes too)."""
+    t = f.timing
+    if f.peaked:
+        row["peak_bytes"] = f.peak_bytes
+    gbps = f.gbps if context == "eager" else None
+    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
+               host_p80_us=t.host_p80_us, caller_us=t.caller_us,
+               gbps=gbps, copy_gbps=f.copy_gbps, frac_copy=(gbps / f.copy_gbps) if gbps else None)
 
 
 def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
@@ -294,55 +294,9 @@ def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint
             fp.torch or "", fp.triton or "")
 
 
-def _pruned(row: dict[str, Any], call: Callable[[], Any], device: torch.device, nbytes: int, context: str,
-            bar_us: float, best: str, gated: bool, settings: Settings | None = None) -> bool:
-    """A short timing; where its caller p20 lies above ``bar_us`` the row takes its figures and the ``pruned: ...``
-    reason (True: the measurement ends there). ``gated``: the gate passed before (the row stays ok), else the row is
-    not ok: never gated, so never chosen."""
-    t = time_call(call, device, quick=True)
-    lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees (timing.caller_range)
-    if lo <= bar_us or (t.contended and _checks_busy(settings)):
-        return False
-    copy = copy_bandwidth_gbps(device)
-    gbps = nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 and context == "eager" else None
-    row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us,
-               host_p20_us=t.host_p20_us, host_p80_us=t.host_p80_us, caller_us=t.caller_us, gbps=gbps,
-               copy_gbps=copy, frac_copy=(gbps / copy) if gbps else None,
-               reason=f"{PRUNED}a short timing's caller p20 {lo:.1f} us is above {bar_us:.1f} us "
-                      f"({PRUNE_FACTOR:g} x the p80 of {best or 'the fastest so far'}): not timed in full"
-                      + ("" if gated else "; not gated either (never chosen)"))
-    if not gated:
-        row["ok"] = 0
-    return True
-
-
-def peak_bytes(call: Callable[[], Any], device: torch.device) -> int | None:
-    """Bytes one call allocates above what was allocated before it (its inputs, a retained graph): the CUDA caching
-    allocator's peak during the call minus its allocation before. None on the CPU (no allocator statistics)."""
-    if device.type != "cuda":
-        return None
-    sync(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    out = call()
-    sync(device)
-    peak = torch.cuda.max_memory_allocated(device) - before
-    del out
-    return int(peak)
-
-
 PRUNE_FACTOR = 1.5  # a candidate whose short timing's p20 is above this x the fastest full timing's p80 is pruned
 CONTENDED_TRIES = 3  # a CPU timing that looks contended is taken again up to this many times in all
 CONTENDED_PAUSE_S = 0.2
-COPY_BOUND = 1.5  # an op moving at least the copy's bytes cannot beat the copy bandwidth by more than this
-
-
-def _beyond_copy(gbps: float | None, copy: float, nbytes: int, device: torch.device) -> str | None:
-    """On the CPU, a bandwidth no memory system gives: above COPY_BOUND x the copy bandwidth for an op that moves at
-    least the copy's bytes (beyond every cache), so the copy figure or this timing was taken on a busy machine."""
-    if device.type != "cpu" or not gbps or nbytes < 2 * COPY_BYTES["cpu"] or gbps <= COPY_BOUND * copy:
-        return None
-    return f"{gbps:.1f} GB/s is {gbps / copy:.2f} x the copy bandwidth {copy:.1f} GB/s (limit {COPY_BOUND:g} x)"
 
 
 def flag_contended(row: dict[str, Any], why: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Copy-bandwidth ceiling and the two timings of a call.
+"""Copy-bandwidth ceiling and the two timings of a call, on a device (what a timing is made of apart from the device:
+``sampling``, whose names are importable here too).
 
 On CUDA a call gets two numbers: the kernel time (median and p20/p80 over calls timed with CUDA events,
 L2 flushed between repetitions as ``triton.testing.do_bench`` does, the GPU kept ahead of the host: see
@@ -17,142 +18,47 @@ is the best seen in the process.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
+import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
+from ..envs import contention_check
+from .sampling import (
+    CPU_BLOCK_RESOLUTIONS,
+    CPU_BUDGET_S,
+    CPU_MAX_SAMPLES,
+    CPU_MIN_BLOCK_S,
+    CPU_MIN_SAMPLES,
+    GPU_BUDGET_MS,
+    LONG_CALL_MS,
+    LONG_MIN_SAMPLES,
+    LONG_PROBES,
+    WAIT_LIMIT,
+    RowFigures,
+    Timing,
+    _run_delay_s,
+    clock,
+    clock_resolution_s,
+    contention,
+    gpu_samples,
+    no_gc,
+    quantile,
+)
 
-def quantile(sorted_values: list[float], f: float) -> float:
-    """The ``f`` quantile of already sorted values, nearest rank below (as the timings' p20/p80)."""
-    return sorted_values[min(len(sorted_values) - 1, int(f * len(sorted_values)))]
+__all__ = [  # the timing's own names, and those of ``sampling`` that callers and tests import from here
+    "COPY_BYTES", "CPU_BUDGET_S", "CPU_MIN_BLOCK_S", "CPU_MIN_SAMPLES", "FLUSH_BYTES", "FULL", "GPU_BUDGET_MS",
+    "LONG_CALL_MS", "LONG_MIN_SAMPLES", "QUICK", "WAIT_LIMIT", "batch_times_us", "contention", "copy_bandwidth_gbps",
+    "_copy_best", "copy_probe_gbps", "cpu_blocks", "cpu_timing", "cuda_index", "_cycles_per_us", "default_device",
+    "gpu_samples", "gpu_times_ms", "host_time_per_call", "no_gc", "one_call_s", "quantile", "_run_delay_s", "sync",
+    "time_call", "Timing", "COPY_BOUND", "_beyond_copy", "long_call", "peak_bytes", "RowFigures", "time_row",
+]
 
-
-CPU_MIN_SAMPLES = 10  # blocks per CPU timing: p20 and p80 are order statistics over at least this many
-CPU_MAX_SAMPLES = 200
-CPU_MIN_BLOCK_S = 1e-3  # a block lasts at least this long, and CPU_BLOCK_RESOLUTIONS x the clock's resolution
-CPU_BLOCK_RESOLUTIONS = 1000
-CPU_BUDGET_S = 0.2  # more blocks, up to CPU_MAX_SAMPLES, while the budget lasts
-WAIT_LIMIT = 0.3  # the timing thread waited for a CPU longer than this fraction of the timing: the cores were busy
-SPREAD_LIMIT = 2.0  # p80 / p20 of the blocks beyond this: a quiet machine's blocks of >= 1 ms are within a few %
-QUANTUM_MIN_S = 1e-3  # block times all on multiples of a step this large are the scheduler's, not the op's
-COPY_PROBE_LIMIT = 0.5  # a copy probe below this fraction of the best copy bandwidth seen: the memory system is shared
-_clock = time.perf_counter  # the CPU timings' clock (tests replace it)
-
-
-@functools.lru_cache(maxsize=None)
-def clock_resolution_s() -> float:
-    """The smallest step the CPU timings' clock is seen to take (its nominal resolution can be finer than its tick)."""
-    steps = []
-    for _ in range(20):
-        t0 = t1 = _clock()
-        while t1 == t0:
-            t1 = _clock()
-        steps.append(t1 - t0)
-    return min(steps)
-
-
-def _run_delay_s() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat); None where not exposed."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def cpu_blocks(fn: Callable[[], object], budget_s: float = CPU_BUDGET_S, min_samples: int = CPU_MIN_SAMPLES
-               ) -> tuple[list[float], int, float | None]:
-    """Time ``fn`` (already warmed up) in blocks of back-to-back calls: (each block's seconds, calls per block, the
-    fraction of the timed wall time this thread waited for a CPU, None where unknown). The calls per block double
-    until a block lasts twice ``CPU_MIN_BLOCK_S`` (and far above the clock's resolution: a warmer block can run
-    faster than the first); then at least ``min_samples`` blocks, more while ``budget_s`` lasts."""
-    block_s = 2 * max(CPU_MIN_BLOCK_S, CPU_BLOCK_RESOLUTIONS * clock_resolution_s())
-    n = 1
-    while True:
-        t0 = _clock()
-        for _ in range(n):
-            fn()
-        took = _clock() - t0
-        if took >= block_s:
-            break
-        n *= 2 if took * 4 >= block_s else max(2, min(1 << 20, math.ceil(block_s / max(took, 1e-9))))
-    blocks = max(min_samples, min(CPU_MAX_SAMPLES, int(budget_s / took)))
-    wait0, wall0 = _run_delay_s(), _clock()
-    out = []
-    for _ in range(blocks):
-        t0 = _clock()
-        for _ in range(n):
-            fn()
-        out.append(_clock() - t0)
-    wall, wait1 = _clock() - wall0, _run_delay_s()
-    waited = (wait1 - wait0) / wall if wait0 is not None and wait1 is not None and wall > 0 else None
-    return out, n, waited
-
-
-def quantum_s(blocks_s: list[float]) -> float | None:
-    """The step all block times sit on when they sit on multiples of one at least ``QUANTUM_MIN_S`` long (a coarse
-    clock, or a busy scheduler handing out whole slices), else None. Block times on a fine clock spread continuously."""
-    if len(blocks_s) < 3:
-        return None
-    vals = sorted(blocks_s)
-    tol = max(2e-5, 0.01 * vals[0])
-    levels = [vals[0]] + [b for a, b in zip(vals, vals[1:]) if b - a > tol]
-    steps = [b - a for a, b in zip(levels, levels[1:])]
-    if not steps:
-        return None  # all blocks alike: a quiet machine's
-    q = min(steps + [vals[0]])
-    if q < QUANTUM_MIN_S:
-        return None
-    if all(abs(v / q - round(v / q)) * q <= max(tol, 0.03 * q) for v in vals):
-        return q
-    return None
-
-
-def contention(blocks_s: list[float], calls: int, waited: float | None, probe_gbps: float | None = None,
-               best_copy_gbps: float | None = None) -> str | None:
-    """Why a CPU timing cannot be trusted as an idle machine's, or None: the timing thread waited for a CPU, the
-    blocks sit on a large quantum, or their p80/p20 spread is far beyond a quiet machine's (a copy probe taken with
-    it far below the best copy bandwidth seen is added to the reason, never the reason alone)."""
-    why = []
-    if waited is not None and waited > WAIT_LIMIT:
-        why.append(f"the timing thread waited for a CPU {waited:.0%} of the time (limit {WAIT_LIMIT:.0%})")
-    q = quantum_s(blocks_s)
-    if q is not None:
-        why.append(f"block times on multiples of {q * 1e3:.1f} ms ({calls} call(s) per block)")
-    vals = sorted(blocks_s)
-    lo, hi = quantile(vals, 0.2), quantile(vals, 0.8)
-    if lo > 0 and hi / lo > SPREAD_LIMIT:
-        why.append(f"p80/p20 = {hi / lo:.1f} over {len(vals)} blocks (limit {SPREAD_LIMIT:g})")
-    # A copy probe alone says nothing: on an idle 2-core VM it reads half the best copy seen from one probe to the
-    # next (a default CPU sweep flagged rows so). It corroborates a busy machine another signal found.
-    if why and probe_gbps is not None and best_copy_gbps and probe_gbps < COPY_PROBE_LIMIT * best_copy_gbps:
-        why.append(f"copy probe {probe_gbps:.1f} GB/s < {COPY_PROBE_LIMIT:g} x the best copy bandwidth seen "
-                   f"{best_copy_gbps:.1f} GB/s")
-    return "; ".join(why) or None
-
-
-@dataclass
-class Timing:
-    p20_us: float
-    p50_us: float
-    p80_us: float
-    host_us: float  # per call, issuing back-to-back calls (CUDA), fastest batch; equals p50 on the CPU
-    host_p20_us: float | None = None  # the spread of the host batches (CUDA); None on the CPU
-    host_p80_us: float | None = None
-    samples: int | None = None  # the CPU's blocks (each a per-call time); None on CUDA
-    contended: str | None = None  # the CPU: why the machine looked busy while this was timed (see ``contention``)
-
-    @property
-    def caller_us(self) -> float:
-        """What a caller sees per call: bound by the GPU for big work, by the launch path for small."""
-        return max(self.p50_us, self.host_us)
+log = logging.getLogger(__name__)
 
 
 def sync(device: torch.device) -> None:
@@ -271,36 +177,33 @@ def gpu_times_ms(fn: Callable[[], object], device: torch.device, warmup_ms: floa
     return timed(gpu_samples(est, per_rep, rep_ms, long))
 
 
-LONG_CALL_MS = 50.0  # a call at least this long (synchronized): its timing is bounded by time, not by sample counts
-LONG_PROBES = 2  # a long call's probe calls (the enqueue time, the estimate); a short call's: 5
-LONG_MIN_SAMPLES = {100.0: 5, 10.0: 3}  # a long call's fewest timed samples, by rep_ms (the full timing's, the quick)
-GPU_BUDGET_MS = 1000.0  # the timed repetitions' GPU time, at most (a short call's floor of 20 samples comes first)
-
-
-def gpu_samples(est_ms: float, per_rep_ms: float, rep_ms: float, long: bool = False) -> int:
-    """The timed calls of ``gpu_times_ms``: ``rep_ms`` of kernel time, at most 300 and ``GPU_BUDGET_MS`` of
-    repetitions (flush and sleep counted), at least 20. For a long call the budget comes first: the floor of 20
-    made a 0.5 s call time 20 samples (10 s) in each of a measurement's two timings, its quick look as many as
-    its full timing; it takes ``GPU_BUDGET_MS / per_rep_ms`` samples (the quick look a tenth of that), at least
-    ``LONG_MIN_SAMPLES``. A call shorter than ``LONG_CALL_MS`` takes what it took before (the same method)."""
-    if not long:
-        return max(20, min(int(rep_ms / est_ms), 300, int(GPU_BUDGET_MS / per_rep_ms)))
-    floor = LONG_MIN_SAMPLES.get(rep_ms, 5)
-    return max(floor, min(300, int(GPU_BUDGET_MS * rep_ms / 100.0 / per_rep_ms)))
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """No garbage collection inside a timed window (as timeit): a collection pause is the caller's, not the op's.
-    Nothing is collected before the window either: with Inductor and Triton loaded a process holds ~0.5-1 M objects,
-    and a full collection took 0.3 s per timing in a sweep on an H100 (more than the timing itself)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+def cpu_blocks(fn: Callable[[], object], budget_s: float = CPU_BUDGET_S, min_samples: int = CPU_MIN_SAMPLES
+               ) -> tuple[list[float], int, float | None]:
+    """Time ``fn`` (already warmed up) in blocks of back-to-back calls: (each block's seconds, calls per block, the
+    fraction of the timed wall time this thread waited for a CPU, None where unknown). The calls per block double
+    until a block lasts twice ``CPU_MIN_BLOCK_S`` (and far above the clock's resolution: a warmer block can run
+    faster than the first); then at least ``min_samples`` blocks, more while ``budget_s`` lasts."""
+    block_s = 2 * max(CPU_MIN_BLOCK_S, CPU_BLOCK_RESOLUTIONS * clock_resolution_s())
+    n = 1
+    while True:
+        t0 = clock()
+        for _ in range(n):
+            fn()
+        took = clock() - t0
+        if took >= block_s:
+            break
+        n *= 2 if took * 4 >= block_s else max(2, min(1 << 20, math.ceil(block_s / max(took, 1e-9))))
+    blocks = max(min_samples, min(CPU_MAX_SAMPLES, int(budget_s / took)))
+    wait0, wall0 = _run_delay_s(), clock()
+    out = []
+    for _ in range(blocks):
+        t0 = clock()
+        for _ in range(n):
+            fn()
+        out.append(clock() - t0)
+    wall, wait1 = clock() - wall0, _run_delay_s()
+    waited = (wait1 - wait0) / wall if wait0 is not None and wait1 is not None and wall > 0 else None
+    return out, n, waited
 
 
 QUICK = dict(host_budget_s=0.005, warmup_ms=5.0, rep_ms=10.0, cpu_budget_s=0.02, cpu_samples=5)  # a first look
@@ -387,10 +290,99 @@ def copy_probe_gbps(device: torch.device, copies: int = 3) -> float:
     src, dst = _probe_pair(device)
     took = []
     for _ in range(copies):
-        t0 = _clock()
+        t0 = clock()
         dst.copy_(src)
-        took.append((_clock() - t0) * 1e6)
+        took.append((clock() - t0) * 1e6)
     gbps = _gbps(src, min(took))
     key = str(device)
     _copy_best[key] = max(_copy_best.get(key, 0.0), gbps)
     return gbps
+
+
+def long_call(call: Callable[[], object], device: torch.device, first_s: float) -> bool:
+    """Whether ``call`` is a long GPU call (``LONG_CALL_MS``): timed within a time budget, its quick look (the
+    pruning's) costs about what its full timing does, so it is never pruned, timed in full at once. Asked (one more
+    call, synchronized) only where its first call took that long."""
+    if device.type != "cuda" or first_s * 1e3 < LONG_CALL_MS:
+        return False
+    return one_call_s(call, device) * 1e3 >= LONG_CALL_MS
+
+
+def peak_bytes(call: Callable[[], object], device: torch.device) -> int | None:
+    """Bytes one call allocates above what was allocated before it (its inputs, a retained graph): the CUDA caching
+    allocator's peak during the call minus its allocation before. None on the CPU (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return int(peak)
+
+
+COPY_BOUND = 1.5  # an op moving at least the copy's bytes cannot beat the copy bandwidth by more than this
+
+
+def _beyond_copy(gbps: float | None, copy: float, nbytes: int, device: torch.device) -> str | None:
+    """On the CPU, a bandwidth no memory system gives: above COPY_BOUND x the copy bandwidth for an op that moves at
+    least the copy's bytes (beyond every cache), so the copy figure or this timing was taken on a busy machine."""
+    if device.type != "cpu" or not gbps or nbytes < 2 * COPY_BYTES["cpu"] or gbps <= COPY_BOUND * copy:
+        return None
+    return f"{gbps:.1f} GB/s is {gbps / copy:.2f} x the copy bandwidth {copy:.1f} GB/s (limit {COPY_BOUND:g} x)"
+
+
+def _figures(t: Timing, device: torch.device, nbytes: int) -> tuple[float, float | None]:
+    """(the copy bandwidth, the op's bandwidth at ``t``'s p50) for a row timed as ``t``."""
+    return copy_bandwidth_gbps(device), nbytes / (t.p50_us * 1e-6) / 1e9 if t.p50_us > 0 else None
+
+
+def time_row(call: Callable[[], object], device: torch.device, first_s: float, nbytes: int, *,
+             bar_us: float | None = None, look_first: bool = False, between: Callable[[], bool] | None = None,
+             check_busy: bool | None = None, tries: int = 3, pause_s: float = 0.2, label: tuple[object, ...] = ()
+             ) -> RowFigures:
+    """A measurement's timing of ``call`` (made once already, in ``first_s``), moving ``nbytes``, in the order it
+    runs on the device. ``bar_us`` (successive halving) asks for a quick look (``time_call(quick=True)``): where its
+    caller p20 lies above the bar, the row ends with that look's figures (``pruned_at_us``), unless the call is long
+    (``long_call``: no look) or the look itself looked taken on a busy machine. ``look_first``: the look comes before
+    ``between`` (the measurement's step there, its gate: False ends the row untimed), else after it and the peak.
+    Then the full timing, taken again up to ``tries`` times in all, ``pause_s`` apart, while it looks taken on a busy
+    machine (its CPU signals, or a bandwidth beyond the copy's: ``_beyond_copy``), each such try logged under ``label``
+    (what is measured, its parts joined by spaces). ``check_busy`` False: a timing is taken as it is, busy or not;
+    None: as ``envs.contention_check`` says, read only where a timing looked busy."""
+
+    def checks() -> bool:  # asked only where a timing looked taken on a busy machine
+        return contention_check() if check_busy is None else check_busy
+
+    long = bar_us is not None and long_call(call, device, first_s)
+    if long:
+        bar_us = None  # its quick look would cost what its full timing does: timed in full at once
+
+    def look(peaked: bool = False, peak: int | None = None) -> RowFigures | None:
+        t = time_call(call, device, quick=True)
+        lo = max(t.p20_us, t.host_us)  # the low end of what a caller sees
+        if lo <= bar_us or (t.contended and checks()):
+            return None
+        copy, gbps = _figures(t, device, nbytes)
+        return RowFigures(t, long, pruned_at_us=lo, peaked=peaked, peak_bytes=peak, copy_gbps=copy, gbps=gbps)
+
+    if bar_us is not None and look_first and (pruned := look()) is not None:
+        return pruned
+    if between is not None and not between():
+        return RowFigures(None, long)
+    peak = peak_bytes(call, device)
+    if bar_us is not None and not look_first and (pruned := look(True, peak)) is not None:
+        return pruned
+    for attempt in range(1, tries + 1):
+        t = time_call(call, device)
+        copy, gbps = _figures(t, device, nbytes)
+        busy = "; ".join(w for w in (t.contended, _beyond_copy(gbps, copy, nbytes, device)) if w)
+        if not busy or not checks():
+            busy = ""
+            break
+        log.info("%s: %s (attempt %d of %d)", " ".join(map(str, label)), busy, attempt, tries)
+        if attempt < tries:
+            time.sleep(pause_s)
+    return RowFigures(t, long, peaked=True, peak_bytes=peak, copy_gbps=copy, gbps=gbps, busy=busy)
