@@ -54,7 +54,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 
 import tiered_ops  # noqa: E402
-from tiered_ops.measure import timing  # noqa: E402  (its rotated rounds)
+from tiered_ops.measure.recheck import interleaved as rotated_rounds  # noqa: E402  (the harness's rotated rounds)
 from tiered_ops.measure.timing import no_gc  # noqa: E402  (the harness's window without collections)
 from tiered_ops.runtime import dispatch  # noqa: E402
 from tiered_ops.tiers import cuda_ext  # noqa: E402
@@ -79,7 +79,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, cuda
         for _ in range(50):
             f()
     with no_gc():
-        return timing.interleaved(fns, rounds, lambda f: batch_us(f, calls, cuda))
+        return rotated_rounds(fns, rounds, lambda f: batch_us(f, calls, cuda))
 
 
 def paired(fn: Callable[[], Any], direct: Callable[[], Any], pairs: int, cuda: bool) -> list[float]:

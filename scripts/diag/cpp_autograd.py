@@ -30,7 +30,8 @@ from step_floor import case_calls  # scripts/diag, this script's folder
 from torch.utils.cpp_extension import load_inline
 
 from tiered_ops.measure.gate import grad_output
-from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
+from tiered_ops.measure.recheck import interleaved
+from tiered_ops.measure.timing import copy_bandwidth_gbps, time_call
 from tiered_ops.tiers import cuda_ext
 from tiered_ops.tiers.catalog import get_op
 

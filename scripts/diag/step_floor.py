@@ -24,7 +24,8 @@ import torch
 from benchmarks.speed_of_light import null_step  # the floor step the speed-of-light page times
 from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.measure.measure import timed_call
-from tiered_ops.measure.timing import copy_bandwidth_gbps, interleaved, time_call
+from tiered_ops.measure.recheck import interleaved
+from tiered_ops.measure.timing import copy_bandwidth_gbps, time_call
 from tiered_ops.registry import DTYPES
 from tiered_ops.tiers.catalog import get_op
 
