@@ -135,9 +135,9 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
     ``gate_row`` runs the gate where the row would be chosen.
 
-    ``edges``: the worst error of the edge problems' pass that the store recorded (``stored_edges``): not checked
+    ``edges``: the worst error of the edge problems' pass that the store recorded (``EdgeGates.known``): not checked
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``keep_edges`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s; ``settings``: as
+    ``EdgeGates.keep`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s; ``settings``: as
     ``Settings``."""
     row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket,
                    settings, edges)
