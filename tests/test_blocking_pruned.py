@@ -9,7 +9,7 @@ import torch
 
 from tiered_ops.decide import claimed
 from tiered_ops.measure.fingerprint import fingerprint
-from tiered_ops.measure.measure import PRUNE_FACTOR, base_row, edge_store_key
+from tiered_ops.measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key
 from tiered_ops.registry import DTYPE_NAMES, Problem
 from tiered_ops.store.rows import PRUNED, UNGATED
 from tiered_ops.store.store import Store
@@ -25,6 +25,7 @@ def _fake_measure(asked: list, times: dict[str, tuple[float, float]]):
     def measure(store, spec, impl, problem, dtype, device, mode, **kw):
         if "bucket" in kw:  # the tuner hands down its store key's bucket
             assert kw.pop("bucket") == base_row(spec, impl, problem, dtype, mode, fingerprint(device))["bucket"]
+        assert isinstance(kw.pop("gates"), claimed.EdgeGates)  # and the bucket's edge-gate record
         asked.append((impl.name, dict(kw)))  # the pruning's keywords
         lo, hi = times[impl.name]
         row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
@@ -112,3 +113,58 @@ def test_the_gate_turns_read_the_stored_edge_gates_once_and_give_each_gate_its_o
     assert len(reads) == 1, reads
     newest = {r["impl"]: r for r in rows}
     assert newest["compile"]["ok"] == 1 and newest["triton"]["ok"] == 0, newest
+
+
+def test_a_blocking_miss_reads_the_edge_gates_once_and_records_each_new_pass_once(tmp_path, monkeypatch):
+    """Each candidate measured by ``measure_kept`` and the named one gated: one read of the store's edge gates for the
+    bucket (not one per candidate and one more for the gates), each new pass recorded once; a second bucket is given
+    the passes the first recorded, nothing recorded again."""
+    spec = get_op("softmax")
+    impls = {n: spec.impls[n] for n in ("compile", "triton", "eager")}
+    monkeypatch.setattr(spec, "impls", impls)
+    new = {"eager": 2e-6, "compile": 4e-6}  # the worst edge error of a pass checked now; triton fails its gate
+    times = {"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}
+    given: list = []
+
+    def measure(spec_, impl, problem, dtype, device, mode, edges=None, **kw):
+        given.append(("measure", impl.name, edges))
+        lo, hi = times[impl.name]
+        row = dict(base_row(spec_, impl, problem, dtype, mode, fingerprint(device)), p20_us=lo, p50_us=(lo + hi) / 2,
+                   p80_us=hi, host_us=lo, host_p20_us=lo, host_p80_us=hi, caller_us=(lo + hi) / 2, first_call_s=0.01)
+        if kw.get("gated", True):
+            return dict(row, ok=1, rel_error=0.0, reason=None, **{EDGES: new[impl.name] if edges is None else edges})
+        row = dict(row, ok=0, rel_error=None, reason=f"{UNGATED}timed; its gate runs only where it would be chosen")
+        return row if edges is None else dict(row, **{EDGES: edges})
+
+    def gate_row(spec_, impl, problem, dtype, device, mode, row, edges=None, **kw):
+        given.append(("gate", impl.name, edges))
+        if impl.name == "triton":
+            return dict(row, ok=0, rel_error=1.0, reason="wrong output")
+        return dict(row, ok=1, rel_error=0.0, reason=None, **{EDGES: new[impl.name] if edges is None else edges})
+
+    monkeypatch.setattr(claimed, "measure", measure)
+    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
+    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    store = Store(str(tmp_path / "s.sqlite"))
+    reads: list = []
+    puts: list = []
+    real_read, real_put = Store.edge_gates, Store.put_edge_gate
+    monkeypatch.setattr(Store, "edge_gates", lambda self, key: reads.append(key) or real_read(self, key))
+    monkeypatch.setattr(Store, "edge_gate", lambda self, key: pytest.fail(f"one implementation's gate read: {key}"))
+    monkeypatch.setattr(Store, "put_edge_gate",
+                        lambda self, key, e, *a: puts.append((key[1], e)) or real_put(self, key, e, *a))
+    for n_rows in (4, 256):  # two buckets, each a blocking miss over three candidates
+        given.clear(), reads.clear()
+        rows, _, _ = claimed.tune_bucket(store, spec, Problem((n_rows, 64), (("dim", -1),)), torch.float32, CPU,
+                                         "fwd_nograd", "eager")
+        assert len(reads) == 1, reads
+        newest = {r["impl"]: r for r in rows}
+        assert newest["compile"]["ok"] == 1 and newest["triton"]["ok"] == 0, newest
+        assert all(EDGES not in r for r in newest.values()), newest
+        known = {} if n_rows == 4 else new  # the second bucket is handed what the first recorded
+        assert given == [("measure", "eager", known.get("eager")), ("measure", "triton", None),
+                         ("measure", "compile", known.get("compile")), ("gate", "triton", None),
+                         ("gate", "compile", known.get("compile"))], given
+        assert sorted(puts) == [("compile", new["compile"]), ("eager", new["eager"])], puts
+    assert store.count("edge_gates") == 2

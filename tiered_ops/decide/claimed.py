@@ -165,19 +165,21 @@ class EdgeGates:
 
 
 def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-                 mode: str = "fwd_nograd", **kw: Any) -> dict[str, Any]:
+                 mode: str = "fwd_nograd", *, gates: EdgeGates | None = None, **kw: Any) -> dict[str, Any]:
     """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
-    pass is recorded in it; the row back, ready to be added."""
-    edges = EdgeGates(store, spec, dtype, device, mode)
+    pass is recorded in it; the row back, ready to be added. ``gates``: the batch's record (``EdgeGates`` of the same
+    store, op, dtype, device and mode) where the caller measures several implementations, so the store is read once
+    for all of them; else one made for this implementation."""
+    edges = gates if gates is not None else EdgeGates(store, spec, dtype, device, mode)
     row = measure(spec, impl, problem, dtype, device, mode, edges=edges.known(impl), **kw)
     return edges.keep(impl, row)
 
 
 def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-                key5: tuple[str, str, str, str, str], settings: dict[str, Settings]) -> list[dict]:
+                key5: tuple[str, str, str, str, str], settings: dict[str, Settings], edges: EdgeGates) -> list[dict]:
     """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
-    rows passed over stored as never chosen; the bucket's newest rows after. ``settings``: as ``tune_bucket``'s."""
-    edges = EdgeGates(store, spec, dtype, device, mode)
+    rows passed over stored as never chosen; the bucket's newest rows after. ``settings``: as ``tune_bucket``'s;
+    ``edges``: the bucket's edge-gate record, the one its measurements kept theirs in."""
     turns = GateTurns(spec, dtype, device, store)
     rows = store.latest(*key5)
     while (turn := turns.next(rows)) is not None:
@@ -233,11 +235,12 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                 key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
                 settings: Settings | None = None) -> tuple[list[dict], float | None, str | None]:
     """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
-    ``measure_kept``), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was
-    measured here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's
-    terms) and ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that
-    has them made them (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read
-    them, given to each measurement and gate, else read by those."""
+    ``measure_kept``, given the bucket's one ``EdgeGates`` as ``gates``: the store's edge-gate passes read once for
+    the bucket), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was measured
+    here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's terms) and
+    ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that has them made
+    them (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read them, given
+    to each measurement and gate, else read by those."""
     dname = DTYPE_NAMES[dtype]
     if key5 is None:
         key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fingerprint(device).key, mode)
@@ -253,6 +256,7 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
         said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
         said.start(where, "its timings were taken on a busy machine, timing them again side by side" if again
                    else "no stored decision")
+        gates = EdgeGates(store, spec, dtype, device, mode)  # the store's passes read once for the whole bucket
         slot = slot_key(device)
         have_slot, _ = wait_for(store, slot, f"the measuring slot of {device}", wait_s, lease)
         new, t0 = [], time.perf_counter()
@@ -264,10 +268,10 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
                     store.claim(slot, lease)
                 if progress:
                     progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1],
+                new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1], gates=gates,
                                    **pruning(impl, [*rows, *new], PRUNE_FACTOR), **given))
             store.add(busy_stamped(new, time.time()))
-            rows = _gate_named(store, spec, problem, dtype, device, mode, key5, given)
+            rows = _gate_named(store, spec, problem, dtype, device, mode, key5, given, gates)
             if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
                 rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
                 store.add(rechecked)
