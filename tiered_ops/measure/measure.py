@@ -137,8 +137,8 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
 
     ``edges``: the worst error of the edge problems' pass that the store recorded (``EdgeGates.known``): not checked
     again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``EdgeGates.keep`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s; ``settings``: as
-    ``Settings``."""
+    ``EdgeGates.keep`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s;
+    ``settings``: as ``Settings``."""
     row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket,
                    settings, edges)
     return _with_edges(spec, impl, dtype, device, mode, row, edges)
