@@ -1,14 +1,15 @@
-"""Background tuning (a bucket measured through its worker) and the sweep (a case measured in this process) keep the
-edge gate's record through ``EdgeGates``: the store's passes read once per bucket or case, a new pass recorded once
-(from a row, or from a gate's edge checks split over helpers), a recorded pass given to the worker or the gate so it
-is not checked again, and a candidate failing an edge problem failed and nothing recorded for it."""
+"""Background tuning (a bucket measured through its worker), the sweep (a case measured in this process) and a miss
+inside a compiled caller (its missing implementations measured in this process) keep the edge gate's record through
+``EdgeGates``: the store's passes read once per bucket, case or miss, a new pass recorded once (from a row, or from a
+gate's edge checks split over helpers), a recorded pass given to the worker or the gate so it is not checked again,
+and a candidate failing an edge problem failed and nothing recorded for it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tiered_ops.decide import bucket
+from tiered_ops.decide import bucket, claimed
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import EDGES, base_row, bucket_str, edge_store_key
 from tiered_ops.registry import DTYPE_NAMES
@@ -172,3 +173,32 @@ def test_a_sweep_reads_the_edge_gates_once_per_case_and_records_each_new_pass_on
         assert rows.loc[(str(p), "triton"), "ok"] == 0 and rows.loc[(str(p), "triton"), "reason"] == EDGE_FAIL
         assert rows.loc[(str(p), "compile"), "ok"] == 1 and rows.loc[(str(p), "eager"), "ok"] == 1
     assert EDGES not in df.columns
+
+
+def test_a_compiled_miss_reads_the_edge_gates_once_and_records_each_new_pass_once(softmax, private_store, store_io,
+                                                                                  monkeypatch):
+    given: list = []
+
+    def measure(spec, impl, problem, dtype, device, mode, **kw):  # timed, then gated: triton fails an edge problem
+        given.append((impl.name, kw.get("edges"), kw.get("context")))
+        row = _timed(spec, impl.name, problem, mode, False, None)
+        return dict(_gated(impl.name, row, kw.get("edges")), context=kw.get("context", "eager"))
+
+    monkeypatch.setattr(claimed, "measure", measure)
+    store, fp = Store(private_store), fingerprint(CPU)
+    for rows_n in (4, 256):  # two compiled misses: the second is given the passes the first recorded
+        problem = softmax.problem((rows_n, 64), dim=-1)
+        key5 = ("softmax", bucket_str(softmax.bucket(problem)), DTYPE_NAMES[torch.float32], fp.key, "fwd_nograd")
+        given.clear()
+        rows = claimed.measure_compiled(store, softmax, problem, torch.float32, CPU, "fwd_nograd", key5,
+                                        list(softmax.impls.values()))
+        assert store_io["edge_gate"] == [] and len(store_io["edge_gates"]) == (1 if rows_n == 4 else 2), store_io
+        known = {} if rows_n == 4 else NEW  # the recorded passes handed on, not checked again
+        assert given == [(n, known.get(n), "compiled") for n in ("eager", "triton", "compile")], given
+        assert sorted(store_io["put"]) == [("compile", NEW["compile"]), ("eager", NEW["eager"])], store_io["put"]
+        newest = {r["impl"]: r for r in rows}
+        assert sorted(newest) == ["compile", "eager", "triton"] and all(r["context"] == "compiled"
+                                                                        for r in newest.values()), newest
+        assert newest["triton"]["ok"] == 0 and newest["triton"]["reason"] == EDGE_FAIL, newest["triton"]
+        assert newest["compile"]["ok"] == 1 and all(EDGES not in r for r in newest.values()), newest
+    assert store.count("edge_gates") == 2

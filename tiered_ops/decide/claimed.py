@@ -219,12 +219,15 @@ def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str]
 
 def measure_compiled(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
                      mode: str, key5: tuple[str, str, str, str, str], missing: list[Impl]) -> list[dict]:
-    """Measure ``missing`` inside a compiled caller (``measure_kept``, context ``compiled``) and store them:
-    the bucket ``key5``'s compiled-context rows after. A miss reads those rows beside the bucket's own and asks this
-    where some are missing (once: then every implementation has one)."""
+    """Measure ``missing`` inside a compiled caller (``measure_kept``, context ``compiled``, given the call's one
+    ``EdgeGates`` as ``gates``: the store's edge-gate passes read once for all of them, as ``tune_bucket`` does for a
+    bucket) and store them: the bucket ``key5``'s compiled-context rows after. A miss reads those rows beside the
+    bucket's own and asks this where some are missing (once: then every implementation has one)."""
     log.info("tiered_ops: %s %s %s %s: measuring %d implementations inside a compiled caller (once)", spec.name,
              problem, key5[2], mode, len(missing))
-    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, context="compiled", bucket=key5[1])
+    gates = EdgeGates(store, spec, dtype, device, mode)  # the store's passes read once for every implementation
+    store.add([measure_kept(store, spec, impl, problem, dtype, device, mode, gates=gates, context="compiled",
+                            bucket=key5[1])
                for impl in missing])
     return store.latest(*key5, context="compiled")
 
