@@ -215,6 +215,8 @@ def test_one_ops_cuda_files_change_its_hash_alone(tmp_path):
     for f in cuda_ext.op_files("segment_sum", tree / "cuda_src"):  # an op's CUDA kernel removed: its tier goes,
         f.unlink()  # nobody else's hash moves
     after_removed = _cuda_hashes(tree)
+    _edit(tree / "cuda_src" / "norm_grads.cuh", "#pragma once", "#pragma once\n// an edit")
+    after_header = _cuda_hashes(tree)  # a header some ops' kernels include: theirs move, and no other op's
     _edit(tree / "cuda_src" / "binding.h", "#pragma once", "#pragma once\n// an edit")
     after_shared = _cuda_hashes(tree)
 
@@ -222,7 +224,10 @@ def test_one_ops_cuda_files_change_its_hash_alone(tmp_path):
     assert {op for op in before if after_wrapper[op] != after_cu[op]} == {"softmax"}
     assert after_new == after_wrapper
     assert after_removed == {op: h for op, h in after_new.items() if op != "segment_sum"} != after_new
-    assert all(after_shared[op] != after_removed[op] for op in after_removed)
+    includers = {f.stem for f in (ROOT / "cuda_src").glob("*.cu") if '#include "norm_grads.cuh"' in f.read_text()}
+    assert includers >= {"rms_norm", "layer_norm"}
+    assert {op for op in after_removed if after_header[op] != after_removed[op]} == includers
+    assert all(after_shared[op] != after_header[op] for op in after_header)
 
 
 def _torch_includes() -> list[str]:

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,25 @@ def op_files(op: str, root: Path | None = None) -> tuple[Path, Path]:
     """The CUDA files of ``op`` alone: its kernel file and its wrapper file."""
     root = CUDA_SRC if root is None else root
     return root / f"{op}.cu", root / f"{op}.cpp"
+
+
+def included_files(files: list[Path], root: Path | None = None) -> list[Path]:
+    """The headers of ``root`` that ``files`` include (``#include "name"``), and the ones those include, in the order
+    first met: an op's source hash covers them, so a change to a header its kernels are built from stales its rows."""
+    root = CUDA_SRC if root is None else root
+    found: list[Path] = []
+    todo = [f for f in files if f.exists()]
+    while todo:
+        for line in todo.pop(0).read_text().splitlines():
+            m = _INCLUDE.match(line)
+            header = root / m.group(1) if m else None
+            if header is not None and header.exists() and header not in found and header not in files:
+                found.append(header)
+                todo.append(header)
+    return found
+
+
+_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
 
 def shared_files(root: Path | None = None) -> list[Path]:

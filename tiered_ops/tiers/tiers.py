@@ -295,6 +295,7 @@ def standard_impls(spec: OpSpec) -> None:
     has_cuda = cu_file.exists() or wrapper.exists()
     if has_cuda:
         cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
+        cuda_files += cuda_ext.included_files(cuda_files)  # the headers they include (norm_grads.cuh, ...)
         cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
         cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
         spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
