@@ -55,6 +55,21 @@ def test_short_rows_of_every_width(dtype, n):
     assert_matches("rms_norm", "cuda", P((37, n)), dtype)
 
 
+@gpu
+@pytest.mark.parametrize("problem", [
+    P((5000, 4096)),  # the decoders' width
+    P((5000, 1032)),  # the narrowest row it takes: 129 packs, most threads holding one
+    P((4999, 5120), weight=False),
+    P((5000, 2048), weight_offset=1.0),
+    P((5000, 2048), cast_before_weight=True),
+], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_many_16_bit_rows_with_the_next_rows_in_flight(dtype, problem):
+    # the CUDA kernel's pipelined layout: 16-bit rows of 1025-8192 elements, at least two a block of its persistent
+    # grid (8 blocks an SM: 5000 rows are more than two a block up to 312 SMs), rows not a multiple of the grid
+    assert_matches("rms_norm", "cuda", problem, dtype)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_non_contiguous_and_default_eps(impl):
     dev = device_for(impl)
