@@ -11,8 +11,8 @@
 // fewest threads that hold them, up to a warp (rows_config gives them one pack a thread, 1-3 loads in flight, and rows
 // of 33-64 packs a 64-thread block each that waits on a block reduction).
 // v3 — many rows of 16-bit elements (at least two for each block of its grid, 1025-8192 elements, aligned, a multiple
-// of 16 bytes): a persistent grid, one row a block at a time, the next two rows copied into shared memory while this one
-// is reduced and written (cp.async: each thread copies and reads its own packs), w's packs held in registers for every
+// of 16 bytes): a persistent grid, one row a block at a time, the next rows (two; one where a row takes over 128
+// threads) copied into shared memory while this one is reduced and written (cp.async: each thread copies and reads its own packs), w's packs held in registers for every
 // row: 0.77 -> 0.90 of a copy's rate at 8192-16384 rows of 4096 bf16 on an H200 (benchmarks/PERF_LOG.md).
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row on a persistent grid: x, dy read twice, the second time from L1/L2, dx written once); dw = sum over
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
 }
 
 // ---- v3: many 16-bit rows, a row a block at a time over a persistent grid, the next rows in flight ----
-constexpr int kPipeStages = 3, kPipePacks = 4, kPipeBlocksPerSm = 8;
+constexpr int kPipePacks = 4, kPipeBlocksPerSm = 8;
 
 // cp.async where the GPU has it (sm_80 and later); a plain copy before (the plan takes v3 on sm_80 and later only).
 __device__ __forceinline__ void pipe_copy16(void* smem, const void* gmem) {
@@ -101,12 +101,12 @@ __device__ __forceinline__ void pipe_wait() {
 }
 
 // Block b takes rows b, b + gridDim.x, ...; thread t holds packs t, t + blockDim.x, ... of each (kPipePacks at most).
-// The rows kPipeStages - 1 ahead are copied into a ring of shared memory as a row is reduced and written.
-template <typename T>
+// The rows S - 1 ahead are copied into a ring of S stages of shared memory as a row is reduced and written.
+template <typename T, int S>
 __global__ void __launch_bounds__(256) rms_norm_v3_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                           T* __restrict__ y, int64_t rows, int n, float eps,
                                                           float w_offset, bool cast) {
-  constexpr int V = Pack<T>::N, P = kPipePacks, S = kPipeStages;
+  constexpr int V = Pack<T>::N, P = kPipePacks;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Pack<T>* ring = reinterpret_cast<Pack<T>*>(smem_raw);
   __shared__ float red[32];
@@ -212,8 +212,12 @@ static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, i
   const bool aligned = aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
   if constexpr (sizeof(T) == 2) {
     if (const PipePlan pp = pipe_plan<T>(rows, n, aligned); pp.nt) {
-      const size_t smem = (size_t)kPipeStages * kPipePacks * pp.nt * sizeof(Pack<T>);  // at most 48 KB: no opt-in
-      rms_norm_v3_kernel<T><<<pp.blocks, pp.nt, smem, stream>>>(x, w, y, rows, (int)n, eps, w_offset, cast);
+      // three stages for rows of up to 128 threads, two for wider ones (as fast on an H200): at most 32 KB, no opt-in
+      const size_t smem = (size_t)(pp.nt > 128 ? 2 : 3) * kPipePacks * pp.nt * sizeof(Pack<T>);
+      if (pp.nt > 128)
+        rms_norm_v3_kernel<T, 2><<<pp.blocks, pp.nt, smem, stream>>>(x, w, y, rows, (int)n, eps, w_offset, cast);
+      else
+        rms_norm_v3_kernel<T, 3><<<pp.blocks, pp.nt, smem, stream>>>(x, w, y, rows, (int)n, eps, w_offset, cast);
       return cudaGetLastError();
     }
   }
