@@ -10,10 +10,6 @@
 // Rows of at most 128 packs (short_rows_config) take 4 packs a thread (2 for fp32 rows of up to 16 packs) and the
 // fewest threads that hold them, up to a warp (rows_config gives them one pack a thread, 1-3 loads in flight, and rows
 // of 33-64 packs a 64-thread block each that waits on a block reduction).
-// v3 — many rows of 16-bit elements (at least two for each block of its grid, 1025-8192 elements, aligned, a multiple
-// of 16 bytes): a persistent grid, one row a block at a time, the next rows (two; one where a row takes over 128
-// threads) copied into shared memory while this one is reduced and written (cp.async: each thread copies and reads its own packs), w's packs held in registers for every
-// row: 0.77 -> 0.90 of a copy's rate at 8192-16384 rows of 4096 bf16 on an H200 (benchmarks/PERF_LOG.md).
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row on a persistent grid: x, dy read twice, the second time from L1/L2, dx written once); dw = sum over
 // rows of dy * x * r, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x
@@ -76,119 +72,6 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
   });
 }
 
-// ---- v3: many 16-bit rows, a row a block at a time over a persistent grid, the next rows in flight ----
-constexpr int kPipePacks = 4, kPipeBlocksPerSm = 8;
-
-// cp.async where the GPU has it (sm_80 and later); a plain copy before (the plan takes v3 on sm_80 and later only).
-__device__ __forceinline__ void pipe_copy16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
-#else
-  *static_cast<int4*>(smem) = *static_cast<const int4*>(gmem);
-#endif
-}
-__device__ __forceinline__ void pipe_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void pipe_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// Block b takes rows b, b + gridDim.x, ...; thread t holds packs t, t + blockDim.x, ... of each (kPipePacks at most).
-// The rows S - 1 ahead are copied into a ring of S stages of shared memory as a row is reduced and written.
-template <typename T, int S>
-__global__ void __launch_bounds__(256) rms_norm_v3_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                          T* __restrict__ y, int64_t rows, int n, float eps,
-                                                          float w_offset, bool cast) {
-  constexpr int V = Pack<T>::N, P = kPipePacks;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Pack<T>* ring = reinterpret_cast<Pack<T>*>(smem_raw);
-  __shared__ float red[32];
-  const int tid = threadIdx.x, nt = blockDim.x, npk = n / V;
-  const int64_t G = gridDim.x;
-  Pack<T> qw[P];  // w's packs, raw, for every row
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int j = p * nt + tid;
-    if (w && j < npk) qw[p] = load_pack(w + (int64_t)j * V);
-  }
-  auto issue = [&](int64_t r, int stage) {  // row r's packs into the ring's stage (one commit group, empty past the end)
-    if (r < rows) {
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int j = p * nt + tid;
-        if (j < npk) pipe_copy16(ring + (stage * P + p) * nt + tid, x + r * n + (int64_t)j * V);
-      }
-    }
-    pipe_commit();
-  };
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) issue(blockIdx.x + s * G, s);
-  int k = 0;
-  for (int64_t r = blockIdx.x; r < rows; r += G, ++k) {
-    issue(r + (S - 1) * G, (k + S - 1) % S);  // into the stage the last row was read from
-    pipe_wait<S - 1>();  // this row's copies landed (the thread's own: no barrier needed)
-    const Pack<T>* q = ring + (k % S) * P * nt + tid;
-    Pack<T> v[P];
-    float ss = 0.f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      if (p * nt + tid < npk) {
-        v[p] = q[p * nt];
-#pragma unroll
-        for (int e = 0; e < V; ++e) ss += to_f(v[p].v[e]) * to_f(v[p].v[e]);
-      }
-    }
-    const float rstd = rsqrtf(block_sum(ss, red) / (float)n + eps);
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int j = p * nt + tid;
-      if (j < npk) {
-        float a[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e)
-          a[e] = rms_weighted<T>(to_f(v[p].v[e]) * rstd, w, w ? to_f(qw[p].v[e]) : 0.f, w_offset, cast);
-        store_f<T, V>(y, r * n + (int64_t)j * V, a);
-      }
-    }
-  }
-  pipe_wait<0>();
-}
-
-// v3's launch for rows of n elements of T (nt 0: v3 does not apply): the fewest threads a block (64 at least) that
-// hold a row in kPipePacks packs each, at most 256, and kPipeBlocksPerSm blocks an SM; 16-bit rows only, aligned, at
-// least two for each block of the grid.
-struct PipePlan {
-  int nt = 0;
-  unsigned blocks = 0;
-};
-
-template <typename T>
-static PipePlan pipe_plan(int64_t rows, int64_t n, bool aligned) {
-  constexpr int V = Pack<T>::N;
-  if (!aligned || n % V != 0 || n <= (int64_t)32 * kPipePacks * V) return {};
-  int nt = 64;
-  while ((int64_t)nt * kPipePacks * V < n) nt *= 2;
-  if (nt > 256) return {};
-  static int sms[64] = {}, major[64] = {};  // each device's, asked once (a benign race: the same answer either way)
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return {};
-  if (sms[dev] == 0) {
-    cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev);
-  }
-  if (major[dev] < 8) return {};
-  const int64_t blocks = (int64_t)sms[dev] * kPipeBlocksPerSm;
-  if (blocks == 0 || rows < 2 * blocks) return {};
-  return PipePlan{nt, (unsigned)blocks};
-}
-
 // rows_config, with rows of at most 32 threads of 4 packs held by the fewest threads of 4 packs each (2 for fp32
 // rows of up to 16 packs, fewer where the row is shorter), 128 threads a block.
 static RowsConfig short_rows_config(int64_t rows, int64_t n, int V, bool aligned) {
@@ -210,17 +93,6 @@ static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, i
                                    bool cast, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool aligned = aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
-  if constexpr (sizeof(T) == 2) {
-    if (const PipePlan pp = pipe_plan<T>(rows, n, aligned); pp.nt) {
-      // three stages for rows of up to 128 threads, two for wider ones (as fast on an H200): at most 32 KB, no opt-in
-      const size_t smem = (size_t)(pp.nt > 128 ? 2 : 3) * kPipePacks * pp.nt * sizeof(Pack<T>);
-      if (pp.nt > 128)
-        rms_norm_v3_kernel<T, 2><<<pp.blocks, pp.nt, smem, stream>>>(x, w, y, rows, (int)n, eps, w_offset, cast);
-      else
-        rms_norm_v3_kernel<T, 3><<<pp.blocks, pp.nt, smem, stream>>>(x, w, y, rows, (int)n, eps, w_offset, cast);
-      return cudaGetLastError();
-    }
-  }
   const RowsConfig c = short_rows_config(rows, n, V, aligned);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(

@@ -64,9 +64,9 @@ def test_short_rows_of_every_width(dtype, n):
     P((5000, 2048), cast_before_weight=True),
 ], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_many_16_bit_rows_with_the_next_rows_in_flight(dtype, problem):
-    # the CUDA kernel's pipelined layout: 16-bit rows of 1025-8192 elements, at least two a block of its persistent
-    # grid (8 blocks an SM: 5000 rows are more than two a block up to 312 SMs), rows not a multiple of the grid
+def test_many_16_bit_rows(dtype, problem):
+    # many rows of 1025-5120 16-bit elements (the widths a layout holding rows in flight across a persistent grid would
+    # take: more rows than two for each of 8 blocks an SM up to 312 SMs), rows not a multiple of any grid
     assert_matches("rms_norm", "cuda", problem, dtype)
 
 
