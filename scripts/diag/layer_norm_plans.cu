@@ -18,16 +18,9 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
-namespace cg = cooperative_groups;
 
-#define CK(x)                                                             \
-  do {                                                                    \
-    cudaError_t e_ = (x);                                                 \
-    if (e_ != cudaSuccess) {                                              \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
-      exit(1);                                                            \
-    }                                                                     \
-  } while (0)
+#include "diag_timing.cuh"
+namespace cg = cooperative_groups;
 
 constexpr int NT = 512, LAG = 4;
 
@@ -262,32 +255,6 @@ __global__ void fill(float* x, long n, unsigned seed, float scale, float shift) 
     h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
     x[i] = ((h & 0xffffff) / 16777216.f - 0.5f) * scale + shift;
   }
-}
-
-template <class F>
-static float time_ms(F f, int reps = 15) {
-  if (getenv("ONCE")) {  // one launch of each (a profiler's run), no timing
-    f();
-    CK(cudaDeviceSynchronize());
-    return 1.f;
-  }
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 static double check(const float* dx, const float* dw, const float* db, const float* dy, long rows, long n) {

@@ -12,18 +12,10 @@
 #include <vector>
 
 #include "common.cuh"
+#include "diag_timing.cuh"
 
 using namespace tiered_ops;
 using T = __nv_bfloat16;
-
-#define CK(x)                                                            \
-  do {                                                                   \
-    cudaError_t e_ = (x);                                                \
-    if (e_ != cudaSuccess) {                                             \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));  \
-      exit(1);                                                           \
-    }                                                                    \
-  } while (0)
 
 // EARLY: w's packs loaded before the row's reduction. LB: the launch bound's threads (1024: the op's).
 template <int P, bool EARLY, int LB, int MINB = 1>
@@ -129,27 +121,6 @@ __global__ void fill(T* x, long n, unsigned seed, float scale, float shift) {
   }
 }
 
-template <class F>
-static float time_ms(F f, int reps = 25) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 static double check(const T* dx, const T* dw, const T* dy, long rows, long n) {
   std::vector<T> hx(n), hy(n), hw(n);
   CK(cudaMemcpy(hw.data(), dw, n * 2, cudaMemcpyDeviceToHost));
@@ -178,7 +149,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&w, n * 2));
   fill<<<1024, 256>>>(x, rows * n, 1234u, 4.f, 0.f);
   fill<<<64, 256>>>(w, n, 77u, 1.f, 1.f);
-  const float copy_ms = time_ms([&] { CK(cudaMemcpyAsync(z, x, bytes, cudaMemcpyDeviceToDevice)); });
+  const float copy_ms = time_ms([&] { CK(cudaMemcpyAsync(z, x, bytes, cudaMemcpyDeviceToDevice)); }, 25, 5);
   printf("%ld x %ld bf16: copy %.1f us\n", rows, n, copy_ms * 1e3);
   auto run = [&](const char* name, auto kern, int P, int threads_per_block) {
     constexpr int V = Pack<T>::N;
@@ -188,7 +159,7 @@ int main(int argc, char** argv) {
     if (tpr > 1024) return;
     const int threads = std::max(tpr, threads_per_block), rpb = threads / tpr;
     const unsigned blocks = (unsigned)((rows + rpb - 1) / rpb);
-    const float ms = time_ms([&] { kern<<<blocks, threads>>>(x, w, y, rows, (int)n, 1e-6f, tpr); });
+    const float ms = time_ms([&] { kern<<<blocks, threads>>>(x, w, y, rows, (int)n, 1e-6f, tpr); }, 25, 5);
     cudaFuncAttributes at;
     CK(cudaFuncGetAttributes(&at, kern));
     const double err = check(x, w, y, rows, n);
@@ -215,7 +186,7 @@ int main(int argc, char** argv) {
     const size_t smem = (size_t)S * P * nt * 16;
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const unsigned blocks = (unsigned)std::min<long>(rows, (long)sms * per_sm);
-    const float ms = time_ms([&] { kern<<<blocks, nt, smem>>>(x, w, y, rows, (int)n, 1e-6f, nt); });
+    const float ms = time_ms([&] { kern<<<blocks, nt, smem>>>(x, w, y, rows, (int)n, 1e-6f, nt); }, 25, 5);
     CK(cudaGetLastError());
     cudaFuncAttributes at;
     CK(cudaFuncGetAttributes(&at, kern));

@@ -12,16 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-namespace cg = cooperative_groups;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                    \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#include "diag_timing.cuh"
+namespace cg = cooperative_groups;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -301,30 +294,7 @@ __global__ void fill(float* x, long n, unsigned seed) {
   }
 }
 
-static float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
-template <typename F>
-static float time_ms(F f, int reps = 15) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  return median(t);
-}
 
 static double check(const float* dx, const float* dy, long rows, long n) {
   std::vector<float> hx(n), hy(n);
