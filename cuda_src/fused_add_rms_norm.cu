@@ -8,7 +8,7 @@
 // v2 — the row of s in registers (common.cuh, rows_config): 2 reads + 2 writes for rows of up to 32768 elements that
 // are a multiple of 16 bytes and aligned; several short rows per block, reduced with shuffles. v1 does the rest.
 // Backward, with r the saved rstd, g = dy * w, ds the gradient of s: dx = ds + r * (g - s * r^2 * mean(g * s))
-// (block per row on a persistent grid: dy and s read twice, the second time from L1/L2, ds once, dx written once;
+// (block per row on a persistent grid: dy and s read once into registers where the row fits one pass of the block, else twice: RowPasses; ds once, dx written once;
 // dx is also dresidual); dw = sum over rows of dy * s * r, summed per block into fp32 partials and reduced by a
 // second launch (norm_grads.cuh). v1 read dy and s once more in a column kernel and summed and cast with torch.
 // Hugging Face forms: rms_norm's runtime arguments (w_offset: w + w_offset in fp32; cast: y rounded to T before the
@@ -143,24 +143,22 @@ __global__ void __launch_bounds__(1024) fused_add_rms_norm_bwd_v1_kernel(
 #pragma unroll
       for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
     };
+    RowPasses<K, V> row;
     float gs = 0.f;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], d[V], g[V];
-      load(i, a, d, g);
+    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) gs += g[j] * a[j];
     });
     const float c = block_sum(gs, smem) * rstd * rstd / (float)n;
-    for_row_k<K, V>(n, [&](int k, int64_t i) {
-      float a[V], d[V], g[V], e[V];
-      load(i, a, d, g);
+    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+      float e[V];
       load_f<T, V>(ds, base + i, e);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
-        a[j] = e[j] + rstd * (g[j] - a[j] * c);
+        e[j] += rstd * (g[j] - a[j] * c);
       }
-      store_f<T, V>(dx, base + i, a);
+      store_f<T, V>(dx, base + i, e);
     });
   });
   acc.finish(n);

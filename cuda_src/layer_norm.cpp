@@ -1,5 +1,5 @@
 // The torch wrapper of layer_norm.cu: argument checks, the launch, and the op's registration (binding.h).
-#include "binding.h"
+#include "native_autograd.h"
 
 namespace tiered_ops {
 
@@ -77,6 +77,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   return {dx, want_w ? dw : x.new_empty({0}), has_bias ? db : x.new_empty({0})};
 }
 
+// The training call's autograd node: saves x, the weight and the row statistics (marked non-differentiable), as
+// ops/layer_norm.py's setup_context.
+struct LayerNormNode : torch::autograd::Function<LayerNormNode> {
+  static Grads forward(AutogradCtx* ctx, const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                       const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, double eps) {
+    auto [y, mean, rstd] = layer_norm_cuda(x, normalized_shape, weight, bias, eps);
+    ctx->set_materialize_grads(false);
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), mean, rstd});
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return {y, mean, rstd};
+  }
+
+  static Grads backward(AutogradCtx* ctx, Grads grads) {
+    const Grads saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    auto [dx, dw, db] = layer_norm_bwd_cuda(grad_or_zeros(grads[0], x, x.scalar_type()), x,
+                                            ctx->saved_data["normalized_shape"].toIntVector(), saved_optional(w),
+                                            saved[2], saved[3], has_bias);
+    return {dx, at::Tensor(), w.defined() ? dw : at::Tensor(), has_bias ? db : at::Tensor(), at::Tensor()};
+  }
+};
+
+std::vector<at::Tensor> layer_norm_train_cuda(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                                              const c10::optional<at::Tensor>& weight,
+                                              const c10::optional<at::Tensor>& bias, double eps) {
+  return LayerNormNode::apply(x, std::move(normalized_shape), weight, bias, eps);
+}
+
 }  // namespace
 
 TIERED_OPS_CUDA_OP(layer_norm,
@@ -84,5 +116,7 @@ TIERED_OPS_CUDA_OP(layer_norm,
                   "-> (Tensor, Tensor, Tensor)",
                   "layer_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, Tensor mean, "
                   "Tensor rstd, bool has_bias) -> (Tensor, Tensor, Tensor)");
+
+TIERED_OPS_CUDA_TRAIN(layer_norm);
 
 }  // namespace tiered_ops

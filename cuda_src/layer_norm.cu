@@ -5,7 +5,7 @@
 // Bytes: ideal 1 read + 1 write of x (+ w, b once). v1 reads each row three times (mean, then the
 // centred variance, then normalize); the later reads hit L1/L2 for rows up to ~100 KB.
 // Backward, xhat = (x - mean) * rstd, g = dy * w: dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (block per
-// row on a persistent grid, x and dy read twice, the second time from L1/L2); dw = sum of dy * xhat and db = sum of
+// row on a persistent grid, x and dy read once into registers where the row fits one pass of the block, else twice: norm_grads.cuh's RowPasses); dw = sum of dy * xhat and db = sum of
 // dy over rows, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x and
 // dy once more in a column kernel and summed and cast the partials with torch.
 // Limits: any row length; v1 gives a block to a row, so a few giant rows use few SMs (v3 splits them).
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(1024) layer_norm_bwd_v1_kernel(const T* __rest
                                                                  const float* __restrict__ mean,
                                                                  const float* __restrict__ rstd, T* __restrict__ dx,
                                                                  float* pw, float* pb, int64_t rows, int64_t n) {
-  __shared__ float smem[32];
+  __shared__ float smem[64];
   ColAcc<K, V> acc_w, acc_b;
   acc_w.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
   acc_b.begin(pb ? pb + (int64_t)blockIdx.x * n : nullptr, n);
@@ -87,24 +87,23 @@ __global__ void __launch_bounds__(1024) layer_norm_bwd_v1_kernel(const T* __rest
 #pragma unroll
       for (int j = 0; j < V; ++j) a[j] = (a[j] - mu) * rs, g[j] = w ? d[j] * pv[j] : d[j];
     };
+    RowPasses<K, V> row;
     float s1 = 0.f, s2 = 0.f;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], d[V], g[V];
-      load(i, a, d, g);
+    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) s1 += g[j] * a[j], s2 += g[j];
     });
-    const float c1 = block_sum(s1, smem) / (float)n, c2 = block_sum(s2, smem) / (float)n;
-    for_row_k<K, V>(n, [&](int k, int64_t i) {
-      float a[V], d[V], g[V];
-      load(i, a, d, g);
+    block_sum2(s1, s2, smem);
+    const float c1 = s1 / (float)n, c2 = s2 / (float)n;
+    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+      float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         if (pw) acc_w.add(k, i, j, d[j] * a[j]);
         if (pb) acc_b.add(k, i, j, d[j]);
-        a[j] = n == 1 ? 0.f : rs * (g[j] - a[j] * c1 - c2);
+        o[j] = n == 1 ? 0.f : rs * (g[j] - a[j] * c1 - c2);
       }
-      store_f<T, V>(dx, base + i, a);
+      store_f<T, V>(dx, base + i, o);
     });
   });
   acc_w.finish(n);

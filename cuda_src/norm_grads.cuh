@@ -65,6 +65,56 @@ struct ColAcc {
   }
 };
 
+// The two passes of a backward over its row: first(n, load, f) calls f(a, d, g) on each of this thread's packs (the
+// values `load(i, a, d, g)` reads: the input, dy and dy times the weight) for the row's sums; then, after the caller's
+// reductions, second(n, load, f) calls f(k, i, a, d, g) on the same packs for dx. With K > 0 (the row in one pass of
+// the block) the first pass keeps the values in registers and the second reads them there: the row comes from memory
+// once, and no load waits behind the reductions. With K == 0 the second pass loads them again (from L1/L2).
+template <int K, int V>
+struct RowPasses {
+  static constexpr int R = K > 0 ? K : 1;
+  float a[R][V], d[R][V], g[R][V];
+
+  template <typename L, typename F>
+  __device__ __forceinline__ void first(int64_t n, L&& load, F&& f) {
+    if constexpr (K > 0) {
+      for_row_k<K, V>(n, [&](int k, int64_t i) {
+        load(i, a[k], d[k], g[k]);
+        f(a[k], d[k], g[k]);
+      });
+    } else {
+      for_row<V>(n, [&](int64_t i) {
+        load(i, a[0], d[0], g[0]);
+        f(a[0], d[0], g[0]);
+      });
+    }
+  }
+
+  template <typename L, typename F>
+  __device__ __forceinline__ void second(int64_t n, L&& load, F&& f) {
+    if constexpr (K > 0) {
+      for_row_k<K, V>(n, [&](int k, int64_t i) { f(k, i, a[k], d[k], g[k]); });
+    } else {
+      for_row_k<0, V>(n, [&](int k, int64_t i) {
+        load(i, a[0], d[0], g[0]);
+        f(k, i, a[0], d[0], g[0]);
+      });
+    }
+  }
+};
+
+// Two sums over the block at once (one pair of barriers); every thread gets both. `smem` holds at least 64 floats.
+__device__ __forceinline__ void block_sum2(float& u, float& v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  u = warp_sum(u);
+  v = warp_sum(v);
+  __syncthreads();  // smem may still be read from a previous reduction
+  if (lane == 0) smem[warp] = u, smem[32 + warp] = v;
+  __syncthreads();
+  u = warp_sum(lane < nwarps ? smem[lane] : 0.f);
+  v = warp_sum(lane < nwarps ? smem[32 + lane] : 0.f);
+}
+
 // dw[j] = sum over g of pw[g, j] (db from pb alike; a null pair is skipped) in fp32, stored as TW. Block (32, 8): 32
 // consecutive columns, 8 threads striding over the groups, combined in shared memory.
 template <typename TW>

@@ -1,5 +1,5 @@
 // The torch wrapper of rms_norm.cu: argument checks, the launch, and the op's registration (binding.h).
-#include "binding.h"
+#include "native_autograd.h"
 
 namespace tiered_ops {
 
@@ -63,6 +63,38 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   return {dx, wc.defined() ? dw : x.new_empty({0})};
 }
 
+// The training call's autograd node: saves x and the weight (ops/rms_norm.py's setup_context); the backward
+// recomputes rsqrt(mean(x^2) + eps) from x.
+struct RmsNormNode : torch::autograd::Function<RmsNormNode> {
+  static at::Tensor forward(AutogradCtx* ctx, const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                            const c10::optional<at::Tensor>& weight, double eps, double weight_offset,
+                            bool cast_before_weight) {
+    at::Tensor y = rms_norm_cuda(x, normalized_shape, weight, eps, weight_offset, cast_before_weight);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor())});
+    ctx->saved_data["normalized_shape"] = normalized_shape;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["weight_offset"] = weight_offset;
+    ctx->saved_data["cast_before_weight"] = cast_before_weight;
+    return y;
+  }
+
+  static Grads backward(AutogradCtx* ctx, Grads grads) {
+    const Grads saved = ctx->get_saved_variables();
+    const at::Tensor& w = saved[1];
+    auto [dx, dw] = rms_norm_bwd_cuda(grads[0], saved[0], ctx->saved_data["normalized_shape"].toIntVector(),
+                                      saved_optional(w), ctx->saved_data["eps"].toDouble(),
+                                      ctx->saved_data["weight_offset"].toDouble(),
+                                      ctx->saved_data["cast_before_weight"].toBool());
+    return {dx, at::Tensor(), w.defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor rms_norm_train_cuda(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                               const c10::optional<at::Tensor>& weight, double eps, double weight_offset,
+                               bool cast_before_weight) {
+  return RmsNormNode::apply(x, std::move(normalized_shape), weight, eps, weight_offset, cast_before_weight);
+}
+
 }  // namespace
 
 TIERED_OPS_CUDA_OP(rms_norm,
@@ -70,5 +102,7 @@ TIERED_OPS_CUDA_OP(rms_norm,
                   "bool cast_before_weight=False) -> Tensor",
                   "rms_norm_bwd_cuda(Tensor dy, Tensor x, int[] normalized_shape, Tensor? weight, float eps, "
                   "float weight_offset=0., bool cast_before_weight=False) -> (Tensor, Tensor)");
+
+TIERED_OPS_CUDA_TRAIN(rms_norm);
 
 }  // namespace tiered_ops

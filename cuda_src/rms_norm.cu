@@ -11,7 +11,8 @@
 // fewest threads that hold them, up to a warp (rows_config gives them one pack a thread, 1-3 loads in flight, and rows
 // of 33-64 packs a 64-thread block each that waits on a block reduction).
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
-// (block per row on a persistent grid: x, dy read twice, the second time from L1/L2, dx written once); dw = sum over
+// (block per row on a persistent grid: x, dy read once and held in registers where the row fits one pass of the block,
+// else read a second time from L1/L2; dx written once); dw = sum over
 // rows of dy * x * r, summed per block into fp32 partials and reduced by a second launch (norm_grads.cuh). v1 read x
 // and dy once more in a column kernel and summed and cast the partials with torch: 4 launches, 5 passes.
 // Hugging Face forms (runtime arguments of the same kernels, one launch): w_offset multiplies by (w + w_offset) in fp32
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(1024) rms_norm_bwd_v1_kernel(const DY* __restr
                                                                float* pw, int64_t rows, int64_t n, float eps,
                                                                float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
-  __shared__ float smem[32];
+  __shared__ float smem[64];
   ColAcc<K, V> acc;
   acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
   for_block_rows(rows, [&](int64_t r) {
@@ -133,24 +134,23 @@ __global__ void __launch_bounds__(1024) rms_norm_bwd_v1_kernel(const DY* __restr
 #pragma unroll
       for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
     };
+    RowPasses<K, V> row;
     float ss = 0.f, gx = 0.f;
-    for_row<V>(n, [&](int64_t i) {
-      float a[V], d[V], g[V];
-      load(i, a, d, g);
+    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += g[j] * a[j];
     });
-    const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-    const float c = block_sum(gx, smem) * rstd * rstd / (float)n;
-    for_row_k<K, V>(n, [&](int k, int64_t i) {
-      float a[V], d[V], g[V];
-      load(i, a, d, g);
+    block_sum2(ss, gx, smem);
+    const float rstd = rsqrtf(ss / (float)n + eps);
+    const float c = gx * rstd * rstd / (float)n;
+    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+      float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
-        a[j] = rstd * (g[j] - a[j] * c);
+        o[j] = rstd * (g[j] - a[j] * c);
       }
-      store_f<T, V>(dx, base + i, a);
+      store_f<T, V>(dx, base + i, o);
     });
   });
   acc.finish(n);

@@ -235,9 +235,10 @@ def load_if_built(device: torch.device) -> bool:
 
 
 def registered_ops() -> list[str] | None:
-    """The ops the loaded extension registered (one per wrapper file), or None when not built."""
+    """The ops the loaded extension registered (one per wrapper file, each once: a file may export several
+    functions), or None when not built."""
     module = _state.get("module")
-    return list(module.registered_ops) if module is not None else None
+    return list(dict.fromkeys(module.registered_ops)) if module is not None else None
 
 
 def ninja_seconds(build_dir: Path) -> dict[str, float]:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..registry import Impl, OpSpec, Tier, checked, package_dir
-from . import cuda_ext, fastpath
+from . import cuda_ext, fastpath, native
 
 TRITON_SRC = package_dir("triton_src")
 log = logging.getLogger(__name__)
@@ -207,8 +207,8 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
                 ) -> Callable[..., Any]:
     """The kernel tier as its callers run it: the registered op while torch.compile traces (the graph takes it in), and
     otherwise the eager fast path (``fastpath.tier_fast``: the launchers called directly, one Python autograd.Function
-    when a gradient is needed), made on the first call once ``load`` has brought the tier up; the registered op where
-    the tier has no fast path."""
+    when a gradient is needed; ``native.native_fast`` where the op's CUDA wrapper has that node in C++), made on the
+    first call once ``load`` has brought the tier up; the registered op where the tier has no fast path."""
     resolved: list[Callable[..., Any]] = []
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -219,7 +219,8 @@ def _eager_fast(spec: OpSpec, tier: str, registered: Callable[..., Any], load: C
         why = load()
         if why:
             raise RuntimeError(f"tiered_ops::{spec.name}_{tier} is unavailable: {why}")
-        fast = fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered)
+        fast = native.native_fast(spec, registered) if tier == "cuda" else None  # a C++ autograd node, where declared
+        fast = fast or fastpath.tier_fast(spec, tier, spec.first_output, fallback=registered)
         resolved.append(fast or registered)
         return resolved[0](*args, **kwargs)
 
@@ -296,6 +297,8 @@ def standard_impls(spec: OpSpec) -> None:
     if has_cuda:
         cuda_files = [cu_file, wrapper, *cuda_ext.shared_files()]
         cuda_files += cuda_ext.included_files(cuda_files)  # the headers they include (norm_grads.cuh, ...)
+        if native.declares_node(name):  # its training call goes through tiers/native.py
+            cuda_files.append(Path(native.__file__))
         cuda_registered = _bind(_kernel_op(f"{name}_cuda", cuda_ext.load), kernel_args, first_output, n_out)
         cuda_fast = _eager_fast(spec, "cuda", cuda_registered, cuda_ext.load)
         spec.add(Impl("cuda", Tier.CUDA, checked(spec, cuda_fast), unchecked=cuda_fast,
