@@ -124,7 +124,7 @@ static cudaError_t launch_fused_add_rms_norm_w32(const T* x, const T* res, const
 // A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and with a weight (pw non-null) the
 // block's sum of dy * s * r over its rows into its row of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
 template <typename T, int V, typename W = T, typename DY = T, int K = 1>
-__global__ void __launch_bounds__(1024) fused_add_rms_norm_bwd_v1_kernel(
+__global__ void __launch_bounds__(1024, 1) fused_add_rms_norm_bwd_v1_kernel(
     const DY* __restrict__ dy, const T* __restrict__ ds, const T* __restrict__ s, const W* __restrict__ w,
     const float* __restrict__ rstd_in, T* __restrict__ dx, float* pw, int64_t rows, int64_t n, float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
@@ -134,31 +134,33 @@ __global__ void __launch_bounds__(1024) fused_add_rms_norm_bwd_v1_kernel(
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float rstd = rstd_in[r];
-    // s, dy and g = dy * (w + w_offset) at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
+    // s, dy and g = dy * (w + w_offset) at element i of the row, from s's and dy's packs there
+    auto expand = [&](int64_t i, const Raw<T, V>& xv, const Raw<DY, V>& dv, float (&a)[V], float (&d)[V],
+                      float (&g)[V]) {
       float ww[V];
-      load_f<T, V>(s, base + i, a);
-      load_f<DY, V>(dy, base + i, d);
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
+      for (int j = 0; j < V; ++j) {
+        a[j] = to_f(xv.v[j]), d[j] = to_f(dv.v[j]);
+        g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
+      }
     };
-    RowPasses<K, V> row;
+    RowPasses<K, V, T, DY> row;
     float gs = 0.f;
-    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
+    row.first(n, s + base, dy + base, expand, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) gs += g[j] * a[j];
     });
     const float c = block_sum(gs, smem) * rstd * rstd / (float)n;
-    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
-      float e[V];
-      load_f<T, V>(ds, base + i, e);
+    row.second(n, s + base, dy + base, expand, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+      const Raw<T, V> ev = *reinterpret_cast<const Raw<T, V>*>(ds + base + i);
+      float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
-        e[j] += rstd * (g[j] - a[j] * c);
+        o[j] = to_f(ev.v[j]) + rstd * (g[j] - a[j] * c);
       }
-      store_f<T, V>(dx, base + i, e);
+      store_f<T, V>(dx, base + i, o);
     });
   });
   acc.finish(n);
@@ -182,6 +184,28 @@ static cudaError_t launch_fused_add_rms_norm_bwd(const DY* dy, const T* ds, cons
   });
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_reduce_partials<W>(pw, nullptr, dw, nullptr, blocks, n, stream);
+}
+
+// The backward's grid for these element types (norm_bwd_grid).
+template <typename T, typename W, typename DY>
+static int64_t fused_add_rms_norm_bwd_grid(int64_t rows, int64_t n) {
+  constexpr int V = std::is_same<T, W>::value && std::is_same<T, DY>::value ? Pack<T>::N : 1;
+  return norm_bwd_grid<V>(rows, n, [](auto vx, auto kx) {
+    return fused_add_rms_norm_bwd_v1_kernel<T, decltype(vx)::value, W, DY, decltype(kx)::value>;
+  });
+}
+
+int64_t fused_add_rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool w_fp32, bool dy_fp32) {
+  if (rows == 0 || n == 0) return 1;
+  TIERED_OPS_DISPATCH(dtype, T, {
+    if constexpr (!std::is_same<T, float>::value) {
+      if (w_fp32)
+        return dy_fp32 ? fused_add_rms_norm_bwd_grid<T, float, float>(rows, n)
+                       : fused_add_rms_norm_bwd_grid<T, float, T>(rows, n);
+    }
+    return fused_add_rms_norm_bwd_grid<T, T, T>(rows, n);
+  });
+  return 1;
 }
 
 cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const void* w, void* y, void* s, float* rstd,

@@ -66,7 +66,7 @@ __global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restric
 // non-null) and dy (pb non-null) over its rows into its rows of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
 // n == 1: dx is exactly 0 (y = b whatever x is).
 template <typename T, int V, int K = 1>
-__global__ void __launch_bounds__(1024) layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(1024, 1) layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                  const T* __restrict__ w,
                                                                  const float* __restrict__ mean,
                                                                  const float* __restrict__ rstd, T* __restrict__ dx,
@@ -78,24 +78,26 @@ __global__ void __launch_bounds__(1024) layer_norm_bwd_v1_kernel(const T* __rest
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float mu = mean[r], rs = rstd[r];
-    // xhat, dy and g = dy * w at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
+    // xhat, dy and g = dy * w at element i of the row, from x's and dy's packs there
+    auto expand = [&](int64_t i, const Raw<T, V>& xv, const Raw<T, V>& dv, float (&a)[V], float (&d)[V],
+                      float (&g)[V]) {
       float pv[V];
-      load_f<T, V>(x, base + i, a);
-      load_f<T, V>(dy, base + i, d);
       if (w) load_f<T, V>(w, i, pv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = (a[j] - mu) * rs, g[j] = w ? d[j] * pv[j] : d[j];
+      for (int j = 0; j < V; ++j) {
+        a[j] = (to_f(xv.v[j]) - mu) * rs, d[j] = to_f(dv.v[j]);
+        g[j] = w ? d[j] * pv[j] : d[j];
+      }
     };
-    RowPasses<K, V> row;
+    RowPasses<K, V, T, T> row;
     float s1 = 0.f, s2 = 0.f;
-    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
+    row.first(n, x + base, dy + base, expand, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) s1 += g[j] * a[j], s2 += g[j];
     });
     block_sum2(s1, s2, smem);
     const float c1 = s1 / (float)n, c2 = s2 / (float)n;
-    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+    row.second(n, x + base, dy + base, expand, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
       float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -343,6 +345,14 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
   });
   if (err != cudaSuccess) return err;
   return launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
+}
+
+int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype) {
+  if (rows == 0 || n == 0) return 1;
+  TIERED_OPS_DISPATCH(dtype, T, return norm_bwd_grid<Pack<T>::N>(rows, n, [](auto vx, auto kx) {
+    return layer_norm_bwd_v1_kernel<T, decltype(vx)::value, decltype(kx)::value>;
+  }));
+  return 1;
 }
 
 int64_t layer_norm_fwd_workspace(int64_t rows, int64_t n, DType dtype) {

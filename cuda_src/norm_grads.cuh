@@ -1,9 +1,10 @@
 // The weight/bias gradients of the normalizations' backward (rms_norm, layer_norm, fused_add_rms_norm) in two launches
-// with dx: the block-per-row dx kernel runs on a persistent grid (the wrapper's norm_bwd_blocks), each block summing
+// with dx: the block-per-row dx kernel runs on a persistent grid (norm_bwd_grid: the blocks that stay resident), each block summing
 // its rows' dy * xhat (and dy) for the columns its threads own into one row of (blocks, n) fp32 partials; then
 // reduce_partials_kernel sums the partials over the blocks in fp32 and writes dw (db) in the parameter's type.
 // Bytes: the partials, blocks * n * 4 written once and read once (x and dy are not read again).
 #pragma once
+#include <mutex>
 #include <type_traits>
 
 #include "common.cuh"
@@ -65,41 +66,46 @@ struct ColAcc {
   }
 };
 
-// The two passes of a backward over its row: first(n, load, f) calls f(a, d, g) on each of this thread's packs (the
-// values `load(i, a, d, g)` reads: the input, dy and dy times the weight) for the row's sums; then, after the caller's
-// reductions, second(n, load, f) calls f(k, i, a, d, g) on the same packs for dx. With K > 0 (the row in one pass of
-// the block) the first pass keeps the values in registers and the second reads them there: the row comes from memory
-// once, and no load waits behind the reductions. With K == 0 the second pass loads them again (from L1/L2).
-template <int K, int V>
+// V elements of T as loaded (one 16-byte load when V is the pack width): 4 registers a pack whatever T is.
+template <typename T, int V>
+struct alignas(V > 1 ? 16 : alignof(T)) Raw {
+  T v[V];
+};
+
+// The two passes of a backward over its row, reading x and dy (of types T and DY) at x_row and dy_row: first(n, ...,
+// expand, f) loads this thread's packs, turns each into floats with `expand(i, xr, dr, a, d, g)` (the input, dy, and
+// dy times the weight) and calls f(a, d, g) for the row's sums; then, after the caller's reductions, second(n, ...,
+// expand, f) calls f(k, i, a, d, g) on the same packs for dx. With K > 0 (the row in one pass of the block) the packs
+// stay in registers as loaded between the passes: the row comes from memory once, and no load waits behind the
+// reductions. With K == 0 the second pass loads them again (from L1/L2).
+template <int K, int V, typename T, typename DY>
 struct RowPasses {
   static constexpr int R = K > 0 ? K : 1;
-  float a[R][V], d[R][V], g[R][V];
+  Raw<T, V> xr[R];
+  Raw<DY, V> dr[R];
 
-  template <typename L, typename F>
-  __device__ __forceinline__ void first(int64_t n, L&& load, F&& f) {
-    if constexpr (K > 0) {
-      for_row_k<K, V>(n, [&](int k, int64_t i) {
-        load(i, a[k], d[k], g[k]);
-        f(a[k], d[k], g[k]);
-      });
-    } else {
-      for_row<V>(n, [&](int64_t i) {
-        load(i, a[0], d[0], g[0]);
-        f(a[0], d[0], g[0]);
-      });
-    }
+  template <typename E, typename F>
+  __device__ __forceinline__ void first(int64_t n, const T* x_row, const DY* dy_row, E&& expand, F&& f) {
+    for_row_k<K, V>(n, [&](int k, int64_t i) {
+      xr[k] = *reinterpret_cast<const Raw<T, V>*>(x_row + i);
+      dr[k] = *reinterpret_cast<const Raw<DY, V>*>(dy_row + i);
+      float a[V], d[V], g[V];
+      expand(i, xr[k], dr[k], a, d, g);
+      f(a, d, g);
+    });
   }
 
-  template <typename L, typename F>
-  __device__ __forceinline__ void second(int64_t n, L&& load, F&& f) {
-    if constexpr (K > 0) {
-      for_row_k<K, V>(n, [&](int k, int64_t i) { f(k, i, a[k], d[k], g[k]); });
-    } else {
-      for_row_k<0, V>(n, [&](int k, int64_t i) {
-        load(i, a[0], d[0], g[0]);
-        f(k, i, a[0], d[0], g[0]);
-      });
-    }
+  template <typename E, typename F>
+  __device__ __forceinline__ void second(int64_t n, const T* x_row, const DY* dy_row, E&& expand, F&& f) {
+    for_row_k<K, V>(n, [&](int k, int64_t i) {
+      if constexpr (K == 0) {
+        xr[0] = *reinterpret_cast<const Raw<T, V>*>(x_row + i);
+        dr[0] = *reinterpret_cast<const Raw<DY, V>*>(dy_row + i);
+      }
+      float a[V], d[V], g[V];
+      expand(i, xr[k], dr[k], a, d, g);
+      f(k, i, a, d, g);
+    });
   }
 };
 
@@ -165,6 +171,50 @@ inline cudaError_t launch_norm_bwd(bool vec, int64_t n, F&& go) {
     else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
   }
   return cudaGetLastError();
+}
+
+// Blocks of a backward's persistent grid for the dx kernel `kernel` at `threads` threads a block: as many as stay
+// resident on every SM at once (what its registers allow; a grid past that runs a second wave, and every block adds a
+// partials row to reduce), never more than the rows. The occupancy is read once per kernel, block size and device.
+inline int64_t resident_blocks(const void* kernel, int threads, int64_t rows) {
+  struct Seen {
+    const void* kernel;
+    int threads, dev, per_sm;
+  };
+  static std::mutex mu;
+  static Seen seen[256];
+  static int count = 0;
+  int dev = 0, per_sm = 0, sms = 0;
+  cudaGetDevice(&dev);
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < count && !per_sm; ++i)
+      if (seen[i].kernel == kernel && seen[i].threads == threads && seen[i].dev == dev) per_sm = seen[i].per_sm;
+  }
+  if (!per_sm) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm < 1) {
+      cudaGetLastError();  // the launch reports a kernel that cannot run; one block an SM here
+      per_sm = 1;
+    }
+    const std::lock_guard<std::mutex> lock(mu);
+    if (count < 256) seen[count++] = {kernel, threads, dev, per_sm};
+  }
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t want = (int64_t)sms * per_sm;
+  return rows < want ? rows : want;
+}
+
+// The grid (resident_blocks) of the dx kernel that launch_norm_bwd launches for rows of n (16-byte packs where n is a
+// multiple of V; a call whose pointers turn out misaligned runs the one-element kernel on this grid): kernel_of(vx, kx)
+// gives the kernel at those template arguments.
+template <int V, typename F>
+inline int64_t norm_bwd_grid(int64_t rows, int64_t n, F&& kernel_of) {
+  int64_t blocks = 1;
+  launch_norm_bwd<V>(n % V == 0, n, [&](auto vx, auto kx) {
+    blocks = resident_blocks(reinterpret_cast<const void*>(kernel_of(vx, kx)), row_threads(n, decltype(vx)::value),
+                             rows);
+  });
+  return blocks;
 }
 
 }  // namespace tiered_ops

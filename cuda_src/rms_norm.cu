@@ -115,7 +115,7 @@ static cudaError_t launch_rms_norm_w32(const T* x, const float* w, Y* y, int64_t
 // A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and with a weight (pw non-null) the
 // block's sum of dy * x * r over its rows into its row of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
 template <typename T, int V, typename W = T, typename DY = T, int K = 1>
-__global__ void __launch_bounds__(1024) rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(1024, 1) rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x,
                                                                const W* __restrict__ w, T* __restrict__ dx,
                                                                float* pw, int64_t rows, int64_t n, float eps,
                                                                float w_offset) {
@@ -125,25 +125,27 @@ __global__ void __launch_bounds__(1024) rms_norm_bwd_v1_kernel(const DY* __restr
   acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
-    // x, dy and g = dy * (w + w_offset) at element i of the row
-    auto load = [&](int64_t i, float (&a)[V], float (&d)[V], float (&g)[V]) {
+    // x, dy and g = dy * (w + w_offset) at element i of the row, from x's and dy's packs there
+    auto expand = [&](int64_t i, const Raw<T, V>& xv, const Raw<DY, V>& dv, float (&a)[V], float (&d)[V],
+                      float (&g)[V]) {
       float ww[V];
-      load_f<T, V>(x, base + i, a);
-      load_f<DY, V>(dy, base + i, d);
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
+      for (int j = 0; j < V; ++j) {
+        a[j] = to_f(xv.v[j]), d[j] = to_f(dv.v[j]);
+        g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
+      }
     };
-    RowPasses<K, V> row;
+    RowPasses<K, V, T, DY> row;
     float ss = 0.f, gx = 0.f;
-    row.first(n, load, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
+    row.first(n, x + base, dy + base, expand, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += g[j] * a[j];
     });
     block_sum2(ss, gx, smem);
     const float rstd = rsqrtf(ss / (float)n + eps);
     const float c = gx * rstd * rstd / (float)n;
-    row.second(n, load, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
+    row.second(n, x + base, dy + base, expand, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
       float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -174,6 +176,26 @@ static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* 
   });
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_reduce_partials<W>(pw, nullptr, dw, nullptr, blocks, n, stream);
+}
+
+// The backward's grid for these element types (norm_bwd_grid).
+template <typename T, typename W, typename DY>
+static int64_t rms_norm_bwd_grid(int64_t rows, int64_t n) {
+  constexpr int V = std::is_same<T, W>::value && std::is_same<T, DY>::value ? Pack<T>::N : 1;
+  return norm_bwd_grid<V>(rows, n, [](auto vx, auto kx) {
+    return rms_norm_bwd_v1_kernel<T, decltype(vx)::value, W, DY, decltype(kx)::value>;
+  });
+}
+
+int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool w_fp32, bool dy_fp32) {
+  if (rows == 0 || n == 0) return 1;
+  TIERED_OPS_DISPATCH(dtype, T, {
+    if constexpr (!std::is_same<T, float>::value) {
+      if (w_fp32) return dy_fp32 ? rms_norm_bwd_grid<T, float, float>(rows, n) : rms_norm_bwd_grid<T, float, T>(rows, n);
+    }
+    return rms_norm_bwd_grid<T, T, T>(rows, n);
+  });
+  return 1;
 }
 
 cudaError_t rms_norm_bwd(const void* dy, const void* x, const void* w, void* dx, float* dw_partial, void* dw,
