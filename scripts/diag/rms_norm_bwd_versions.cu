@@ -1,0 +1,58 @@
+// rms_norm backward (and forward) of one version of cuda_src, timed standalone (8192x4096 bf16 and the like), with the
+// harness's L2 flush before each timed call and a device copy of the same bytes for scale. A version is a folder holding
+// rms_norm.cu, norm_grads.cuh, common.cuh and launchers.h (`git show <commit>:cuda_src/<file>`); build and run:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I <version> -I scripts/diag \
+//     scripts/diag/rms_norm_bwd_versions.cu -o /tmp/bwd && VERSION=<name> [PER_SM=k] /tmp/bwd <rows> <n>
+// PER_SM: blocks an SM in the backward's persistent grid (default: binding.h's norm_bwd_blocks formula).
+#include "rms_norm.cu"
+#include "diag_timing.cuh"
+using namespace tiered_ops;
+
+__global__ void fill(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
+    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 4.f);
+  }
+}
+
+int main(int argc, char** argv) {
+  const int64_t rows = atoll(argv[1]), n = atoll(argv[2]);
+  const int per_sm_env = getenv("PER_SM") ? atoi(getenv("PER_SM")) : 0;
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int t = 32;
+  while (t < (n + 7) / 8 && t < 1024) t *= 2;
+  const int per_sm = per_sm_env ? per_sm_env : std::min(2048 / t, 32);
+  const int64_t blocks = std::min<int64_t>(rows, (int64_t)sms * per_sm), m = rows * n;
+  __nv_bfloat16 *x, *dy, *dx, *w, *dw, *y;
+  float* part;
+  char* fl;
+  CK(cudaMalloc(&x, m * 2)); CK(cudaMalloc(&dy, m * 2)); CK(cudaMalloc(&dx, m * 2)); CK(cudaMalloc(&y, m * 2));
+  CK(cudaMalloc(&w, n * 2)); CK(cudaMalloc(&dw, n * 2)); CK(cudaMalloc(&part, blocks * n * 4));
+  CK(cudaMalloc(&fl, 256 << 20));
+  fill<<<1024, 256>>>(x, m, 1); fill<<<1024, 256>>>(dy, m, 2); fill<<<64, 256>>>(w, n, 3);
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  auto timed = [&](auto f) {
+    std::vector<float> ts;
+    for (int i = 0; i < 40; ++i) {
+      CK(cudaMemsetAsync(fl, i, 256 << 20));  // the harness's L2 flush
+      CK(cudaEventRecord(a)); f(); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+      float ms; CK(cudaEventElapsedTime(&ms, a, b));
+      if (i >= 5) ts.push_back(ms * 1e3f);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+  };
+  const float bwd = timed([&] {
+    CK(rms_norm_bwd(dy, x, w, dx, part, dw, rows, n, 1e-6f, blocks, DType::BF16, 0, 0.f, false, false));
+  });
+  const float fwd = timed([&] { CK(rms_norm_fwd(x, w, y, rows, n, 1e-6f, DType::BF16, 0, 0.f, false, false)); });
+  const float cp = timed([&] { CK(cudaMemcpyAsync(dx, x, m * 2, cudaMemcpyDeviceToDevice)); });
+  const double copy_rate = 2.0 * m * 2 / cp;  // bytes per us
+  printf("%s %lldx%lld blocks %lld (per SM %d): bwd %.1f us (%.3f of copy), fwd %.1f us (%.3f), copy %.1f us\n",
+         getenv("VERSION") ? getenv("VERSION") : "?", (long long)rows, (long long)n, (long long)blocks, per_sm, bwd,
+         3.0 * m * 2 / bwd / copy_rate, fwd, 2.0 * m * 2 / fwd / copy_rate, cp);
+  return 0;
+}
