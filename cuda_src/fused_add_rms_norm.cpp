@@ -14,7 +14,8 @@ cudaError_t fused_add_rms_norm_fwd(const void* x, const void* residual, const vo
 
 // Blocks of fused_add_rms_norm_bwd's persistent grid: those its dx kernel keeps resident on the current device, at most
 // the rows.
-int64_t fused_add_rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool w_fp32, bool dy_fp32);
+int64_t fused_add_rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool has_w, bool w_fp32,
+                                      bool dy_fp32);
 
 // fused_add_rms_norm backward from s and the saved rstd on `blocks` blocks: dx = ds + rms_norm's dx of dy at s; with
 // w, dw_partial and dw as for rms_norm_bwd. w_offset as in the forward; w_fp32: a float32 w over a bf16/fp16 s, with
@@ -75,8 +76,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   at::Tensor dx = at::empty_like(sc);
   if (sc.numel() == 0)
     return {dx, wc.defined() ? at::zeros_like(wc) : new_residual.new_empty({0})};
-  const int64_t blocks = fused_add_rms_norm_bwd_blocks(rows, n, dtype_of(new_residual, op, "new_residual"), w32,
-                                                       y_dtype != new_residual.scalar_type());
+  const int64_t blocks = fused_add_rms_norm_bwd_blocks(rows, n, dtype_of(new_residual, op, "new_residual"),
+                                                       wc.defined(), w32, y_dtype != new_residual.scalar_type());
   at::Tensor partial, dw;
   if (wc.defined()) {
     partial = f32_empty(new_residual, {blocks, n});

@@ -14,7 +14,7 @@ cudaError_t layer_norm_fwd(const void* x, const void* w, const void* b, void* y,
 
 // Blocks of layer_norm_bwd's persistent grid: those its dx kernel keeps resident on the current device, at most the
 // rows.
-int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype);
+int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, int accs);
 
 // layer_norm backward from the saved statistics on `blocks` blocks: dx; dw_partial / db_partial ((blocks, n) fp32,
 // may be null) reduced into dw / db (x's dtype) by a second launch, as for rms_norm_bwd.
@@ -64,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
     const at::Tensor z = x.new_zeros(normalized_shape);
     return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
   }
-  const int64_t blocks = layer_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"));
+  const int64_t blocks = layer_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"), (want_w ? 1 : 0) + (has_bias ? 1 : 0));
   at::Tensor pw, pb, dw, db;
   if (want_w) {
     pw = f32_empty(x, {blocks, n});

@@ -66,44 +66,47 @@ __global__ void layer_norm_v1_kernel(const T* __restrict__ x, const T* __restric
 // non-null) and dy (pb non-null) over its rows into its rows of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
 // n == 1: dx is exactly 0 (y = b whatever x is).
 template <typename T, int V, int K = 1>
-__global__ void __launch_bounds__(1024, 1) layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(bwd_max_threads(K), bwd_min_blocks(K)) layer_norm_bwd_v1_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                  const T* __restrict__ w,
                                                                  const float* __restrict__ mean,
                                                                  const float* __restrict__ rstd, T* __restrict__ dx,
                                                                  float* pw, float* pb, int64_t rows, int64_t n) {
   __shared__ float smem[64];
   ColAcc<K, V> acc_w, acc_b;
-  acc_w.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
-  acc_b.begin(pb ? pb + (int64_t)blockIdx.x * n : nullptr, n);
+  extern __shared__ float bwd_sm[];  // the partial sums (ColAcc): dw's, then db's
+  acc_w.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, bwd_sm, n);
+  acc_b.begin(pb ? pb + (int64_t)blockIdx.x * n : nullptr, bwd_sm + (pw ? K * V * (int)blockDim.x : 0), n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
     const float mu = mean[r], rs = rstd[r];
-    // xhat, dy and g = dy * w at element i of the row, from x's and dy's packs there
-    auto expand = [&](int64_t i, const Raw<T, V>& xv, const Raw<T, V>& dv, float (&a)[V], float (&d)[V],
-                      float (&g)[V]) {
-      float pv[V];
-      if (w) load_f<T, V>(w, i, pv);
+    // w at the pack of element i as floats (1 without a weight)
+    auto weight = [&](int64_t i, float (&wv)[V]) {
+      if (w) load_f<T, V>(w, i, wv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        a[j] = (to_f(xv.v[j]) - mu) * rs, d[j] = to_f(dv.v[j]);
-        g[j] = w ? d[j] * pv[j] : d[j];
-      }
+      for (int j = 0; j < V; ++j) wv[j] = w ? wv[j] : 1.f;
     };
     RowPasses<K, V, T, T> row;
     float s1 = 0.f, s2 = 0.f;
-    row.first(n, x + base, dy + base, expand, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
+    row.first(n, x + base, dy + base, [&](int64_t i, const Raw<T, V>& xv, const Raw<T, V>& dv) {
+      float wv[V];
+      weight(i, wv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) s1 += g[j] * a[j], s2 += g[j];
+      for (int j = 0; j < V; ++j) {
+        const float g = to_f(dv.v[j]) * wv[j];
+        s1 += g * (to_f(xv.v[j]) - mu) * rs, s2 += g;
+      }
     });
     block_sum2(s1, s2, smem);
     const float c1 = s1 / (float)n, c2 = s2 / (float)n;
-    row.second(n, x + base, dy + base, expand, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
-      float o[V];
+    row.second(n, x + base, dy + base, [&](int k, int64_t i, const Raw<T, V>& xv, const Raw<T, V>& dv) {
+      float wv[V], o[V];
+      weight(i, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        if (pw) acc_w.add(k, i, j, d[j] * a[j]);
-        if (pb) acc_b.add(k, i, j, d[j]);
-        o[j] = n == 1 ? 0.f : rs * (g[j] - a[j] * c1 - c2);
+        const float a = (to_f(xv.v[j]) - mu) * rs, d = to_f(dv.v[j]);
+        if (pw) acc_w.add(k, i, j, d * a);
+        if (pb) acc_b.add(k, i, j, d);
+        o[j] = n == 1 ? 0.f : rs * (d * wv[j] - a * c1 - c2);
       }
       store_f<T, V>(dx, base + i, o);
     });
@@ -338,18 +341,20 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
                                          int64_t n, int64_t blocks, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, dy, x, dx, w);
-  cudaError_t err = launch_norm_bwd<V>(vec, n, [&](auto vx, auto kx) {
+  cudaError_t err = launch_norm_bwd<V>(vec, n, [&](auto vx, auto kx, int threads) {
     constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
-    layer_norm_bwd_v1_kernel<T, VX, KX><<<(unsigned)blocks, row_threads(n, VX), 0, stream>>>(
-        dy, x, w, mean, rstd, dx, dw_partial, db_partial, rows, n);
+    const auto kernel = layer_norm_bwd_v1_kernel<T, VX, KX>;
+    const size_t smem = bwd_smem(KX, VX, threads, (dw_partial ? 1 : 0) + (db_partial ? 1 : 0));
+    if (allow_smem(reinterpret_cast<const void*>(kernel), smem) != cudaSuccess) return;  // the launch error follows
+    kernel<<<(unsigned)blocks, threads, smem, stream>>>(dy, x, w, mean, rstd, dx, dw_partial, db_partial, rows, n);
   });
   if (err != cudaSuccess) return err;
   return launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
 }
 
-int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype) {
+int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, int accs) {
   if (rows == 0 || n == 0) return 1;
-  TIERED_OPS_DISPATCH(dtype, T, return norm_bwd_grid<Pack<T>::N>(rows, n, [](auto vx, auto kx) {
+  TIERED_OPS_DISPATCH(dtype, T, return norm_bwd_grid<Pack<T>::N>(rows, n, accs, [](auto vx, auto kx) {
     return layer_norm_bwd_v1_kernel<T, decltype(vx)::value, decltype(kx)::value>;
   }));
   return 1;

@@ -26,22 +26,28 @@ __device__ __forceinline__ void for_row_k(int64_t n, F&& f) {
   }
 }
 
-// One block's partial sums over its rows of a per-column value, for the columns its threads own (for_row_k's): in
-// registers (K > 0 packs a thread), or with K == 0 in the block's partials row itself, read and written by the one
-// thread that owns each column (so in program order, no barrier). A null row: nothing wanted, nothing done.
+// One block's partial sums over its rows of a per-column value, for the columns its threads own (for_row_k's): with
+// K > 0 packs a thread in shared memory (`sm`: K * V * blockDim floats, laid out so that a warp's threads touch
+// consecutive words), with K == 0 in the block's partials row itself; each column read and written by the one thread
+// that owns it (so in program order, no barrier). Registers would hold K * V floats a thread through the whole kernel:
+// those would keep fewer blocks resident. A null row: nothing wanted, nothing done.
 template <int K, int V>
 struct ColAcc {
-  float a[K > 0 ? K : 1][V];
   float* row;
+  float* sm;
 
-  __device__ __forceinline__ void begin(float* partial_row, int64_t n) {
-    row = partial_row;
+  __device__ __forceinline__ float& at(int k, int j) const {
+    return sm[((int64_t)j * K + k) * blockDim.x + threadIdx.x];
+  }
+
+  __device__ __forceinline__ void begin(float* partial_row, float* smem, int64_t n) {
+    row = partial_row, sm = smem;
     if (!row) return;
     if constexpr (K > 0) {
 #pragma unroll
       for (int k = 0; k < K; ++k)
 #pragma unroll
-        for (int j = 0; j < V; ++j) a[k][j] = 0.f;
+        for (int j = 0; j < V; ++j) at(k, j) = 0.f;
     } else {
       for_row_k<0, V>(n, [&](int, int64_t i) {
 #pragma unroll
@@ -51,7 +57,7 @@ struct ColAcc {
   }
 
   __device__ __forceinline__ void add(int k, int64_t i, int j, float v) {
-    if constexpr (K > 0) a[k][j] += v;
+    if constexpr (K > 0) at(k, j) += v;
     else row[i + j] += v;
   }
 
@@ -60,11 +66,22 @@ struct ColAcc {
       if (!row) return;
       for_row_k<K, V>(n, [&](int k, int64_t i) {
 #pragma unroll
-        for (int j = 0; j < V; ++j) row[i + j] = a[k][j];
+        for (int j = 0; j < V; ++j) row[i + j] = at(k, j);
       });
     }
   }
 };
+
+// Bytes of dynamic shared memory a dx kernel at K takes for `accs` column accumulators (ColAcc) of `threads` threads.
+inline size_t bwd_smem(int k, int v, int threads, int accs) {
+  return (size_t)accs * k * v * threads * sizeof(float);
+}
+
+// A kernel allowed `bytes` of dynamic shared memory (past the 48 KB a launch gets without asking).
+inline cudaError_t allow_smem(const void* kernel, size_t bytes) {
+  return bytes > (48u << 10) ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)
+                             : cudaSuccess;
+}
 
 // V elements of T as loaded (one 16-byte load when V is the pack width): 4 registers a pack whatever T is.
 template <typename T, int V>
@@ -72,39 +89,35 @@ struct alignas(V > 1 ? 16 : alignof(T)) Raw {
   T v[V];
 };
 
-// The two passes of a backward over its row, reading x and dy (of types T and DY) at x_row and dy_row: first(n, ...,
-// expand, f) loads this thread's packs, turns each into floats with `expand(i, xr, dr, a, d, g)` (the input, dy, and
-// dy times the weight) and calls f(a, d, g) for the row's sums; then, after the caller's reductions, second(n, ...,
-// expand, f) calls f(k, i, a, d, g) on the same packs for dx. With K > 0 (the row in one pass of the block) the packs
-// stay in registers as loaded between the passes: the row comes from memory once, and no load waits behind the
-// reductions. With K == 0 the second pass loads them again (from L1/L2).
+// The two passes of a backward over its row, reading x and dy (of types T and DY) at x_row and dy_row: first(n, ..., f)
+// loads this thread's packs and calls f(i, xr, dr) on each (i: its first element) for the row's sums; then, after the
+// caller's reductions, second(n, ..., f) calls f(k, i, xr, dr) on the same packs for dx (k counting them). With K > 0
+// (the row in one pass of the block) the packs stay in registers as loaded between the passes: the row comes from
+// memory once, and no load waits behind the reductions. With K == 0 the second pass loads them again (from L1/L2).
+// The callers turn a pack into floats element by element, so that no pack is held as floats.
 template <int K, int V, typename T, typename DY>
 struct RowPasses {
   static constexpr int R = K > 0 ? K : 1;
   Raw<T, V> xr[R];
   Raw<DY, V> dr[R];
 
-  template <typename E, typename F>
-  __device__ __forceinline__ void first(int64_t n, const T* x_row, const DY* dy_row, E&& expand, F&& f) {
+  template <typename F>
+  __device__ __forceinline__ void first(int64_t n, const T* x_row, const DY* dy_row, F&& f) {
     for_row_k<K, V>(n, [&](int k, int64_t i) {
       xr[k] = *reinterpret_cast<const Raw<T, V>*>(x_row + i);
       dr[k] = *reinterpret_cast<const Raw<DY, V>*>(dy_row + i);
-      float a[V], d[V], g[V];
-      expand(i, xr[k], dr[k], a, d, g);
-      f(a, d, g);
+      f(i, xr[k], dr[k]);
     });
   }
 
-  template <typename E, typename F>
-  __device__ __forceinline__ void second(int64_t n, const T* x_row, const DY* dy_row, E&& expand, F&& f) {
+  template <typename F>
+  __device__ __forceinline__ void second(int64_t n, const T* x_row, const DY* dy_row, F&& f) {
     for_row_k<K, V>(n, [&](int k, int64_t i) {
       if constexpr (K == 0) {
         xr[0] = *reinterpret_cast<const Raw<T, V>*>(x_row + i);
         dr[0] = *reinterpret_cast<const Raw<DY, V>*>(dy_row + i);
       }
-      float a[V], d[V], g[V];
-      expand(i, xr[k], dr[k], a, d, g);
-      f(k, i, a, d, g);
+      f(k, i, xr[k], dr[k]);
     });
   }
 };
@@ -156,30 +169,50 @@ inline cudaError_t launch_reduce_partials(const float* pw, const float* pb, TW* 
   return cudaGetLastError();
 }
 
-// Launches go(std::integral_constant<int, VX>, std::integral_constant<int, K>) for the backward's block-per-row
-// kernel: VX = V (16-byte packs) when vec else 1, K = 1 when a row fits one pass of the block (the partial sums in
-// registers), else 0 (in the partials row); the launch's error.
+// The backward's plan for rows of n elements in packs of vx: K packs a thread kept in registers (1 or 2: the row in
+// one pass of at most 512 threads; 0: longer rows, looped over 1024 threads), and the threads, a multiple of 32 (a row
+// of 640 packs, 5120 bf16 elements, takes 320 threads of 2 packs rather than 1024 threads, 384 of them idle).
+struct NormBwdPlan {
+  int k, threads;
+};
+
+inline NormBwdPlan norm_bwd_plan(int64_t n, int vx) {
+  const int64_t packs = (n + vx - 1) / vx;
+  auto warps = [](int64_t t) { return (int)((t + 31) / 32 * 32); };
+  if (packs <= 512) return {1, warps(packs)};
+  if (packs <= 1024) return {2, warps((packs + 1) / 2)};
+  return {0, 1024};
+}
+
+// The dx kernels' launch bounds at K (norm_bwd_plan): one pack a thread leaves the registers for 3 blocks of 512 an SM
+// (3 rows in flight; 2 at the 64 registers of a 1024-thread bound), two packs 2 blocks.
+constexpr int bwd_max_threads(int K) { return K == 0 ? 1024 : 512; }
+constexpr int bwd_min_blocks(int K) { return K == 1 ? 3 : K == 2 ? 2 : 1; }
+
+// Launches go(std::integral_constant<int, VX>, std::integral_constant<int, K>, threads) for the backward's
+// block-per-row kernel: VX = V (16-byte packs) when vec else 1, K and threads norm_bwd_plan's; the launch's error.
 template <int V, typename F>
 inline cudaError_t launch_norm_bwd(bool vec, int64_t n, F&& go) {
-  const int vx = vec ? V : 1;
-  const bool one_pass = n <= (int64_t)row_threads(n, vx) * vx;
-  if (vec) {
-    if (one_pass) go(std::integral_constant<int, V>{}, std::integral_constant<int, 1>{});
-    else go(std::integral_constant<int, V>{}, std::integral_constant<int, 0>{});
-  } else {
-    if (one_pass) go(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-    else go(std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
-  }
+  auto at = [&](auto vx) {
+    const NormBwdPlan p = norm_bwd_plan(n, decltype(vx)::value);
+    if (p.k == 1) go(vx, std::integral_constant<int, 1>{}, p.threads);
+    else if (p.k == 2) go(vx, std::integral_constant<int, 2>{}, p.threads);
+    else go(vx, std::integral_constant<int, 0>{}, p.threads);
+  };
+  if (vec) at(std::integral_constant<int, V>{});
+  else at(std::integral_constant<int, 1>{});
   return cudaGetLastError();
 }
 
-// Blocks of a backward's persistent grid for the dx kernel `kernel` at `threads` threads a block: as many as stay
+// Blocks of a backward's persistent grid for the dx kernel `kernel` at `threads` threads a block and `smem` bytes of
+// dynamic shared memory: as many as stay
 // resident on every SM at once (what its registers allow; a grid past that runs a second wave, and every block adds a
 // partials row to reduce), never more than the rows. The occupancy is read once per kernel, block size and device.
-inline int64_t resident_blocks(const void* kernel, int threads, int64_t rows) {
+inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int64_t rows) {
   struct Seen {
     const void* kernel;
     int threads, dev, per_sm;
+    size_t smem;
   };
   static std::mutex mu;
   static Seen seen[256];
@@ -189,15 +222,17 @@ inline int64_t resident_blocks(const void* kernel, int threads, int64_t rows) {
   {
     const std::lock_guard<std::mutex> lock(mu);
     for (int i = 0; i < count && !per_sm; ++i)
-      if (seen[i].kernel == kernel && seen[i].threads == threads && seen[i].dev == dev) per_sm = seen[i].per_sm;
+      if (seen[i].kernel == kernel && seen[i].threads == threads && seen[i].smem == smem && seen[i].dev == dev)
+        per_sm = seen[i].per_sm;
   }
   if (!per_sm) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm < 1) {
+    if (allow_smem(kernel, smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1) {
       cudaGetLastError();  // the launch reports a kernel that cannot run; one block an SM here
       per_sm = 1;
     }
     const std::lock_guard<std::mutex> lock(mu);
-    if (count < 256) seen[count++] = {kernel, threads, dev, per_sm};
+    if (count < 256) seen[count++] = {kernel, threads, dev, per_sm, smem};
   }
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int64_t want = (int64_t)sms * per_sm;
@@ -206,13 +241,14 @@ inline int64_t resident_blocks(const void* kernel, int threads, int64_t rows) {
 
 // The grid (resident_blocks) of the dx kernel that launch_norm_bwd launches for rows of n (16-byte packs where n is a
 // multiple of V; a call whose pointers turn out misaligned runs the one-element kernel on this grid): kernel_of(vx, kx)
-// gives the kernel at those template arguments.
+// gives the kernel at those template arguments; `accs`: its column accumulators (bwd_smem).
 template <int V, typename F>
-inline int64_t norm_bwd_grid(int64_t rows, int64_t n, F&& kernel_of) {
+inline int64_t norm_bwd_grid(int64_t rows, int64_t n, int accs, F&& kernel_of) {
   int64_t blocks = 1;
-  launch_norm_bwd<V>(n % V == 0, n, [&](auto vx, auto kx) {
-    blocks = resident_blocks(reinterpret_cast<const void*>(kernel_of(vx, kx)), row_threads(n, decltype(vx)::value),
-                             rows);
+  launch_norm_bwd<V>(n % V == 0, n, [&](auto vx, auto kx, int threads) {
+    constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
+    blocks = resident_blocks(reinterpret_cast<const void*>(kernel_of(vx, kx)), threads,
+                             bwd_smem(KX, VX, threads, accs), rows);
   });
   return blocks;
 }

@@ -11,7 +11,7 @@ cudaError_t rms_norm_fwd(const void* x, const void* w, void* y, int64_t rows, in
                          cudaStream_t stream, float w_offset, bool cast, bool w_fp32);
 
 // Blocks of rms_norm_bwd's persistent grid: those its dx kernel keeps resident on the current device, at most the rows.
-int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool w_fp32, bool dy_fp32);
+int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool has_w, bool w_fp32, bool dy_fp32);
 
 // rms_norm backward on `blocks` blocks: dx for every row; with w, dw_partial (blocks, n) fp32 partial sums of the
 // weight gradient, reduced into dw (w's type) by a second launch. w_offset as in the forward; w_fp32: a float32 w
@@ -53,7 +53,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   const int64_t rows = n ? xc.numel() / n : 0;
   if (xc.numel() == 0)
     return {dx, wc.defined() ? at::zeros_like(wc) : x.new_empty({0})};
-  const int64_t blocks = rms_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"), w32, y_dtype != x.scalar_type());
+  const int64_t blocks =
+      rms_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"), wc.defined(), w32, y_dtype != x.scalar_type());
   at::Tensor partial, dw;
   if (wc.defined()) {
     partial = f32_empty(x, {blocks, n});

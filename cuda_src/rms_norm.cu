@@ -115,42 +115,44 @@ static cudaError_t launch_rms_norm_w32(const T* x, const float* w, Y* y, int64_t
 // A persistent grid (gridDim.x blocks striding over the rows): dx row by row, and with a weight (pw non-null) the
 // block's sum of dy * x * r over its rows into its row of the (gridDim.x, n) fp32 partials (K: norm_grads.cuh).
 template <typename T, int V, typename W = T, typename DY = T, int K = 1>
-__global__ void __launch_bounds__(1024, 1) rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(bwd_max_threads(K), bwd_min_blocks(K)) rms_norm_bwd_v1_kernel(const DY* __restrict__ dy, const T* __restrict__ x,
                                                                const W* __restrict__ w, T* __restrict__ dx,
                                                                float* pw, int64_t rows, int64_t n, float eps,
                                                                float w_offset) {
   static_assert(V == 1 || (std::is_same<T, W>::value && std::is_same<T, DY>::value), "packs need one element type");
   __shared__ float smem[64];
   ColAcc<K, V> acc;
-  acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, n);
+  extern __shared__ float bwd_sm[];  // the partial sums (ColAcc)
+  acc.begin(pw ? pw + (int64_t)blockIdx.x * n : nullptr, bwd_sm, n);
   for_block_rows(rows, [&](int64_t r) {
     const int64_t base = r * n;
-    // x, dy and g = dy * (w + w_offset) at element i of the row, from x's and dy's packs there
-    auto expand = [&](int64_t i, const Raw<T, V>& xv, const Raw<DY, V>& dv, float (&a)[V], float (&d)[V],
-                      float (&g)[V]) {
-      float ww[V];
+    auto weight = [&](int64_t i, float (&ww)[V]) {
       if (w) load_f<W, V>(w, i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        a[j] = to_f(xv.v[j]), d[j] = to_f(dv.v[j]);
-        g[j] = w ? d[j] * (ww[j] + w_offset) : d[j];
-      }
+      for (int j = 0; j < V; ++j) ww[j] = w ? ww[j] + w_offset : 1.f;
     };
     RowPasses<K, V, T, DY> row;
     float ss = 0.f, gx = 0.f;
-    row.first(n, x + base, dy + base, expand, [&](const float (&a)[V], const float (&)[V], const float (&g)[V]) {
+    row.first(n, x + base, dy + base, [&](int64_t i, const Raw<T, V>& xv, const Raw<DY, V>& dv) {
+      float ww[V];
+      weight(i, ww);
 #pragma unroll
-      for (int j = 0; j < V; ++j) ss += a[j] * a[j], gx += g[j] * a[j];
+      for (int j = 0; j < V; ++j) {
+        const float a = to_f(xv.v[j]);
+        ss += a * a, gx += to_f(dv.v[j]) * ww[j] * a;
+      }
     });
     block_sum2(ss, gx, smem);
     const float rstd = rsqrtf(ss / (float)n + eps);
     const float c = gx * rstd * rstd / (float)n;
-    row.second(n, x + base, dy + base, expand, [&](int k, int64_t i, const float (&a)[V], const float (&d)[V], const float (&g)[V]) {
-      float o[V];
+    row.second(n, x + base, dy + base, [&](int k, int64_t i, const Raw<T, V>& xv, const Raw<DY, V>& dv) {
+      float ww[V], o[V];
+      weight(i, ww);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        if (pw) acc.add(k, i, j, d[j] * a[j] * rstd);
-        o[j] = rstd * (g[j] - a[j] * c);
+        const float a = to_f(xv.v[j]), d = to_f(dv.v[j]);
+        if (pw) acc.add(k, i, j, d * a * rstd);
+        o[j] = rstd * (d * ww[j] - a * c);
       }
       store_f<T, V>(dx, base + i, o);
     });
@@ -169,10 +171,12 @@ static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* 
   const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
   float* pw = w ? dw_partial : nullptr;
-  cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx) {
+  cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx, int threads) {
     constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
-    rms_norm_bwd_v1_kernel<T, VX, W, DY, KX><<<(unsigned)blocks, row_threads(n, VX), 0, stream>>>(
-        dy, x, w, dx, pw, rows, n, eps, w_offset);
+    const auto kernel = rms_norm_bwd_v1_kernel<T, VX, W, DY, KX>;
+    const size_t smem = bwd_smem(KX, VX, threads, pw ? 1 : 0);
+    if (allow_smem(reinterpret_cast<const void*>(kernel), smem) != cudaSuccess) return;  // the launch error follows
+    kernel<<<(unsigned)blocks, threads, smem, stream>>>(dy, x, w, dx, pw, rows, n, eps, w_offset);
   });
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_reduce_partials<W>(pw, nullptr, dw, nullptr, blocks, n, stream);
@@ -180,20 +184,22 @@ static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* 
 
 // The backward's grid for these element types (norm_bwd_grid).
 template <typename T, typename W, typename DY>
-static int64_t rms_norm_bwd_grid(int64_t rows, int64_t n) {
+static int64_t rms_norm_bwd_grid(int64_t rows, int64_t n, int accs) {
   constexpr int V = std::is_same<T, W>::value && std::is_same<T, DY>::value ? Pack<T>::N : 1;
-  return norm_bwd_grid<V>(rows, n, [](auto vx, auto kx) {
+  return norm_bwd_grid<V>(rows, n, accs, [](auto vx, auto kx) {
     return rms_norm_bwd_v1_kernel<T, decltype(vx)::value, W, DY, decltype(kx)::value>;
   });
 }
 
-int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool w_fp32, bool dy_fp32) {
+int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool has_w, bool w_fp32, bool dy_fp32) {
   if (rows == 0 || n == 0) return 1;
+  const int accs = has_w ? 1 : 0;
   TIERED_OPS_DISPATCH(dtype, T, {
     if constexpr (!std::is_same<T, float>::value) {
-      if (w_fp32) return dy_fp32 ? rms_norm_bwd_grid<T, float, float>(rows, n) : rms_norm_bwd_grid<T, float, T>(rows, n);
+      if (w_fp32)
+        return dy_fp32 ? rms_norm_bwd_grid<T, float, float>(rows, n, accs) : rms_norm_bwd_grid<T, float, T>(rows, n, accs);
     }
-    return rms_norm_bwd_grid<T, T, T>(rows, n);
+    return rms_norm_bwd_grid<T, T, T>(rows, n, accs);
   });
   return 1;
 }
