@@ -205,9 +205,9 @@ inline cudaError_t launch_norm_bwd(bool vec, int64_t n, F&& go) {
 }
 
 // Blocks of a backward's persistent grid for the dx kernel `kernel` at `threads` threads a block and `smem` bytes of
-// dynamic shared memory: as many as stay
-// resident on every SM at once (what its registers allow; a grid past that runs a second wave, and every block adds a
-// partials row to reduce), never more than the rows. The occupancy is read once per kernel, block size and device.
+// dynamic shared memory: as many as stay resident on every SM at once (what its registers allow; a grid past that
+// runs a second wave), at most one per 8 rows beyond a block an SM, never more than the rows. The occupancy is read
+// once per kernel, block size, shared memory and device.
 inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int64_t rows) {
   struct Seen {
     const void* kernel;
@@ -235,7 +235,10 @@ inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int
     if (count < 256) seen[count++] = {kernel, threads, dev, per_sm, smem};
   }
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t want = (int64_t)sms * per_sm;
+  // Every block writes a row of partial sums that the reduction reads back: at least 8 rows a block, where that still
+  // leaves a block an SM (8192 rows of 768 at 17 blocks an SM: 2244 partials rows, 37 % more bytes than the rows).
+  const int64_t resident = (int64_t)sms * per_sm, by_rows = (rows + 7) / 8 > sms ? (rows + 7) / 8 : sms;
+  const int64_t want = resident < by_rows ? resident : by_rows;
   return rows < want ? rows : want;
 }
 

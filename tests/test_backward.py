@@ -88,8 +88,9 @@ def test_gradcheck_float64(op):
 @pytest.mark.parametrize("op,impl", op_impls(OPS, ["triton", pytest.param("cuda", marks=gpu)]))
 def test_kernel_tier_backward_is_its_own_kernel(op, impl):
     """The backward of a kernel tier runs that tier's backward, not eager autograd of the reference: the registered
-    backward op, or in eager code the fast path's one autograd node, whose backward launches the tier's kernels
-    without the dispatcher (so no aten backward of the reference may appear). A backward with nothing left to launch
+    backward op, or in eager code the fast path's one autograd node (Python, or the op's C++ node where its CUDA wrapper
+    declares one), whose backward launches the tier's kernels without the dispatcher (so no aten backward of the
+    reference may appear). A backward with nothing left to launch
     (linear_cross_entropy's scalar loss, whose forward made the gradients) is still that tier's own node."""
     spec = get_op(op)
     dev = device_for(impl)
@@ -100,8 +101,11 @@ def test_kernel_tier_backward_is_its_own_kernel(op, impl):
     y = as_outputs(fn(x, *inp.args[1:]))
     with aten_ops() as seen:
         torch.autograd.backward(y, [torch.randn_like(t) for t in y] if isinstance(y, tuple) else torch.randn_like(y))
-    node = type((y[0] if isinstance(y, tuple) else y).grad_fn).__name__
-    own_node = node.startswith(f"{op}_{impl}_fast") or f"tiered_ops_{op}_{impl}_default" in node
+    grad_fn = (y[0] if isinstance(y, tuple) else y).grad_fn
+    node = type(grad_fn).__name__
+    cpp_node = "".join(w.title() for w in op.split("_")) + "Node"  # cuda_src/<op>.cpp's, where it declares one
+    own_node = (node.startswith(f"{op}_{impl}_fast") or f"tiered_ops_{op}_{impl}_default" in node
+                or ("CppNode<tiered_ops::" in grad_fn.name() and f"::{cpp_node}>" in grad_fn.name()))
     assert any(f"{op}_bwd_{impl}" in s for s in seen) or own_node, (node, seen)
     assert not any(s.startswith(("aten._softmax_backward", "aten._log_softmax_backward"))
                    or "native_layer_norm_backward" in s for s in seen), seen
