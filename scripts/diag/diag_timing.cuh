@@ -1,6 +1,8 @@
-// What the standalone plans files (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu) share: a CUDA call
-// checked (the file, line and error, then exit), and a launch's kernel time as their tables give it.
+// What the standalone diagnostics (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu,
+// rms_norm_bwd_versions.cu) share: a CUDA call checked (the file, line and error, then exit), their inputs filled, and a
+// launch's kernel time as their tables give it.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,4 +47,14 @@ static float time_ms(F f, int reps = 15, int warm = 3) {
   CK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// x[i] = a hash of (i, seed) spread uniformly over [shift - scale / 2, shift + scale / 2), as T (float or bf16).
+template <typename T>
+__global__ void fill(T* x, long n, unsigned seed, float scale, float shift) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = T(((h & 0xffffff) / 16777216.f - 0.5f) * scale + shift);
+  }
 }

@@ -249,14 +249,6 @@ __global__ void __launch_bounds__(NT) two_norm(const float4* __restrict__ x, con
   }
 }
 
-__global__ void fill(float* x, long n, unsigned seed, float scale, float shift) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = ((h & 0xffffff) / 16777216.f - 0.5f) * scale + shift;
-  }
-}
-
 static double check(const float* dx, const float* dw, const float* db, const float* dy, long rows, long n) {
   std::vector<float> hx(n), hy(n), hw(n), hb(n);
   CK(cudaMemcpy(hw.data(), dw, n * 4, cudaMemcpyDeviceToHost));

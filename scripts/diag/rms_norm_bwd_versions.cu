@@ -8,13 +8,6 @@
 #include "diag_timing.cuh"
 using namespace tiered_ops;
 
-__global__ void fill(__nv_bfloat16* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 4.f);
-  }
-}
-
 int main(int argc, char** argv) {
   const int64_t rows = atoll(argv[1]), n = atoll(argv[2]);
   const int per_sm_env = getenv("PER_SM") ? atoi(getenv("PER_SM")) : 0;
@@ -30,7 +23,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&x, m * 2)); CK(cudaMalloc(&dy, m * 2)); CK(cudaMalloc(&dx, m * 2)); CK(cudaMalloc(&y, m * 2));
   CK(cudaMalloc(&w, n * 2)); CK(cudaMalloc(&dw, n * 2)); CK(cudaMalloc(&part, blocks * n * 4));
   CK(cudaMalloc(&fl, 256 << 20));
-  fill<<<1024, 256>>>(x, m, 1); fill<<<1024, 256>>>(dy, m, 2); fill<<<64, 256>>>(w, n, 3);
+  fill<<<1024, 256>>>(x, m, 1u, 4.f, 0.f);
+  fill<<<1024, 256>>>(dy, m, 2u, 4.f, 0.f);
+  fill<<<64, 256>>>(w, n, 3u, 4.f, 0.f);
   CK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));

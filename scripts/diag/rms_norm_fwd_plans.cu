@@ -113,14 +113,6 @@ __global__ void __launch_bounds__(256, MINB) rn_pipe(const T* __restrict__ x, co
   cp_wait<0>();
 }
 
-__global__ void fill(T* x, long n, unsigned seed, float scale, float shift) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __float2bfloat16(((h & 0xffffff) / 16777216.f - 0.5f) * scale + shift);
-  }
-}
-
 static double check(const T* dx, const T* dw, const T* dy, long rows, long n) {
   std::vector<T> hx(n), hy(n), hw(n);
   CK(cudaMemcpy(hw.data(), dw, n * 2, cudaMemcpyDeviceToHost));

@@ -286,14 +286,6 @@ __global__ void __launch_bounds__(NT, 1) pk2(const float4* __restrict__ x, float
   cluster.sync();  // no block exits while a block of its cluster may still read its stat
 }
 
-__global__ void fill(float* x, long n, unsigned seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = ((h & 0xffffff) / 16777216.f - 0.5f) * 8.f;
-  }
-}
-
 
 
 static double check(const float* dx, const float* dy, long rows, long n) {
@@ -324,7 +316,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&x, bytes));
   CK(cudaMalloc(&y, bytes));
   CK(cudaMalloc(&z, bytes));
-  fill<<<1024, 256>>>(x, rows * n, 1234u);
+  fill<<<1024, 256>>>(x, rows * n, 1234u, 8.f, 0.f);
   float2* part;
   unsigned* cnt;
   CK(cudaMalloc(&part, 1 << 20));
