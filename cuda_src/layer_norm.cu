@@ -18,6 +18,10 @@
 // formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
 // once, w and b read once for all rows (blocks piece-major); in fp32 all of a thread's packs of them are loaded at
 // once after the merge (pack by pack, the launch waits on each load in turn).
+// v4 — rows of more than 128 packs a block each, straight-line (line_rows.cuh: 2 packs a thread for 16-bit rows, 4 for
+// fp32, 32 registers where v2's loop over rows held 64): 1 read + 1 write, the centred variance from registers, rows up
+// to 32768 elements (1024 threads).
+#include "line_rows.cuh"
 #include "norm_grads.cuh"
 
 namespace tiered_ops {
@@ -152,6 +156,40 @@ __global__ void __launch_bounds__(1024, 1) layer_norm_v2_kernel(
     });
     if (row.live && row.lane == 0) mean_out[r] = mean, rstd_out[r] = rstd;
   });
+}
+
+template <typename T, int P>
+__global__ void __launch_bounds__(1024, line_min_blocks(P, Pack<T>::N)) layer_norm_v4_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                             const T* __restrict__ b, T* __restrict__ y,
+                                                             float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                                             int n, float eps) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  const LineRow row = LineRow::of_block(n);
+  Pack<T> q[P];  // raw, converted where used: half the registers of floats for 16-bit rows
+  row.load<P, V>(x, q);
+  float s = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += to_f(q[p].v[j]);
+  }
+  const float mean = block_sum(s, smem) / (float)n;
+  float ss = 0.f;
+  row.each<P, V>([&](int p, int) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += (to_f(q[p].v[j]) - mean) * (to_f(q[p].v[j]) - mean);
+  });
+  const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
+  row.each<P, V>([&](int p, int i) {
+    float pw[V], pb[V], o[V];
+    load_or<T, V>(w, i, pw, 1.f);  // the missing weight as 1, the missing bias as 0: the same values
+    load_or<T, V>(b, i, pb, 0.f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = (to_f(q[p].v[j]) - mean) * rstd * pw[j] + pb[j];
+    store_f<T, V>(y, row.base + i, o);
+  });
+  if (threadIdx.x == 0) mean_out[blockIdx.x] = mean, rstd_out[blockIdx.x] = rstd;
 }
 
 // ---- v3: rows split over blocks, two launches ----
@@ -316,6 +354,12 @@ static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, f
                                      int64_t n, float eps, void* workspace, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, x, y, w, b);
+  const LineConfig l = line_config(rows, n, V, vec);
+  if (l.packs) {
+    TIERED_OPS_WITH_PACKS(l.packs, V, P, layer_norm_v4_kernel<T, P><<<(unsigned)rows, l.threads, 0, stream>>>(
+                                             x, w, b, y, mean, rstd, (int)n, eps));
+    return cudaGetLastError();
+  }
   const RowsConfig c = rows_config(rows, n, V, vec);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, layer_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(

@@ -10,6 +10,8 @@
 // Rows of at most 128 packs (short_rows_config) take 4 packs a thread (2 for fp32 rows of up to 16 packs) and the
 // fewest threads that hold them, up to a warp (rows_config gives them one pack a thread, 1-3 loads in flight, and rows
 // of 33-64 packs a 64-thread block each that waits on a block reduction).
+// v3 — rows of more than 128 packs a block each, straight-line (line_rows.cuh: 2 packs a thread for 16-bit rows, 4 for
+// fp32, 31 registers where v2's loop over rows held 61-64): 1 read + 1 write, rows up to 32768 elements (1024 threads).
 // Backward, with r = rsqrt(mean(x^2) + eps) recomputed from x and g = dy * w: dx = r * (g - x * r^2 * mean(g * x))
 // (block per row on a persistent grid: x, dy read once and held in registers where the row fits one pass of the block,
 // else read a second time from L1/L2; dx written once); dw = sum over
@@ -20,6 +22,7 @@
 // is torch.rsqrt's. A float32 w over bf16/fp16 x (W = float, and Y = float under cast) takes v1's scalar path.
 #include <type_traits>
 
+#include "line_rows.cuh"
 #include "norm_grads.cuh"
 
 namespace tiered_ops {
@@ -73,6 +76,31 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_v2_kernel(const T* __restric
   });
 }
 
+template <typename T, int P>
+__global__ void __launch_bounds__(1024, line_min_blocks(P, Pack<T>::N)) rms_norm_v3_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                           T* __restrict__ y, int n, float eps, float w_offset,
+                                                           bool cast) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[32];
+  const LineRow row = LineRow::of_block(n);
+  float a[P][V];
+  row.load<P, V>(x, a);
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += a[p][j] * a[p][j];
+  }
+  const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
+  row.each<P, V>([&](int p, int i) {
+    float pw[V], o[V];
+    if (w) load_f<T, V>(w, i, pw);
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = rms_weighted<T>(a[p][j] * rstd, w, w ? pw[j] : 0.f, w_offset, cast);
+    store_f<T, V>(y, row.base + i, o);
+  });
+}
+
 // rows_config, with rows of at most 32 threads of 4 packs held by the fewest threads of 4 packs each (2 for fp32
 // rows of up to 16 packs, fewer where the row is shorter), 128 threads a block.
 static RowsConfig short_rows_config(int64_t rows, int64_t n, int V, bool aligned) {
@@ -94,6 +122,12 @@ static cudaError_t launch_rms_norm(const T* x, const T* w, T* y, int64_t rows, i
                                    bool cast, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool aligned = aligned16(x) && aligned16(y) && (w == nullptr || aligned16(w));
+  const LineConfig l = line_config(rows, n, V, aligned);
+  if (l.packs) {
+    TIERED_OPS_WITH_PACKS(l.packs, V, P, rms_norm_v3_kernel<T, P><<<(unsigned)rows, l.threads, 0, stream>>>(
+                                             x, w, y, (int)n, eps, w_offset, cast));
+    return cudaGetLastError();
+  }
   const RowsConfig c = short_rows_config(rows, n, V, aligned);
   if (c.packs) {
     TIERED_OPS_WITH_PACKS(c.packs, V, P, rms_norm_v2_kernel<T, P><<<c.blocks, c.threads, 0, stream>>>(
