@@ -5,6 +5,8 @@
       python3 scripts/diag/ncu_cases.py [--set bf16|sol]
 
 ``bf16`` (the default): why the CUDA v2 forward reaches 94-99 % of copy bandwidth in fp32 and only 61-87 % in bf16.
+``bwd``: the norms' training step at 8192x4096 bf16, layer_norm's CUDA kernels beside rms_norm's and Triton's (why
+layer_norm's CUDA backward trails both).
 ``sol``: the speed-of-light cases whose bars are not met (benchmarks/speed_of_light.json): every kernel each of our
 tiers launches there, a training step's backward kernels included, beside the compile tier's.
 
@@ -35,6 +37,11 @@ SETS: dict[str, list[tuple[str, str, str, str, str, dict]]] = {  # (op, impl, sh
         ("rms_norm", "triton", "4096x32768", "bf16", "fwd_nograd", {}),
         ("layer_norm", "cuda", "16384x4096", "bf16", "fwd_nograd", {}),
         ("layer_norm", "triton", "16384x4096", "bf16", "fwd_nograd", {}),
+    ],
+    "bwd": [
+        ("layer_norm", "cuda", "8192x4096", "bf16", "fwd+bwd", {}),
+        ("layer_norm", "triton", "8192x4096", "bf16", "fwd+bwd", {}),
+        ("rms_norm", "cuda", "8192x4096", "bf16", "fwd+bwd", {}),
     ],
     "sol": [
         ("softmax", "cuda", "512x393216", "fp32", "fwd_nograd", {}),
