@@ -18,6 +18,11 @@
 // formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
 // once, w and b read once for all rows (blocks piece-major); in fp32 all of a thread's packs of them are loaded at
 // once after the merge (pack by pack, the launch waits on each load in turn).
+// Backward v2 — rows of at most 512 threads of 16 elements (2 packs of 16-bit, 4 of fp32) on a persistent grid of the
+// blocks that stay resident: a thread's columns are the same in every row, so w and its dw/db sums stay in fp32
+// registers for the whole kernel (no weight load and no shared-memory accumulator a row), x and dy read once a row.
+// v1 loads w twice a row and sums in shared memory: 0.43 of the DRAM peak at 8192x4096 bf16 where the Triton tier's
+// design, this one, reached 0.63 (Nsight Compute, scripts/diag/ncu_cases.py --set bwd).
 // v4 — rows of more than 128 packs a block each, straight-line (line_rows.cuh: 2 packs a thread for 16-bit rows, 4 for
 // fp32, 32 registers where v2's loop over rows held 64): 1 read + 1 write, the centred variance from registers, rows up
 // to 32768 elements (1024 threads).
@@ -117,6 +122,70 @@ __global__ void __launch_bounds__(bwd_max_threads(K), bwd_min_blocks(K)) layer_n
   });
   acc_w.finish(n);
   acc_b.finish(n);
+}
+
+// Packs a thread of the backward's v2 for rows of n elements in packs of V (16 elements a thread), and its threads (a
+// multiple of 32, at most 512); 0 where v2 does not apply (rows of more than 512 threads, or not a multiple of V).
+struct LnBwdPlan {
+  int k, threads;
+};
+inline LnBwdPlan ln_bwd_v2_plan(int64_t n, int V) {
+  const int k = 16 / V;
+  const int64_t t = ((n / V + k - 1) / k + 31) / 32 * 32;
+  if (n % V != 0 || t > 512) return {0, 0};
+  return {k, (int)t};
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(512, 1) layer_norm_bwd_v2_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                   const T* __restrict__ w,
+                                                                   const float* __restrict__ mean,
+                                                                   const float* __restrict__ rstd,
+                                                                   T* __restrict__ dx, float* pw, float* pb,
+                                                                   int64_t rows, int n) {
+  constexpr int V = Pack<T>::N;
+  __shared__ float smem[64];
+  float wv[K][V], aw[K][V], ab[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = (k * (int)blockDim.x + (int)threadIdx.x) * V;
+    load_or<T, V>(i < n ? w : nullptr, i, wv[k], 1.f);
+#pragma unroll
+    for (int j = 0; j < V; ++j) aw[k][j] = 0.f, ab[k][j] = 0.f;
+  }
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const LineRow row{r * n, n};
+    const float mu = mean[r], rs = rstd[r];
+    Pack<T> qx[K], qd[K];  // raw; zero past the row's end, so they add nothing to the sums
+    row.load<K, V>(x, qx);
+    row.load<K, V>(dy, qd);
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float g = to_f(qd[k].v[j]) * wv[k][j];
+        s1 += g * (to_f(qx[k].v[j]) - mu) * rs, s2 += g;
+      }
+    }
+    block_sum2(s1, s2, smem);
+    const float c1 = s1 / (float)n, c2 = s2 / (float)n;
+    row.each<K, V>([&](int k, int i) {
+      float o[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float a = (to_f(qx[k].v[j]) - mu) * rs, d = to_f(qd[k].v[j]);
+        aw[k][j] += d * a, ab[k][j] += d;
+        o[j] = rs * (d * wv[k][j] - a * c1 - c2);  // n >= V here: never the n == 1 row
+      }
+      store_f<T, V>(dx, row.base + i, o);
+    });
+  }
+  const LineRow mine{(int64_t)blockIdx.x * n, n};  // the block's row of the partials
+  mine.each<K, V>([&](int k, int i) {
+    if (pw) store_f<float, V>(pw, mine.base + i, aw[k]);
+    if (pb) store_f<float, V>(pb, mine.base + i, ab[k]);
+  });
 }
 
 template <typename T>
@@ -385,6 +454,14 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
                                          int64_t n, int64_t blocks, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, dy, x, dx, w);
+  const LnBwdPlan p2 = ln_bwd_v2_plan(n, V);
+  if (vec && p2.k) {
+    constexpr int K = 16 / V;
+    layer_norm_bwd_v2_kernel<T, K><<<(unsigned)blocks, p2.threads, 0, stream>>>(dy, x, w, mean, rstd, dx, dw_partial,
+                                                                                db_partial, rows, (int)n);
+    cudaError_t err = cudaGetLastError();
+    return err != cudaSuccess ? err : launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
+  }
   cudaError_t err = launch_norm_bwd<V>(vec, n, [&](auto vx, auto kx, int threads) {
     constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
     const auto kernel = layer_norm_bwd_v1_kernel<T, VX, KX>;
@@ -398,6 +475,12 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
 
 int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, int accs) {
   if (rows == 0 || n == 0) return 1;
+  TIERED_OPS_DISPATCH(dtype, T, {
+    const LnBwdPlan p2 = ln_bwd_v2_plan(n, Pack<T>::N);
+    if (p2.k)
+      return resident_blocks(reinterpret_cast<const void*>(layer_norm_bwd_v2_kernel<T, 16 / Pack<T>::N>), p2.threads,
+                             0, rows);
+  });
   TIERED_OPS_DISPATCH(dtype, T, return norm_bwd_grid<Pack<T>::N>(rows, n, accs, [](auto vx, auto kx) {
     return layer_norm_bwd_v1_kernel<T, decltype(vx)::value, decltype(kx)::value>;
   }));
