@@ -18,7 +18,7 @@
 // formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
 // once, w and b read once for all rows (blocks piece-major); in fp32 all of a thread's packs of them are loaded at
 // once after the merge (pack by pack, the launch waits on each load in turn).
-// Backward v2 — rows of at most 512 threads of 16 elements (2 packs of 16-bit, 4 of fp32) on a persistent grid of the
+// Backward v2 — rows of at most 256 threads of 16 elements (2 packs of 16-bit, 4 of fp32) on a persistent grid of the
 // blocks that stay resident: a thread's columns are the same in every row, so w and its dw/db sums stay in fp32
 // registers for the whole kernel (no weight load and no shared-memory accumulator a row), x and dy read once a row.
 // v1 loads w twice a row and sums in shared memory: 0.43 of the DRAM peak at 8192x4096 bf16 where the Triton tier's
@@ -125,19 +125,20 @@ __global__ void __launch_bounds__(bwd_max_threads(K), bwd_min_blocks(K)) layer_n
 }
 
 // Packs a thread of the backward's v2 for rows of n elements in packs of V (16 elements a thread), and its threads (a
-// multiple of 32, at most 512); 0 where v2 does not apply (rows of more than 512 threads, or not a multiple of V).
+// multiple of 32, at most 256: its 116-125 registers keep 2 such blocks an SM, where 320 threads keep 1 and 96 registers
+// spill); 0 where v2 does not apply (rows of more than 4096 elements, or not a multiple of V).
 struct LnBwdPlan {
   int k, threads;
 };
 inline LnBwdPlan ln_bwd_v2_plan(int64_t n, int V) {
   const int k = 16 / V;
   const int64_t t = ((n / V + k - 1) / k + 31) / 32 * 32;
-  if (n % V != 0 || t > 512) return {0, 0};
+  if (n % V != 0 || t > 256) return {0, 0};
   return {k, (int)t};
 }
 
 template <typename T, int K>
-__global__ void __launch_bounds__(512, 1) layer_norm_bwd_v2_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+__global__ void __launch_bounds__(256, 2) layer_norm_bwd_v2_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                    const T* __restrict__ w,
                                                                    const float* __restrict__ mean,
                                                                    const float* __restrict__ rstd,
@@ -181,10 +182,14 @@ __global__ void __launch_bounds__(512, 1) layer_norm_bwd_v2_kernel(const T* __re
       store_f<T, V>(dx, row.base + i, o);
     });
   }
-  const LineRow mine{(int64_t)blockIdx.x * n, n};  // the block's row of the partials
+  const LineRow mine{(int64_t)blockIdx.x * n, n};  // the block's row of the partials, V floats a pack in 16-byte stores
+  auto put = [](float* p, const float (&v)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) *reinterpret_cast<float4*>(p + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+  };
   mine.each<K, V>([&](int k, int i) {
-    if (pw) store_f<float, V>(pw, mine.base + i, aw[k]);
-    if (pb) store_f<float, V>(pb, mine.base + i, ab[k]);
+    if (pw) put(pw + mine.base + i, aw[k]);
+    if (pb) put(pb + mine.base + i, ab[k]);
   });
 }
 
