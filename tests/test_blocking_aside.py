@@ -17,6 +17,7 @@ import tiered_ops
 from tiered_ops import envs
 from tiered_ops.decide import background, blocking, claimed
 from tiered_ops.decide import decide as select
+from tiered_ops.measure import case
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import bucket_str
 from tiered_ops.store.store import Store
@@ -43,7 +44,7 @@ def aside(monkeypatch):
 def _in_process(monkeypatch, asked: list) -> None:
     """The caller's own measuring made up from TIMES (as tests/test_blocking_pruned.py makes it up)."""
     monkeypatch.setattr(select, "measure_kept", _fake_measure(asked, TIMES))
-    monkeypatch.setattr(claimed, "gate_row", lambda spec, impl, problem, dtype, device, mode, row, edges=None, **_:
+    monkeypatch.setattr(case, "gate_row", lambda spec, impl, problem, dtype, device, mode, row, edges=None, **_:
                         dict(row, ok=1, rel_error=0.0, reason=None))
     monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tiered_ops.decide import claimed
+from tiered_ops.measure import case
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key
 from tiered_ops.registry import DTYPE_NAMES, Problem
@@ -26,7 +27,7 @@ def _fake_measure(asked: list, times: dict[str, tuple[float, float]]):
         if "bucket" in kw:  # the tuner hands down its store key's bucket
             assert kw.pop("bucket") == base_row(spec, impl, problem, dtype, mode, fingerprint(device))["bucket"]
         if "gates" in kw:  # and the bucket's edge-gate record (a direct call passes none)
-            assert isinstance(kw.pop("gates"), claimed.EdgeGates)
+            assert isinstance(kw.pop("gates"), case.EdgeGates)
         asked.append((impl.name, dict(kw)))  # the pruning's keywords
         lo, hi = times[impl.name]
         row = base_row(spec, impl, problem, dtype, mode, fingerprint(device))
@@ -59,14 +60,14 @@ def test_blocking_tuning_prunes_and_gates_only_the_named_candidate(tmp_path, mon
         gated.append(impl.name)
         return dict(row, ok=1, rel_error=0.0, reason=None)
 
-    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(case, "gate_row", gate_row)
     monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
-    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    monkeypatch.setattr(case.recheck, "retime", lambda *a, **k: ([], None))
     store = Store(str(tmp_path / "s.sqlite"))
     asked: list = []
     problem = Problem((4, 64), (("dim", -1),))
     rows, took, busy = claimed.tune_bucket(store, spec, problem, torch.float32, CPU, "fwd_nograd", "eager",
-                                           measure=_fake_measure(asked, times))
+                                           measure_one=_fake_measure(asked, times))
     assert busy is None and took is not None
     assert [n for n, _ in asked] == ["eager", "triton", "compile"], asked  # the compiled tiers last
     assert asked[0][1] == {}, asked  # nothing to prune against yet: timed and gated in full
@@ -98,9 +99,9 @@ def test_the_gate_turns_read_the_stored_edge_gates_once_and_give_each_gate_its_o
             return dict(row, ok=0, rel_error=1.0, reason="wrong output")
         return dict(row, ok=1, rel_error=0.0, reason=None)
 
-    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(case, "gate_row", gate_row)
     monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
-    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    monkeypatch.setattr(case.recheck, "retime", lambda *a, **k: ([], None))
     store = Store(str(tmp_path / "s.sqlite"))
     store.put_edge_gate(edge_store_key(spec, impls["triton"], torch.float32, fingerprint(CPU), "fwd_nograd"), 1e-6)
     reads: list = []
@@ -109,7 +110,7 @@ def test_the_gate_turns_read_the_stored_edge_gates_once_and_give_each_gate_its_o
     monkeypatch.setattr(Store, "edge_gate", lambda self, key: pytest.fail(f"one implementation's gate read: {key}"))
     times = {"eager": (10.0, 12.0), "triton": (4.0, 5.0), "compile": (6.0, 7.0)}
     rows, _, _ = claimed.tune_bucket(store, spec, Problem((4, 64), (("dim", -1),)), torch.float32, CPU,
-                                     "fwd_nograd", "eager", measure=_fake_measure([], times))
+                                     "fwd_nograd", "eager", measure_one=_fake_measure([], times))
     assert given == {"triton": 1e-6, "compile": None}, given
     assert len(reads) == 1, reads
     newest = {r["impl"]: r for r in rows}
@@ -143,10 +144,10 @@ def test_a_blocking_miss_reads_the_edge_gates_once_and_records_each_new_pass_onc
             return dict(row, ok=0, rel_error=1.0, reason="wrong output")
         return dict(row, ok=1, rel_error=0.0, reason=None, **{EDGES: new[impl.name] if edges is None else edges})
 
-    monkeypatch.setattr(claimed, "measure", measure)
-    monkeypatch.setattr(claimed, "gate_row", gate_row)
+    monkeypatch.setattr(case, "measure", measure)
+    monkeypatch.setattr(case, "gate_row", gate_row)
     monkeypatch.setattr(claimed, "check_fits", lambda *a, **k: None)
-    monkeypatch.setattr(claimed.recheck, "retime", lambda *a, **k: ([], None))
+    monkeypatch.setattr(case.recheck, "retime", lambda *a, **k: ([], None))
     store = Store(str(tmp_path / "s.sqlite"))
     reads: list = []
     puts: list = []

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tiered_ops.decide import bucket, claimed
+from tiered_ops.measure import case
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.measure import EDGES, base_row, bucket_str, edge_store_key
 from tiered_ops.registry import DTYPE_NAMES
@@ -184,7 +185,7 @@ def test_a_compiled_miss_reads_the_edge_gates_once_and_records_each_new_pass_onc
         row = _timed(spec, impl.name, problem, mode, False, None)
         return dict(_gated(impl.name, row, kw.get("edges")), context=kw.get("context", "eager"))
 
-    monkeypatch.setattr(claimed, "measure", measure)
+    monkeypatch.setattr(case, "measure", measure)
     store, fp = Store(private_store), fingerprint(CPU)
     for rows_n in (4, 256):  # two compiled misses: the second is given the passes the first recorded
         problem = softmax.problem((rows_n, 64), dim=-1)

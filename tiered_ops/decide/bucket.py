@@ -15,6 +15,7 @@ import torch
 
 from .. import envs
 from ..measure import recheck
+from ..measure.case import EdgeGates
 from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
 from ..measure.measure import EDGES, PRUNE_FACTOR, base_row
@@ -23,7 +24,6 @@ from ..registry import GRAD_MODES, Impl, OpSpec, Problem
 from ..store.rows import prune_bar
 from ..store.store import Store
 from .choice import GATED_LAST, MEASURE_ORDER, _decide, gate_in_turn
-from .claimed import EdgeGates
 from .helpers import FirstCalls, split_edges
 
 log = logging.getLogger("tiered_ops.decide.background")  # one logger for background tuning, as its users expect

@@ -33,9 +33,9 @@ from typing import Any, Callable
 import torch
 
 from .. import envs
-from ..measure import recheck
-from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import EDGES, PRUNE_FACTOR, Settings, bucket_str, check_fits, edge_store_key, gate_row, measure
+from ..measure.case import EdgeGates, Plan, measure_kept, measure_planned
+from ..measure.fingerprint import fingerprint
+from ..measure.measure import PRUNE_FACTOR, Settings, bucket_str, check_fits
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from .choice import MEASURE_ORDER, GateTurns, busy_stamped, pruning, to_measure
@@ -128,70 +128,6 @@ def wait_for(store: Store, key: tuple[str, ...], what: str, wait_s: float, lease
     return True, time.perf_counter() - t0
 
 
-class EdgeGates:
-    """The edge gate's record in the store for a batch of ``spec``'s implementations at ``dtype`` on ``device`` in
-    ``mode`` (a bucket, a sweep's case): ``known`` for ``measure``'s and ``gate_row``'s ``edges``, ``keep`` for the
-    row they return, ``record`` for a pass found apart from a row. The store is read once for all of them, at the
-    first question; a pass is recorded once. ``fp``: the device's fingerprint where a worker process gave it, else
-    this process's."""
-
-    def __init__(self, store: Store, spec: OpSpec, dtype: torch.dtype, device: torch.device, mode: str,
-                 fp: Fingerprint | None = None):
-        self.store, self.spec, self.dtype, self.mode = store, spec, dtype, mode
-        self.fp = fp if fp is not None else fingerprint(device)
-        self._stored: dict[tuple[str, str], float] = {}
-        self._keys: dict[str, tuple] = {}  # each implementation's store key (``edge_store_key``), made once
-
-    def known(self, impl: Impl) -> float | None:
-        """The worst error of ``impl``'s edge problems where the store records that they passed, else None."""
-        if impl.name not in self._keys:
-            key = self._keys[impl.name] = edge_store_key(self.spec, impl, self.dtype, self.fp, self.mode)
-            if len(self._keys) == 1:  # the first question: every implementation's stored passes, in one query
-                self._stored = self.store.edge_gates(key[:1] + (None, None) + key[3:])
-        return self._stored.get((impl.name, impl.source_hash))
-
-    def record(self, impl: Impl, passed: float) -> None:
-        """Record that ``impl`` passed its edge problems (``passed``: their worst error), where no pass was."""
-        if self.known(impl) is None:
-            self.store.put_edge_gate(self._keys[impl.name], passed)
-            self._stored[(impl.name, impl.source_hash)] = passed  # a later question about it is answered here
-
-    def keep(self, impl: Impl, row: dict[str, Any]) -> dict[str, Any]:
-        """``row`` without ``EDGES``, the pass it carries recorded (``record``)."""
-        passed = row.pop(EDGES, None)
-        if passed is not None:
-            self.record(impl, passed)
-        return row
-
-
-def measure_kept(store: Store, spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device,
-                 mode: str = "fwd_nograd", *, gates: EdgeGates | None = None, **kw: Any) -> dict[str, Any]:
-    """``measure`` in this process beside ``store``: an edge gate it records as passed is not checked again, and a new
-    pass is recorded in it; the row back, ready to be added. ``gates``: the batch's record (``EdgeGates`` of the same
-    store, op, dtype, device and mode) where the caller measures several implementations, so the store is read once
-    for all of them; else one made for this implementation."""
-    edges = gates if gates is not None else EdgeGates(store, spec, dtype, device, mode)
-    row = measure(spec, impl, problem, dtype, device, mode, edges=edges.known(impl), **kw)
-    return edges.keep(impl, row)
-
-
-def _gate_named(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-                key5: tuple[str, str, str, str, str], settings: dict[str, Settings], edges: EdgeGates) -> list[dict]:
-    """Gate, in turn, the candidates timed without their gate that the choice names (``choice.GateTurns``), the
-    rows passed over stored as never chosen; the bucket's newest rows after. ``settings``: as ``tune_bucket``'s;
-    ``edges``: the bucket's edge-gate record, the one its measurements kept theirs in."""
-    turns = GateTurns(spec, dtype, device, store)
-    rows = store.latest(*key5)
-    while (turn := turns.next(rows)) is not None:
-        impl, row = turn[:2]
-        done = gate_row(spec, impl, problem, dtype, device, mode, dict(row), edges.known(impl), **settings)
-        store.add([edges.keep(impl, dict(done, timestamp=time.time()))])
-        rows = store.latest(*key5)
-    for r in turns.passed_over:
-        store.add([r])
-    return store.latest(*key5)
-
-
 def open_bucket(store: Store, spec: OpSpec, key5: tuple[str, str, str, str, str], what: str, wait_s: float,
                 lease: float) -> tuple[tuple[str, ...], list[dict], list[Impl], bool, tuple | None]:
     """Take the claim of the bucket ``key5`` (waiting for another owner's as ``wait_for``), then read what it holds:
@@ -234,22 +170,22 @@ def measure_compiled(store: Store, spec: OpSpec, problem: Problem, dtype: torch.
 
 def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
                 context: str, progress: Callable[[str], None] | None = None,
-                measure: Callable[..., dict[str, Any]] = measure_kept, *,
+                measure_one: Callable[..., dict[str, Any]] = measure_kept, *,
                 key5: tuple[str, str, str, str, str] | None = None, claim_s: tuple[float, float] | None = None,
                 settings: Settings | None = None) -> tuple[list[dict], float | None, str | None]:
-    """Measure what the bucket of ``problem`` lacks under its claim (each candidate by ``measure``, as
-    ``measure_kept``, given the bucket's one ``EdgeGates`` as ``gates``: the store's edge-gate passes read once for
-    the bucket), store it: (the bucket's newest rows, seconds spent measuring or None where nothing was measured
-    here, why not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's terms) and
-    ``claim_s`` (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that has them made
-    them (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read them, given
-    to each measurement and gate, else read by those."""
+    """Measure what the bucket of ``problem`` lacks under its claim, as this plans it (``case.Plan``: the tiers whose
+    gate compiles nothing first, each candidate pruned against the fastest so far, the gates the choice names in
+    turn, ``choice.GateTurns``) and ``case.measure_planned`` runs and stores it, each candidate by ``measure_one`` (as
+    ``measure_kept``): (the bucket's newest rows, seconds spent measuring or None where nothing was measured here, why
+    not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's terms) and ``claim_s``
+    (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that has them made them
+    (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read them, given to each
+    measurement and gate, else read by those."""
     dname = DTYPE_NAMES[dtype]
     if key5 is None:
         key5 = (spec.name, bucket_str(spec.bucket(problem)), dname, fingerprint(device).key, mode)
     what = f"{spec.name} {problem} {dname} {mode} on {device}"
     lease, wait_s = claim_s if claim_s is not None else (envs.claim_lease_s(), envs.claim_wait_s())
-    given = {} if settings is None else {"settings": settings}
     claim, rows, todo, again, early = open_bucket(store, spec, key5, what, wait_s, lease)
     if early is not None:
         return early
@@ -259,30 +195,27 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
         said = Announce(f"{spec.name} {problem} {dname} {mode} {context} on {device}", todo, device)
         said.start(where, "its timings were taken on a busy machine, timing them again side by side" if again
                    else "no stored decision")
-        gates = EdgeGates(store, spec, dtype, device, mode)  # the store's passes read once for the whole bucket
+        turns = GateTurns(spec, dtype, device, store)
         slot = slot_key(device)
         have_slot, _ = wait_for(store, slot, f"the measuring slot of {device}", wait_s, lease)
-        new, t0 = [], time.perf_counter()
+
+        def before(impl: Impl) -> None:
+            said.step(impl)
+            store.claim(claim, lease)  # the lease renewed: a long candidate (a compile) keeps the bucket
+            if have_slot:
+                store.claim(slot, lease)
+            if progress:
+                progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
+
+        plan = Plan(sorted(todo, key=lambda i: MEASURE_ORDER[i.tier]),
+                    lambda impl, seen: pruning(impl, seen, PRUNE_FACTOR), turns, before,
+                    lambda new: busy_stamped(new, time.time()))
+        t0 = time.perf_counter()
         try:
-            for impl in sorted(todo, key=lambda i: MEASURE_ORDER[i.tier]):
-                said.step(impl)
-                store.claim(claim, lease)  # the lease renewed: a long candidate (a compile) keeps the bucket
-                if have_slot:
-                    store.claim(slot, lease)
-                if progress:
-                    progress(f"measuring {spec.name} {impl.name} {problem} {dname} {mode}")
-                new.append(measure(store, spec, impl, problem, dtype, device, mode, bucket=key5[1], gates=gates,
-                                   **pruning(impl, [*rows, *new], PRUNE_FACTOR), **given))
-            store.add(busy_stamped(new, time.time()))
-            rows = _gate_named(store, spec, problem, dtype, device, mode, key5, given, gates)
-            if device.type == "cuda":  # launch-bound GPU rows timed again side by side (a CPU row has no launch path)
-                rechecked, _ = recheck.retime(spec, rows, problem, dtype, device, mode)
-                store.add(rechecked)
-                rows = store.latest(*key5) if rechecked else rows
+            rows = measure_planned(store, spec, problem, dtype, device, mode, key5, rows, plan, measure_one, settings)
         finally:
             if have_slot:
                 store.release(slot)
         return rows, time.perf_counter() - t0, None
     finally:
         store.release(claim)
-

@@ -38,6 +38,7 @@ import torch
 from .. import envs
 from ..buckets import encode as bucket_str
 from ..environment import environment
+from ..measure.case import measure_kept
 from ..measure.fingerprint import fingerprint
 from ..measure.measure import Settings
 from ..measure.timing import cuda_index, default_device
@@ -49,7 +50,7 @@ from .asked import Asked, Evidence
 from .capture import is_warm, warm
 from .choice import choose_gated, in_context, measured_compiled, provisional_decision, runnable, to_measure
 from .choice import note as busy_note
-from .claimed import measure_compiled, measure_kept, tune_bucket
+from .claimed import measure_compiled, tune_bucket
 from .policy import DEFAULT_CALLS, check_policy
 from .predict import nearest_rows
 from .table import Selection
@@ -253,7 +254,7 @@ def _evidence(a: Asked, tune: bool | None, progress: Callable[[str], None] | Non
             tuned = (store.latest(*bucket_key), *tuned[1:])
         read = Settings(envs.gate_bytes(device.type), envs.contention_check(), environment())  # once, passed down
         rows, tuned_s, busy = tuned or tune_bucket(store, spec, problem, dtype, device, mode, context, progress,
-                                                   measure=measure_kept, key5=bucket_key,
+                                                   measure_one=measure_kept, key5=bucket_key,
                                                    claim_s=(envs.claim_lease_s(), envs.claim_wait_s()), settings=read)
         fresh = spec.freshness(rows, read.env)
     busy = busy or busy_note(spec, rows, fresh[0])

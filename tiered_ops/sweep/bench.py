@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from ..decide.choice import GATED_LAST, gate_in_turn
-from ..decide.claimed import EdgeGates
 from ..measure import recheck
+from ..measure.case import EdgeGates
 from ..measure.fingerprint import Fingerprint, fingerprint
 from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, measure
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
