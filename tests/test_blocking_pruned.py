@@ -9,8 +9,9 @@ import torch
 
 from tiered_ops.decide import claimed
 from tiered_ops.measure import case
+from tiered_ops.measure.case import edge_store_key
 from tiered_ops.measure.fingerprint import fingerprint
-from tiered_ops.measure.measure import EDGES, PRUNE_FACTOR, base_row, edge_store_key
+from tiered_ops.measure.measure import EDGES, PRUNE_FACTOR, base_row
 from tiered_ops.registry import DTYPE_NAMES, Problem
 from tiered_ops.store.rows import PRUNED, UNGATED
 from tiered_ops.store.store import Store

@@ -9,8 +9,9 @@ import torch
 
 from tiered_ops.decide.claimed import measure_kept
 from tiered_ops.measure import gate
+from tiered_ops.measure.case import edge_store_key
 from tiered_ops.measure.fingerprint import fingerprint
-from tiered_ops.measure.measure import EDGES, edge_store_key
+from tiered_ops.measure.measure import EDGES
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op
 

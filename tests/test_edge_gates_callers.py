@@ -11,8 +11,9 @@ import torch
 
 from tiered_ops.decide import bucket, claimed
 from tiered_ops.measure import case
+from tiered_ops.measure.case import edge_store_key
 from tiered_ops.measure.fingerprint import fingerprint
-from tiered_ops.measure.measure import EDGES, base_row, bucket_str, edge_store_key
+from tiered_ops.measure.measure import EDGES, base_row, bucket_str
 from tiered_ops.registry import DTYPE_NAMES
 from tiered_ops.store.rows import UNGATED
 from tiered_ops.store.store import Store

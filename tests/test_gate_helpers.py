@@ -12,9 +12,10 @@ from tiered_ops import envs
 from tiered_ops.decide import background
 from tiered_ops.decide import decide as select
 from tiered_ops.decide.helpers import Helpers, split_edges
+from tiered_ops.measure.case import edge_store_key
 from tiered_ops.measure.fingerprint import fingerprint
 from tiered_ops.measure.gate import check_edges, edge_checks
-from tiered_ops.measure.measure import base_row, edge_store_key
+from tiered_ops.measure.measure import base_row
 from tiered_ops.measure.worker import Pool
 from tiered_ops.store.store import Store
 from tiered_ops.tiers.catalog import get_op

@@ -199,7 +199,7 @@ def test_a_candidate_pruned_before_its_gate_costs_no_gate_and_is_never_ok(monkey
     its row is not ok, and one that is not pruned is gated and timed in full as before. (The contention check is off,
     as in the test above: a short timing that looks contended is never pruned, so a busy machine would fail this test
     for a reason it does not test.)"""
-    from tiered_ops.measure import measure as m
+    from tiered_ops.measure import verdict as m
 
     monkeypatch.setenv("TIERED_OPS_CONTENTION_CHECK", "0")
 

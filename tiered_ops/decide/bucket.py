@@ -18,7 +18,8 @@ from ..measure import recheck
 from ..measure.case import EdgeGates
 from ..measure.fingerprint import fingerprint
 from ..measure.gate import edge_checks
-from ..measure.measure import EDGES, PRUNE_FACTOR, base_row
+from ..measure.measure import PRUNE_FACTOR, base_row
+from ..measure.verdict import EDGES
 from ..measure.worker import Pool
 from ..registry import GRAD_MODES, Impl, OpSpec, Problem
 from ..store.rows import prune_bar

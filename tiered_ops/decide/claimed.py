@@ -35,7 +35,8 @@ import torch
 from .. import envs
 from ..measure.case import EdgeGates, Plan, measure_kept, measure_planned
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import PRUNE_FACTOR, Settings, bucket_str, check_fits
+from ..measure.measure import PRUNE_FACTOR, bucket_str, check_fits
+from ..measure.verdict import Settings
 from ..registry import DTYPE_NAMES, Impl, OpSpec, Problem, Tier
 from ..store.store import Store
 from .choice import MEASURE_ORDER, GateTurns, busy_stamped, pruning, to_measure
@@ -179,7 +180,7 @@ def tune_bucket(store: Store, spec: OpSpec, problem: Problem, dtype: torch.dtype
     ``measure_kept``): (the bucket's newest rows, seconds spent measuring or None where nothing was measured here, why
     not where another process's claim outlasted the wait). ``key5`` (the bucket in the store's terms) and ``claim_s``
     (the claim's lease and wait, ``envs.claim_lease_s``/``claim_wait_s``): as a caller that has them made them
-    (``select_problem``), else made here; ``settings`` (``measure.Settings``): as that caller read them, given to each
+    (``select_problem``), else made here; ``settings`` (``verdict.Settings``): as that caller read them, given to each
     measurement and gate, else read by those."""
     dname = DTYPE_NAMES[dtype]
     if key5 is None:

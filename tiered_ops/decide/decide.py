@@ -40,8 +40,8 @@ from ..buckets import encode as bucket_str
 from ..environment import environment
 from ..measure.case import measure_kept
 from ..measure.fingerprint import fingerprint
-from ..measure.measure import Settings
 from ..measure.timing import cuda_index, default_device
+from ..measure.verdict import Settings
 from ..registry import CONTEXTS, DTYPE_NAMES, DTYPES, OpSpec, Problem, check_context, check_dims, check_mode
 from ..store.store import Store, open_store
 from ..tiers.catalog import get_op

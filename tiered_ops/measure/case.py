@@ -12,11 +12,18 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
-from ..registry import Impl, OpSpec, Problem
+from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, OpSpec, Problem
 from ..store.store import Store
 from . import recheck
 from .fingerprint import Fingerprint, fingerprint
-from .measure import EDGES, Settings, edge_store_key, gate_row, measure
+from .measure import measure
+from .verdict import EDGES, Settings, gate_row
+
+
+def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str) -> tuple:
+    """The store's key (``EDGE_KEY``) of ``impl``'s edge gate at ``dtype`` on the device ``fp`` names in ``mode``."""
+    return (spec.name, impl.name, impl.source_hash, DTYPE_NAMES[dtype], fp.key, int(mode in GRAD_MODES),
+            fp.torch or "", fp.triton or "")
 
 
 class EdgeGates:

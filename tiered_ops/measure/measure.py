@@ -1,44 +1,27 @@
 """Measurement of one implementation at one problem, after the gate (``gate``) passed it: written once, driven by
 OpSpec. Times the call in the caller's context (``timed_call``) in one call into ``timing`` (``timing.time_row``: the
-figures, checked against the copy bandwidth), flags a timing taken on a busy machine (``rows.CONTENDED``), and returns
-the store's row."""
+figures, checked against the copy bandwidth), which runs the gate where it is due (``verdict.gate_if_due``: its
+verdict written into the row), flags a timing taken on a busy machine (``rows.CONTENDED``), and returns the store's
+row."""
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 
 from ..buckets import encode
-from ..environment import environment
-from ..envs import gate_bytes
-from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, Tier, check_context, check_mode
-from ..store.rows import CONTENDED, EDGE_ONLY, PRUNED, UNAVAILABLE, WAITING
+from ..registry import DTYPE_NAMES, GRAD_MODES, Impl, Inputs, OpSpec, Problem, check_context, check_mode
+from ..store.rows import CONTENDED, PRUNED, UNAVAILABLE, WAITING
 from .fingerprint import Fingerprint, fingerprint
-from .gate import _short, edges_passed, gate, gate_at_problem, gate_problem, grad_output, with_grad
+from .gate import _short, edges_passed, grad_output, with_grad
 from .timing import RowFigures, sync, time_row
+from .verdict import EDGES, Settings, env_of, gate_if_due
 
 log = logging.getLogger(__name__)
-
-
-class Settings(NamedTuple):
-    """What a measurement reads from the environment, as a caller that measures several candidates read it once
-    (the tuner's miss): the gate's byte budget on the device (``envs.gate_bytes``) and whether a CPU timing taken on
-    a busy machine is taken again and flagged (``envs.contention_check``), and the build environment a failure that
-    may be the environment's is stored with (``environment.environment``; None: read at the failure). None where a
-    measurement takes it: read there, when needed."""
-
-    gate_bytes: int
-    contention_check: bool
-    env: str | None = None
-
-
-def _env(settings: Settings | None) -> str:
-    return environment() if settings is None or settings.env is None else settings.env
 
 
 # The neighbours an op has in a transformers decoder compiled by Inductor (default mode: a GEMM is an extern call that
@@ -133,15 +116,18 @@ def measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, devi
     ``gate_first=False``: the short timing comes before the gate, so a pruned candidate costs no gate (its edge
     problems compile and run for a compiled tier): its row is not ok (never gated, never chosen), ``pruned: ...``.
     ``gated=False``: timed without the gate; the row is not ok, its reason ``not gated: ...`` (``rows.UNGATED``), until
-    ``gate_row`` runs the gate where the row would be chosen.
+    ``verdict.gate_row`` runs the gate where the row would be chosen.
 
-    ``edges``: the worst error of the edge problems' pass that the store recorded (``EdgeGates.known``): not checked
-    again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
-    ``EdgeGates.keep`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s;
-    ``settings``: as ``Settings``."""
+    ``edges``: the worst error of the edge problems' pass that the store recorded (``case.EdgeGates.known``): not
+    checked again. A row whose implementation has passed them carries that figure as ``EDGES`` (not a column:
+    ``case.EdgeGates.keep`` records it in the store and drops it from the row). ``bucket``: as ``base_row``'s;
+    ``settings``: as ``verdict.Settings``."""
     row = _measure(spec, impl, problem, dtype, device, mode, context, prune_above_us, best, gate_first, gated, bucket,
                    settings, edges)
-    return _with_edges(spec, impl, dtype, device, mode, row, edges)
+    passed = edges_passed(spec, impl, dtype, device, mode in GRAD_MODES, edges)  # its gate's, or the store's noted
+    if passed is not None:
+        row[EDGES] = passed
+    return row
 
 
 def first_call(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str
@@ -164,16 +150,6 @@ def _first(spec: OpSpec, impl: Impl, inp: Inputs, mode: str, context: str, devic
     return call
 
 
-def _with_edges(spec: OpSpec, impl: Impl, dtype: torch.dtype, device: torch.device, mode: str,
-                row: dict[str, Any], known: float | None) -> dict[str, Any]:
-    """``row`` with ``EDGES`` where its implementation passed the edge problems (``known``: the store's pass, noted
-    there too): a measurement's one call into the gate's edge bookkeeping besides the gate itself."""
-    passed = edges_passed(spec, impl, dtype, device, mode in GRAD_MODES, known)
-    if passed is not None:
-        row[EDGES] = passed
-    return row
-
-
 def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
              context: str, prune_above_us: float | None, best: str, gate_first: bool, gated: bool,
              bucket: str | None, settings: Settings | None, edges: float | None = None) -> dict[str, Any]:
@@ -184,22 +160,23 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     row["context"] = context
     why = impl.why_not(device, dtype)
     if why:
-        row.update(reason=UNAVAILABLE + why, env=_env(settings))  # failures that may be the environment's
+        row.update(reason=UNAVAILABLE + why, env=env_of(settings))  # failures that may be the environment's
         return row
     inp = spec.make_inputs(problem, dtype, device, 0)
     t0 = time.perf_counter()
     try:
         call = _first(spec, impl, inp, mode, context, device)  # warm-up: recorded in first_call_s, not timed
     except Exception as e:
-        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0, env=_env(settings))
+        row.update(reason=f"first call raised: {_short(e)}", first_call_s=time.perf_counter() - t0,
+                   env=env_of(settings))
         return row
     row["first_call_s"] = time.perf_counter() - t0
     not_timeable = impl.timeable(device)
     look_first = not gate_first and not not_timeable  # a quick look before the gate: a pruned row costs no gate
-    f = time_row(call, device, row["first_call_s"], spec.mode_bytes(problem, dtype, mode), bar_us=prune_above_us,
-                 look_first=look_first,
-                 between=lambda: _gated(spec, impl, problem, dtype, device, mode, row, settings, edges, gated,
-                                        not_timeable),
+    nbytes = spec.mode_bytes(problem, dtype, mode)
+    f = time_row(call, device, row["first_call_s"], nbytes, bar_us=prune_above_us, look_first=look_first,
+                 between=lambda: gate_if_due(spec, impl, problem, dtype, device, mode, row, settings, edges, gated,
+                                             not_timeable),
                  check_busy=None if settings is None else settings.contention_check, tries=CONTENDED_TRIES,
                  pause_s=CONTENDED_PAUSE_S,
                  label=(spec.name, impl.name, problem, DTYPE_NAMES[dtype], mode))
@@ -220,24 +197,6 @@ def _measure(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, dev
     return row
 
 
-def _gated(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-           row: dict[str, Any], settings: Settings | None, edges: float | None, gated: bool, not_timeable: str | None
-           ) -> bool:
-    """A measurement's gate, where it runs (``gated``, or a row that cannot be timed: nothing later would gate it),
-    written into the row: whether the row goes on to be timed. A peer failing only an edge case it does not claim is
-    timed; a row that cannot be timed ends here, its reason saying so where the gate passed."""
-    if not (gated or not_timeable):
-        return True
-    edge, sample_note = _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
-    if not row["ok"] and not edge:
-        return False
-    if not_timeable:
-        if not edge:
-            row["reason"] = f"correct; not timed: {not_timeable}" + (f" ({sample_note})" if sample_note else "")
-        return False
-    return True
-
-
 def _with_figures(row: dict[str, Any], f: RowFigures, context: str) -> None:
     """The row's timing columns from ``f``: the peak where it was taken; no bandwidth of the op alone inside a
     compiled caller (the neighbours move bytes too)."""
@@ -248,50 +207,6 @@ def _with_figures(row: dict[str, Any], f: RowFigures, context: str) -> None:
     row.update(p20_us=t.p20_us, p50_us=t.p50_us, p80_us=t.p80_us, host_us=t.host_us, host_p20_us=t.host_p20_us,
                host_p80_us=t.host_p80_us, caller_us=t.caller_us,
                gbps=gbps, copy_gbps=f.copy_gbps, frac_copy=(gbps / f.copy_gbps) if gbps else None)
-
-
-def gate_row(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-             row: dict[str, Any], edges: float | None = None, settings: Settings | None = None) -> dict[str, Any]:
-    """The gate of ``row``'s implementation at ``problem`` in ``mode``, written into the row: ok and its relative
-    error where it passed (its reason then says what the gate sampled, or nothing), else not ok and why. ``edges``
-    and the row's ``EDGES``, and ``settings``, as in ``measure``."""
-    _gate_into(spec, impl, problem, dtype, device, mode, row, settings, edges)
-    return _with_edges(spec, impl, dtype, device, mode, row, edges)
-
-
-def _gate_into(spec: OpSpec, impl: Impl, problem: Problem, dtype: torch.dtype, device: torch.device, mode: str,
-               row: dict[str, Any], settings: Settings | None = None, edges: float | None = None
-               ) -> tuple[bool, str | None]:
-    """``gate_row``'s work on the row: (whether it marked the row ``rows.EDGE_ONLY``, what the gate sampled of
-    ``problem`` where it passed: None, all of it). ``edges``: as ``gate``'s."""
-    budget = gate_bytes(device.type) if settings is None else settings.gate_bytes  # one: the gate's and its note's
-    err, why = gate(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget, edges=edges)
-    if why and impl.tier == Tier.PEER and why.startswith("edge case: "):
-        # a peer is measured for comparison, never chosen: one that fails an edge case it does not claim (Liger at 0
-        # rows) is still timed where it is correct, marked, so the reports show it beside ours
-        at, wrong = gate_at_problem(spec, impl, problem, dtype, device, grad=mode in GRAD_MODES, budget=budget)
-        if wrong is None:
-            row.update(ok=0, rel_error=at if math.isfinite(at) else None,
-                       reason=EDGE_ONLY + why[len("edge case: "):])
-            return True, None
-    row["rel_error"] = err if math.isfinite(err) else None
-    if why:
-        row.update(ok=0, reason=why)
-        if "raised at" in why:  # an exception (a build, a compile), not a wrong answer: it may be the environment's
-            row["env"] = _env(settings)
-        return False, None
-    note = gate_problem(spec, problem, device, mode in GRAD_MODES, budget)[1]
-    row.update(ok=1, reason=f"correct ({note})" if note else None)
-    return False, note
-
-
-EDGES = "edges_rel_error"  # a row's field (not a store column): its implementation passed the edge problems
-
-
-def edge_store_key(spec: OpSpec, impl: Impl, dtype: torch.dtype, fp: Fingerprint, mode: str) -> tuple:
-    """The store's key (``EDGE_KEY``) of ``impl``'s edge gate at ``dtype`` on the device ``fp`` names in ``mode``."""
-    return (spec.name, impl.name, impl.source_hash, DTYPE_NAMES[dtype], fp.key, int(mode in GRAD_MODES),
-            fp.torch or "", fp.triton or "")
 
 
 PRUNE_FACTOR = 1.5  # a candidate whose short timing's p20 is above this x the fastest full timing's p80 is pruned

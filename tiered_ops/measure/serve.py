@@ -146,7 +146,7 @@ def _do(task: tuple, device: Any, OPS: dict, DTYPES: dict) -> Any:
         _, op, names, problem, dtype, mode = task
         return side_by_side(OPS[op], list(names), problem, DTYPES[dtype], device, mode)
     if kind == "gate":  # a row timed without its gate (measure's gated=False): the row back, gated
-        from .measure import gate_row
+        from .verdict import gate_row
 
         _, op, impl, problem, dtype, mode, row, *edges = task  # edges: a pass the store recorded, when any
         spec = OPS[op]

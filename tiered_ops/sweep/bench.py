@@ -24,9 +24,10 @@ from ..decide.choice import GATED_LAST, gate_in_turn
 from ..measure import recheck
 from ..measure.case import EdgeGates
 from ..measure.fingerprint import Fingerprint, fingerprint
-from ..measure.measure import PRUNE_FACTOR, base_row, gate_row, measure
+from ..measure.measure import PRUNE_FACTOR, base_row, measure
 from ..measure.meta import breaks_str, stored_or_collect, with_progress
 from ..measure.timing import copy_bandwidth_gbps
+from ..measure.verdict import gate_row
 from ..measure.worker import Pool
 from ..registry import DTYPE_NAMES, MODES, Impl, OpSpec, Problem, Tier
 from ..store.rows import UNAVAILABLE, contended, prune_bar, waits_for_gate
