@@ -44,20 +44,28 @@ template <int L> __device__ __forceinline__ void st(T* p, const float (&a)[V]) {
   }
 }
 
+// The thread's P packs of the row at xr as floats into a (0 past the row's end), loaded as L says; the sum of f over
+// them.
+template <int P, int L, typename F>
+__device__ __forceinline__ float load_row(const T* xr, int n, float (&a)[P][V], F f) {
+  float s = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = (p * blockDim.x + threadIdx.x) * V;
+    const Pack<T> q = i < n ? ld<L>(xr + i) : Pack<T>{};
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[p][j] = i < n ? to_f(q.v[j]) : 0.f, s += f(a[p][j]);
+  }
+  return s;
+}
+
 template <int P, int L>
 __global__ void __launch_bounds__(1024) rms_line(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                                  int n, float eps) {
   __shared__ float smem[32];
   const int64_t base = (int64_t)blockIdx.x * n;
   float a[P][V];
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int i = (p * blockDim.x + threadIdx.x) * V;
-    const Pack<T> q = i < n ? ld<L>(x + base + i) : Pack<T>{};
-#pragma unroll
-    for (int j = 0; j < V; ++j) a[p][j] = i < n ? to_f(q.v[j]) : 0.f, ss += a[p][j] * a[p][j];
-  }
+  const float ss = load_row<P, L>(x + base, n, a, [](float v) { return v * v; });
   const float rstd = rsqrtf(block_sum(ss, smem) / (float)n + eps);
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -79,15 +87,7 @@ __global__ void __launch_bounds__(1024) ln_line(const T* __restrict__ x, const T
   __shared__ float smem[32];
   const int64_t base = (int64_t)blockIdx.x * n;
   float a[P][V];
-  float s = 0.f;
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int i = (p * blockDim.x + threadIdx.x) * V;
-    const Pack<T> q = i < n ? ld<L>(x + base + i) : Pack<T>{};
-#pragma unroll
-    for (int j = 0; j < V; ++j) a[p][j] = i < n ? to_f(q.v[j]) : 0.f, s += a[p][j];
-  }
-  const float mean = block_sum(s, smem) / (float)n;
+  const float mean = block_sum(load_row<P, L>(x + base, n, a, [](float v) { return v; }), smem) / (float)n;
   float ss = 0.f;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
