@@ -14,9 +14,12 @@
 // Hugging Face forms: rms_norm's runtime arguments (w_offset: w + w_offset in fp32; cast: y rounded to T before the
 // weight, y in promote(w, x)) on y of the rounded sum s, in the same launch; a float32 w over bf16/fp16 x takes v1's
 // scalar path.
+// Backward v2 (rms_grads.cuh, one kernel for both rms norms): rows of up to 5120 elements, a multiple of the pack, with
+// x, dy, w of one type: a persistent grid whose threads keep (w + w_offset) and their dw sums in registers for the
+// whole kernel (layer_norm's backward v2 design); v1 does the rest.
 #include <type_traits>
 
-#include "norm_grads.cuh"
+#include "rms_grads.cuh"
 
 namespace tiered_ops {
 
@@ -176,6 +179,11 @@ static cudaError_t launch_fused_add_rms_norm_bwd(const DY* dy, const T* ds, cons
   constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
   const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(ds) && aligned16(s) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
+  if constexpr (one_type) {
+    if (vec && rms_bwd_v2_threads(n, V))
+      return launch_rms_bwd_v2<T, true>(dy, s, w, ds, rstd, dx, dw_partial, dw, rows, n, 0.f, blocks, w_offset,
+                                        stream);
+  }
   float* pw = w ? dw_partial : nullptr;
   cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx, int threads) {
     constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
@@ -206,7 +214,8 @@ int64_t fused_add_rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool
         return dy_fp32 ? fused_add_rms_norm_bwd_grid<T, float, float>(rows, n, accs)
                        : fused_add_rms_norm_bwd_grid<T, float, T>(rows, n, accs);
     }
-    return fused_add_rms_norm_bwd_grid<T, T, T>(rows, n, accs);
+    const int64_t v2 = rms_bwd_v2_grid<T, true>(rows, n);
+    return v2 ? v2 : fused_add_rms_norm_bwd_grid<T, T, T>(rows, n, accs);
   });
   return 1;
 }

@@ -20,10 +20,12 @@
 // Hugging Face forms (runtime arguments of the same kernels, one launch): w_offset multiplies by (w + w_offset) in fp32
 // (Gemma); cast rounds x * r to T before the weight multiplies it (Llama), y in promote(w, x). r = rsqrtf(mean + eps)
 // is torch.rsqrt's. A float32 w over bf16/fp16 x (W = float, and Y = float under cast) takes v1's scalar path.
+// Backward v2 (rms_grads.cuh, one kernel for both rms norms): rows of up to 5120 elements, a multiple of the pack, with
+// x, dy, w of one type: a persistent grid whose threads keep (w + w_offset) and their dw sums in registers for the
+// whole kernel (layer_norm's backward v2 design); v1 does the rest.
 #include <type_traits>
 
-#include "line_rows.cuh"
-#include "norm_grads.cuh"
+#include "rms_grads.cuh"
 
 namespace tiered_ops {
 
@@ -204,6 +206,11 @@ static cudaError_t launch_rms_norm_bwd(const DY* dy, const T* x, const W* w, T* 
   constexpr bool one_type = std::is_same<T, W>::value && std::is_same<T, DY>::value;
   const bool vec = one_type && n % V == 0 && aligned16(dy) && aligned16(x) && aligned16(dx) &&
                    (w == nullptr || aligned16(w));
+  if constexpr (one_type) {
+    if (vec && rms_bwd_v2_threads(n, V))
+      return launch_rms_bwd_v2<T, false>(dy, x, w, nullptr, nullptr, dx, dw_partial, dw, rows, n, eps, blocks,
+                                         w_offset, stream);
+  }
   float* pw = w ? dw_partial : nullptr;
   cudaError_t err = launch_norm_bwd<one_type ? V : 1>(vec, n, [&](auto vx, auto kx, int threads) {
     constexpr int VX = decltype(vx)::value, KX = decltype(kx)::value;
@@ -233,7 +240,8 @@ int64_t rms_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, bool has_w, bo
       if (w_fp32)
         return dy_fp32 ? rms_norm_bwd_grid<T, float, float>(rows, n, accs) : rms_norm_bwd_grid<T, float, T>(rows, n, accs);
     }
-    return rms_norm_bwd_grid<T, T, T>(rows, n, accs);
+    const int64_t v2 = rms_bwd_v2_grid<T, false>(rows, n);
+    return v2 ? v2 : rms_norm_bwd_grid<T, T, T>(rows, n, accs);
   });
   return 1;
 }

@@ -128,6 +128,10 @@ GPU_CASES = [
     ("rms_norm", RMS((300, 40009))),  # rows longer than a register-resident row
     ("rms_norm", RMS((4096, 2048), weight_offset=1.0)),
     ("rms_norm", RMS((4096, 2048), cast_before_weight=True)),
+    ("rms_norm", RMS((64, 5120))),  # the longest row the backward's v2 holds (320 threads)
+    ("rms_norm", RMS((3, 5136))),  # one pack a thread past it: v1
+    ("rms_norm", RMS((500, 8))),  # one pack a row, most of the block's lanes past the row's end
+    ("rms_norm", RMS((300, 1024), weight=False)),  # no weight: no partials
     ("layer_norm", LN((8192, 4096))),
     ("layer_norm", LN((7, 4096))),
     ("layer_norm", LN((1823, 781))),
@@ -140,6 +144,10 @@ GPU_CASES = [
     ("fused_add_rms_norm", FA((300, 40009))),
     ("fused_add_rms_norm", FA((4096, 2048), weight_offset=1.0)),
     ("fused_add_rms_norm", FA((4096, 2048), cast_before_weight=True)),
+    ("fused_add_rms_norm", FA((64, 5120))),
+    ("fused_add_rms_norm", FA((3, 5136))),
+    ("fused_add_rms_norm", FA((500, 8))),
+    ("fused_add_rms_norm", FA((300, 1024), weight=False)),
 ]
 
 
