@@ -129,6 +129,7 @@ GPU_CASES = [
     ("rms_norm", RMS((4096, 2048), weight_offset=1.0)),
     ("rms_norm", RMS((4096, 2048), cast_before_weight=True)),
     ("rms_norm", RMS((64, 5120))),  # the longest row the backward's v2 holds (320 threads)
+    ("rms_norm", RMS((531, 4096))),  # 16-bit rows a row ahead: a last row in flight on only some blocks
     ("rms_norm", RMS((3, 5136))),  # one pack a thread past it: v1
     ("rms_norm", RMS((500, 8))),  # one pack a row, most of the block's lanes past the row's end
     ("rms_norm", RMS((300, 1024), weight=False)),  # no weight: no partials
@@ -145,6 +146,7 @@ GPU_CASES = [
     ("fused_add_rms_norm", FA((4096, 2048), weight_offset=1.0)),
     ("fused_add_rms_norm", FA((4096, 2048), cast_before_weight=True)),
     ("fused_add_rms_norm", FA((64, 5120))),
+    ("fused_add_rms_norm", FA((531, 4096))),
     ("fused_add_rms_norm", FA((3, 5136))),
     ("fused_add_rms_norm", FA((500, 8))),
     ("fused_add_rms_norm", FA((300, 1024), weight=False)),
