@@ -16,7 +16,7 @@
 // scalar path.
 // Backward v2 (rms_grads.cuh, one kernel for both rms norms): rows of up to 5120 elements, a multiple of the pack, with
 // x, dy, w of one type: a persistent grid whose threads keep (w + w_offset) and their dw sums in registers for the
-// whole kernel (layer_norm's backward v2 design), 16-bit rows of up to 4096 loading a row ahead; v1 does the rest.
+// whole kernel (layer_norm's backward v2 design); v1 does the rest.
 #include <type_traits>
 
 #include "rms_grads.cuh"

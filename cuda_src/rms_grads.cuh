@@ -23,12 +23,9 @@ inline int rms_bwd_v2_threads(int64_t n, int V) {
 }
 
 // K = 16 / V packs a thread. ADD: fused_add_rms_norm (x is s, r is rstd_in[row], ds added to dx); else rms_norm (r
-// from the row's sum of squares; ds and rstd_in unused). PF: the block's next row is loaded into registers before this
-// row's reduction, so its loads are in flight through the barrier and the stores (16-bit rows of up to 256 threads:
-// its packs take 8-12 registers more, within the 128 that 2 blocks of 256 allow). pw: the block's row of dw partials
-// (null without a weight).
-template <typename T, int K, bool ADD, bool PF>
-__global__ void __launch_bounds__(PF ? 256 : kRmsBwdThreads, 2) rms_bwd_v2_kernel(
+// from the row's sum of squares; ds and rstd_in unused). pw: the block's row of dw partials (null without a weight).
+template <typename T, int K, bool ADD>
+__global__ void __launch_bounds__(kRmsBwdThreads, 2) rms_bwd_v2_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ ds,
     const float* __restrict__ rstd_in, T* __restrict__ dx, float* __restrict__ pw, int64_t rows, int n, float eps,
     float w_offset) {
@@ -42,24 +39,12 @@ __global__ void __launch_bounds__(PF ? 256 : kRmsBwdThreads, 2) rms_bwd_v2_kerne
 #pragma unroll
     for (int j = 0; j < V; ++j) wv[k][j] = w ? wv[k][j] + w_offset : 1.f, aw[k][j] = 0.f;
   }
-  Pack<T> qx[K], qd[K], qe[K];  // raw; zero past the row's end, so they add nothing to the sums
-  auto load = [&](int64_t r, Pack<T>(&a)[K], Pack<T>(&b)[K], Pack<T>(&c)[K]) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const LineRow row{r * n, n};
-    row.load<K, V>(x, a);
-    row.load<K, V>(dy, b);
-    if constexpr (ADD) row.load<K, V>(ds, c);
-  };
-  int64_t r = blockIdx.x;
-  if (PF && r < rows) load(r, qx, qd, qe);
-  for (; r < rows; r += gridDim.x) {
-    const LineRow row{r * n, n};
-    const int64_t next = r + gridDim.x;
-    Pack<T> nx[K], nd[K], ne[K];
-    if constexpr (PF) {
-      if (next < rows) load(next, nx, nd, ne);
-    } else {
-      load(r, qx, qd, qe);
-    }
+    Pack<T> qx[K], qd[K], qe[K];  // raw; zero past the row's end, so they add nothing to the sums
+    row.load<K, V>(x, qx);
+    row.load<K, V>(dy, qd);
+    if constexpr (ADD) row.load<K, V>(ds, qe);
     float rs = ADD ? rstd_in[r] : 0.f, ss = 0.f, gx = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -88,13 +73,6 @@ __global__ void __launch_bounds__(PF ? 256 : kRmsBwdThreads, 2) rms_bwd_v2_kerne
       }
       store_f<T, V>(dx, row.base + i, o);
     });
-    if constexpr (PF) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        qx[k] = nx[k], qd[k] = nd[k];
-        if constexpr (ADD) qe[k] = ne[k];
-      }
-    }
   }
   if (!pw) return;
   const LineRow mine{(int64_t)blockIdx.x * n, n};  // the block's row of the partials, in 16-byte stores
@@ -105,25 +83,13 @@ __global__ void __launch_bounds__(PF ? 256 : kRmsBwdThreads, 2) rms_bwd_v2_kerne
   });
 }
 
-// Whether the backward v2 for rows of n elements in packs of V on `threads` threads loads a row ahead (PF).
-inline bool rms_bwd_v2_ahead(int V, int threads) { return V == 8 && threads <= 256; }
-
-// The kernel f(kernel) for rows of n elements (threads: rms_bwd_v2_threads's, not 0), PF as rms_bwd_v2_ahead says.
-template <typename T, bool ADD, typename F>
-inline auto with_rms_bwd_v2(int threads, F&& f) {
-  constexpr int V = Pack<T>::N, K = 16 / V;
-  return rms_bwd_v2_ahead(V, threads) ? f(rms_bwd_v2_kernel<T, K, ADD, V == 8>) : f(rms_bwd_v2_kernel<T, K, ADD, false>);
-}
-
 // The grid of rms_bwd_v2_kernel<T, ADD> for rows of n (0 where v2 does not apply): the blocks that stay resident, at
 // most the rows (norm_grads.cuh's resident_blocks).
 template <typename T, bool ADD>
 inline int64_t rms_bwd_v2_grid(int64_t rows, int64_t n) {
   const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
   if (!threads) return 0;
-  return with_rms_bwd_v2<T, ADD>(threads, [&](auto kernel) {
-    return resident_blocks(reinterpret_cast<const void*>(kernel), threads, 0, rows);
-  });
+  return resident_blocks(reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, 16 / Pack<T>::N, ADD>), threads, 0, rows);
 }
 
 // rms_bwd_v2_kernel on `blocks` blocks (rms_bwd_v2_grid's), then the partials' reduction into dw (with a weight).
@@ -132,11 +98,8 @@ inline cudaError_t launch_rms_bwd_v2(const T* dy, const T* x, const T* w, const 
                                      float* dw_partial, T* dw, int64_t rows, int64_t n, float eps, int64_t blocks,
                                      float w_offset, cudaStream_t stream) {
   float* pw = w ? dw_partial : nullptr;
-  const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
-  with_rms_bwd_v2<T, ADD>(threads, [&](auto kernel) {
-    kernel<<<(unsigned)blocks, threads, 0, stream>>>(dy, x, w, ds, rstd_in, dx, pw, rows, (int)n, eps, w_offset);
-    return 0;
-  });
+  rms_bwd_v2_kernel<T, 16 / Pack<T>::N, ADD><<<(unsigned)blocks, rms_bwd_v2_threads(n, Pack<T>::N), 0, stream>>>(
+      dy, x, w, ds, rstd_in, dx, pw, rows, (int)n, eps, w_offset);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_reduce_partials<T>(pw, nullptr, dw, nullptr, blocks, n, stream);
