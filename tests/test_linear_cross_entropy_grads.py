@@ -62,7 +62,11 @@ def test_compiled_training_step_matches_float64(impl, reduction):
     # dynamo keeps its graphs per code object: the lambda below is one code object for every case of this test, each
     # case adding two graphs (grad mode on, off), so a process running five cases passed the recompile limit (8)
     torch._dynamo.reset()
-    fn = tiered_ops.get_op(OP).impls[impl].fn
+    chosen = tiered_ops.get_op(OP).impls[impl]
+    # the availability check the dispatch makes before it picks a tier loads it (registers its op): without it, a worker
+    # process whose earlier tests never loaded the Triton tier traced a call to an op not registered yet
+    assert chosen.why_not(torch.device("cuda")) is None
+    fn = chosen.fn
     h = torch.randn(300, 64, device="cuda", requires_grad=True)
     w = (torch.randn(1000, 64, device="cuda") / 8).requires_grad_()
     t = torch.randint(0, 1000, (300,), device="cuda")
