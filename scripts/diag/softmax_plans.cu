@@ -1,8 +1,11 @@
 // Giant-row softmax plans side by side (fp32, standalone, no torch): a cluster of 8 a row over a grid of every row
 // against persistent row groups of K clusters of cs blocks, merged through
-// global memory, with a lag of D copies before a fold, and a double-buffered variant (two rows a block). Each line:
+// global memory, with a lag of D copies before a fold, a double-buffered variant (two rows a block), and a ring that
+// copies the next row's first chunks into spare slots during the merge (pkr). Each line:
 // kernel time (median of 15), fraction of a device-to-device copy of the same bytes timed in the same run, and the
-// worst relative error of three rows against a float64 host reference.
+// worst relative error of three rows against a float64 host reference. After the op's plan (clusters of 2, 8 a row),
+// the share of its blocks' cycles in each phase (the first row's load, the merges, the waits inside them, the
+// write-and-copy loops), from one more launch with clock64 laps on thread 0.
 //   nvcc -O3 -std=c++17 --extended-lambda -gencode=arch=compute_90a,code=sm_90a softmax_plans.cu -o sp && ./sp 512 393216
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -121,6 +124,7 @@ struct RowMerge {
   float2* part;
   unsigned* cnt;
   int K, g, q;
+  long long* waited = nullptr;  // thread 0's cycles waiting on the row's other clusters, added here (PROF)
 };
 __device__ float2 merge_row(cg::cluster_group& cluster, const RowMerge& w, float m, float s, int it) {
   const int cs = cluster.num_blocks(), rank = cluster.block_rank(), tid = threadIdx.x;
@@ -141,8 +145,10 @@ __device__ float2 merge_row(cg::cluster_group& cluster, const RowMerge& w, float
       __threadfence();
       atomicAdd(w.cnt + w.g, 1u);
     }
+    const long long c0 = clock64();
     while (ld_acquire(w.cnt + w.g) < (unsigned)w.K * (unsigned)(it + 1)) {
     }
+    if (w.waited) *w.waited += clock64() - c0;
     float M = -INFINITY, S = 0.f;
     for (int k = 0; k < w.K; ++k) M = fmaxf(M, __ldcg(slot + 2 * k).x);
     for (int k = 0; k < w.K; ++k) {
@@ -168,9 +174,14 @@ __device__ Place place_of(cg::cluster_group& cluster, int K, int share, long npa
   return p;
 }
 
+// Per block (PROF), thread 0's cycles: the group's first row loaded, the merges (block reductions and cluster barrier),
+// the waits on the row's other clusters inside them, the write-and-copy loops, and the whole kernel.
+enum { P_FIRST, P_MERGE, P_WAIT, P_WRITE, P_ALL, P_N };
+__device__ long long g_prof[4096][P_N];
+
 // persistent: G row groups, each K clusters of cs blocks; a block holds `share` packs of its group's row, the next row
 // of the group loaded as the current one is stored; the K clusters' (max, sum) merged through global memory.
-template <int D, int NT, bool ST>
+template <int D, int NT, bool ST, bool PROF = false>
 __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* __restrict__ y, long rows,
                                             long npacks, int share, int K, int G, float2* part, unsigned* cnt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -183,6 +194,14 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
   const long p0 = pl.p0;
   const int chunks = (n + NT - 1) / NT;
   float m = -INFINITY, s = 0.f;
+  long long ph[P_N] = {}, c0 = clock64(), c1 = c0;
+  auto lap = [&](int k) {  // PROF: the cycles since the last lap into phase k
+    if (PROF) {
+      const long long c = clock64();
+      ph[k] += c - c1;
+      c1 = c;
+    }
+  };
   auto fold = [&](int cc) {
     const int j = cc * NT + tid;
     if (j < n) online(buf[j], m, s);
@@ -202,8 +221,11 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
     wait_g<0>();
     for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
   }
+  lap(P_FIRST);
   for (int it = 0; r < rows; r += G, ++it) {
-    const float2 rs = merge_row(cluster, RowMerge{stat, &rowstat, red, part, cnt, K, g, q}, m, s, it);
+    const float2 rs =
+        merge_row(cluster, RowMerge{stat, &rowstat, red, part, cnt, K, g, q, PROF ? &ph[P_WAIT] : nullptr}, m, s, it);
+    lap(P_MERGE);
     float mr = rs.x, sr = rs.y;
     const float inv = 1.f / sr;
     const long rn = r + G;
@@ -230,6 +252,80 @@ __global__ void __launch_bounds__(NT) pk(const float4* __restrict__ x, float4* _
       wait_g<0>();
       for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc);
     }
+    lap(P_WRITE);
+  }
+  cluster.sync();  // no block exits while a block of its cluster may still read its stat
+  if (PROF && tid == 0 && blockIdx.x < 4096) {
+    ph[P_ALL] = clock64() - c0;
+    for (int k = 0; k < P_N; ++k) g_prof[blockIdx.x][k] = ph[k];
+  }
+}
+
+// persistent row groups as pk, each thread's slots a ring of chunks + E chunks (of NT packs): the group's next row's
+// first E chunks are copied into the E slots the current row leaves free before the current row's merge, so they are
+// in flight while the block waits on its row's other clusters; then as in pk, each write frees a slot, which takes the
+// next row's chunk E further on. A thread's slots stay its own (ring positions in whole chunks), so its cp.async
+// waits are all the ordering they need.
+template <int D, int NT, int E>
+__global__ void __launch_bounds__(NT) pkr(const float4* __restrict__ x, float4* __restrict__ y, long rows,
+                                           long npacks, int share, int K, int G, float2* part, unsigned* cnt) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float4* buf = reinterpret_cast<float4*>(smem_raw);
+  __shared__ float red[32];
+  __shared__ float2 stat[2], rowstat;
+  cg::cluster_group cluster = cg::this_cluster();
+  const Place pl = place_of(cluster, K, share, npacks);
+  const int tid = threadIdx.x, g = pl.g, q = pl.q, n = pl.n;
+  const long p0 = pl.p0;
+  const int chunks = (share + NT - 1) / NT, Q = chunks + E;
+  float m = -INFINITY, s = 0.f;
+  // ring positions are kept in [0, Q): a sum of two of them wraps once (no division in the loops)
+  auto wrap = [&](int p) { return p >= Q ? p - Q : p; };
+  auto at = [&](int pos) { return buf + pos * NT + tid; };
+  auto copy = [&](long row, int cc, int pos) {  // row's chunk cc into ring position pos, one group
+    const int j = cc * NT + tid;
+    if (row < rows && cc < chunks && j < n) cp_async16(at(pos), x + row * npacks + p0 + j);
+    commit();
+  };
+  auto fold = [&](int cc, int base) {  // chunk cc of the row whose chunk 0 sits at base
+    const int j = cc * NT + tid;
+    if (cc >= 0 && cc < chunks && j < n) online(*at(wrap(base + cc)), m, s);
+  };
+  long r = g;
+  int base = 0;  // the ring position of the current row's chunk 0
+  if (r < rows) {
+    for (int cc = 0; cc < chunks; ++cc) {
+      copy(r, cc, cc);
+      if (cc >= D) wait_g<D>(), fold(cc - D, 0);
+    }
+    wait_g<0>();
+    for (int cc = max(0, chunks - D); cc < chunks; ++cc) fold(cc, 0);
+  }
+  for (int it = 0; r < rows; r += G, ++it) {
+    const long rn = r + G;
+    const int nbase = wrap(base + chunks);
+    const bool more = rn < rows;
+    for (int e = 0; e < E; ++e) copy(more ? rn : rows, e, wrap(nbase + e));  // in flight through the merge
+    const float2 rs = merge_row(cluster, RowMerge{stat, &rowstat, red, part, cnt, K, g, q}, m, s, it);
+    const float mr = rs.x, inv = 1.f / rs.y;
+    float4* dst = y + r * npacks + p0;
+    m = -INFINITY, s = 0.f;
+    int pos = base;  // the current row's chunk cc, which the next row's chunk cc + E replaces
+    for (int cc = 0; cc < chunks; ++cc, pos = wrap(pos + 1)) {
+      const int j = cc * NT + tid;
+      if (j < n) {
+        const float4 v = *at(pos);
+        dst[j] = make_float4(__expf(v.x - mr) * inv, __expf(v.y - mr) * inv, __expf(v.z - mr) * inv,
+                             __expf(v.w - mr) * inv);
+      }
+      copy(more ? rn : rows, cc + E, pos);
+      if (more) wait_g<D>(), fold(cc + E - D, nbase);
+    }
+    if (more) {
+      wait_g<0>();
+      for (int cc = max(0, chunks + E - D); cc < chunks; ++cc) fold(cc, nbase);
+    }
+    base = nbase;
   }
   cluster.sync();  // no block exits while a block of its cluster may still read its stat
 }
@@ -347,12 +443,16 @@ int main(int argc, char** argv) {
   const int plans[][2] = {{2, 8}, {4, 4}, {1, 16}, {2, 16}};
   using K_t = void (*)(const float4*, float4*, long, long, int, int, int, float2*, unsigned*);
   struct V { K_t k; int d, nt, st; };
-  const V vars[] = {{pk<4, 512, false>, 4, 512, 0}, {pk2<512>, 0, 512, 2}, {pk2<1024>, 0, 1024, 2}, {pk2<256>, 0, 256, 2}};
+  // st: 0 pk, 2 pk2 (two shares a block), 3 and 4 pkr with 2 and 1 spare chunks
+  const V vars[] = {{pk<4, 512, false>, 4, 512, 0}, {pk2<512>, 0, 512, 2}, {pk2<1024>, 0, 1024, 2}, {pk2<256>, 0, 256, 2},
+                    {pkr<4, 512, 2>, 4, 512, 3}, {pkr<4, 512, 1>, 4, 512, 4}};
   for (auto& pl : plans) {
     const int cs = pl[0], K = pl[1];
     const int share = (int)((npacks + cs * K - 1) / (cs * K));
     for (const V& v : vars) {
-      const size_t smem = (size_t)share * 16 * (v.st == 2 ? 2 : 1);
+      const int spare = v.st == 3 ? 2 : v.st == 4 ? 1 : 0;
+      const size_t smem = spare ? (size_t)((share + v.nt - 1) / v.nt + spare) * v.nt * 16
+                                : (size_t)share * 16 * (v.st == 2 ? 2 : 1);
       if ((int)smem > optin - 1024) continue;
       auto kern = v.k;
       CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -380,8 +480,26 @@ int main(int argc, char** argv) {
       if (e != cudaSuccess) { printf("  cs%d K%d: %s\n", cs, K, cudaGetErrorString(e)); cudaGetLastError(); continue; }
       CK(cudaDeviceSynchronize());
       char name[80];
-      snprintf(name, sizeof name, "pk D%d nt%d st%d cs%d K%d G%d (%d blocks)", v.d, v.nt, v.st, cs, K, G, G * K * cs);
+      snprintf(name, sizeof name, "%s D%d nt%d st%d cs%d K%d G%d (%d blocks)", spare ? "pkr" : "pk", v.d, v.nt, v.st, cs,
+               K, G, G * K * cs);
       report(name, time_ms(launch));
+      if (cs == 2 && K == 8 && v.k == vars[0].k) {  // the op's plan: where its blocks' time goes
+        auto pkern = pk<4, 512, false, true>;
+        CK(cudaFuncSetAttribute(pkern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CK(cudaMemsetAsync(cnt, 0, G * 4));
+        CK(cudaLaunchKernelEx(&cfg, pkern, (const float4*)x, (float4*)y, rows, npacks, share, K, G, part, cnt));
+        CK(cudaDeviceSynchronize());
+        static long long h[4096][P_N];
+        CK(cudaMemcpyFromSymbol(h, g_prof, sizeof h));
+        const int nb = std::min(G * K * cs, 4096);
+        double sum[P_N] = {};
+        for (int b = 0; b < nb; ++b)
+          for (int k = 0; k < P_N; ++k) sum[k] += (double)h[b][k];
+        printf("  phases (thread 0 of each of %d blocks, share of its cycles): first row %.3f, merges %.3f (of which "
+               "waiting on the row's other clusters %.3f), write and copy %.3f\n",
+               nb, sum[P_FIRST] / sum[P_ALL], sum[P_MERGE] / sum[P_ALL], sum[P_WAIT] / sum[P_ALL],
+               sum[P_WRITE] / sum[P_ALL]);
+      }
     }
   }
   return 0;
