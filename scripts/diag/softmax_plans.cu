@@ -5,7 +5,8 @@
 // kernel time (median of 15), fraction of a device-to-device copy of the same bytes timed in the same run, and the
 // worst relative error of three rows against a float64 host reference. After the op's plan (clusters of 2, 8 a row),
 // the share of its blocks' cycles in each phase (the first row's load, the merges, the waits inside them, the
-// write-and-copy loops), from one more launch with clock64 laps on thread 0.
+// write-and-copy loops), from one more launch with clock64 laps on thread 0. NCU_PLAN=1: the op's plan alone, launched
+// cooperative (as the op does) and not, for a profiler (with ONCE=1: each launched once).
 //   nvcc -O3 -std=c++17 --extended-lambda -gencode=arch=compute_90a,code=sm_90a softmax_plans.cu -o sp && ./sp 512 393216
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -425,6 +426,38 @@ int main(int argc, char** argv) {
     printf("%-28s %9.1f us  %.3f of copy  err %.2e\n", name, ms * 1e3, copy_ms / ms, err);
     CK(cudaMemset(y, 0, bytes));
   };
+  // NCU_PLAN=1: the op's plan alone (clusters of 2, 8 a row: pk), launched as the op launches it (cooperative) and
+  // without the cooperative attribute (every block is resident either way: G is what the GPU holds at once), each
+  // checked against the reference. A profiler that drops a cooperative launch's clusters shows as a wrong first row.
+  if (getenv("NCU_PLAN")) {
+    auto kern = pk<4, 512, false>;
+    const int cs = 2, K = 8, share = (int)((npacks + cs * K - 1) / (cs * K));
+    const size_t smem = (size_t)share * 16;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(512), cfg.dynamicSmemBytes = smem, cfg.gridDim = dim3(cs);
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeCooperative, at[1].val.cooperative = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+    const int G = (int)std::min<long>(rows, clusters / K);
+    if (G < 1) return printf("the op's plan does not fit: %d clusters resident\n", clusters), 1;
+    cfg.gridDim = dim3(G * K * cs);
+    for (int coop = 1; coop >= 0; --coop) {
+      cfg.numAttrs = 1 + coop;
+      auto launch = [&] {
+        CK(cudaMemsetAsync(cnt, 0, G * 4));
+        CK(cudaLaunchKernelEx(&cfg, kern, (const float4*)x, (float4*)y, rows, npacks, share, K, G, part, cnt));
+      };
+      char name[80];
+      snprintf(name, sizeof name, "pk cs2 K8 G%d %s", G, coop ? "cooperative" : "not cooperative");
+      report(name, time_ms(launch));
+    }
+    return 0;
+  }
   // today's kernel: cluster of 8 (when the share fits)
   {
     const int cs = 8, share = (int)((npacks + cs - 1) / cs);
