@@ -6,7 +6,7 @@
 // time (median of 15), fraction of a device copy of x's bytes timed in the same run, worst error of three rows
 // against a float64 host reference.
 //   NOCOOP=1: the persistent grid launched without the cooperative attribute.
-//   ONCE=1: each kernel launched once, untimed (for Nsight Compute).
+//   ONCE=1: each kernel launched once, untimed (for Nsight Compute). TWO_ONLY=1: the two-pass plans alone.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a layer_norm_plans.cu -o lp && ./lp 16 4194304
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -249,6 +249,69 @@ __global__ void __launch_bounds__(NT) two_norm(const float4* __restrict__ x, con
   }
 }
 
+// Variants of launch 2: EARLY loads the piece's w and b with x, before the row's merge; ROWSTAT reads the row's
+// (mean, rstd) that a third launch in between merged (two_merge, a block a row) in place of merging in every block.
+__global__ void __launch_bounds__(NT) two_merge(const float2* __restrict__ ps, float2* __restrict__ rs, long npacks,
+                                                int pieces, float eps) {
+  __shared__ float3 red[32];
+  const long r = blockIdx.x;
+  float3 acc = make_float3(0.f, 0.f, 0.f);
+  for (int i = threadIdx.x; i < pieces; i += NT) {
+    const float2 o = ps[r * pieces + i];
+    acc = chan(acc, make_float3((float)(min((long)PIECE, npacks - (long)i * PIECE) * 4), o.x, o.y));
+  }
+  acc = block_chan(acc, red);
+  if (threadIdx.x == 0) rs[r] = make_float2(acc.y, rsqrtf(acc.z / acc.x + eps));
+}
+template <bool EARLY, bool ROWSTAT>
+__global__ void __launch_bounds__(NT) two_norm_v(const float4* __restrict__ x, const float4* __restrict__ w,
+                                                 const float4* __restrict__ b, float4* __restrict__ y,
+                                                 const float2* __restrict__ ps, const float2* __restrict__ rs,
+                                                 long npacks, int pieces, float eps) {
+  __shared__ float3 red[32];
+  __shared__ float2 st;
+  const long rows = gridDim.x / pieces, gg = (long)gridDim.x - 1 - blockIdx.x;
+  const long k = gg % rows * pieces + gg / rows, r = k / pieces, first = (k % pieces) * PIECE;
+  const int cnt = (int)min((long)PIECE, npacks - first);
+  float4 q[PP], qw[PP], qb[PP];
+  auto load_wb = [&] {
+    for (int p = 0; p < PP; ++p) {
+      const int j = p * NT + threadIdx.x;
+      if (j < cnt)
+        qw[p] = w ? w[first + j] : make_float4(1.f, 1.f, 1.f, 1.f),
+        qb[p] = b ? b[first + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  for (int p = 0; p < PP; ++p) {
+    const int j = p * NT + threadIdx.x;
+    if (j < cnt) q[p] = x[r * npacks + first + j];
+  }
+  if (EARLY) load_wb();
+  float2 sr;
+  if (ROWSTAT) {
+    sr = rs[r];
+  } else {
+    float3 acc = make_float3(0.f, 0.f, 0.f);
+    for (int i = threadIdx.x; i < pieces; i += NT) {
+      const float2 o = ps[r * pieces + i];
+      acc = chan(acc, make_float3((float)(min((long)PIECE, npacks - (long)i * PIECE) * 4), o.x, o.y));
+    }
+    acc = block_chan(acc, red);
+    if (threadIdx.x == 0) st = make_float2(acc.y, rsqrtf(acc.z / acc.x + eps));
+    __syncthreads();
+    sr = st;
+  }
+  if (!EARLY) load_wb();
+  for (int p = 0; p < PP; ++p) {
+    const int j = p * NT + threadIdx.x;
+    if (j < cnt) {
+      const float4 v = q[p];
+      y[r * npacks + first + j] = make_float4((v.x - sr.x) * sr.y * qw[p].x + qb[p].x, (v.y - sr.x) * sr.y * qw[p].y + qb[p].y,
+                                              (v.z - sr.x) * sr.y * qw[p].z + qb[p].z, (v.w - sr.x) * sr.y * qw[p].w + qb[p].w);
+    }
+  }
+}
+
 static double check(const float* dx, const float* dw, const float* db, const float* dy, long rows, long n) {
   std::vector<float> hx(n), hy(n), hw(n), hb(n);
   CK(cudaMemcpy(hw.data(), dw, n * 4, cudaMemcpyDeviceToHost));
@@ -310,6 +373,21 @@ int main(int argc, char** argv) {
              two_norm<<<(unsigned)(rows * pieces), NT>>>((const float4*)x, wk, bk,
                                                          (float4*)y, ps, npacks, pieces, 1e-5f);
            }));
+    float2* rs = ps + rows * pieces;
+    using N_t = void (*)(const float4*, const float4*, const float4*, float4*, const float2*, const float2*, long, int,
+                         float);
+    const struct { N_t k; bool merge; const char* name; } norms[] = {
+        {two_norm_v<true, false>, false, "two launches, w and b early"},
+        {two_norm_v<false, true>, true, "three launches (a row merge)"},
+        {two_norm_v<true, true>, true, "three launches, w and b early"}};
+    for (const auto& v : norms)
+      report(v.name, time_ms([&] {
+               two_stats<<<(unsigned)(rows * pieces), NT>>>((const float4*)x, ps, npacks, pieces);
+               if (v.merge) two_merge<<<(unsigned)rows, NT>>>(ps, rs, npacks, pieces, 1e-5f);
+               v.k<<<(unsigned)(rows * pieces), NT>>>((const float4*)x, wk, bk, (float4*)y, ps, rs, npacks, pieces,
+                                                      1e-5f);
+             }));
+    if (getenv("TWO_ONLY")) return 0;
   }
   using K_t = void (*)(const float4*, const float4*, const float4*, float4*, float*, float*, long, long, int, int, float,
                        float4*, unsigned*);
