@@ -213,44 +213,9 @@ __global__ void __launch_bounds__(NT) two_stats(const float4* __restrict__ x, fl
   acc = block_chan(acc, red);
   if (threadIdx.x == 0) ps[k] = make_float2(acc.y, acc.z);
 }
-__global__ void __launch_bounds__(NT) two_norm(const float4* __restrict__ x, const float4* __restrict__ w,
-                                               const float4* __restrict__ b, float4* __restrict__ y,
-                                               const float2* __restrict__ ps, long npacks, int pieces, float eps) {
-  __shared__ float3 red[32];
-  __shared__ float2 st;
-  const long rows = gridDim.x / pieces, gg = (long)gridDim.x - 1 - blockIdx.x;
-  const long k = gg % rows * pieces + gg / rows, r = k / pieces, first = (k % pieces) * PIECE;
-  const int cnt = (int)min((long)PIECE, npacks - first);
-  float4 q[PP];
-  for (int p = 0; p < PP; ++p) {
-    const int j = p * NT + threadIdx.x;
-    if (j < cnt) q[p] = x[r * npacks + first + j];
-  }
-  float3 acc = make_float3(0.f, 0.f, 0.f);
-  for (int i = threadIdx.x; i < pieces; i += NT) {
-    const float2 o = ps[r * pieces + i];
-    acc = chan(acc, make_float3((float)(min((long)PIECE, npacks - (long)i * PIECE) * 4), o.x, o.y));
-  }
-  acc = block_chan(acc, red);
-  if (threadIdx.x == 0) st = make_float2(acc.y, rsqrtf(acc.z / acc.x + eps));
-  __syncthreads();
-  float4 qw[PP], qb[PP];
-  for (int p = 0; p < PP; ++p) {
-    const int j = p * NT + threadIdx.x;
-    if (j < cnt) qw[p] = w ? w[first + j] : make_float4(1.f, 1.f, 1.f, 1.f), qb[p] = b ? b[first + j] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  for (int p = 0; p < PP; ++p) {
-    const int j = p * NT + threadIdx.x;
-    if (j < cnt) {
-      const float4 v = q[p];
-      y[r * npacks + first + j] = make_float4((v.x - st.x) * st.y * qw[p].x + qb[p].x, (v.y - st.x) * st.y * qw[p].y + qb[p].y,
-                                              (v.z - st.x) * st.y * qw[p].z + qb[p].z, (v.w - st.x) * st.y * qw[p].w + qb[p].w);
-    }
-  }
-}
-
-// Variants of launch 2: EARLY loads the piece's w and b with x, before the row's merge; ROWSTAT reads the row's
-// (mean, rstd) that a third launch in between merged (two_merge, a block a row) in place of merging in every block.
+// Launch 2 (the op's: <false, false>: each block merges its row's pieces, then loads w and b) and its variants: EARLY
+// loads the piece's w and b with x, before the row's merge; ROWSTAT reads the row's (mean, rstd) that a third launch in
+// between merged (two_merge, a block a row) in place of merging in every block.
 __global__ void __launch_bounds__(NT) two_merge(const float2* __restrict__ ps, float2* __restrict__ rs, long npacks,
                                                 int pieces, float eps) {
   __shared__ float3 red[32];
@@ -368,12 +333,12 @@ int main(int argc, char** argv) {
   {
     const int pieces = (int)((npacks + PIECE - 1) / PIECE);
     float2* ps = reinterpret_cast<float2*>(part);
+    float2* rs = ps + rows * pieces;
     report("two launches (the op's v3)", time_ms([&] {
              two_stats<<<(unsigned)(rows * pieces), NT>>>((const float4*)x, ps, npacks, pieces);
-             two_norm<<<(unsigned)(rows * pieces), NT>>>((const float4*)x, wk, bk,
-                                                         (float4*)y, ps, npacks, pieces, 1e-5f);
+             two_norm_v<false, false><<<(unsigned)(rows * pieces), NT>>>((const float4*)x, wk, bk, (float4*)y, ps, rs,
+                                                                         npacks, pieces, 1e-5f);
            }));
-    float2* rs = ps + rows * pieces;
     using N_t = void (*)(const float4*, const float4*, const float4*, float4*, const float2*, const float2*, long, int,
                          float);
     const struct { N_t k; bool merge; const char* name; } norms[] = {

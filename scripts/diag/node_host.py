@@ -1,6 +1,11 @@
-"""Where a norm training step's host time goes, eager against the CUDA tier's C++ autograd node (native.native_fast):
-torch.profiler's CPU events over back-to-back steps, each event's host microseconds a step (self time), the largest
-first. Run on a GPU with the extension built: PYTHONPATH=. python scripts/diag/node_host.py [--steps 50] [--top 14]
+"""Where a host-bound norm training step's host time goes, eager against the CUDA tier's C++ autograd node
+(native.native_fast), at 4096x5120 bf16:
+- ``--what events`` (the default): torch.profiler's CPU events over back-to-back steps, each event's host microseconds a
+  step (self time), the largest first;
+- ``--what issue``: the issue time taken apart: the forward without a graph, the forward recording one, and the step
+  (forward and torch.autograd.grad), each the fastest of 5 batches of back-to-back calls, the GPU not waited for
+  (timing.batch_times_us), in interleaved rounds; the step less the recording forward is the backward's issue time.
+Run on a GPU with the extension built: PYTHONPATH=. python scripts/diag/node_host.py [--what issue] [--steps 50]
 """
 import argparse
 
@@ -8,36 +13,64 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tiered_ops.measure.gate import grad_output, with_grad
+from tiered_ops.measure.timing import batch_times_us
 from tiered_ops.tiers import cuda_ext, native
 from tiered_ops.tiers.catalog import get_op
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--steps", type=int, default=50)
-ap.add_argument("--top", type=int, default=14)
-opts = ap.parse_args()
-dev = torch.device("cuda")
-assert cuda_ext.load() is None
-for op, shape in [("rms_norm", (4096, 5120)), ("layer_norm", (4096, 5120))]:
-    spec = get_op(op)
-    inp = spec.make_inputs(spec.problem(shape), torch.bfloat16, dev, 0)
-    ginp, pos = with_grad(spec, inp)
-    args, kw = ginp.args, ginp.kwargs
-    leaves = [args[i] for i in pos]
-    fns = {"eager": spec.impls["eager"].unchecked, "cuda-node": native.native_fast(spec, fallback=None)}
-    for name, fn in fns.items():
-        dy = grad_output(fn(*args, **kw), 0)
+PARTS = ("forward, no graph", "forward, recording", "step")
 
-        def step(fn=fn, dy=dy):
-            return torch.autograd.grad(fn(*args, **kw), leaves, dy)
-        for _ in range(10):
+
+def events(step, label: str, steps: int, top: int) -> None:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
             step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(opts.steps):
-                step()
+    evs = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in evs) / steps
+    print(f"== {label}: {total:.1f} us of CPU events a step (self)")
+    for e in evs[:top]:
+        print(f"  {e.self_cpu_time_total / steps:8.1f} us  {e.count / steps:5.1f}x  {e.key[:90]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--what", choices=("events", "issue"), default="events")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--rounds", type=int, default=3)
+    opts = ap.parse_args()
+    dev = torch.device("cuda")
+    assert cuda_ext.load() is None
+    for op, shape in [("rms_norm", (4096, 5120)), ("layer_norm", (4096, 5120))]:
+        spec = get_op(op)
+        inp = spec.make_inputs(spec.problem(shape), torch.bfloat16, dev, 0)
+        ginp, pos = with_grad(spec, inp)
+        leaves = [ginp.args[i] for i in pos]
+        fns = {"eager": spec.impls["eager"].unchecked, "cuda-node": native.native_fast(spec, fallback=None)}
+        calls = {}
+        for name, fn in fns.items():
+            dy = grad_output(fn(*ginp.args, **ginp.kwargs), 0)
+            calls[(name, PARTS[0])] = lambda fn=fn: fn(*inp.args, **inp.kwargs)
+            calls[(name, PARTS[1])] = lambda fn=fn: fn(*ginp.args, **ginp.kwargs)
+            rec = calls[(name, PARTS[1])]
+            calls[(name, PARTS[2])] = lambda rec=rec, dy=dy: torch.autograd.grad(rec(), leaves, dy)
+            for f in (calls[(name, p)] for p in PARTS):
+                for _ in range(10):
+                    f()
             torch.cuda.synchronize()
-        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-        total = sum(e.self_cpu_time_total for e in events) / opts.steps
-        print(f"== {op} {'x'.join(map(str, shape))} bf16 {name}: {total:.1f} us of CPU events a step (self)")
-        for e in events[: opts.top]:
-            print(f"  {e.self_cpu_time_total / opts.steps:8.1f} us  {e.count / opts.steps:5.1f}x  {e.key[:90]}")
+            if opts.what == "events":
+                events(calls[(name, PARTS[2])], f"{op} {'x'.join(map(str, shape))} bf16 {name}", opts.steps, opts.top)
+        if opts.what == "issue":
+            best = {k: float("inf") for k in calls}
+            for _ in range(opts.rounds):
+                for k, f in calls.items():
+                    best[k] = min(best[k], min(batch_times_us(f, dev, 0.025)))
+            print(f"== {op} {'x'.join(map(str, shape))} bf16: host us a call (fastest batch of {opts.rounds} rounds)")
+            for name in fns:
+                b = [best[(name, p)] for p in PARTS]
+                print(f"  {name:10s} forward {b[0]:7.1f}  recording {b[1]:7.1f}  step {b[2]:7.1f}  "
+                      f"backward {b[2] - b[1]:7.1f}")
+
+
+if __name__ == "__main__":
+    main()
