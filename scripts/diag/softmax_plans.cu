@@ -403,6 +403,32 @@ static double check(const float* dx, const float* dy, long rows, long n) {
   return worst;
 }
 
+// A persistent row-group kernel's launch: clusters of cs blocks of nt threads, K clusters a row, as many row groups as
+// the GPU holds at once (at most `rows`), cooperative where a row has several clusters. Returns the groups G (0: the
+// plan does not fit, or the occupancy query was refused); cfg's attributes live in `at`.
+template <typename Kern>
+static int group_launch(Kern kern, int cs, int K, int nt, size_t smem, long rows, cudaLaunchConfig_t& cfg,
+                        cudaLaunchAttribute (&at)[2]) {
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if (cs > 8) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cfg = {};
+  cfg.blockDim = dim3(nt), cfg.dynamicSmemBytes = smem, cfg.gridDim = dim3(cs);
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeCooperative, at[1].val.cooperative = 1;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int G = (int)std::min<long>(rows, clusters / K);
+  if (G < 1) return 0;
+  cfg.gridDim = dim3(G * K * cs);
+  cfg.numAttrs = K > 1 ? 2 : 1;
+  return G;
+}
+
 int main(int argc, char** argv) {
   const long rows = atol(argv[1]), n = atol(argv[2]), npacks = n / 4;
   int dev = 0, sms = 0, optin = 0;
@@ -432,20 +458,10 @@ int main(int argc, char** argv) {
   if (getenv("NCU_PLAN")) {
     auto kern = pk<4, 512, false>;
     const int cs = 2, K = 8, share = (int)((npacks + cs * K - 1) / (cs * K));
-    const size_t smem = (size_t)share * 16;
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(512), cfg.dynamicSmemBytes = smem, cfg.gridDim = dim3(cs);
+    cudaLaunchConfig_t cfg;
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeCooperative, at[1].val.cooperative = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    int clusters = 0;
-    CK(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
-    const int G = (int)std::min<long>(rows, clusters / K);
-    if (G < 1) return printf("the op's plan does not fit: %d clusters resident\n", clusters), 1;
-    cfg.gridDim = dim3(G * K * cs);
+    const int G = group_launch(kern, cs, K, 512, (size_t)share * 16, rows, cfg, at);
+    if (G < 1) return printf("the op's plan does not fit this GPU\n"), 1;
     for (int coop = 1; coop >= 0; --coop) {
       cfg.numAttrs = 1 + coop;
       auto launch = [&] {
@@ -488,22 +504,10 @@ int main(int argc, char** argv) {
                                 : (size_t)share * 16 * (v.st == 2 ? 2 : 1);
       if ((int)smem > optin - 1024) continue;
       auto kern = v.k;
-      CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-      if (cs > 8) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      cudaLaunchConfig_t cfg = {};
-      cfg.blockDim = dim3(v.nt), cfg.dynamicSmemBytes = smem;
+      cudaLaunchConfig_t cfg;
       cudaLaunchAttribute at[2];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = cs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-      cfg.attrs = at, cfg.numAttrs = 1;
-      cfg.gridDim = dim3(cs);
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg) != cudaSuccess) { cudaGetLastError(); continue; }
-      const int G = (int)std::min<long>(rows, clusters / K);
+      const int G = group_launch(kern, cs, K, v.nt, smem, rows, cfg, at);
       if (G < 1) continue;
-      cfg.gridDim = dim3(G * K * cs);
-      at[1].id = cudaLaunchAttributeCooperative, at[1].val.cooperative = 1;
-      cfg.numAttrs = K > 1 ? 2 : 1;
       auto launch = [&] {
         if (K > 1) CK(cudaMemsetAsync(cnt, 0, G * 4));
         CK(cudaLaunchKernelEx(&cfg, kern, (const float4*)x, (float4*)y, rows, npacks, share, K, G, part, cnt));
