@@ -11,11 +11,10 @@ import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from train_paths import case, step_of, training_paths  # this folder's: the same cases and paths
 
-from tiered_ops.measure.gate import grad_output, with_grad
 from tiered_ops.measure.timing import batch_times_us
-from tiered_ops.tiers import cuda_ext, native
-from tiered_ops.tiers.catalog import get_op
+from tiered_ops.tiers import cuda_ext
 
 PARTS = ("forward, no graph", "forward, recording", "step")
 
@@ -42,18 +41,13 @@ def main() -> None:
     dev = torch.device("cuda")
     assert cuda_ext.load() is None
     for op, shape in [("rms_norm", (4096, 5120)), ("layer_norm", (4096, 5120))]:
-        spec = get_op(op)
-        inp = spec.make_inputs(spec.problem(shape), torch.bfloat16, dev, 0)
-        ginp, pos = with_grad(spec, inp)
-        leaves = [ginp.args[i] for i in pos]
-        fns = {"eager": spec.impls["eager"].unchecked, "cuda-node": native.native_fast(spec, fallback=None)}
+        spec, inp, ginp, leaves = case(op, shape, dev)
+        fns = {k: v for k, v in training_paths(spec).items() if k in ("eager", "cuda-node")}
         calls = {}
         for name, fn in fns.items():
-            dy = grad_output(fn(*ginp.args, **ginp.kwargs), 0)
             calls[(name, PARTS[0])] = lambda fn=fn: fn(*inp.args, **inp.kwargs)
             calls[(name, PARTS[1])] = lambda fn=fn: fn(*ginp.args, **ginp.kwargs)
-            rec = calls[(name, PARTS[1])]
-            calls[(name, PARTS[2])] = lambda rec=rec, dy=dy: torch.autograd.grad(rec(), leaves, dy)
+            calls[(name, PARTS[2])] = step_of(fn, ginp, leaves)
             for f in (calls[(name, p)] for p in PARTS):
                 for _ in range(10):
                     f()
