@@ -5,6 +5,9 @@
 - ``--what issue``: the issue time taken apart: the forward without a graph, the forward recording one, and the step
   (forward and torch.autograd.grad), each the fastest of 5 batches of back-to-back calls, the GPU not waited for
   (timing.batch_times_us), in interleaved rounds; the step less the recording forward is the backward's issue time.
+  The node's forward is also timed without its Python wrapper (native.native_fast's ``call``): the pybind11 functions
+  called with the kernel arguments made once (``pybind``), and the registered op through the dispatcher (``op``), so
+  that the wrapper's, pybind11's and the autograd node's shares of the forward read as differences.
 Run on a GPU with the extension built: PYTHONPATH=. python scripts/diag/node_host.py [--what issue] [--steps 50]
 """
 import argparse
@@ -48,7 +51,15 @@ def main() -> None:
             calls[(name, PARTS[0])] = lambda fn=fn: fn(*inp.args, **inp.kwargs)
             calls[(name, PARTS[1])] = lambda fn=fn: fn(*ginp.args, **ginp.kwargs)
             calls[(name, PARTS[2])] = step_of(fn, ginp, leaves)
-            for f in (calls[(name, p)] for p in PARTS):
+            if name == "cuda-node":
+                fwd, train = (cuda_ext.pybind_function(f"{op}_{s}") for s in ("cuda", "train_cuda"))
+                kargs, gkargs = spec.kernel_args(*inp.args, **inp.kwargs), spec.kernel_args(*ginp.args, **ginp.kwargs)
+                registered = getattr(torch.ops.tiered_ops, f"{op}_cuda").default
+                calls[(name, "pybind forward")] = lambda: fwd(*kargs)
+                calls[(name, "pybind recording")] = lambda: train(*gkargs)
+                calls[(name, "op forward")] = lambda: registered(*kargs)
+                calls[(name, "kernel args")] = lambda: spec.kernel_args(*inp.args, **inp.kwargs)
+            for f in (v for (n, _), v in calls.items() if n == name):
                 for _ in range(10):
                     f()
             torch.cuda.synchronize()
@@ -64,6 +75,9 @@ def main() -> None:
                 b = [best[(name, p)] for p in PARTS]
                 print(f"  {name:10s} forward {b[0]:7.1f}  recording {b[1]:7.1f}  step {b[2]:7.1f}  "
                       f"backward {b[2] - b[1]:7.1f}")
+            print("  cuda-node without its Python wrapper: " + "  ".join(
+                f"{p} {best[('cuda-node', p)]:.1f}" for p in ("kernel args", "pybind forward", "pybind recording",
+                                                               "op forward")))
 
 
 if __name__ == "__main__":
