@@ -13,11 +13,13 @@
 // v2 — the row in registers (common.cuh, rows_config): 1 read + 1 write for rows of up to 32768
 // elements that are a multiple of 16 bytes and aligned, the centred variance from registers; several short rows per block,
 // reduced with shuffles. v1 does the rest.
-// v3 — rows over 32768 elements split over blocks (aligned rows of a multiple of 16 bytes): pieces of 512 x 4 packs,
-// one a block; launch 1 writes each piece's exact mean and centred sum of squares, launch 2 merges a row's (Chan's
-// formula) and normalizes its piece: x is read twice (the second time from L2 for the pieces read last), y written
-// once, w and b read once for all rows (blocks piece-major); in fp32 all of a thread's packs of them are loaded at
-// once after the merge (pack by pack, the launch waits on each load in turn).
+// v3 — rows over 32768 elements split over blocks (aligned rows of a multiple of 16 bytes; split_rows.cuh): pieces of
+// 512 x 4 packs, one a block; launch 1 writes each piece's exact mean and centred sum of squares, launch 2 (a block a
+// row) merges a row's (Chan's formula) into the mean and rstd outputs, launch 3 normalizes each piece: x is read twice
+// (the second time from L2 for the pieces read last), y written once, w and b read once for all rows (blocks
+// piece-major); in fp32 all of a thread's packs of them are loaded at once (pack by pack, the launch waits on each
+// load in turn). Merging a row's pieces in every block of launch 3 instead (512 merges a row over (64, 256, 256))
+// kept its blocks from loading w and b while they merged.
 // Backward v2 — rows of at most 256 threads of 16 elements (2 packs of 16-bit, 4 of fp32) on a persistent grid of the
 // blocks that stay resident: a thread's columns are the same in every row, so w and its dw/db sums stay in fp32
 // registers for the whole kernel (no weight load and no shared-memory accumulator a row), x and dy read once a row.
@@ -28,6 +30,7 @@
 // to 32768 elements (1024 threads).
 #include "line_rows.cuh"
 #include "norm_grads.cuh"
+#include "split_rows.cuh"
 
 namespace tiered_ops {
 
@@ -266,108 +269,20 @@ __global__ void __launch_bounds__(1024, line_min_blocks(P, Pack<T>::N)) layer_no
   if (threadIdx.x == 0) mean_out[blockIdx.x] = mean, rstd_out[blockIdx.x] = rstd;
 }
 
-// ---- v3: rows split over blocks, two launches ----
-constexpr int kSplitThreads = 512, kSplitPacks = 4;  // a piece: kSplitThreads * kSplitPacks packs
-constexpr int kSplitPiece = kSplitThreads * kSplitPacks;
-
-// (count, mean, centred sum of squares) of two disjoint parts, merged (Chan et al.).
-__device__ __forceinline__ float3 chan_merge(float3 a, float3 b) {
-  const float n = a.x + b.x;
-  if (n == 0.f) return a;
-  const float d = b.y - a.y, fb = b.x / n;
-  return make_float3(n, a.y + d * fb, a.z + b.z + d * d * a.x * fb);
-}
-
-__device__ __forceinline__ float3 shfl_merge(float3 v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v = chan_merge(v, make_float3(__shfl_xor_sync(0xffffffffu, v.x, o), __shfl_xor_sync(0xffffffffu, v.y, o),
-                                  __shfl_xor_sync(0xffffffffu, v.z, o)));
-  return v;
-}
-
-__device__ __forceinline__ float3 block_merge(float3 v, float3* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  v = shfl_merge(v);
-  __syncthreads();  // smem may still be read from a previous merge
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  return shfl_merge(lane < nwarps ? smem[lane] : make_float3(0.f, 0.f, 0.f));
-}
-
-// The piece `k` (row k / pieces) of the rows as this thread's packs in registers; returns the packs it holds.
-template <typename T>
-__device__ __forceinline__ int load_piece(const T* __restrict__ x, int64_t n, int64_t k, int pieces,
-                                          Pack<T> (&q)[kSplitPacks]) {
-  const int64_t r = k / pieces, first = (k % pieces) * kSplitPiece, npacks = n / Pack<T>::N;
-  const int cnt = (int)min((int64_t)kSplitPiece, npacks - first);
-  const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + r * n) + first;
-#pragma unroll
-  for (int p = 0; p < kSplitPacks; ++p) {
-    const int j = p * kSplitThreads + threadIdx.x;
-    if (j < cnt) q[p] = xr[j];
-  }
-  return cnt;
-}
-
-// Launch 1: each piece's exact (mean, centred sum of squares), one block a piece. Blocks go piece-major (piece 0 of
-// every row, then piece 1, ...): in launch 2 a piece of w and b is then read from DRAM once for all the rows, where
-// normalized over several dims they are as large as a row.
-template <typename T>
-__global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_stats_kernel(const T* __restrict__ x,
-                                                                            float2* __restrict__ piece_stats,
-                                                                            int64_t n, int pieces) {
-  constexpr int V = Pack<T>::N;
-  __shared__ float smem[32];
-  Pack<T> q[kSplitPacks];
-  const int64_t rows = gridDim.x / pieces, k = blockIdx.x % rows * pieces + blockIdx.x / rows;  // piece-major blocks
-  const int cnt = load_piece(x, n, k, pieces, q);
-  float s = 0.f;
-#pragma unroll
-  for (int p = 0; p < kSplitPacks; ++p)
-    if (p * kSplitThreads + (int)threadIdx.x < cnt) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) s += to_f(q[p].v[e]);
-    }
-  const float m = block_sum(s, smem) / ((float)cnt * V);
-  float ss = 0.f;
-#pragma unroll
-  for (int p = 0; p < kSplitPacks; ++p)
-    if (p * kSplitThreads + (int)threadIdx.x < cnt) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) ss += (to_f(q[p].v[e]) - m) * (to_f(q[p].v[e]) - m);
-    }
-  const float m2 = block_sum(ss, smem);
-  if (threadIdx.x == 0) piece_stats[k] = make_float2(m, m2);
-}
-
-// Launch 2: the row's pieces merged (Chan), then the piece normalized. The pieces go in the reverse order of launch 1,
-// so the first blocks read what launch 1 read last, still in L2.
+// v3's last launch (after split_rows.cuh's two): the piece normalized with its row's mean and rstd. The pieces go in
+// the reverse order of launch 1, so the first blocks read what launch 1 read last, still in L2.
 template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_norm_kernel(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
-    float* __restrict__ mean_out, float* __restrict__ rstd_out, const float2* __restrict__ piece_stats, int64_t n,
-    int pieces, float eps) {
+    const float* __restrict__ row_mean, const float* __restrict__ row_rstd, int64_t n, int pieces) {
   constexpr int V = Pack<T>::N;
-  __shared__ float3 smem[32];
-  __shared__ float2 row_stat;  // the row's (mean, rstd)
   const int64_t rows = gridDim.x / pieces, g = (int64_t)gridDim.x - 1 - blockIdx.x;  // launch 1's order, reversed
   const int64_t k = g % rows * pieces + g / rows, r = k / pieces, first = (k % pieces) * kSplitPiece;
   Pack<T> q[kSplitPacks], qw[kSplitPacks], qb[kSplitPacks];
   const int cnt = load_piece(x, n, k, pieces, q);
-  const int64_t npacks = n / V;
-  float3 acc = make_float3(0.f, 0.f, 0.f);
-  for (int i = threadIdx.x; i < pieces; i += kSplitThreads) {
-    const float2 o = piece_stats[r * pieces + i];
-    acc = chan_merge(acc, make_float3((float)(min((int64_t)kSplitPiece, npacks - (int64_t)i * kSplitPiece) * V), o.x,
-                                      o.y));
-  }
-  acc = block_merge(acc, smem);
-  if (threadIdx.x == 0) row_stat = make_float2(acc.y, rsqrtf(acc.z / (float)n + eps));
-  __syncthreads();
-  const float mean = row_stat.x, rstd = row_stat.y;
+  const float mean = row_mean[r], rstd = row_rstd[r];
   // fp32: the piece's w and b all in flight at once, not pack by pack, each waited on before its pack is written
-  // (16-bit: at once they take 116 registers, one block an SM; pack by pack, below, 46)
+  // (16-bit: at once they take 116 registers, one block an SM; pack by pack, below, under 64: two blocks an SM)
   constexpr bool kAtOnce = sizeof(T) == 4;
   if constexpr (kAtOnce) {
 #pragma unroll
@@ -405,22 +320,6 @@ __global__ void __launch_bounds__(kSplitThreads) layer_norm_v3_norm_kernel(
       yr[j] = o;
     }
   }
-  if (k % pieces == 0 && threadIdx.x == 0) mean_out[r] = mean, rstd_out[r] = rstd;
-}
-
-// The pieces of a row for v3 (0: v3 does not apply: rows v2 holds in registers, unaligned rows, a grid too large).
-template <typename T>
-static int split_pieces(int64_t rows, int64_t n, bool vec) {
-  constexpr int V = Pack<T>::N;
-  if (!vec || n <= (int64_t)1024 * max_packs(V) * V) return 0;
-  const int64_t pieces = (n / V + kSplitPiece - 1) / kSplitPiece;
-  return rows * pieces < 0x7fffffff ? (int)pieces : 0;
-}
-
-// Bytes of v3's workspace (the pieces' statistics) for these rows; 0 where v3 does not apply.
-template <typename T>
-static int64_t split_workspace(int64_t rows, int64_t n) {
-  return rows * split_pieces<T>(rows, n, n % Pack<T>::N == 0) * (int64_t)sizeof(float2);
 }
 
 template <typename T>
@@ -444,8 +343,9 @@ static cudaError_t launch_layer_norm(const T* x, const T* w, const T* b, T* y, f
   if (pieces && workspace) {
     float2* stats = static_cast<float2*>(workspace);
     const unsigned blocks = (unsigned)(rows * pieces);
-    layer_norm_v3_stats_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, stats, n, pieces);
-    layer_norm_v3_norm_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, w, b, y, mean, rstd, stats, n, pieces, eps);
+    split_stats_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, stats, n, pieces);
+    split_merge_kernel<T><<<(unsigned)rows, kSplitThreads, 0, stream>>>(stats, mean, rstd, n, pieces, eps);
+    layer_norm_v3_norm_kernel<T><<<blocks, kSplitThreads, 0, stream>>>(x, w, b, y, mean, rstd, n, pieces);
     return cudaGetLastError();
   }
   return launch_block_rows(vec, V, layer_norm_v1_kernel<T, V>, layer_norm_v1_kernel<T, 1>, rows, n, stream, x, w, b,

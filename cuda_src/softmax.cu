@@ -131,10 +131,12 @@ __device__ __forceinline__ float2 merge_stat(float2 a, float2 b) {
 // behind: reads and writes overlap, x is read once. A cluster merges its blocks' (max, sum) through distributed
 // shared memory (by the iteration's parity, one barrier a row); K > 1 clusters merge through `ws` (zeroed: G counts,
 // then two (max, sum) slots a cluster by parity). Every block of the grid is resident at once (a cooperative launch).
+// A launch whose clusters are not the plan's `want_cs` blocks traps (the launch fails) instead of merging the wrong
+// blocks' statistics: a profiler that replays a cooperative launch has dropped its clusters.
 template <typename T>
 __global__ void __launch_bounds__(kGroupThreads) softmax_v3_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                                    int64_t rows, int64_t n, int share, int K,
-                                                                   unsigned* ws) {
+                                                                   int want_cs, unsigned* ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int V = Pack<T>::N;
@@ -144,6 +146,12 @@ __global__ void __launch_bounds__(kGroupThreads) softmax_v3_kernel(const T* __re
   __shared__ float2 stat[2], row_stat;
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = (int)cluster.num_blocks(), rank = (int)cluster.block_rank(), tid = threadIdx.x, nt = blockDim.x;
+  if (cs != want_cs) {
+    if (blockIdx.x == 0 && tid == 0)
+      printf("tiered_ops softmax: launched in clusters of %d blocks where its plan has %d; stopping the launch\n", cs,
+             want_cs);
+    __trap();
+  }
   const int c = blockIdx.x / cs, g = c / K, q = c % K, G = gridDim.x / (cs * K);
   const int64_t npacks = n / V, p0 = (int64_t)(q * cs + rank) * share;
   const int cnt = (int)max((int64_t)0, min((int64_t)share, npacks - p0)), chunks = (cnt + nt - 1) / nt;
@@ -308,7 +316,8 @@ static cudaError_t launch_softmax(const T* x, T* y, int64_t rows, int64_t n, voi
   if (p.cs && (workspace || !p.workspace())) {
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg = group_config(p, attr, stream);
-    return cudaLaunchKernelEx(&cfg, softmax_v3_kernel<T>, x, y, rows, n, p.share, p.K, static_cast<unsigned*>(workspace));
+    return cudaLaunchKernelEx(&cfg, softmax_v3_kernel<T>, x, y, rows, n, p.share, p.K, p.cs,
+                              static_cast<unsigned*>(workspace));
   }
   const bool vec = n % V == 0 && aligned;
   return launch_block_rows(vec, V, softmax_v1_kernel<T, V>, softmax_v1_kernel<T, 1>, rows, n, stream, x, y, rows, n);
