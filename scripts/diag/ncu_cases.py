@@ -58,8 +58,9 @@ SETS: dict[str, list[tuple[str, str, str, str, str, dict]]] = {  # (op, impl, sh
         ("rms_norm", "eager", "8192x4096", "bf16", "fwd+bwd", {}),
     ],
     "limits": [  # the two speed-of-light bars no kernel change met: what holds each below its bar
-        ("softmax", "cuda", "512x393216", "fp32", "fwd_nograd", {}),
         ("layer_norm", "cuda", "16x64x256x256", "fp32", "fwd_nograd", {"normalized_shape": [64, 256, 256]}),
+        # last: under kernel replay the cooperative launch loses its clusters, and the kernel stops the launch
+        ("softmax", "cuda", "512x393216", "fp32", "fwd_nograd", {}),
     ],
 }
 
