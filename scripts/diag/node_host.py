@@ -7,7 +7,10 @@
   (timing.batch_times_us), in interleaved rounds; the step less the recording forward is the backward's issue time.
   The node's forward is also timed without its Python wrapper (native.native_fast's ``call``): the pybind11 functions
   called with the kernel arguments made once (``pybind``), and the registered op through the dispatcher (``op``), so
-  that the wrapper's, pybind11's and the autograd node's shares of the forward read as differences.
+  that the wrapper's, pybind11's and the autograd node's shares of the forward read as differences; and each path's
+  backward function called alone on the forward's saved tensors (eager: the aten backward op; the node: the pybind11
+  backward it calls), so that the step less the recording forward less that reads as the engine's and the node's own
+  share of the backward.
 Run on a GPU with the extension built: PYTHONPATH=. python scripts/diag/node_host.py [--what issue] [--steps 50]
 """
 import argparse
@@ -34,6 +37,22 @@ def events(step, label: str, steps: int, top: int) -> None:
         print(f"  {e.self_cpu_time_total / steps:8.1f} us  {e.count / steps:5.1f}x  {e.key[:90]}")
 
 
+def backward_alone(op: str, kargs: tuple, dy: torch.Tensor) -> dict:
+    """Each path's backward function on the saved tensors of one forward, as the engine's node calls it."""
+    if op == "rms_norm":
+        x, ns, w, eps = kargs[:4]
+        _, rstd = torch.ops.aten._fused_rms_norm(x, ns, w, eps)
+        bwd = cuda_ext.pybind_function("rms_norm_bwd_cuda")
+        return {"eager": lambda: torch.ops.aten._fused_rms_norm_backward(dy, x, ns, rstd, w, [True, True]),
+                "cuda-node": lambda: bwd(dy, *kargs)}
+    x, ns, w, b, eps = kargs
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, eps)
+    _, cmean, crstd = cuda_ext.pybind_function("layer_norm_cuda")(*kargs)
+    bwd = cuda_ext.pybind_function("layer_norm_bwd_cuda")
+    return {"eager": lambda: torch.ops.aten.native_layer_norm_backward(dy, x, ns, mean, rstd, w, b, [True] * 3),
+            "cuda-node": lambda: bwd(dy, x, ns, w, cmean, crstd, b is not None)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--what", choices=("events", "issue"), default="events")
@@ -47,7 +66,9 @@ def main() -> None:
         spec, inp, ginp, leaves = case(op, shape, dev)
         fns = {k: v for k, v in training_paths(spec).items() if k in ("eager", "cuda-node")}
         calls = {}
+        alone = backward_alone(op, spec.kernel_args(*inp.args, **inp.kwargs), torch.randn_like(inp.args[0]))
         for name, fn in fns.items():
+            calls[(name, "backward alone")] = alone[name]
             calls[(name, PARTS[0])] = lambda fn=fn: fn(*inp.args, **inp.kwargs)
             calls[(name, PARTS[1])] = lambda fn=fn: fn(*ginp.args, **ginp.kwargs)
             calls[(name, PARTS[2])] = step_of(fn, ginp, leaves)
@@ -73,8 +94,9 @@ def main() -> None:
             print(f"== {op} {'x'.join(map(str, shape))} bf16: host us a call (fastest batch of {opts.rounds} rounds)")
             for name in fns:
                 b = [best[(name, p)] for p in PARTS]
+                ba = best[(name, "backward alone")]
                 print(f"  {name:10s} forward {b[0]:7.1f}  recording {b[1]:7.1f}  step {b[2]:7.1f}  "
-                      f"backward {b[2] - b[1]:7.1f}")
+                      f"backward {b[2] - b[1]:7.1f} (its function alone {ba:7.1f}, the rest {b[2] - b[1] - ba:7.1f})")
             print("  cuda-node without its Python wrapper: " + "  ".join(
                 f"{p} {best[('cuda-node', p)]:.1f}" for p in ("kernel args", "pybind forward", "pybind recording",
                                                                "op forward")))
