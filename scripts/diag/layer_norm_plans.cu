@@ -19,34 +19,19 @@
 #include <string>
 #include <vector>
 
+#include "../../cuda_src/split_rows.cuh"  // the op's Chan merge: chan_merge, shfl_merge, block_merge
 #include "diag_timing.cuh"
 namespace cg = cooperative_groups;
+using tiered_ops::block_merge;
+using tiered_ops::chan_merge;
+using tiered_ops::shfl_merge;
 
 constexpr int NT = 512, LAG = 4;
 
-__device__ __forceinline__ float3 chan(float3 a, float3 b) {
-  const float n = a.x + b.x;
-  if (n == 0.f) return a;
-  const float d = b.y - a.y, fb = b.x / n;
-  return make_float3(n, a.y + d * fb, a.z + b.z + d * d * a.x * fb);
-}
-__device__ __forceinline__ float3 shfl_chan(float3 v) {
-  for (int o = 16; o; o >>= 1)
-    v = chan(v, make_float3(__shfl_xor_sync(~0u, v.x, o), __shfl_xor_sync(~0u, v.y, o), __shfl_xor_sync(~0u, v.z, o)));
-  return v;
-}
-__device__ float3 block_chan(float3 v, float3* sm) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = shfl_chan(v);
-  __syncthreads();
-  if (!lane) sm[w] = v;
-  __syncthreads();
-  return shfl_chan(lane < nw ? sm[lane] : make_float3(0.f, 0.f, 0.f));
-}
 __device__ __forceinline__ void fold4(float4 q, float3& acc) {
   const float m = (q.x + q.y + q.z + q.w) * 0.25f;
   const float m2 = (q.x - m) * (q.x - m) + (q.y - m) * (q.y - m) + (q.z - m) * (q.z - m) + (q.w - m) * (q.w - m);
-  acc = chan(acc, make_float3(4.f, m, m2));
+  acc = chan_merge(acc, make_float3(4.f, m, m2));
 }
 
 template <bool H>
@@ -133,11 +118,11 @@ __global__ void __launch_bounds__(NT) pg(const float4* __restrict__ x, const flo
     for (int cc = max(0, chunks - LAG); cc < chunks; ++cc) fold(cc);
   }
   for (int it = 0; r < rows; r += G, ++it) {
-    const float3 sb = block_chan(acc, red);
+    const float3 sb = block_merge(acc, red);
     if (tid == 0) stat[it & 1] = sb;
     cluster.sync();
     float3 rs = make_float3(0.f, 0.f, 0.f);
-    for (int k = 0; k < cs; ++k) rs = chan(rs, *cluster.map_shared_rank(&stat[it & 1], k));
+    for (int k = 0; k < cs; ++k) rs = chan_merge(rs, *cluster.map_shared_rank(&stat[it & 1], k));
     if (K > 1) {
       if (tid < 32) {
         float4* slot = slots + (it & 1);
@@ -147,9 +132,9 @@ __global__ void __launch_bounds__(NT) pg(const float4* __restrict__ x, const flo
         rs = make_float3(0.f, 0.f, 0.f);
         for (int k = tid; k < K; k += 32) {
           const float4 o = __ldcg(slot + 2 * k);
-          rs = chan(rs, make_float3(o.x, o.y, o.z));
+          rs = chan_merge(rs, make_float3(o.x, o.y, o.z));
         }
-        rs = shfl_chan(rs);
+        rs = shfl_merge(rs);
         if (tid == 0) row_stat = make_float2(rs.y, rsqrtf(rs.z / rs.x + eps));
       }
       __syncthreads();
@@ -210,18 +195,18 @@ __global__ void __launch_bounds__(NT) two_stats(const float4* __restrict__ x, fl
     const int j = p * NT + threadIdx.x;
     if (j < cnt) fold4(x[r * npacks + first + j], acc);
   }
-  acc = block_chan(acc, red);
+  acc = block_merge(acc, red);
   if (threadIdx.x == 0) ps[k] = make_float2(acc.y, acc.z);
 }
-// The row's (mean, rstd) from its pieces' statistics: every thread of the block calls it and gets it (block_chan
+// The row's (mean, rstd) from its pieces' statistics: every thread of the block calls it and gets it (block_merge
 // hands the block's total to every thread).
 __device__ float2 row_stat(const float2* __restrict__ ps, long r, long npacks, int pieces, float eps, float3* red) {
   float3 acc = make_float3(0.f, 0.f, 0.f);
   for (int i = threadIdx.x; i < pieces; i += NT) {
     const float2 o = ps[r * pieces + i];
-    acc = chan(acc, make_float3((float)(min((long)PIECE, npacks - (long)i * PIECE) * 4), o.x, o.y));
+    acc = chan_merge(acc, make_float3((float)(min((long)PIECE, npacks - (long)i * PIECE) * 4), o.x, o.y));
   }
-  acc = block_chan(acc, red);
+  acc = block_merge(acc, red);
   return make_float2(acc.y, rsqrtf(acc.z / acc.x + eps));
 }
 __global__ void __launch_bounds__(NT) two_merge(const float2* __restrict__ ps, float2* __restrict__ rs, long npacks,

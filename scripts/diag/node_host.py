@@ -66,7 +66,8 @@ def main() -> None:
         spec, inp, ginp, leaves = case(op, shape, dev)
         fns = {k: v for k, v in training_paths(spec).items() if k in ("eager", "cuda-node")}
         calls = {}
-        alone = backward_alone(op, spec.kernel_args(*inp.args, **inp.kwargs), torch.randn_like(inp.args[0]))
+        kargs, gkargs = spec.kernel_args(*inp.args, **inp.kwargs), spec.kernel_args(*ginp.args, **ginp.kwargs)
+        alone = backward_alone(op, kargs, torch.randn_like(inp.args[0]))
         for name, fn in fns.items():
             calls[(name, "backward alone")] = alone[name]
             calls[(name, PARTS[0])] = lambda fn=fn: fn(*inp.args, **inp.kwargs)
@@ -74,7 +75,6 @@ def main() -> None:
             calls[(name, PARTS[2])] = step_of(fn, ginp, leaves)
             if name == "cuda-node":
                 fwd, train = (cuda_ext.pybind_function(f"{op}_{s}") for s in ("cuda", "train_cuda"))
-                kargs, gkargs = spec.kernel_args(*inp.args, **inp.kwargs), spec.kernel_args(*ginp.args, **ginp.kwargs)
                 registered = getattr(torch.ops.tiered_ops, f"{op}_cuda").default
                 calls[(name, "pybind forward")] = lambda: fwd(*kargs)
                 calls[(name, "pybind recording")] = lambda: train(*gkargs)
