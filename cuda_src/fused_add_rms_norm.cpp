@@ -92,43 +92,41 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_bwd_cuda(const at::Tensor&
   return {dx, wc.defined() ? dw : new_residual.new_empty({0})};
 }
 
-// The training call's autograd node: saves x + residual, the weight and rstd (marked non-differentiable), as
+// The training call's node: saves x + residual (the op's second output), the weight and rstd, as
 // ops/fused_add_rms_norm.py's setup_context; x and residual get the same gradient tensor, as autograd of the sum gives.
-struct FusedAddRmsNormNode : torch::autograd::Function<FusedAddRmsNormNode> {
-  static Grads forward(AutogradCtx* ctx, const at::Tensor& x, const at::Tensor& residual,
-                       std::vector<int64_t> normalized_shape, const c10::optional<at::Tensor>& weight, double eps,
-                       double weight_offset, bool cast_before_weight) {
-    auto [y, s, rstd] = fused_add_rms_norm_cuda(x, residual, normalized_shape, weight, eps, weight_offset,
-                                                cast_before_weight);
-    ctx->set_materialize_grads(false);
-    ctx->mark_non_differentiable({rstd});
-    ctx->save_for_backward({s, weight.value_or(at::Tensor()), rstd});
-    ctx->saved_data["normalized_shape"] = normalized_shape;
-    ctx->saved_data["weight_offset"] = weight_offset;
-    ctx->saved_data["cast_before_weight"] = cast_before_weight;
-    ctx->saved_data["y_dtype"] = y.scalar_type();
-    return {y, s, rstd};
-  }
+struct FusedAddRmsNormState {
+  static constexpr const char* kName = "FusedAddRmsNormNode";
+  static constexpr size_t kSaved = 3;  // new_residual, weight, rstd
+  std::vector<int64_t> normalized_shape;
+  double weight_offset = 0;
+  bool cast_before_weight = false;
+  at::ScalarType y_dtype = at::kFloat;
 
-  static Grads backward(AutogradCtx* ctx, Grads grads) {
-    const Grads saved = ctx->get_saved_variables();
+  Grads backward(Grads& grads, std::array<at::Tensor, kSaved>& saved) const {
     const at::Tensor& s = saved[0];
     const at::Tensor& w = saved[1];
-    auto [dx, dw] = fused_add_rms_norm_bwd_cuda(
-        grad_or_zeros(grads[0], s, ctx->saved_data["y_dtype"].toScalarType()),
-        grad_or_zeros(grads[1], s, s.scalar_type()), s, ctx->saved_data["normalized_shape"].toIntVector(),
-        saved_optional(w), saved[2], ctx->saved_data["weight_offset"].toDouble(),
-        ctx->saved_data["cast_before_weight"].toBool());
-    return {dx, dx, at::Tensor(), w.defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dx, dw] = fused_add_rms_norm_bwd_cuda(grad_or_zeros(grads[0], s, y_dtype),
+                                                grad_or_zeros(grads[1], s, s.scalar_type()), s, normalized_shape,
+                                                saved_optional(w), saved[2], weight_offset, cast_before_weight);
+    return {dx, dx, w.defined() ? dw : at::Tensor()};
   }
 };
 
-std::vector<at::Tensor> fused_add_rms_norm_train_cuda(const at::Tensor& x, const at::Tensor& residual,
-                                                      std::vector<int64_t> normalized_shape,
-                                                      const c10::optional<at::Tensor>& weight, double eps,
-                                                      double weight_offset, bool cast_before_weight) {
-  return FusedAddRmsNormNode::apply(x, residual, std::move(normalized_shape), weight, eps, weight_offset,
-                                    cast_before_weight);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_train_cuda(const at::Tensor& x, const at::Tensor& residual,
+                                                                 std::vector<int64_t> normalized_shape,
+                                                                 const c10::optional<at::Tensor>& weight, double eps,
+                                                                 double weight_offset, bool cast_before_weight) {
+  at::Tensor y, s, rstd;
+  {
+    const ForwardGuard below_autograd;
+    std::tie(y, s, rstd) = fused_add_rms_norm_cuda(x, residual, normalized_shape, weight, eps, weight_offset,
+                                                   cast_before_weight);
+  }
+  const at::ScalarType y_dtype = y.scalar_type();
+  record_node("fused_add_rms_norm_train_cuda",
+              FusedAddRmsNormState{std::move(normalized_shape), weight_offset, cast_before_weight, y_dtype}, {y, s},
+              {{s, true}, {weight.value_or(at::Tensor()), false}, {rstd, false}}, x, residual, weight);
+  return {y, s};
 }
 
 }  // namespace

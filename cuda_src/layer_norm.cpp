@@ -24,26 +24,64 @@ cudaError_t layer_norm_bwd(const void* dy, const void* x, const void* w, const f
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
-                                                               const c10::optional<at::Tensor>& weight,
-                                                               const c10::optional<at::Tensor>& bias, double eps) {
-  const char* op = "layer_norm_cuda";
+// The forward's launch into y (allocated here, returned) and the row statistics at mean and rstd (rows floats each).
+at::Tensor layer_norm_forward(const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                              const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                              double eps, int64_t rows, float* mean, float* rstd, const char* op) {
   const int64_t n = check_norm(x, normalized_shape, op);
   const at::Tensor wc = norm_param(weight, x, normalized_shape, op, "weight");
   const at::Tensor bc = norm_param(bias, x, normalized_shape, op, "bias");
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc);
+  if (xc.numel() == 0) return y;
+  const DType dt = dtype_of(x, op, "x");
+  const int64_t ws_bytes = layer_norm_fwd_workspace(rows, n, dt);
+  const at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+  check_launch(layer_norm_fwd(xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), y.data_ptr(), mean, rstd, rows, n,
+                              (float)eps, ws_bytes ? ws.data_ptr() : nullptr, dt, stream()),
+               op);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x, c10::IntArrayRef normalized_shape,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias, double eps) {
+  const char* op = "layer_norm_cuda";
+  check_cuda(x, op, "x");
   const int64_t rows = norm_rows(x, normalized_shape);
   at::Tensor mean = f32_empty(x, {rows}), rstd = at::empty_like(mean);
-  const DType dt = dtype_of(x, op, "x");
-  const int64_t ws_bytes = xc.numel() > 0 ? layer_norm_fwd_workspace(rows, n, dt) : 0;
-  const at::Tensor ws = ws_bytes ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
-  if (xc.numel() > 0)
-    check_launch(layer_norm_fwd(xc.data_ptr(), ptr_or_null(wc), ptr_or_null(bc), y.data_ptr(), mean.data_ptr<float>(),
-                                rstd.data_ptr<float>(), rows, n, (float)eps, ws_bytes ? ws.data_ptr() : nullptr, dt,
-                                stream()), op);
+  at::Tensor y = layer_norm_forward(x, normalized_shape, weight, bias, eps, rows, mean.data_ptr<float>(),
+                                    rstd.data_ptr<float>(), op);
   return {y, mean, rstd};
+}
+
+// The backward's launch over rows of n from the row statistics at mean and rstd, with wc the weight (contiguous, or
+// undefined): dx, and dw and db where asked (else empty).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                                   c10::IntArrayRef normalized_shape, int64_t rows,
+                                                                   int64_t n, const at::Tensor& wc, const float* mean,
+                                                                   const float* rstd, bool has_bias, const char* op) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  const bool want_w = wc.defined();
+  if (xc.numel() == 0) {
+    const at::Tensor z = x.new_zeros(normalized_shape);
+    return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
+  }
+  const int accs = (want_w ? 1 : 0) + (has_bias ? 1 : 0);
+  const int64_t blocks = layer_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"), accs);
+  at::Tensor partials, dw, db;  // the weight's and the bias's (blocks, n) fp32 partial sums, in one allocation
+  if (accs) partials = f32_empty(x, {accs, blocks, n});
+  if (want_w) dw = x.new_empty(normalized_shape);
+  if (has_bias) db = x.new_empty(normalized_shape);
+  float* pw = want_w ? partials.data_ptr<float>() : nullptr;
+  float* pb = has_bias ? partials.data_ptr<float>() + (want_w ? blocks * n : 0) : nullptr;
+  check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean, rstd, dx.data_ptr(), pw, pb,
+                              out_or_null(dw), out_or_null(db), rows, n, blocks, dtype_of(x, op, "x"), stream()),
+               op);
+  return {dx, want_w ? dw : x.new_empty({0}), has_bias ? db : x.new_empty({0})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
@@ -56,61 +94,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(
   const int64_t rows = n ? x.numel() / n : 0;
   check_stat(mean, rows, op, "mean");
   check_stat(rstd, rows, op, "rstd");
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
-  at::Tensor dx = at::empty_like(xc);
-  const bool want_w = wc.defined();
-  if (xc.numel() == 0) {
-    const at::Tensor z = x.new_zeros(normalized_shape);
-    return {dx, want_w ? z : x.new_empty({0}), has_bias ? z.clone() : x.new_empty({0})};
-  }
-  const int64_t blocks = layer_norm_bwd_blocks(rows, n, dtype_of(x, op, "x"), (want_w ? 1 : 0) + (has_bias ? 1 : 0));
-  at::Tensor pw, pb, dw, db;
-  if (want_w) {
-    pw = f32_empty(x, {blocks, n});
-    dw = x.new_empty(normalized_shape);
-  }
-  if (has_bias) {
-    pb = f32_empty(x, {blocks, n});
-    db = x.new_empty(normalized_shape);
-  }
-  check_launch(layer_norm_bwd(dyc.data_ptr(), xc.data_ptr(), ptr_or_null(wc), mean.data_ptr<float>(),
-                              rstd.data_ptr<float>(), dx.data_ptr(), f32_or_null(pw), f32_or_null(pb),
-                              out_or_null(dw), out_or_null(db), rows, n, blocks, dtype_of(x, op, "x"), stream()),
-               op);
-  return {dx, want_w ? dw : x.new_empty({0}), has_bias ? db : x.new_empty({0})};
+  return layer_norm_backward(dy, x, normalized_shape, rows, n, wc, mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                             has_bias, op);
 }
 
-// The training call's autograd node: saves x, the weight and the row statistics (marked non-differentiable), as
-// ops/layer_norm.py's setup_context.
-struct LayerNormNode : torch::autograd::Function<LayerNormNode> {
-  static Grads forward(AutogradCtx* ctx, const at::Tensor& x, std::vector<int64_t> normalized_shape,
-                       const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, double eps) {
-    auto [y, mean, rstd] = layer_norm_cuda(x, normalized_shape, weight, bias, eps);
-    ctx->set_materialize_grads(false);
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), mean, rstd});
-    ctx->saved_data["normalized_shape"] = normalized_shape;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    return {y, mean, rstd};
-  }
+// The training call's node: saves x, the weight and the row statistics (one float32 tensor: the means, then the
+// rstds), as ops/layer_norm.py's setup_context.
+struct LayerNormState {
+  static constexpr const char* kName = "LayerNormNode";
+  static constexpr size_t kSaved = 3;  // x, weight, stats
+  std::vector<int64_t> normalized_shape;
+  int64_t rows = 0, n = 0;
+  bool has_bias = false;
 
-  static Grads backward(AutogradCtx* ctx, Grads grads) {
-    const Grads saved = ctx->get_saved_variables();
+  Grads backward(Grads& grads, std::array<at::Tensor, kSaved>& saved) const {
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    auto [dx, dw, db] = layer_norm_bwd_cuda(grad_or_zeros(grads[0], x, x.scalar_type()), x,
-                                            ctx->saved_data["normalized_shape"].toIntVector(), saved_optional(w),
-                                            saved[2], saved[3], has_bias);
-    return {dx, at::Tensor(), w.defined() ? dw : at::Tensor(), has_bias ? db : at::Tensor(), at::Tensor()};
+    const float* mean = saved[2].data_ptr<float>();
+    auto [dx, dw, db] = layer_norm_backward(grad_or_zeros(grads[0], x, x.scalar_type()), x, normalized_shape, rows, n,
+                                            w.defined() ? w.contiguous() : w, mean, mean + rows, has_bias,
+                                            "layer_norm_train_cuda");
+    return {dx, w.defined() ? dw : at::Tensor(), has_bias ? db : at::Tensor()};
   }
 };
 
-std::vector<at::Tensor> layer_norm_train_cuda(const at::Tensor& x, std::vector<int64_t> normalized_shape,
-                                              const c10::optional<at::Tensor>& weight,
-                                              const c10::optional<at::Tensor>& bias, double eps) {
-  return LayerNormNode::apply(x, std::move(normalized_shape), weight, bias, eps);
+at::Tensor layer_norm_train_cuda(const at::Tensor& x, std::vector<int64_t> normalized_shape,
+                                 const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                                 double eps) {
+  const char* op = "layer_norm_train_cuda";
+  check_cuda(x, op, "x");
+  const int64_t rows = norm_rows(x, normalized_shape);
+  at::Tensor y, stats;
+  {
+    const ForwardGuard below_autograd;
+    stats = f32_empty(x, {2, rows});
+    float* mean = stats.data_ptr<float>();
+    y = layer_norm_forward(x, normalized_shape, weight, bias, eps, rows, mean, mean + rows, op);
+  }
+  const int64_t n = rows ? x.numel() / rows : 0;
+  const bool has_bias = bias.has_value() && bias->defined();
+  record_node(op, LayerNormState{std::move(normalized_shape), rows, n, has_bias}, {y},
+              {{x, false}, {weight.value_or(at::Tensor()), false}, {stats, false}}, x, weight, bias);
+  return y;
 }
 
 }  // namespace

@@ -67,36 +67,38 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd_cuda(const at::Tensor& dy, const
   return {dx, wc.defined() ? dw : x.new_empty({0})};
 }
 
-// The training call's autograd node: saves x and the weight (ops/rms_norm.py's setup_context); the backward
-// recomputes rsqrt(mean(x^2) + eps) from x.
-struct RmsNormNode : torch::autograd::Function<RmsNormNode> {
-  static at::Tensor forward(AutogradCtx* ctx, const at::Tensor& x, std::vector<int64_t> normalized_shape,
-                            const c10::optional<at::Tensor>& weight, double eps, double weight_offset,
-                            bool cast_before_weight) {
-    at::Tensor y = rms_norm_cuda(x, normalized_shape, weight, eps, weight_offset, cast_before_weight);
-    ctx->save_for_backward({x, weight.value_or(at::Tensor())});
-    ctx->saved_data["normalized_shape"] = normalized_shape;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["weight_offset"] = weight_offset;
-    ctx->saved_data["cast_before_weight"] = cast_before_weight;
-    return y;
-  }
+// The training call's node: saves x and the weight (ops/rms_norm.py's setup_context); the backward recomputes
+// rsqrt(mean(x^2) + eps) from x.
+struct RmsNormState {
+  static constexpr const char* kName = "RmsNormNode";
+  static constexpr size_t kSaved = 2;  // x, weight
+  std::vector<int64_t> normalized_shape;
+  double eps = 0, weight_offset = 0;
+  bool cast_before_weight = false;
+  at::ScalarType y_dtype = at::kFloat;
 
-  static Grads backward(AutogradCtx* ctx, Grads grads) {
-    const Grads saved = ctx->get_saved_variables();
+  Grads backward(Grads& grads, std::array<at::Tensor, kSaved>& saved) const {
+    const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
-    auto [dx, dw] = rms_norm_bwd_cuda(grads[0], saved[0], ctx->saved_data["normalized_shape"].toIntVector(),
-                                      saved_optional(w), ctx->saved_data["eps"].toDouble(),
-                                      ctx->saved_data["weight_offset"].toDouble(),
-                                      ctx->saved_data["cast_before_weight"].toBool());
-    return {dx, at::Tensor(), w.defined() ? dw : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dx, dw] = rms_norm_bwd_cuda(grad_or_zeros(grads[0], x, y_dtype), x, normalized_shape, saved_optional(w),
+                                      eps, weight_offset, cast_before_weight);
+    return {dx, w.defined() ? dw : at::Tensor()};
   }
 };
 
 at::Tensor rms_norm_train_cuda(const at::Tensor& x, std::vector<int64_t> normalized_shape,
                                const c10::optional<at::Tensor>& weight, double eps, double weight_offset,
                                bool cast_before_weight) {
-  return RmsNormNode::apply(x, std::move(normalized_shape), weight, eps, weight_offset, cast_before_weight);
+  at::Tensor y;
+  {
+    const ForwardGuard below_autograd;
+    y = rms_norm_cuda(x, normalized_shape, weight, eps, weight_offset, cast_before_weight);
+  }
+  const at::Tensor w = weight.value_or(at::Tensor());
+  record_node("rms_norm_train_cuda",
+              RmsNormState{std::move(normalized_shape), eps, weight_offset, cast_before_weight, y.scalar_type()},
+              {y}, {{x, false}, {w, false}}, x, weight);
+  return y;
 }
 
 }  // namespace

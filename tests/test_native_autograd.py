@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from helpers import gpu
 
 from tiered_ops.tiers import cuda_ext, native
@@ -134,7 +135,9 @@ def test_the_node_is_cpp_and_made_only_where_a_gradient_is_needed(op):
     x = args[0].detach().requires_grad_()
     out = node(x, *args[1:], **kwargs)
     first = out[0] if isinstance(out, tuple) else out
-    assert first.grad_fn is not None and "CppNode" in first.grad_fn.name(), first.grad_fn.name()
+    cpp_node = "".join(w.title() for w in op.split("_")) + "Node"  # cuda_src/<op>.cpp's State::kName
+    assert first.grad_fn is not None and first.grad_fn.name() == cpp_node, first.grad_fn.name()
+    assert not isinstance(first.grad_fn, torch.autograd.function.BackwardCFunction)  # not a Python Function's
     with torch.no_grad():
         out = node(x, *args[1:], **kwargs)
     assert (out[0] if isinstance(out, tuple) else out).grad_fn is None
@@ -151,6 +154,51 @@ def test_the_cuda_tier_of_a_declaring_op_runs_the_node():
     x = torch.randn(16, 256, device="cuda", requires_grad=True)
     w = torch.ones(256, device="cuda", requires_grad=True)
     y = get_op("rms_norm").impls["cuda"].fn(x, (256,), w, 1e-6)
-    assert "RmsNormNode" in y.grad_fn.name(), y.grad_fn.name()
+    assert y.grad_fn.name() == "RmsNormNode", y.grad_fn.name()
     y.sum().backward()
     assert x.grad is not None and w.grad is not None
+
+
+@gpu
+@pytest.mark.parametrize("op", NODE_OPS)
+def test_the_node_frees_its_graph_and_guards_its_saved_tensors(op):
+    """The node holds its saved tensors until its backward and no longer (a saved output, fused_add_rms_norm's
+    new_residual, must not keep its own node alive), refuses a second backward through a freed graph and a saved input
+    changed in place after the forward, and names forward-mode AD as unsupported instead of dropping the tangent."""
+    if cuda_ext.load() is not None:
+        pytest.skip("the CUDA extension is not built here")
+    spec = get_op(op)
+    node = native.native_fast(spec, fallback=lambda *a, **k: pytest.fail("the fallback ran outside a trace"))
+    args, kwargs = _call(op, _cases(op)[0][1], torch.bfloat16, 0)
+    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    for _ in range(3):
+        y = first(node(*leaves, **kwargs))
+        grads = torch.autograd.grad(y, [leaves[0]], torch.ones_like(y))
+        del y, grads
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base  # nothing of the three graphs is left
+
+    y = first(node(*leaves, **kwargs))
+    y.backward(torch.ones_like(y))
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward(torch.ones_like(y))
+
+    y = first(node(*leaves, **kwargs))
+    with torch.no_grad():
+        leaves[0].mul_(2)  # saved by rms_norm and layer_norm; fused_add_rms_norm saves x + residual instead
+    if op == "fused_add_rms_norm":
+        y.backward(torch.ones_like(y))
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward(torch.ones_like(y))
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(leaves[0], torch.ones_like(leaves[0]))
+        with pytest.raises(RuntimeError, match="forward-mode AD"):
+            node(dual, *leaves[1:], **kwargs)

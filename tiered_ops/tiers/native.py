@@ -5,8 +5,9 @@
 for. An op whose ``cuda_src/<op>.cpp`` defines ``<op>_train_cuda`` (``TIERED_OPS_CUDA_TRAIN``,
 ``cuda_src/native_autograd.h``) has that node in C++: its forward saves what the op's declaration saves, and the
 engine runs its backward without a Python frame. :func:`native_fast` gives the op's Python signature onto it: the
-forward launcher alone when no gradient is needed, the C++ node when one is, the registered op (``fallback``) while
-torch.compile traces or a functorch transform is active.
+forward launcher alone when no gradient is needed (its outputs picked from the registered op's), the C++ node when one
+is (``<op>_train_cuda`` returns the op's outputs), the registered op (``fallback``) while torch.compile traces or a
+functorch transform is active.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def native_fast(spec: Any, fallback: Callable[..., Any]) -> Callable[..., Any] |
             return fallback(*a, **k)
         args = kernel_args(*a, **k)
         if grad_enabled() and any_requires_grad(*args):
-            return pick(train(*args))
+            return train(*args)
         return pick(fwd(*args))
 
     call.__name__ = call.__qualname__ = f"{name}_cuda_native"
