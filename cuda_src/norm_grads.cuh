@@ -208,12 +208,13 @@ inline cudaError_t launch_norm_bwd(bool vec, int64_t n, F&& go) {
 
 // Blocks of a backward's persistent grid for the dx kernel `kernel` at `threads` threads a block and `smem` bytes of
 // dynamic shared memory: as many as stay resident on every SM at once (what its registers allow; a grid past that
-// runs a second wave), at most one per 8 rows beyond a block an SM, never more than the rows. The occupancy is read
-// once per kernel, block size, shared memory and device.
+// runs a second wave), at most one per 8 rows beyond a block an SM, never more than the rows. The occupancy and the
+// SM count are read once per kernel, block size, shared memory and device (the host pays for every call of a
+// training step).
 inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int64_t rows) {
   struct Seen {
     const void* kernel;
-    int threads, dev, per_sm;
+    int threads, dev, per_sm, sms;
     size_t smem;
   };
   static std::mutex mu;
@@ -225,7 +226,7 @@ inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int
     const std::lock_guard<std::mutex> lock(mu);
     for (int i = 0; i < count && !per_sm; ++i)
       if (seen[i].kernel == kernel && seen[i].threads == threads && seen[i].smem == smem && seen[i].dev == dev)
-        per_sm = seen[i].per_sm;
+        per_sm = seen[i].per_sm, sms = seen[i].sms;
   }
   if (!per_sm) {
     if (allow_smem(kernel, smem) != cudaSuccess ||
@@ -233,10 +234,10 @@ inline int64_t resident_blocks(const void* kernel, int threads, size_t smem, int
       cudaGetLastError();  // the launch reports a kernel that cannot run; one block an SM here
       per_sm = 1;
     }
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     const std::lock_guard<std::mutex> lock(mu);
-    if (count < 256) seen[count++] = {kernel, threads, dev, per_sm, smem};
+    if (count < 256) seen[count++] = {kernel, threads, dev, per_sm, sms, smem};
   }
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   // Every block writes a row of partial sums that the reduction reads back: at least 8 rows a block, where that still
   // leaves a block an SM (8192 rows of 768 at 17 blocks an SM: 2244 partials rows, 37 % more bytes than the rows).
   const int64_t resident = (int64_t)sms * per_sm, by_rows = (rows + 7) / 8 > sms ? (rows + 7) / 8 : sms;
