@@ -54,16 +54,20 @@ def verdict(case: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     ours = best(rows, case["ours"])
     if ours is None:
         return dict(out, why=f"no correct timing of {'/'.join(case['ours'])}", holds=False)
-    out.update(best=ours.impl, best_us=round(float(ours.caller_us), 1),
-               copy=None if pd.isna(ours.frac_copy) else round(float(ours.frac_copy), 3))
+    out.update(best=ours.impl, best_us=round(float(ours.caller_us), 1))
+    # A row's frac_copy is its kernel time's (the p50); the copy bar is the caller's: the copy time of these bytes
+    # (frac_copy x p50) over the caller time.
     kernel_us = ours.get("p50_us")
-    if out["copy"] is not None and pd.notna(kernel_us) and kernel_us > 0:
-        out["kernel_copy"] = round(float(ours.frac_copy * ours.caller_us / kernel_us), 3)
+    if pd.notna(ours.frac_copy) and pd.notna(kernel_us) and kernel_us > 0:
+        copy_us = float(ours.frac_copy * kernel_us)
+        out.update(copy=round(copy_us / float(ours.caller_us), 3), kernel_copy=round(float(ours.frac_copy), 3))
+    else:
+        out["copy"] = None
     bars = []
     if "copy_at_least" in case:
         bars.append(out["copy"] is not None and out["copy"] >= case["copy_at_least"])
-        if out["copy"] is not None:  # the caller time the bar asks for: the copy time of these bytes over the bar
-            out["bar_us"] = round(float(ours.frac_copy * ours.caller_us / case["copy_at_least"]), 1)
+        if out["copy"] is not None and case["copy_at_least"] > 0:  # the caller time the bar asks for
+            out["bar_us"] = round(copy_us / case["copy_at_least"], 1)
     for key, tiers in (("vs_eager_at_least", ("eager",)), ("vs_compilers_at_least", COMPILERS)):
         if key not in case:
             continue

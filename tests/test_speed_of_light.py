@@ -17,7 +17,8 @@ from tiered_ops.sweep.live import grid_problem, load_grid  # noqa: E402
 
 
 def _rows(*rows):
-    return pd.DataFrame([dict(impl=i, tier=t, ok=ok, caller_us=us, frac_copy=f, reason=r)
+    """Rows whose kernel time is their caller time (GPU-bound); frac_copy is the kernel's, as the harness stores it."""
+    return pd.DataFrame([dict(impl=i, tier=t, ok=ok, caller_us=us, p50_us=us, frac_copy=f, reason=r)
                          for i, t, ok, us, f, r in rows])
 
 
@@ -51,13 +52,15 @@ def test_a_bar_missed_or_a_rival_pruned_or_missing_is_said():
     assert v["holds"] is False and "triton/cuda" in v["why"]
 
 
-def test_the_kernel_fraction_and_the_bar_time_come_from_the_best_row():
-    rows = _rows(("triton", "triton", True, 100.0, 0.6, ""), ("eager", "eager", True, 140.0, 0.5, ""))
+def test_the_copy_fraction_is_the_callers_and_the_kernel_fraction_the_rows():
+    rows = _rows(("triton", "triton", True, 100.0, 0.9, ""), ("eager", "eager", True, 140.0, 0.5, ""))
     rows["p50_us"] = [50.0, 140.0]
     v = sol.verdict(CASE, rows)
-    # 0.6 of copy at 100 us caller: 1.2 of it by the kernel's 50 us; the copy bar (0.75) asks for 80 us
-    assert (v["kernel_copy"], v["bar_us"], v["holds"]) == (1.2, 80.0, False)
-    assert "kernel_copy" not in sol.verdict(CASE, rows.drop(columns="p50_us"))
+    # the kernel's 50 us at 0.9 of copy: the bytes' copy time is 45 us, 0.45 of the 100 us caller time; the copy bar
+    # (0.75) asks for a caller time of 60 us
+    assert (v["copy"], v["kernel_copy"], v["bar_us"], v["holds"]) == (0.45, 0.9, 60.0, False)
+    v = sol.verdict(CASE, rows.drop(columns="p50_us"))
+    assert v["copy"] is None and "kernel_copy" not in v and v["holds"] is False
 
 
 def test_a_host_floor_above_the_bar_time_is_said_where_the_bar_fails():
