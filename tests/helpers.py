@@ -108,6 +108,12 @@ def builtin_ops() -> list:
     return [s for s in all_ops() if s.reference.__module__.startswith("tiered_ops.ops.")]
 
 
+def cpp_node_name(op: str) -> str:
+    """The name of the C++ autograd node an op's CUDA wrapper records where it declares one (cuda_src/<op>.cpp's
+    State::kName: rms_norm -> RmsNormNode)."""
+    return "".join(w.title() for w in op.split("_")) + "Node"
+
+
 def device_for(impl: str) -> torch.device:
     return torch.device("cuda") if HAS_CUDA or impl == "cuda" else torch.device("cpu")
 

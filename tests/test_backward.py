@@ -8,6 +8,7 @@ from helpers import (
     assert_matches,
     aten_ops,
     builtin_ops,
+    cpp_node_name,
     device_for,
     gpu,
     impls_of,
@@ -103,9 +104,8 @@ def test_kernel_tier_backward_is_its_own_kernel(op, impl):
         torch.autograd.backward(y, [torch.randn_like(t) for t in y] if isinstance(y, tuple) else torch.randn_like(y))
     grad_fn = (y[0] if isinstance(y, tuple) else y).grad_fn
     node = type(grad_fn).__name__
-    cpp_node = "".join(w.title() for w in op.split("_")) + "Node"  # cuda_src/<op>.cpp's, where it declares one
     own_node = (node.startswith(f"{op}_{impl}_fast") or f"tiered_ops_{op}_{impl}_default" in node
-                or grad_fn.name() == cpp_node)
+                or grad_fn.name() == cpp_node_name(op))
     assert any(f"{op}_bwd_{impl}" in s for s in seen) or own_node, (node, seen)
     assert not any(s.startswith(("aten._softmax_backward", "aten._log_softmax_backward"))
                    or "native_layer_norm_backward" in s for s in seen), seen

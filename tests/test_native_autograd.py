@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from helpers import gpu
+from helpers import cpp_node_name, gpu
 
 from tiered_ops.tiers import cuda_ext, native
 from tiered_ops.tiers.catalog import all_ops, get_op
@@ -135,8 +135,7 @@ def test_the_node_is_cpp_and_made_only_where_a_gradient_is_needed(op):
     x = args[0].detach().requires_grad_()
     out = node(x, *args[1:], **kwargs)
     first = out[0] if isinstance(out, tuple) else out
-    cpp_node = "".join(w.title() for w in op.split("_")) + "Node"  # cuda_src/<op>.cpp's State::kName
-    assert first.grad_fn is not None and first.grad_fn.name() == cpp_node, first.grad_fn.name()
+    assert first.grad_fn is not None and first.grad_fn.name() == cpp_node_name(op), first.grad_fn.name()
     assert not isinstance(first.grad_fn, torch.autograd.function.BackwardCFunction)  # not a Python Function's
     with torch.no_grad():
         out = node(x, *args[1:], **kwargs)

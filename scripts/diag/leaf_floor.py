@@ -8,9 +8,8 @@ round's host figure. Run on a GPU with the extension built: PYTHONPATH=. python 
 import argparse
 
 import torch
-from train_paths import case, training_paths  # this folder's: the same cases and paths
+from train_paths import case, step_of, training_paths  # this folder's: the same cases, paths and steps
 
-from tiered_ops.measure.gate import grad_output
 from tiered_ops.measure.timing import time_call
 from tiered_ops.tiers import cuda_ext
 
@@ -33,9 +32,7 @@ def main() -> None:
         for k in (1, len(leaves)):
             steps[("null", k)] = null_step(leaves[:k])
             for name, fn in paths.items():
-                dy = grad_output(fn(*ginp.args, **ginp.kwargs), 0)
-                steps[(name, k)] = (lambda fn=fn, k=k, dy=dy:
-                                    torch.autograd.grad(fn(*ginp.args, **ginp.kwargs), leaves[:k], dy))
+                steps[(name, k)] = step_of(fn, ginp, leaves[:k])
         for s in steps.values():
             for _ in range(5):
                 s()
