@@ -6,13 +6,19 @@
 // 0.43 of the DRAM peak where this one reached 0.59 (benchmarks/PERF_LOG.md).
 // With r = rsqrt(mean(x^2) + eps) and g = dy * (w + w_offset): dx = r * (g - x * r^2 * mean(g * x)) (+ ds for
 // fused_add_rms_norm, whose r is the forward's saved rstd and whose x is the saved sum s); dw partials: dy * x * r.
+// With a ring (a block with more than one row, where two blocks an SM still fit): each thread copies its packs of the
+// block's next two rows into shared memory (async_copy.cuh) while it works on this one, so the row's loads are in
+// flight through the reductions and stores; without it a block's loads stop from a row's reduction to its next row.
 #pragma once
+#include "async_copy.cuh"
 #include "line_rows.cuh"
 #include "norm_grads.cuh"
 
 namespace tiered_ops {
 
 constexpr int kRmsBwdThreads = 320;  // a row of 5120 16-bit elements; 2 blocks an SM at <= 102 registers
+constexpr int kRmsBwdRingStages = 2;  // rows a block has in flight ahead of the one it works on
+constexpr size_t kRmsBwdRingMax = 100u << 10;  // ring bytes a block, at most: two blocks an SM
 
 // Threads of the backward v2 for rows of n elements in packs of V (16 elements a thread, a multiple of 32); 0 where v2
 // does not apply (rows of more than kRmsBwdThreads x 16 elements, or not a multiple of V).
@@ -22,15 +28,47 @@ inline int rms_bwd_v2_threads(int64_t n, int V) {
   return n % V != 0 || t > kRmsBwdThreads ? 0 : (int)t;
 }
 
+// The ring's bytes for rows of n elements on `threads` threads (kRmsBwdRingStages rows of x, dy and, with ADD, ds); 0
+// where it would not leave two blocks an SM.
+template <typename T, bool ADD>
+inline size_t rms_bwd_ring_bytes(int threads) {
+  const size_t b = (size_t)kRmsBwdRingStages * (ADD ? 3 : 2) * (16 / Pack<T>::N) * threads * sizeof(Pack<T>);
+  return b > kRmsBwdRingMax ? 0 : b;
+}
+
 // K = 16 / V packs a thread. ADD: fused_add_rms_norm (x is s, r is rstd_in[row], ds added to dx); else rms_norm (r
 // from the row's sum of squares; ds and rstd_in unused). pw: the block's row of dw partials (null without a weight).
-template <typename T, int K, bool ADD>
+// RING: the rows come through the ring in dynamic shared memory (rms_bwd_ring_bytes).
+template <typename T, int K, bool ADD, bool RING>
 __global__ void __launch_bounds__(kRmsBwdThreads, 2) rms_bwd_v2_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ ds,
     const float* __restrict__ rstd_in, T* __restrict__ dx, float* __restrict__ pw, int64_t rows, int n, float eps,
     float w_offset) {
-  constexpr int V = Pack<T>::N;
+  constexpr int V = Pack<T>::N, NT = ADD ? 3 : 2;
   __shared__ float smem[64];
+  extern __shared__ __align__(16) unsigned char ring_raw[];
+  Pack<T>* const ring = reinterpret_cast<Pack<T>*>(ring_raw);
+  const int nt = (int)blockDim.x, tid = (int)threadIdx.x;
+  // Slot of tensor t (x, dy, ds), pack k of this thread, in stage st: only this thread writes and reads it.
+  auto slot = [&](int st, int t, int k) { return ring + ((st * NT + t) * K + k) * nt + tid; };
+  auto fetch = [&](int64_t r, int st) {  // row r's packs into stage st, one group (empty past the last row)
+    if (r < rows) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = (k * nt + tid) * V;
+        if (i < n) {
+          async_copy16(slot(st, 0, k), x + r * n + i);
+          async_copy16(slot(st, 1, k), dy + r * n + i);
+          if constexpr (ADD) async_copy16(slot(st, 2, k), ds + r * n + i);
+        }
+      }
+    }
+    async_copy_commit();
+  };
+  if constexpr (RING) {
+#pragma unroll
+    for (int st = 0; st < kRmsBwdRingStages; ++st) fetch(blockIdx.x + (int64_t)st * gridDim.x, st);
+  }
   float wv[K][V], aw[K][V];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -39,12 +77,26 @@ __global__ void __launch_bounds__(kRmsBwdThreads, 2) rms_bwd_v2_kernel(
 #pragma unroll
     for (int j = 0; j < V; ++j) wv[k][j] = w ? wv[k][j] + w_offset : 1.f, aw[k][j] = 0.f;
   }
+  int st = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const LineRow row{r * n, n};
     Pack<T> qx[K], qd[K], qe[K];  // raw; zero past the row's end, so they add nothing to the sums
-    row.load<K, V>(x, qx);
-    row.load<K, V>(dy, qd);
-    if constexpr (ADD) row.load<K, V>(ds, qe);
+    if constexpr (RING) {
+      async_copy_wait<kRmsBwdRingStages - 1>();  // this row's group landed; the later rows' may be in flight
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const bool in = (k * nt + tid) * V < n;
+        qx[k] = in ? *slot(st, 0, k) : Pack<T>{};
+        qd[k] = in ? *slot(st, 1, k) : Pack<T>{};
+        if constexpr (ADD) qe[k] = in ? *slot(st, 2, k) : Pack<T>{};
+      }
+      fetch(r + (int64_t)kRmsBwdRingStages * gridDim.x, st);  // the slots just read, for the row a ring ahead
+      st = st + 1 == kRmsBwdRingStages ? 0 : st + 1;
+    } else {
+      row.load<K, V>(x, qx);
+      row.load<K, V>(dy, qd);
+      if constexpr (ADD) row.load<K, V>(ds, qe);
+    }
     float rs = ADD ? rstd_in[r] : 0.f, ss = 0.f, gx = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -83,23 +135,38 @@ __global__ void __launch_bounds__(kRmsBwdThreads, 2) rms_bwd_v2_kernel(
   });
 }
 
-// The grid of rms_bwd_v2_kernel<T, ADD> for rows of n (0 where v2 does not apply): the blocks that stay resident, at
-// most the rows (norm_grads.cuh's resident_blocks).
+// The grid of rms_bwd_v2_kernel<T, ADD> for rows of n (0 where v2 does not apply): the blocks that stay resident with
+// the ring where it fits (without it where not), at most the rows (norm_grads.cuh's resident_blocks).
 template <typename T, bool ADD>
 inline int64_t rms_bwd_v2_grid(int64_t rows, int64_t n) {
   const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
   if (!threads) return 0;
-  return resident_blocks(reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, 16 / Pack<T>::N, ADD>), threads, 0, rows);
+  constexpr int K = 16 / Pack<T>::N;
+  const size_t ring = rms_bwd_ring_bytes<T, ADD>(threads);
+  const void* kernel = ring ? reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, true>)
+                            : reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, false>);
+  return resident_blocks(kernel, threads, ring, rows);
 }
 
-// rms_bwd_v2_kernel on `blocks` blocks (rms_bwd_v2_grid's), then the partials' reduction into dw (with a weight).
+// rms_bwd_v2_kernel on `blocks` blocks (rms_bwd_v2_grid's; through the ring where a block has more than one row and it
+// fits), then the partials' reduction into dw (with a weight).
 template <typename T, bool ADD>
 inline cudaError_t launch_rms_bwd_v2(const T* dy, const T* x, const T* w, const T* ds, const float* rstd_in, T* dx,
                                      float* dw_partial, T* dw, int64_t rows, int64_t n, float eps, int64_t blocks,
                                      float w_offset, cudaStream_t stream) {
+  constexpr int K = 16 / Pack<T>::N;
   float* pw = w ? dw_partial : nullptr;
-  rms_bwd_v2_kernel<T, 16 / Pack<T>::N, ADD><<<(unsigned)blocks, rms_bwd_v2_threads(n, Pack<T>::N), 0, stream>>>(
-      dy, x, w, ds, rstd_in, dx, pw, rows, (int)n, eps, w_offset);
+  const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
+  const size_t ring = rows > blocks ? rms_bwd_ring_bytes<T, ADD>(threads) : 0;
+  if (ring) {
+    const auto kernel = rms_bwd_v2_kernel<T, K, ADD, true>;
+    const cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), ring);
+    if (err != cudaSuccess) return err;
+    kernel<<<(unsigned)blocks, threads, ring, stream>>>(dy, x, w, ds, rstd_in, dx, pw, rows, (int)n, eps, w_offset);
+  } else {
+    rms_bwd_v2_kernel<T, K, ADD, false><<<(unsigned)blocks, threads, 0, stream>>>(dy, x, w, ds, rstd_in, dx, pw, rows,
+                                                                                 (int)n, eps, w_offset);
+  }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || w == nullptr) return err;
   return launch_reduce_partials<T>(pw, nullptr, dw, nullptr, blocks, n, stream);

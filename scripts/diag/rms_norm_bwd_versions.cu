@@ -3,7 +3,8 @@
 // rms_norm.cu, norm_grads.cuh, common.cuh and launchers.h (`git show <commit>:cuda_src/<file>`); build and run:
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I <version> -I scripts/diag \
 //     scripts/diag/rms_norm_bwd_versions.cu -o /tmp/bwd && VERSION=<name> [PER_SM=k] /tmp/bwd <rows> <n>
-// PER_SM: blocks an SM in the backward's persistent grid (default: binding.h's norm_bwd_blocks formula).
+// PER_SM: blocks an SM in the backward's persistent grid (default: the op's own, rms_norm_bwd_blocks). The line ends
+// with a checksum of dx and dw, bit for bit the same in two versions that compute the same.
 #include "rms_norm.cu"
 #include "diag_timing.cuh"
 using namespace tiered_ops;
@@ -13,10 +14,9 @@ int main(int argc, char** argv) {
   const int per_sm_env = getenv("PER_SM") ? atoi(getenv("PER_SM")) : 0;
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int t = 32;
-  while (t < (n + 7) / 8 && t < 1024) t *= 2;
-  const int per_sm = per_sm_env ? per_sm_env : std::min(2048 / t, 32);
-  const int64_t blocks = std::min<int64_t>(rows, (int64_t)sms * per_sm), m = rows * n;
+  const int64_t blocks = per_sm_env ? std::min<int64_t>(rows, (int64_t)sms * per_sm_env)
+                                    : rms_norm_bwd_blocks(rows, n, DType::BF16, true, false, false),
+                m = rows * n;
   __nv_bfloat16 *x, *dy, *dx, *w, *dw, *y;
   float* part;
   char* fl;
@@ -46,8 +46,14 @@ int main(int argc, char** argv) {
   const float fwd = timed([&] { CK(rms_norm_fwd(x, w, y, rows, n, 1e-6f, DType::BF16, 0, 0.f, false, false)); });
   const float cp = timed([&] { CK(cudaMemcpyAsync(dx, x, m * 2, cudaMemcpyDeviceToDevice)); });
   const double copy_rate = 2.0 * m * 2 / cp;  // bytes per us
-  printf("%s %lldx%lld blocks %lld (per SM %d): bwd %.1f us (%.3f of copy), fwd %.1f us (%.3f), copy %.1f us\n",
-         getenv("VERSION") ? getenv("VERSION") : "?", (long long)rows, (long long)n, (long long)blocks, per_sm, bwd,
-         3.0 * m * 2 / bwd / copy_rate, fwd, 2.0 * m * 2 / fwd / copy_rate, cp);
+  CK(rms_norm_bwd(dy, x, w, dx, part, dw, rows, n, 1e-6f, blocks, DType::BF16, 0, 0.f, false, false));
+  std::vector<uint16_t> h(m + n);
+  CK(cudaMemcpy(h.data(), dx, m * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h.data() + m, dw, n * 2, cudaMemcpyDeviceToHost));
+  uint64_t sum = 1469598103934665603ull;  // FNV-1a over the bits of dx, then dw
+  for (uint16_t v : h) sum = (sum ^ v) * 1099511628211ull;
+  printf("%s %lldx%lld blocks %lld: bwd %.1f us (%.3f of copy), fwd %.1f us (%.3f), copy %.1f us; sum %016llx\n",
+         getenv("VERSION") ? getenv("VERSION") : "?", (long long)rows, (long long)n, (long long)blocks, bwd,
+         3.0 * m * 2 / bwd / copy_rate, fwd, 2.0 * m * 2 / fwd / copy_rate, cp, (unsigned long long)sum);
   return 0;
 }
