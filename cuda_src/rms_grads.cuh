@@ -29,9 +29,14 @@ inline int rms_bwd_v2_threads(int64_t n, int V) {
 }
 
 // The ring's bytes for rows of n elements on `threads` threads (kRmsBwdRingStages rows of x, dy and, with ADD, ds); 0
-// where it would not leave two blocks an SM.
+// where it would not leave two blocks an SM, and for fp32 with ADD (its three rows of 4 packs a thread spill at the
+// 102 registers two blocks of 320 threads allow).
+template <typename T, bool ADD>
+constexpr bool kRmsBwdRing = !(ADD && sizeof(T) == 4);
+
 template <typename T, bool ADD>
 inline size_t rms_bwd_ring_bytes(int threads) {
+  if constexpr (!kRmsBwdRing<T, ADD>) return 0;
   const size_t b = (size_t)kRmsBwdRingStages * (ADD ? 3 : 2) * (16 / Pack<T>::N) * threads * sizeof(Pack<T>);
   return b > kRmsBwdRingMax ? 0 : b;
 }
@@ -135,6 +140,17 @@ __global__ void __launch_bounds__(kRmsBwdThreads, 2) rms_bwd_v2_kernel(
   });
 }
 
+// rms_bwd_v2_kernel<T, K, ADD, true> allowed kRmsBwdRingMax bytes of dynamic shared memory where a ring of `ring` bytes
+// and its static 256 go past the 48 KB a launch has without asking (norm_grads.cuh's allow_smem counts the dynamic
+// bytes alone); always the most, so that a launch of a shorter row never lowers it under a longer one's.
+template <typename T, bool ADD>
+inline cudaError_t allow_ring(size_t ring) {
+  if constexpr (!kRmsBwdRing<T, ADD>) return cudaSuccess;
+  if (ring + 64 * sizeof(float) <= (48u << 10)) return cudaSuccess;
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, 16 / Pack<T>::N, ADD, true>),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kRmsBwdRingMax);
+}
+
 // The grid of rms_bwd_v2_kernel<T, ADD> for rows of n (0 where v2 does not apply): the blocks that stay resident with
 // the ring where it fits (without it where not), at most the rows (norm_grads.cuh's resident_blocks).
 template <typename T, bool ADD>
@@ -142,10 +158,13 @@ inline int64_t rms_bwd_v2_grid(int64_t rows, int64_t n) {
   const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
   if (!threads) return 0;
   constexpr int K = 16 / Pack<T>::N;
-  const size_t ring = rms_bwd_ring_bytes<T, ADD>(threads);
-  const void* kernel = ring ? reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, true>)
-                            : reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, false>);
-  return resident_blocks(kernel, threads, ring, rows);
+  if constexpr (kRmsBwdRing<T, ADD>) {
+    const size_t ring = rms_bwd_ring_bytes<T, ADD>(threads);
+    if (ring && allow_ring<T, ADD>(ring) == cudaSuccess)
+      return resident_blocks(reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, true>), threads, ring, rows);
+    cudaGetLastError();  // the ring refused: the grid without it
+  }
+  return resident_blocks(reinterpret_cast<const void*>(rms_bwd_v2_kernel<T, K, ADD, false>), threads, 0, rows);
 }
 
 // rms_bwd_v2_kernel on `blocks` blocks (rms_bwd_v2_grid's; through the ring where a block has more than one row and it
@@ -158,12 +177,15 @@ inline cudaError_t launch_rms_bwd_v2(const T* dy, const T* x, const T* w, const 
   float* pw = w ? dw_partial : nullptr;
   const int threads = rms_bwd_v2_threads(n, Pack<T>::N);
   const size_t ring = rows > blocks ? rms_bwd_ring_bytes<T, ADD>(threads) : 0;
-  if (ring) {
-    const auto kernel = rms_bwd_v2_kernel<T, K, ADD, true>;
-    const cudaError_t err = allow_smem(reinterpret_cast<const void*>(kernel), ring);
-    if (err != cudaSuccess) return err;
-    kernel<<<(unsigned)blocks, threads, ring, stream>>>(dy, x, w, ds, rstd_in, dx, pw, rows, (int)n, eps, w_offset);
-  } else {
+  if constexpr (kRmsBwdRing<T, ADD>) {
+    if (ring) {
+      const cudaError_t err = allow_ring<T, ADD>(ring);
+      if (err != cudaSuccess) return err;
+      rms_bwd_v2_kernel<T, K, ADD, true><<<(unsigned)blocks, threads, ring, stream>>>(dy, x, w, ds, rstd_in, dx, pw,
+                                                                                     rows, (int)n, eps, w_offset);
+    }
+  }
+  if (!ring) {
     rms_bwd_v2_kernel<T, K, ADD, false><<<(unsigned)blocks, threads, 0, stream>>>(dy, x, w, ds, rstd_in, dx, pw, rows,
                                                                                  (int)n, eps, w_offset);
   }
