@@ -1,6 +1,6 @@
 // What the standalone diagnostics (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu,
-// rms_norm_bwd_versions.cu) share: a CUDA call checked (the file, line and error, then exit), their inputs filled, and a
-// launch's kernel time as their tables give it.
+// rms_norm_bwd_versions.cu, layer_norm_bwd_ring.cu) share: a CUDA call checked (the file, line and error, then exit),
+// their inputs filled, and a launch's kernel time as their tables give it.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
