@@ -1,6 +1,8 @@
-"""Every CUDA kernel file compiles with plain nvcc (no torch headers), with no register spills."""
+"""Every CUDA kernel file compiles with plain nvcc (no torch headers), with no register spills; the GPU diagnostics
+build against them."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,17 @@ def test_compiles_without_spills(cu):
     kernels = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
     assert kernels and len(spills) == len(kernels), r.stderr[-2000:]
     assert sum(spills) == 0, r.stderr
+
+
+DIAG = CUDA_SRC.parent / "scripts" / "diag"
+
+
+@pytest.mark.parametrize("cu", sorted(DIAG.glob("*.cu")), ids=lambda p: p.name)
+def test_the_standalone_diagnostics_build_against_the_kernels_as_they_are(cu, tmp_path):
+    """The GPU diagnostics (scripts/diag/*.cu, run by hand on a GPU) include the op's kernel files: a change there
+    that breaks one is found here, not on the GPU. Built as their headers say, for sm_90a."""
+    assert NVCC, "nvcc not found: the CUDA kernel files must compile on every machine that runs the tests"
+    r = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I", str(CUDA_SRC),
+                        "-I", str(DIAG), str(cu), "-o", str(tmp_path / "d.o")], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
