@@ -22,11 +22,14 @@ def _out_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def nvcc_object(cu: Path) -> tuple[subprocess.CompletedProcess, Path]:
-    """``cu`` compiled for sm_90 at -O3 with ptxas's report (-Xptxas -v): the run (its stderr holds the report) and
-    the object file. Built once per process; the caller asserts NVCC first."""
+def nvcc_object(cu: Path, arch: str = "90",
+                includes: tuple[Path, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
+    """``cu`` compiled for sm_``arch`` (``90a`` for the diagnostics' cluster and async-copy code) at -O3 with ptxas's
+    report (-Xptxas -v), ``includes`` on the include path: the run (its stderr holds the report) and the object file.
+    Built once per process; the caller asserts NVCC first."""
     assert NVCC, "nvcc not found"
-    obj = _out_dir() / f"{cu.parent.name}-{cu.stem}.o"
-    r = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Xptxas", "-v",
-                        str(cu), "-o", str(obj)], capture_output=True, text=True, timeout=600)
+    obj = _out_dir() / f"{cu.parent.name}-{cu.stem}-{arch}.o"
+    flags = [f for d in includes for f in ("-I", str(d))]
+    r = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas",
+                        "-v", *flags, str(cu), "-o", str(obj)], capture_output=True, text=True, timeout=600)
     return r, obj

@@ -2,7 +2,6 @@
 build against them."""
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,11 +28,9 @@ DIAG = CUDA_SRC.parent / "scripts" / "diag"
 
 
 @pytest.mark.parametrize("cu", sorted(DIAG.glob("*.cu")), ids=lambda p: p.name)
-def test_the_standalone_diagnostics_build_against_the_kernels_as_they_are(cu, tmp_path):
+def test_the_standalone_diagnostics_build_against_the_kernels_as_they_are(cu):
     """The GPU diagnostics (scripts/diag/*.cu, run by hand on a GPU) include the op's kernel files: a change there
     that breaks one is found here, not on the GPU. Built as their headers say, for sm_90a."""
     assert NVCC, "nvcc not found: the CUDA kernel files must compile on every machine that runs the tests"
-    r = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I", str(CUDA_SRC),
-                        "-I", str(DIAG), str(cu), "-o", str(tmp_path / "d.o")], capture_output=True, text=True,
-                       timeout=600)
+    r, _ = nvcc_object(cu, arch="90a", includes=(CUDA_SRC, DIAG))
     assert r.returncode == 0, r.stderr[-3000:]
