@@ -55,6 +55,20 @@ def test_idle_timing_of_a_small_op_has_a_spread():
     assert statistics.median(blocks) >= timing.CPU_MIN_BLOCK_S
 
 
+def test_one_preempted_call_does_not_set_the_block_size():
+    x, first = torch.randn(4096), [True]
+
+    def fn():
+        if first[0]:  # the first timed call stalls as a preempted one would, far past a block's length
+            first[0] = False
+            time.sleep(4 * timing.CPU_MIN_BLOCK_S)
+        return x.mul(1.0001)
+
+    blocks, calls, _ = timing.cpu_blocks(fn)
+    assert calls > 1, (calls, blocks[:5])
+    assert statistics.median(blocks) >= timing.CPU_MIN_BLOCK_S
+
+
 def test_contention_signals():
     assert timing.contention(FINE, 100, 0.0, 9.0, 10.0) is None
     assert timing.contention(FINE, 100, None) is None  # no schedstat, no probe: nothing to say
