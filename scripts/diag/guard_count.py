@@ -7,6 +7,7 @@ graph guards that the stock one does not. One variant per process (a fresh dynam
     PYTHONPATH=$PWD python3 scripts/diag/guard_count.py --model llama --variant patched --show 40
     PYTHONPATH=$PWD python3 scripts/diag/guard_count.py --layers 4     # 4 decoder layers: the per-layer part is the
                                                                         # difference from 2 layers' count, halved
+    PYTHONPATH=$PWD python3 scripts/diag/guard_count.py --train        # a training step's graph (grad on, backward)
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def group(src: str) -> str:
     return src[: len("L['self']") + sum(len(s) for s in steps[:4])] if steps else src
 
 
-def measure(model: str, variant: str, layers: int = 2) -> dict:
+def measure(model: str, variant: str, layers: int = 2, train: bool = False) -> dict:
     """Compile ``model`` and call it on one token (a decode step's shapes; no KV cache: ``use_cache=False``, the
     cache's own guards are the same for both variants), twice, then read the guards of its forward's cache entries.
+    ``train``: a training step instead (8 tokens, grad on, the loss against labels, its backward).
     Tuning is off (``TIERED_OPS_TUNE=0`` unless set): the patched trace takes the eager tier, with no stored
     decision, as a first compile does."""
     os.environ.setdefault("TIERED_OPS_TUNE", "0")
@@ -81,12 +83,16 @@ def measure(model: str, variant: str, layers: int = 2) -> dict:
     m = tiny(model, layers)
     if variant == "patched":
         tiered_ops.patch(m)
-    ids = torch.randint(0, m.config.vocab_size, (1, 1))
+    ids = torch.randint(0, m.config.vocab_size, (1, 8 if train else 1))
     torch._dynamo.reset()
     compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
-    with torch.no_grad():
-        compiled(ids, use_cache=False)
-        compiled(ids, use_cache=False)  # a second call: recompiles would show as more cache entries
+    for _ in range(2):  # a second call: recompiles would show as more cache entries
+        if train:
+            m.train()
+            compiled(ids, labels=ids, use_cache=False).loss.backward()
+        else:
+            with torch.no_grad():
+                compiled(ids, use_cache=False)
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     return dict(model=model, variant=variant, lines=guard_lines(m.forward),
@@ -129,10 +135,11 @@ def main() -> int:
     p.add_argument("--variant", choices=("stock", "patched"))
     p.add_argument("--show", type=int, default=25, help="lines of each list printed")
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the tiny models")
+    p.add_argument("--train", action="store_true", help="a training step (grad on, loss, backward), not a decode step")
     p.add_argument("--json", action="store_true", help="(a child) print the measurement as JSON")
     a = p.parse_args()
     if a.model and a.variant:
-        r = measure(a.model, a.variant, a.layers)
+        r = measure(a.model, a.variant, a.layers, a.train)
         if a.json:
             print(json.dumps(r))
         else:
@@ -142,7 +149,7 @@ def main() -> int:
         got = {}
         for variant in ("stock", "patched"):
             out = subprocess.run([sys.executable, __file__, "--model", model, "--variant", variant, "--json",
-                                  "--layers", str(a.layers)],
+                                  "--layers", str(a.layers), *(["--train"] if a.train else [])],
                                  capture_output=True, text=True, check=True, env=dict(os.environ))
             got[variant] = json.loads(out.stdout.strip().splitlines()[-1])
         report(got["stock"], got["patched"], a.show)
