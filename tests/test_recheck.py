@@ -6,7 +6,7 @@ import torch
 from helpers import HAS_CUDA
 
 from tiered_ops.measure import recheck
-from tiered_ops.store.rows import CONTENDED, PRUNED
+from tiered_ops.store.rows import CONTENDED, PRUNED, UNGATED
 from tiered_ops.store.store import Store
 from tiered_ops.sweep.bench import sweep
 from tiered_ops.tiers.catalog import get_op
@@ -26,6 +26,25 @@ def test_a_launch_bound_row_near_the_fastest_asks_for_every_usable_row():
             row("compile", 7.0, 51.0, reason=PRUNED + "slower"), row("liger", 7.8, 66.0, reason=CONTENDED + "busy"),
             row("cuda_c", 8.0, 12.0, context="compiled")]
     assert [r["impl"] for r in recheck.candidates(rows)] == ["eager", "cuda", "triton"]
+
+
+def test_rivals_timed_in_another_run_near_the_fastest_are_taken_with_them():
+    """A sweep resumed after the CUDA source changed times the kernel again, not Triton's row pruned (or timed and
+    never gated) days before on another host: the check compares the two, so the side-by-side rounds time both."""
+    ungated = UNGATED + "never chosen"
+    rows = [row("eager", 24.9, 194.0), row("cuda", 16.9, 157.0),
+            row("triton", 13.4, 300.0, ok=0, reason=PRUNED + "slower"),  # within REACH of cuda's 157
+            row("compile", 13.9, 330.0, ok=0, reason=ungated),
+            row("liger", 17.8, 320.0, ok=0, reason=CONTENDED + "busy"),  # flagged: never used, never re-timed
+            row("triton_b", 13.4, 157.0 * recheck.REACH * 1.01, ok=0, reason=ungated),  # beyond reach
+            row("cuda_c", 13.0, 200.0, ok=0, reason="wrong: rel error 3e-1")]  # failed its gate
+    assert [r["impl"] for r in recheck.candidates(rows)] == ["eager", "cuda", "triton", "compile"]
+    # the rivals do not start a re-timing: a kernel-bound case stays as timed
+    assert recheck.candidates([row("cuda", 50.0, 20.0), row("eager", 60.0, 20.0),
+                               row("triton", 40.0, 55.0, ok=0, reason=ungated)]) == []
+    # timed together already, rivals included: nothing to do
+    done = [dict(r, origin=recheck.ORIGIN + "x") for r in rows[:4]]
+    assert recheck.candidates(done) == []
 
 
 def test_kernel_bound_cases_and_far_launch_bound_rows_ask_for_nothing():

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..registry import OpSpec, Problem
-from ..store.rows import pruned, usable
+from ..store.rows import contended, pruned, ungated, usable
 from .timing import batch_times_us, no_gc, quantile, sync
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, measure: Ca
 ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
 HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
 WITHIN = 1.5  # a launch-sensitive row this close to the fastest (caller time) asks for the case's rows to be re-timed
+# A rival timed but never gated, or pruned after a short timing, this close to the fastest is re-timed with them: the
+# reports and the territories' check compare a CUDA kernel with such rows, and one timed in another run (a sweep
+# resumed after a source changed re-times only that implementation) can be on a host 1.5-1.9x slower or faster.
+REACH = WITHIN * HOST_SWING
 ROUNDS = 7
 BATCH_S = 0.004  # host time of one candidate's batch in a round
 
@@ -58,16 +62,20 @@ def launch_sensitive(r: dict[str, Any]) -> bool:
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of one case (fresh, the newest per implementation) to time again side by side: every usable eager
     caller's GPU row (``usable``, timed in full: not pruned, with host spread), when at least two exist and one
-    that is launch-sensitive (``launch_sensitive``) lies within ``WITHIN`` of the fastest; else none. None
-    either where they were all timed side by side already (their origin says so)."""
-    rows = [r for r in rows if usable(r) and not pruned(r) and r.get("host_p80_us") is not None
-            and (r.get("context") or "eager") == "eager"]
-    if len(rows) < 2 or all(str(r.get("origin") or "").startswith(ORIGIN) for r in rows):
+    that is launch-sensitive (``launch_sensitive``) lies within ``WITHIN`` of the fastest; with them the rivals timed
+    but not gated or pruned (correct where gated, not flagged as contended) within ``REACH`` of the fastest; else
+    none. None either where they were all timed side by side already (their origin says so)."""
+    eager = [r for r in rows if r.get("host_p80_us") is not None and (r.get("context") or "eager") == "eager"]
+    full = [r for r in eager if usable(r) and not pruned(r)]
+    if len(full) < 2:
         return []
-    best = min(r["caller_us"] for r in rows)
-    if not any(launch_sensitive(r) and r["caller_us"] <= WITHIN * best for r in rows):
+    best = min(r["caller_us"] for r in full)
+    if not any(launch_sensitive(r) and r["caller_us"] <= WITHIN * best for r in full):
         return []
-    return rows
+    near = [r for r in eager if r not in full and (pruned(r) or ungated(r)) and not contended(r)
+            and r.get("caller_us") is not None and r["caller_us"] <= REACH * best]
+    again = full + near
+    return [] if all(str(r.get("origin") or "").startswith(ORIGIN) for r in again) else again
 
 
 def side_by_side(spec: OpSpec, names: list[str], problem: Problem, dtype: torch.dtype, device: torch.device,
