@@ -46,7 +46,8 @@ def judged(files: list[str]) -> pd.DataFrame:
 def _fig(r: pd.Series) -> str:
     if r.verdict in ("failed", "no-compiler"):
         return r.verdict
-    return f"{r.ratio:.2f}/{r.need:.2f} {r.best_impl}{'' if r.verdict == 'wins' else ' ' + r.verdict}"
+    apart = "" if pd.isna(r.apart_h) else f" (apart {r.apart_h:.0f} h)"
+    return f"{r.ratio:.2f}/{r.need:.2f} {r.best_impl}{'' if r.verdict == 'wins' else ' ' + r.verdict}{apart}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     df = judged(args.results)
     files = list(dict.fromkeys(df.file))
     key = ["op", "impl", "problem", "dtype", "mode", "context"]
-    print("# Per case: best compiler tier time / CUDA time, over the bar (1 + margin + noise); verdict if not won\n")
+    print("# Per case: best compiler tier time / CUDA time, over the bar (1 + margin + noise); verdict if not won;")
+    print("# (apart N h): the two rows were timed N hours apart and one is launch-sensitive, so the ratio compares")
+    print("# the hosts of two runs as much as the implementations (a sweep's side-by-side rounds time them together)\n")
     for (op, impl), g in df.groupby(["op", "impl"], sort=False):
         print(f"## {op} {impl}\n")
         print("| case | rows | row length | " + " | ".join(files) + " | min headroom | territory |")
@@ -80,11 +83,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n# Candidates: cases at >= {args.headroom:.2f}x their bar on every file, outside every held territory\n")
     cand = df[~df.territory.isin([t.name for t in TERRITORIES if t.name not in RETIRED])]
     agg = cand.groupby(key, sort=False).agg(n=("file", "nunique"), low=("headroom", "min"),
-                                            territory=("territory", "first"), compared=("compared", "min"))
+                                            territory=("territory", "first"), compared=("compared", "min"),
+                                            apart=("apart_h", "max"))
     agg = agg[(agg.n == len(files)) & (agg.low >= args.headroom)]
     for k, r in agg.iterrows():
         alone = "" if "," in r.compared else f"; compared with {r.compared} alone (the other compiler tier failed)"
-        print(f"- {k[0]} {k[1]} {k[2]} {k[3]} {k[4]} {k[5]}: min headroom {r.low:.2f} (now in {r.territory}){alone}")
+        apart = "" if pd.isna(r.apart) else f"; against a row timed {r.apart:.0f} h apart (launch-sensitive)"
+        print(f"- {k[0]} {k[1]} {k[2]} {k[3]} {k[4]} {k[5]}: min headroom {r.low:.2f} (now in {r.territory}){alone}"
+              f"{apart}")
     if agg.empty:
         print("- none")
 

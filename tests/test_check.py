@@ -12,7 +12,7 @@ import pytest
 
 from tiered_ops.analysis import gpus
 from tiered_ops.analysis import territories as terr
-from tiered_ops.analysis.check import check, live_plan, report
+from tiered_ops.analysis.check import cases, check, live_plan, report
 from tiered_ops.analysis.territories import Territory, rows_and_len
 from tiered_ops.cli.cli import main
 from tiered_ops.tiers.catalog import all_ops, get_op
@@ -117,6 +117,23 @@ def test_a_compiler_tier_timed_but_never_gated_is_still_a_rival_and_a_failed_one
     df.loc[df.impl == "triton", "reason"] = "wrong output at 1x4096 seed 1: rel error 5e-01 > bound 1e-02"
     f = _only(_run(df), territory="softmax.small")
     assert f.kind == "defends" and "3.00x against a bar of 1.12x" in f.text  # compile's 300 us is the rival left
+
+
+def test_a_launch_bound_comparison_across_runs_says_how_far_apart_its_rows_are():
+    """``cases`` names the hours between the kernel's row and its rival's where one is launch-sensitive and they
+    come from runs over an hour apart (a resumed sweep re-times only a changed implementation): such a ratio
+    compares two hosts' states as much as the implementations."""
+    hour = 3600.0
+    launch = [_row("1x4096,dim=-1", "eager", 10.0, host=30.0), _row("1x4096,dim=-1", "triton", 8.0, host=40.0),
+              _row("1x4096,dim=-1", "cuda", 6.0, host=20.0, timestamp=1.0 + 84 * hour)]
+    (c,) = cases(pd.DataFrame(launch), [SPEC]).itertuples()
+    assert c.best_impl == "triton" and c.apart_h == pytest.approx(84.0)
+    same_run = [dict(r, timestamp=1.0 + 0.5 * hour) if r["impl"] == "cuda" else r for r in launch]
+    assert cases(pd.DataFrame(same_run), [SPEC]).apart_h.isna().all()
+    # kernel-bound rows compare across runs: the GPU's time does not follow the host's
+    kernel = [_row("1x4096,dim=-1", "triton", 80.0, host=20.0),
+              _row("1x4096,dim=-1", "cuda", 60.0, host=20.0, timestamp=1.0 + 84 * hour)]
+    assert cases(pd.DataFrame(kernel), [SPEC]).apart_h.isna().all()
 
 
 def test_no_cuda_rows_for_a_held_territory_fail():

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..decide.policy import margins
+from ..measure.recheck import launch_sensitive
 from ..registry import OpSpec, Tier
 from ..tiers.catalog import all_ops, get_op
 from .analysis import CASE, latest, unchecked, winners, with_context
@@ -96,8 +97,10 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     """Every fresh CUDA row of ``specs`` (default: the ops in ``df``) judged against the best compiler tier of its
     case: rows, row length, the kernel's and the best compiler tier's time, ratio (theirs over the kernel's),
     the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
-    not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), and the
-    compiler-tier implementations it was compared with."""
+    not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), the
+    compiler-tier implementations it was compared with, and ``apart_h``: the hours between the two rows compared,
+    where one is launch-sensitive (``recheck.launch_sensitive``: its caller time would follow the host's) and they
+    were timed over an hour apart, in different runs and maybe on different hosts (else None)."""
     specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
     m = margins()["cuda"]
     newest = latest(df)  # (with the eager context where a row names none)
@@ -118,7 +121,7 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
                 row = dict(device_key=r.device_key, op=spec.name, impl=impl.name, problem=r.problem, dtype=r.dtype,
                            mode=r.mode, context=r.context, rows=rows, row_len=n, cuda_us=r.caller_us,
                            best_impl=None, best_us=None, ratio=None, need=None, noise=None, verdict="failed",
-                           reason=None if r.ok == 1 else str(r.reason), compared=timed.get(key, ""))
+                           reason=None if r.ok == 1 else str(r.reason), compared=timed.get(key, ""), apart_h=None)
                 if r.ok == 1 and pd.notna(r.caller_us):
                     b = best.loc[key] if best is not None and key in best.index else None
                     if b is None:
@@ -128,11 +131,24 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
                         ratio = b.caller_us / r.caller_us
                         edge = ratio - (1 + m)
                         row.update(best_impl=b.impl, best_us=b.caller_us, ratio=ratio, need=1 + m + s, noise=s,
-                                   verdict="wins" if edge > s else "loses" if edge < -s else "ties")
+                                   verdict="wins" if edge > s else "loses" if edge < -s else "ties",
+                                   apart_h=_apart_h(r._asdict(), b.to_dict()))
                 out.append(row)
     cols = ["device_key", "op", "impl", "problem", "dtype", "mode", "context", "rows", "row_len", "cuda_us",
-            "best_impl", "best_us", "ratio", "need", "noise", "verdict", "reason", "compared"]
+            "best_impl", "best_us", "ratio", "need", "noise", "verdict", "reason", "compared", "apart_h"]
     return pd.DataFrame(out, columns=cols)
+
+
+APART_S = 3600.0  # rows timed further apart than this come from different runs
+
+
+def _apart_h(a: dict, b: dict) -> float | None:
+    """Hours between two rows' timings where one is launch-sensitive and they are ``APART_S`` or more apart, else
+    None: a launch-bound comparison across runs compares host states as much as implementations."""
+    ta, tb = _num(a.get("timestamp")), _num(b.get("timestamp"))
+    if ta is None or tb is None or abs(ta - tb) < APART_S or not (launch_sensitive(a) or launch_sensitive(b)):
+        return None
+    return abs(ta - tb) / 3600
 
 
 def _line(c: object) -> str:
