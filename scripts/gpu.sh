@@ -22,6 +22,7 @@
 #                 fleet (benchmarks/fleet.py: two tuning processes, one per GPU, on disjoint buckets through one
 #                 PostgreSQL server started here from the carried .whl-pg/ wheels, then a reader with tuning off on each
 #                 GPU; into $OUT/fleet/; a 1-GPU host runs both processes on cuda:0 and says so; FLEET_ARGS adds to it),
+#                 candidates (scripts/diag's kernel candidates against the ops' own launches, into candidates.txt),
 #                 peers (nothing: a call that carries one part of a peer tree, see below))
 # Peers: wheels under .whl/ (Liger-Kernel) and .whl-quack/ (quack and the CUTLASS DSL; its CUDA 13 library as a tarball
 # under .whl-cutlass/, in parts), downloaded by scripts/fetch_peers.sh, are installed into $PEER_TMP/site
@@ -469,6 +470,29 @@ PY
       # Where the Triton tier's per-call host time goes, layer by layer.
       echo "== diag: Triton launch paths"
       $PY scripts/diag/triton_launch.py 2>&1 | grep -v -E "UserWarning|warn_once" | tee "$OUT/diag.txt" || rc=1
+      ;;
+    candidates)
+      # The standalone candidates (scripts/diag/*.cu that time a kernel design against the op's own launch in one
+      # process) at the cases their benchmarks/PERF_LOG.md entries name, built for this GPU: one log. CAND_ONLY: one
+      # of them (layer_norm_bwd_ring, softmax_l2). Each case is cut at 120 s: a persistent candidate whose blocks are
+      # not all resident waits forever.
+      echo "== candidates"
+      arch=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
+      [ "$arch" -ge 90 ] && arch=${arch}a
+      declare -A cases=(
+        [layer_norm_bwd_ring]="8192,4096 2048,4096 8192,768 8192,2048 16384,4096,fp32 4096,5120"
+        [softmax_l2]="512,393216 4096,393216 512,393216,bf16 4096,65536 1024,131072 12,250000"
+      )
+      for name in ${CAND_ONLY:-layer_norm_bwd_ring softmax_l2}; do
+        echo "-- $name (sm_$arch)"
+        nvcc -O3 -std=c++17 -gencode=arch=compute_$arch,code=sm_$arch -I cuda_src -I scripts/diag \
+          "scripts/diag/$name.cu" -o "/tmp/$name" || { rc=1; continue; }
+        for c in ${cases[$name]}; do
+          [ "$(left)" -gt 20 ] || { echo "skipped $name $c: no time left before DEADLINE=$DEADLINE"; continue; }
+          timeout -k 5 120 "/tmp/$name" ${c//,/ } || { echo "$name $c: exit $?"; rc=1; }
+        done
+      done > "$OUT/candidates.txt" 2>&1  # not through a pipe: rc stays this shell's
+      cat "$OUT/candidates.txt"
       ;;
     ncu)
       # Nsight Compute (clocks as they run) on a set of scripts/diag/ncu_cases.py: NCU_SET=bf16 (the default: the
