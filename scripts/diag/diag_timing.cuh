@@ -1,6 +1,7 @@
 // What the standalone diagnostics (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu,
-// rms_norm_bwd_versions.cu, layer_norm_bwd_ring.cu) share: a CUDA call checked (the file, line and error, then exit),
-// their inputs filled, and a launch's kernel time as their tables give it.
+// rms_norm_bwd_versions.cu, layer_norm_bwd_ring.cu, softmax_l2.cu, layer_norm_l2.cu) share: a CUDA call checked (the
+// file, line and error, then exit), their inputs filled, a launch's kernel time as their tables give it, and 16-byte
+// loads and stores with L2 hints.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -57,4 +58,40 @@ __global__ void fill(T* x, long n, unsigned seed, float scale, float shift) {
     h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
     x[i] = T(((h & 0xffffff) / 16777216.f - 0.5f) * scale + shift);
   }
+}
+
+// An L2 eviction policy for a load's cache hint: keep its lines (evict_last) or drop them first (evict_first).
+__device__ __forceinline__ uint64_t l2_policy(bool keep) {
+  uint64_t p;
+  if (keep)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// 16 bytes at a: with HINT under the L2 policy `pol`, else a plain load.
+template <bool HINT>
+__device__ __forceinline__ uint4 load16(const void* a, uint64_t pol) {
+  uint4 v;
+  if (HINT)
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a), "l"(pol));
+  else
+    v = *static_cast<const uint4*>(a);
+  return v;
+}
+// 16 bytes to a: with HINT a streaming store (.cs: evicted first), else a plain one.
+template <bool HINT>
+__device__ __forceinline__ void store16(void* a, uint4 v) {
+  if (HINT)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  else
+    *static_cast<uint4*>(a) = v;
+}
+__device__ __forceinline__ float4 as_float4(uint4 u) {
+  return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+__device__ __forceinline__ uint4 as_uint4(float4 f) {
+  return make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
 }

@@ -18,33 +18,6 @@
 #include "softmax.cu"
 using namespace tiered_ops;
 
-__device__ __forceinline__ uint64_t l2_policy(bool keep) {
-  uint64_t p;
-  if (keep)
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-template <bool HINT>
-__device__ __forceinline__ uint4 load16(const uint4* a, uint64_t pol) {
-  uint4 v;
-  if (HINT)
-    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a), "l"(pol));
-  else
-    v = *a;
-  return v;
-}
-template <bool HINT>
-__device__ __forceinline__ void store16(uint4* a, uint4 v) {
-  if (HINT)
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-  else
-    *a = v;
-}
-
 // Block b is piece b % P of group b / P, which takes rows g, g + G, ...; a thread holds packs tid, tid + blockDim,
 // ... of the piece (at most KP). `count`: 2 x rows zeroed counters (pieces published a row, then the row's merged flag);
 // `part`: rows x P (max, sum); `fin`: a row's merged (max, sum).
