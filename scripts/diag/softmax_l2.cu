@@ -19,8 +19,8 @@
 using namespace tiered_ops;
 
 // Block b is piece b % P of group b / P, which takes rows g, g + G, ...; a thread holds packs tid, tid + blockDim,
-// ... of the piece (at most KP). `count`: 2 x rows zeroed counters (pieces published a row, then the row's merged flag);
-// `part`: rows x P (max, sum); `fin`: a row's merged (max, sum).
+// ... of the piece (at most KP). `count`: 2 x rows zeroed counters (pieces published a row, then the row's merged
+// flag); `part`: rows x P (max, sum); `fin`: a row's merged (max, sum).
 template <typename T, int KP, bool HINT>
 __global__ void __launch_bounds__(512) softmax_l2_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
                                                          int64_t n, int G, int P, int share, unsigned* count,
