@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print each implementation's metadata as JSON")
 
     s = command("check", "fail (exit 1) when a CUDA kernel no longer holds its territories "
-                         "(tiered_ops/analysis/territories.py)"
+                         "(tiered_ops/analysis/territories.json)"
                          ", or its evidence is stale", device, progress)
     s.add_argument("--results", nargs="+", help="committed results CSV(s), e.g. reports/nvidia-h200/results.csv: "
                                                 "a current GPU's rows gate, an archived GPU's are information")
