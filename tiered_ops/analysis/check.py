@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..decide.policy import margins
-from ..measure.recheck import launch_sensitive
 from ..registry import OpSpec, Tier
+from ..store.rows import launch_sensitive
 from ..tiers.catalog import all_ops, get_op
 from .analysis import CASE, latest, unchecked, winners, with_context
 from .gpus import Gpus
@@ -99,7 +99,7 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     the bar (1 + margin + noise), the noise, a verdict: "wins", "ties", "loses", "failed" (the CUDA row did
     not pass its gate or has no time) or "no-compiler" (no timed compiler-tier row to compare with), the
     compiler-tier implementations it was compared with, and ``apart_h``: the hours between the two rows compared,
-    where one is launch-sensitive (``recheck.launch_sensitive``: its caller time would follow the host's) and they
+    where one is launch-sensitive (``rows.launch_sensitive``: its caller time would follow the host's) and they
     were timed over an hour apart, in different runs and maybe on different hosts (else None)."""
     specs = specs if specs is not None else [get_op(o) for o in dict.fromkeys(df.op)]
     m = margins()["cuda"]

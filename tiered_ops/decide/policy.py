@@ -22,9 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import envs
-from ..measure.recheck import HOST_SWING
 from ..registry import Tier
-from ..store.rows import overlap
+from ..store.rows import HOST_SWING, overlap
 
 POLICIES = ("fastest", "cost-aware", "cold-start", "memory")
 DEFAULT_MARGINS: dict[str, float] = {"eager": 0.0, "compile": 0.0, "triton": 0.05, "cuda": 0.10}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..registry import OpSpec, Problem
-from ..store.rows import contended, pruned, ungated, usable
+from ..store.rows import HOST_SWING, contended, launch_sensitive, pruned, ungated, usable
 from .timing import batch_times_us, no_gc, quantile, sync
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, measure: Ca
     return out
 
 ORIGIN = "host timed side by side with "  # the origin of a row whose host figures come from here
-HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
 WITHIN = 1.5  # a launch-sensitive row this close to the fastest (caller time) asks for the case's rows to be re-timed
 # A rival timed but never gated, or pruned after a short timing, this close to the fastest is re-timed with them: the
 # reports and the territories' check compare a CUDA kernel with such rows, and one timed in another run (a sweep
@@ -51,12 +50,6 @@ WITHIN = 1.5  # a launch-sensitive row this close to the fastest (caller time) a
 REACH = WITHIN * HOST_SWING
 ROUNDS = 7
 BATCH_S = 0.004  # host time of one candidate's batch in a round
-
-
-def launch_sensitive(r: dict[str, Any]) -> bool:
-    """Whether a row's caller time would follow its host time were the host ``HOST_SWING`` slower."""
-    host, p50 = r.get("host_us"), r.get("p50_us")
-    return host is not None and p50 is not None and host * HOST_SWING >= p50
 
 
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

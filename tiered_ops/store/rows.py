@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
 PRUNED = "pruned: "  # the reason of a row a sweep stopped after a short timing (successive halving): correct, slower
 UNAVAILABLE = "unavailable: "  # the reason of a row of an implementation that cannot run here (package, device)
 CONTENDED = "contended: "  # the reason of a row timed while the machine was busy: kept for the record, never used
@@ -105,3 +106,9 @@ def prune_bar(rows: Iterable[dict | None], factor: float | None) -> tuple[float,
         return None
     best = min(full, key=lambda r: caller_range(r)[1])
     return factor * caller_range(best)[1], best["impl"]
+
+
+def launch_sensitive(r: dict[str, Any]) -> bool:
+    """Whether a row's caller time would follow its host time were the host ``HOST_SWING`` slower."""
+    host, p50 = r.get("host_us"), r.get("p50_us")
+    return host is not None and p50 is not None and host * HOST_SWING >= p50
