@@ -1,14 +1,16 @@
 // What the standalone diagnostics (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu,
 // rms_norm_bwd_versions.cu, layer_norm_bwd_ring.cu, softmax_l2.cu, layer_norm_l2.cu) share: a CUDA call checked (the
-// file, line and error, then exit), their inputs filled, a launch's kernel time as their tables give it, and 16-byte
-// loads and stores with L2 hints.
+// file, line and error, then exit), their inputs filled, a launch's kernel time as their tables give it, how far a
+// candidate's output lies from the op's, and 16-byte loads and stores with L2 hints.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CK(x)                                                            \
@@ -94,4 +96,31 @@ __device__ __forceinline__ float4 as_float4(uint4 u) {
 }
 __device__ __forceinline__ uint4 as_uint4(float4 f) {
   return make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
+}
+
+// The worst |a - b| / (floor + |b|) over n elements of T, as float bits in *out (non-negative floats order as
+// unsigned ints): equal elements 0, a NaN difference infinite.
+template <typename T>
+__global__ void worst_diff_kernel(const T* a, const T* b, int64_t n, float floor, unsigned* out) {
+  float w = 0.f;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float u = float(a[i]), v = float(b[i]);
+    const float d = u == v ? 0.f : fabsf(u - v) / (floor + fabsf(v));
+    w = fmaxf(w, d != d ? INFINITY : d);
+  }
+  atomicMax(out, __float_as_uint(w));
+}
+// worst_diff_kernel's figure for n elements of a against b (floor 1e-30: relative; 1: relative above 1, absolute
+// below).
+template <typename T>
+static float worst_diff(const T* a, const T* b, int64_t n, float floor) {
+  static unsigned* scratch = nullptr;
+  if (!scratch) CK(cudaMalloc(&scratch, 4));
+  CK(cudaMemset(scratch, 0, 4));
+  worst_diff_kernel<T><<<1024, 256>>>(a, b, n, floor, scratch);
+  unsigned bits = 0;
+  CK(cudaMemcpy(&bits, scratch, 4, cudaMemcpyDeviceToHost));
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
 }

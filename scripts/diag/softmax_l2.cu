@@ -107,21 +107,9 @@ __global__ void __launch_bounds__(512) softmax_l2_kernel(const T* __restrict__ x
 
 constexpr int kMaxPieces = 2048;  // pieces a row at most (the partial (max, sum) buffer's width)
 
-// The worst |a - b| / |b| over n elements, as float bits in *out (non-negative floats order as unsigned ints).
-template <typename T>
-__global__ void worst_rel(const T* a, const T* b, int64_t n, unsigned* out) {
-  float w = 0.f;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float u = to_f(a[i]), v = to_f(b[i]);
-    const float d = u == v ? 0.f : fabsf(u - v) / fmaxf(fabsf(v), 1e-30f);
-    w = fmaxf(w, d != d ? INFINITY : d);
-  }
-  atomicMax(out, __float_as_uint(w));
-}
-
 template <typename T, int KP, bool HINT>
 static void try_plan(const T* x, T* y, int64_t rows, int64_t n, int G, int threads, int sms, unsigned* count,
-                     float2* part, float2* fin, float copy_ms, const T* ref, unsigned* worst, bool* bad) {
+                     float2* part, float2* fin, float copy_ms, const T* ref, bool* bad) {
   constexpr int V = Pack<T>::N;
   int per_sm = 0;  // every block resident: a block that waits on a row's pieces needs the others running
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, softmax_l2_kernel<T, KP, HINT>, threads, 0));
@@ -135,12 +123,7 @@ static void try_plan(const T* x, T* y, int64_t rows, int64_t n, int G, int threa
   };
   const float ms = time_ms(run);
   CK(cudaGetLastError());
-  CK(cudaMemset(worst, 0, 4));
-  worst_rel<T><<<1024, 256>>>(y, ref, rows * n, worst);
-  unsigned bits = 0;
-  CK(cudaMemcpy(&bits, worst, 4, cudaMemcpyDeviceToHost));
-  float w;
-  memcpy(&w, &bits, 4);
+  const float w = worst_diff(y, ref, rows * n, 1e-30f);
   const bool ok = w <= (sizeof(T) == 4 ? 1e-5f : 1.6e-2f);
   *bad |= !ok;
   printf("  L2 two-pass %-5s G %2d x P %3d blocks of %3d (%2d packs a thread at most): %8.1f us, %.3f of copy; "
@@ -150,11 +133,11 @@ static void try_plan(const T* x, T* y, int64_t rows, int64_t n, int G, int threa
 
 template <typename T, int KP>
 static void plans(const T* x, T* y, int64_t rows, int64_t n, int threads, int sms, unsigned* count, float2* part,
-                  float2* fin, float copy_ms, const T* ref, unsigned* worst, bool* bad) {
+                  float2* fin, float copy_ms, const T* ref, bool* bad) {
   for (int G : {1, 2, 4, 8, 16}) {
     if (G > rows) continue;
-    try_plan<T, KP, false>(x, y, rows, n, G, threads, sms, count, part, fin, copy_ms, ref, worst, bad);
-    try_plan<T, KP, true>(x, y, rows, n, G, threads, sms, count, part, fin, copy_ms, ref, worst, bad);
+    try_plan<T, KP, false>(x, y, rows, n, G, threads, sms, count, part, fin, copy_ms, ref, bad);
+    try_plan<T, KP, true>(x, y, rows, n, G, threads, sms, count, part, fin, copy_ms, ref, bad);
   }
 }
 
@@ -167,13 +150,13 @@ static int run(int64_t rows, int64_t n, DType dt, const char* name) {
   }
   const int64_t m = rows * n;
   T *x, *y, *ref;
-  unsigned *count, *worst;
+  unsigned* count;
   float2 *part, *fin;
   void* ws = nullptr;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaMalloc(&x, m * sizeof(T))); CK(cudaMalloc(&y, m * sizeof(T))); CK(cudaMalloc(&ref, m * sizeof(T)));
-  CK(cudaMalloc(&count, 2 * rows * sizeof(unsigned))); CK(cudaMalloc(&worst, 4));
+  CK(cudaMalloc(&count, 2 * rows * sizeof(unsigned)));
   CK(cudaMalloc(&part, rows * kMaxPieces * sizeof(float2))); CK(cudaMalloc(&fin, rows * sizeof(float2)));
   const int64_t wsb = softmax_fwd_workspace(x, ref, rows, n, dt);
   if (wsb) CK(cudaMalloc(&ws, wsb));
@@ -187,11 +170,11 @@ static int run(int64_t rows, int64_t n, DType dt, const char* name) {
          (long long)rows, (long long)n, name, copy_ms * 1e3f, op_ms * 1e3f, copy_ms / op_ms, (long long)wsb);
   bool bad = false;
   for (int threads : {256, 512}) {
-    plans<T, 1>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, worst, &bad);
-    plans<T, 2>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, worst, &bad);
-    plans<T, 4>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, worst, &bad);
-    plans<T, 8>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, worst, &bad);
-    plans<T, 16>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, worst, &bad);
+    plans<T, 1>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, &bad);
+    plans<T, 2>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, &bad);
+    plans<T, 4>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, &bad);
+    plans<T, 8>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, &bad);
+    plans<T, 16>(x, y, rows, n, threads, sms, count, part, fin, copy_ms, ref, &bad);
   }
   return bad ? 2 : 0;
 }
