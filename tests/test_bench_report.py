@@ -84,3 +84,15 @@ def test_the_summary_has_no_nan_and_one_line_per_kind_of_row_without_a_time():
     assert "1 of 121 rows failed (never chosen): triton (gate: max rel error 3e-2 > 1e-5)" in "\n".join(
         summary(pd.DataFrame(rows)))
     assert re.search(r"^softmax\s+8x4096,dim=-1\s+fp32\s+eager$", text, re.M), text
+
+
+def test_the_summary_of_a_sweep_without_one_usable_row_names_why():
+    """Every row timed on a busy machine, or unable to run: no case has a winner, and the summary says why instead
+    of failing on an empty table of winners (the CLI's bench crashed there)."""
+    rows = [_row("eager", "eager", "8x65536,dim=-1", "bwd", None, reason="contended: busy"),
+            _row("compile", "compile", "8x65536,dim=-1", "bwd", None, ok=0, reason="first call raised: RuntimeError"),
+            _row("cuda", "cuda", "8x65536,dim=-1", "bwd", None, ok=0, reason=UNAVAILABLE + "runs on cuda only")]
+    text = "\n".join(summary(pd.DataFrame(rows)))
+    assert "1 of 3 rows timed on a busy machine" in text and "1 of 3 rows cannot run here" in text
+    assert "1 of 3 rows failed (never chosen): compile" in text
+    assert re.search(r"^softmax\s+8x65536,dim=-1\s+fp32\s+\S", text, re.M), text

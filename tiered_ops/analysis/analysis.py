@@ -41,6 +41,11 @@ def unchecked(df: pd.DataFrame) -> pd.Series:
     return kind.where(df.ok != 1, None)
 
 
+WINNER_COLUMNS = ["op", "problem", "dtype", "mode", "winner", "tier", "caller_us", "runner_up", "runner_unchecked",
+                  "margin", "tie", "p20", "p80", "runner_p20", "runner_p80", "vs_eager", "peer", "peer_us",
+                  "peer_edge_only"]
+
+
 def winners(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct timed implementation of ours per (op, problem, dtype, mode): its time, the runner-up
     and the margin over it (runner-up time / winner time), the p20-p80 range of both as a caller sees them
@@ -80,7 +85,7 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
                         peer=peers.impl.iloc[0] if len(peers) else None,
                         peer_us=peers.caller_us.iloc[0] if len(peers) else math.nan,
                         peer_edge_only=bool(len(peers) and peers.edge_only.iloc[0])))
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=WINNER_COLUMNS)  # its columns also where no case has a correct timed row
 
 
 def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple[int, ...] = (DEFAULT_CALLS, 10**6)
@@ -97,7 +102,8 @@ def decisions(df: pd.DataFrame, metas: dict[tuple[str, str], dict], calls: tuple
         for n in calls:
             row[f"cold_start_{n:g}"] = choose(cands, "cold-start", n)[0]["impl"]
         out.append(row)
-    return pd.DataFrame(out)
+    cols = ["op", "problem", "dtype", "mode", "fastest", "cost_aware", *(f"cold_start_{n:g}" for n in calls)]
+    return pd.DataFrame(out, columns=cols)  # its columns also where no case has a correct timed row
 
 
 def _fmt(v: object, spec: str) -> str:
