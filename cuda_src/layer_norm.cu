@@ -20,15 +20,13 @@
 // piece-major); in fp32 all of a thread's packs of them are loaded at once (pack by pack, the launch waits on each
 // load in turn). Merging a row's pieces in every block of launch 3 instead (512 merges a row over (64, 256, 256))
 // kept its blocks from loading w and b while they merged.
-// Backward v2 — rows of at most 256 threads of 16 elements (2 packs of 16-bit, 4 of fp32) on a persistent grid of the
-// blocks that stay resident: a thread's columns are the same in every row, so w and its dw/db sums stay in fp32
-// registers for the whole kernel (no weight load and no shared-memory accumulator a row), x and dy read once a row.
-// v1 loads w twice a row and sums in shared memory: 0.43 of the DRAM peak at 8192x4096 bf16 where the Triton tier's
-// design, this one, reached 0.63 (Nsight Compute, scripts/diag/ncu_cases.py --set bwd).
+// Backward v2 — rows of at most 4096 elements on a persistent grid, w and the dw/db sums in registers, 16-bit rows
+// through a ring of shared memory (ln_grads.cuh).
 // v4 — rows of more than 128 packs a block each, straight-line (line_rows.cuh: 2 packs a thread for 16-bit rows, 4 for
 // fp32, 32 registers where v2's loop over rows held 64): 1 read + 1 write, the centred variance from registers, rows up
 // to 32768 elements (1024 threads).
 #include "line_rows.cuh"
+#include "ln_grads.cuh"
 #include "norm_grads.cuh"
 #include "split_rows.cuh"
 
@@ -125,75 +123,6 @@ __global__ void __launch_bounds__(bwd_max_threads(K), bwd_min_blocks(K)) layer_n
   });
   acc_w.finish(n);
   acc_b.finish(n);
-}
-
-// Packs a thread of the backward's v2 for rows of n elements in packs of V (16 elements a thread), and its threads (a
-// multiple of 32, at most 256: its 116-125 registers keep 2 such blocks an SM, where 320 threads keep 1 and 96 registers
-// spill); 0 where v2 does not apply (rows of more than 4096 elements, or not a multiple of V).
-struct LnBwdPlan {
-  int k, threads;
-};
-inline LnBwdPlan ln_bwd_v2_plan(int64_t n, int V) {
-  const int k = 16 / V;
-  const int64_t t = ((n / V + k - 1) / k + 31) / 32 * 32;
-  if (n % V != 0 || t > 256) return {0, 0};
-  return {k, (int)t};
-}
-
-template <typename T, int K>
-__global__ void __launch_bounds__(256, 2) layer_norm_bwd_v2_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                                   const T* __restrict__ w,
-                                                                   const float* __restrict__ mean,
-                                                                   const float* __restrict__ rstd,
-                                                                   T* __restrict__ dx, float* pw, float* pb,
-                                                                   int64_t rows, int n) {
-  constexpr int V = Pack<T>::N;
-  __shared__ float smem[64];
-  float wv[K][V], aw[K][V], ab[K][V];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = (k * (int)blockDim.x + (int)threadIdx.x) * V;
-    load_or<T, V>(i < n ? w : nullptr, i, wv[k], 1.f);
-#pragma unroll
-    for (int j = 0; j < V; ++j) aw[k][j] = 0.f, ab[k][j] = 0.f;
-  }
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const LineRow row{r * n, n};
-    const float mu = mean[r], rs = rstd[r];
-    Pack<T> qx[K], qd[K];  // raw; zero past the row's end, so they add nothing to the sums
-    row.load<K, V>(x, qx);
-    row.load<K, V>(dy, qd);
-    float s1 = 0.f, s2 = 0.f;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float g = to_f(qd[k].v[j]) * wv[k][j];
-        s1 += g * (to_f(qx[k].v[j]) - mu) * rs, s2 += g;
-      }
-    }
-    block_sum2(s1, s2, smem);
-    const float c1 = s1 / (float)n, c2 = s2 / (float)n;
-    row.each<K, V>([&](int k, int i) {
-      float o[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float a = (to_f(qx[k].v[j]) - mu) * rs, d = to_f(qd[k].v[j]);
-        aw[k][j] += d * a, ab[k][j] += d;
-        o[j] = rs * (d * wv[k][j] - a * c1 - c2);  // n >= V here: never the n == 1 row
-      }
-      store_f<T, V>(dx, row.base + i, o);
-    });
-  }
-  const LineRow mine{(int64_t)blockIdx.x * n, n};  // the block's row of the partials, V floats a pack in 16-byte stores
-  auto put = [](float* p, const float (&v)[V]) {
-#pragma unroll
-    for (int j = 0; j < V; j += 4) *reinterpret_cast<float4*>(p + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
-  };
-  mine.each<K, V>([&](int k, int i) {
-    if (pw) put(pw + mine.base + i, aw[k]);
-    if (pb) put(pb + mine.base + i, ab[k]);
-  });
 }
 
 template <typename T>
@@ -359,12 +288,9 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
                                          int64_t n, int64_t blocks, cudaStream_t stream) {
   constexpr int V = Pack<T>::N;
   const bool vec = rows_vec<T>(n, dy, x, dx, w);
-  const LnBwdPlan p2 = ln_bwd_v2_plan(n, V);
-  if (vec && p2.k) {
-    constexpr int K = 16 / V;
-    layer_norm_bwd_v2_kernel<T, K><<<(unsigned)blocks, p2.threads, 0, stream>>>(dy, x, w, mean, rstd, dx, dw_partial,
-                                                                                db_partial, rows, (int)n);
-    cudaError_t err = cudaGetLastError();
+  if (vec && ln_bwd_v2_plan(n, V).k) {
+    const cudaError_t err = launch_ln_bwd_v2<T>(dy, x, w, mean, rstd, dx, dw_partial, db_partial, rows, n, blocks,
+                                                stream);
     return err != cudaSuccess ? err : launch_reduce_partials<T>(dw_partial, db_partial, dw, db, blocks, n, stream);
   }
   cudaError_t err = launch_norm_bwd<V>(vec, n, [&](auto vx, auto kx, int threads) {
@@ -381,10 +307,7 @@ static cudaError_t launch_layer_norm_bwd(const T* dy, const T* x, const T* w, co
 int64_t layer_norm_bwd_blocks(int64_t rows, int64_t n, DType dtype, int accs) {
   if (rows == 0 || n == 0) return 1;
   TIERED_OPS_DISPATCH(dtype, T, {
-    const LnBwdPlan p2 = ln_bwd_v2_plan(n, Pack<T>::N);
-    if (p2.k)
-      return resident_blocks(reinterpret_cast<const void*>(layer_norm_bwd_v2_kernel<T, 16 / Pack<T>::N>), p2.threads,
-                             0, rows);
+    if (const int64_t blocks = ln_bwd_v2_grid<T>(rows, n)) return blocks;
   });
   TIERED_OPS_DISPATCH(dtype, T, return norm_bwd_grid<Pack<T>::N>(rows, n, accs, [](auto vx, auto kx) {
     return layer_norm_bwd_v1_kernel<T, decltype(vx)::value, decltype(kx)::value>;

@@ -474,17 +474,16 @@ PY
     candidates)
       # The standalone candidates (scripts/diag/*.cu that time a kernel design against the op's own launch in one
       # process) at the cases their benchmarks/PERF_LOG.md entries name, built for this GPU: one log. CAND_ONLY:
-      # some of them (layer_norm_bwd_ring, softmax_l2, layer_norm_l2). Each case is cut at 120 s: a persistent
+      # some of them (softmax_l2, layer_norm_l2). Each case is cut at 120 s: a persistent
       # candidate whose blocks are not all resident waits forever.
       echo "== candidates"
       arch=$($PY -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
       [ "$arch" -ge 90 ] && arch=${arch}a
       declare -A cases=(
-        [layer_norm_bwd_ring]="8192,4096 2048,4096 8192,768 8192,2048 16384,4096,fp32 4096,5120"
         [softmax_l2]="512,393216 4096,393216 512,393216,bf16 4096,65536 1024,131072 12,250000"
         [layer_norm_l2]="16,4194304 64,1048576"
       )
-      for name in ${CAND_ONLY:-layer_norm_bwd_ring softmax_l2 layer_norm_l2}; do
+      for name in ${CAND_ONLY:-softmax_l2 layer_norm_l2}; do
         echo "-- $name (sm_$arch)"
         nvcc -O3 -std=c++17 -gencode=arch=compute_$arch,code=sm_$arch -I cuda_src -I scripts/diag \
           "scripts/diag/$name.cu" -o "/tmp/$name" || { rc=1; continue; }

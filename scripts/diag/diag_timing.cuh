@@ -1,5 +1,5 @@
 // What the standalone diagnostics (softmax_plans.cu, layer_norm_plans.cu, rms_norm_fwd_plans.cu,
-// rms_norm_bwd_versions.cu, layer_norm_bwd_ring.cu, softmax_l2.cu, layer_norm_l2.cu) share: a CUDA call checked (the
+// rms_norm_bwd_versions.cu, softmax_l2.cu, layer_norm_l2.cu) share: a CUDA call checked (the
 // file, line and error, then exit), their inputs filled, a launch's kernel time as their tables give it, how far a
 // candidate's output lies from the op's, and 16-byte loads and stores with L2 hints.
 #pragma once
