@@ -16,6 +16,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+    unknown = sorted({f"{item.module.__name__}: {op} has no implementation {impl!r}" for item, op, impl in
+                      _op_impl_params(items) if impl not in _impls_of(op)})
+    if unknown:  # a GPU-marked case of a tier the op lacks is skipped on the CPU and fails only on a GPU
+        raise pytest.UsageError("test cases of implementations their op does not have:\n" + "\n".join(unknown))
+
+
+def _op_impl_params(items):
+    """(item, op, impl) for each test of a module that names its op (``OP``) parametrized by an ``impl`` name."""
+    for item in items:
+        op, params = getattr(item.module, "OP", None), getattr(getattr(item, "callspec", None), "params", {})
+        if isinstance(op, str) and isinstance(params.get("impl"), str):
+            yield item, op, params["impl"]
+
+
+def _impls_of(op: str) -> dict:
+    from tiered_ops.tiers.catalog import get_op
+
+    return get_op(op).impls
 
 
 @pytest.fixture(autouse=True)
