@@ -60,6 +60,21 @@ def test_kernel_bound_cases_and_far_launch_bound_rows_ask_for_nothing():
     assert not recheck.launch_sensitive(row("compile", 46.7, 46.7 / recheck.HOST_SWING * 0.99))
 
 
+def test_a_rival_slowed_by_another_runs_host_asks_for_the_case_again():
+    """A sweep resumed after the CUDA source changed times the kernel again; Triton's row (its kernel close, its caller
+    time set by an earlier run's host) stays beyond WITHIN: timed an hour or more apart, it asks for both again."""
+    t = 1.8e9
+    cuda = row("cuda", 194.0, 60.0, timestamp=t)
+    triton = row("triton", 208.4, 346.2, timestamp=t - 22 * 3600)  # 1.78x by caller, 1.07x by kernel
+    assert [r["impl"] for r in recheck.candidates([cuda, triton])] == ["cuda", "triton"]
+    # the same two rows from one run: its host set both, the case stays as timed
+    assert recheck.candidates([cuda, dict(triton, timestamp=t - 600)]) == []
+    # a kernel too far behind, or a caller time beyond REACH, stays as timed across runs too
+    assert recheck.candidates([cuda, dict(triton, p50_us=194.0 * recheck.WITHIN * 1.01)]) == []
+    assert recheck.candidates([cuda, dict(triton, host_us=194.0 * recheck.REACH * 1.01,
+                                          caller_us=194.0 * recheck.REACH * 1.01)]) == []
+
+
 def test_rows_timed_side_by_side_already_are_not_taken_again():
     done = [row("eager", 9.6, 13.4, origin=recheck.ORIGIN + "cuda"), row("cuda", 8.9, 14.0, origin=recheck.ORIGIN)]
     assert recheck.candidates(done) == []

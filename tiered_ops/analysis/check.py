@@ -45,7 +45,7 @@ import pandas as pd
 
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
-from ..store.rows import launch_sensitive
+from ..store.rows import launch_sensitive, seconds_apart
 from ..tiers.catalog import all_ops, get_op
 from .analysis import CASE, latest, unchecked, winners, with_context
 from .gpus import Gpus
@@ -139,16 +139,11 @@ def cases(df: pd.DataFrame, specs: list[OpSpec] | None = None) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-APART_S = 3600.0  # rows timed further apart than this come from different runs
-
-
 def _apart_h(a: dict, b: dict) -> float | None:
     """Hours between two rows' timings where one is launch-sensitive and they are ``APART_S`` or more apart, else
     None: a launch-bound comparison across runs compares host states as much as implementations."""
-    ta, tb = _num(a.get("timestamp")), _num(b.get("timestamp"))
-    if ta is None or tb is None or abs(ta - tb) < APART_S or not (launch_sensitive(a) or launch_sensitive(b)):
-        return None
-    return abs(ta - tb) / 3600
+    apart = seconds_apart(a, b)
+    return None if apart is None or not (launch_sensitive(a) or launch_sensitive(b)) else apart / 3600
 
 
 def _line(c: object) -> str:

@@ -19,6 +19,7 @@ WAITING = UNGATED + "timed; its gate runs only where it would be chosen"  # an u
 # problem: timed there, so the reports show it beside ours; not ok, so nothing ever chooses it
 EDGE_ONLY = "timed; fails an edge case it does not claim: "
 PACK = "pack:"  # the origin of a row imported from a decision pack (``decide.packs``), followed by the pack's name
+APART_S = 3600.0  # rows timed further apart than this come from different runs
 
 
 def _num(v: object) -> float | None:
@@ -112,3 +113,10 @@ def launch_sensitive(r: dict[str, Any]) -> bool:
     """Whether a row's caller time would follow its host time were the host ``HOST_SWING`` slower."""
     host, p50 = r.get("host_us"), r.get("p50_us")
     return host is not None and p50 is not None and host * HOST_SWING >= p50
+
+
+def seconds_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Seconds between two rows' timings where they are ``APART_S`` or more apart (different runs, maybe different
+    hosts), else None (one run, or a timestamp missing)."""
+    ta, tb = _num(a.get("timestamp")), _num(b.get("timestamp"))
+    return None if ta is None or tb is None or abs(ta - tb) < APART_S else abs(ta - tb)
