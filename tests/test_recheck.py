@@ -6,7 +6,7 @@ import torch
 from helpers import HAS_CUDA
 
 from tiered_ops.measure import recheck
-from tiered_ops.store.rows import CONTENDED, PRUNED, UNGATED
+from tiered_ops.store.rows import CONTENDED, PRUNED, UNGATED, WAITING
 from tiered_ops.store.store import Store
 from tiered_ops.sweep.bench import sweep
 from tiered_ops.tiers.catalog import get_op
@@ -73,6 +73,20 @@ def test_a_rival_slowed_by_another_runs_host_asks_for_the_case_again():
     assert recheck.candidates([cuda, dict(triton, p50_us=194.0 * recheck.WITHIN * 1.01)]) == []
     assert recheck.candidates([cuda, dict(triton, host_us=194.0 * recheck.REACH * 1.01,
                                           caller_us=194.0 * recheck.REACH * 1.01)]) == []
+
+
+def test_a_pruned_row_under_the_bar_beside_its_rivals_is_pruned_no_longer():
+    """Pruned on another run's host (its short timing's caller time 300 us against a bar of 1.5 x 157 us), a row whose
+    rounds beside the others put it under their bar is usable again where its gate passed, else waits for its gate."""
+    rows = [row("cuda", 16.9, 157.0), row("triton", 13.4, 300.0, ok=0, reason=PRUNED + "slower; not gated"),
+            row("compile", 13.9, 330.0, ok=1, reason=PRUNED + "slower"), row("eager", 24.9, 194.0, reason=PRUNED)]
+    hosts = {"cuda": [150.0] * 7, "triton": [120.0] * 7, "compile": [140.0] * 7, "eager": [400.0] * 7}
+    new = {r["impl"]: r for r in recheck.retimed(rows, hosts)}
+    assert new["triton"]["reason"] == WAITING and new["triton"]["ok"] == 0  # no gate ran: it waits for one
+    assert new["compile"]["reason"] is None and new["compile"]["ok"] == 1  # gated before its short timing: usable
+    assert new["eager"]["reason"] == PRUNED  # 400 us: still over 1.5 x the bar of the others' rounds
+    assert new["cuda"]["reason"] is None
+    assert rows[1]["reason"].startswith(PRUNED)  # the rows given are left as they were
 
 
 def test_rows_timed_side_by_side_already_are_not_taken_again():

@@ -20,7 +20,19 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..registry import OpSpec, Problem
-from ..store.rows import HOST_SWING, contended, launch_sensitive, pruned, seconds_apart, ungated, usable
+from ..store.rows import (
+    HOST_SWING,
+    WAITING,
+    caller_range,
+    contended,
+    launch_sensitive,
+    prune_bar,
+    pruned,
+    seconds_apart,
+    ungated,
+    usable,
+)
+from .measure import PRUNE_FACTOR
 from .timing import batch_times_us, no_gc, quantile, sync
 
 log = logging.getLogger(__name__)
@@ -119,7 +131,9 @@ def side_by_side(spec: OpSpec, names: list[str], problem: Problem, dtype: torch.
 
 def retimed(rows: list[dict[str, Any]], hosts: dict[str, list[float]]) -> list[dict[str, Any]]:
     """New rows: each of ``rows`` whose implementation ``hosts`` timed, its host figures (min, p20, p80) from there
-    and its caller time again max(kernel p50, host)."""
+    and its caller time again max(kernel p50, host). A pruned row whose caller p20 is now under the pruning bar of the
+    rows timed beside it (``prune_bar``: the bar that pruned it came from another host's rows) is pruned no longer:
+    usable where its gate passed, else waiting for its gate (``WAITING``: gated where it would be chosen)."""
     names = sorted(n for n in hosts if hosts[n])
     out = []
     for r in rows:
@@ -131,6 +145,10 @@ def retimed(rows: list[dict[str, Any]], hosts: dict[str, list[float]]) -> list[d
                    caller_us=max(r["p50_us"], times[0]), timestamp=time.time(),
                    origin=ORIGIN + ", ".join(n for n in names if n != r["impl"]))
         out.append(row)
+    bar = prune_bar(out, PRUNE_FACTOR)
+    for row in out:
+        if bar is not None and pruned(row) and caller_range(row)[0] <= bar[0]:
+            row["reason"] = None if row.get("ok") else WAITING
     return out
 
 
