@@ -131,6 +131,48 @@ def test_an_apply_rotary_pos_emb_whose_code_differs_is_left(monkeypatch):
                        "this rewrite reproduces"] * 2
 
 
+def _hub_wrapped(func):
+    """A function as the ``kernels`` package's ``use_kernel_forward_from_hub`` turns it into: an instance of a module
+    class whose forward calls it, a variable of its closure."""
+    class Func(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return func(*args, **kwargs)
+
+    return Func()
+
+
+@needs_hf
+@pytest.mark.parametrize("kernelized", [False, True])
+def test_an_apply_rotary_pos_emb_under_a_hub_kernel_wrapper_is_routed(kernelized, monkeypatch):
+    """transformers 5.25 with ``kernels`` installed holds apply_rotary_pos_emb as such a module: its function is the
+    code compared, and the routed attention runs the op. An instance given a forward of its own (a hub kernel a caller
+    chose) is left as it is."""
+    from transformers.models.llama import modeling_llama
+
+    plain = patch_rope.plain_function(modeling_llama.apply_rotary_pos_emb)
+    wrapped = _hub_wrapped(plain)
+    if kernelized:
+        wrapped.forward = lambda *args, **kwargs: plain(*args, **kwargs)
+    assert patch_rope.plain_function(wrapped) is (wrapped if kernelized else plain)
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", wrapped)
+    monkeypatch.setattr(modeling_llama, "rotate_half", _hub_wrapped(modeling_llama.rotate_half))
+    patch_rope._routed.cache_clear()
+    try:
+        model = tiny("llama")
+        stock = copy.deepcopy(model)
+        report = patch(model, ops=["rotary_embedding"])
+        seen = _counted(monkeypatch)
+        ids = torch.randint(0, 128, (2, 8))
+        with torch.no_grad():
+            out, ref = model(ids).logits, stock(ids).logits
+    finally:
+        patch_rope._routed.cache_clear()
+    routed = [x.path for x in report.swapped if "rotary" in x.replacement]
+    assert len(routed) == (0 if kernelized else 2), str(report)
+    assert len(seen) == (0 if kernelized else 2)
+    torch.testing.assert_close(out, ref)
+
+
 @needs_hf
 def test_the_routed_forward_reads_its_modules_own_globals(monkeypatch):
     """The routed forward runs in its modeling module's own globals (apply_rotary_pos_emb alone bound apart, in its

@@ -10,7 +10,9 @@ modeling module's ``apply_rotary_pos_emb`` and ``rotate_half`` are, as syntax, t
 form (Llama's: cos as wide as head_dim) or the partial one (GPT-NeoX's, Bamba's: the dims past cos's width pass
 through), and where every call of it in the forward passes those four arguments (``unsqueeze_dim=1``). A call the op
 does not take (a dtype other than fp32, bf16, fp16; q and k of different dtypes; cos or sin that require grad; cos
-narrower than head_dim under the full form, where the original raises) runs the original function.
+narrower than head_dim under the full form, where the original raises) runs the original function. Where the
+``kernels`` package wraps that function into a hub-kernel module (``plain_function``), the function inside is the one
+compared and run.
 """
 
 from __future__ import annotations
@@ -65,10 +67,31 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 """
 
 
+def plain_function(obj: Any) -> Any:
+    """The function under a hub-kernel wrapper, else ``obj``. Where the ``kernels`` package is installed (a dependency
+    of transformers from 5.25), ``@use_kernel_forward_from_hub`` turns a decorated function such as
+    ``apply_rotary_pos_emb`` into an ``nn.Module`` instance whose class's forward calls the function (a variable of
+    its closure): that function is the code compared and the one a call the op does not take runs. An instance given
+    a forward of its own (a hub kernel chosen by ``kernels.kernelize``) is not unwrapped."""
+    if not isinstance(obj, nn.Module) or "forward" in obj.__dict__:
+        return obj
+    fwd = getattr(type(obj), "forward", None)
+    code = getattr(fwd, "__code__", None)
+    if code is None or "func" not in code.co_freevars:
+        return obj
+    inner = fwd.__closure__[code.co_freevars.index("func")]
+    try:
+        fn = inner.cell_contents
+    except ValueError:  # an empty cell
+        return obj
+    return fn if isinstance(fn, types.FunctionType) else obj
+
+
 def rope_form(fn: Any, globals_: dict[str, Any]) -> str | None:
     """'full' or 'partial' for a function that is transformers' rotate-half apply_rotary_pos_emb (its module's
-    rotate_half too), else None."""
-    if not same_syntax(globals_.get("rotate_half"), _ROTATE_HALF):
+    rotate_half too; either under a hub-kernel wrapper: ``plain_function``), else None."""
+    fn, rotate_half = plain_function(fn), plain_function(globals_.get("rotate_half"))
+    if not same_syntax(rotate_half, _ROTATE_HALF):
         return None
     if same_syntax(fn, _ROPE_FULL):
         return "full"
@@ -184,7 +207,7 @@ def _routed(cls: type) -> tuple[Callable[..., Any], str] | str:
     raw = inspect.unwrap(fwd) if callable(fwd) else None
     if not isinstance(raw, types.FunctionType) or _NAME not in raw.__code__.co_names:
         return "its forward calls no apply_rotary_pos_emb"
-    original = raw.__globals__.get(_NAME)
+    original = plain_function(raw.__globals__.get(_NAME))
     form = rope_form(original, raw.__globals__)
     if form is None:
         return "its apply_rotary_pos_emb is not transformers' rotate-half code this rewrite reproduces"
