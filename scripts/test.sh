@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # torch first, its CPU build where there is no NVIDIA driver (TORCH_SPEC chooses another): scripts/torch.sh
 bash scripts/torch.sh "$PY"
-$PY -m pip install -q -e ".[test,pg,hf]"  # pg: the PostgreSQL store, tested against a real server; hf: transformers
+$PY -m pip install -q -e ".[test,pg,hf]" -c scripts/constraints.txt  # pg: PostgreSQL store; hf: transformers
 $PY -m ruff check .
 set +e
 # TEST_WORKERS pytest-xdist workers (default 2, CI's core count; 0: one process, as before)
