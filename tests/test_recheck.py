@@ -187,3 +187,35 @@ def test_retime_hands_the_names_to_a_worker_and_keeps_the_rows_when_it_fails(mon
                           lambda names: (None, "the worker died")) == ([], "the worker died")
     assert recheck.retime(spec, rows[:1], problem, torch.float32, gpu, "fwd_nograd", worker) == ([], None)
     assert len(asked) == 1  # nothing to compare: no worker task
+
+
+def test_a_row_the_rounds_unprune_is_gated_before_the_sweep_ends(private_store, monkeypatch):
+    """The rounds' new row of a candidate pruned before its gate waits for that gate (``WAITING``); the sweep settles
+    the case once more, so the newest row of every candidate is gated or passed over, none left waiting. On the CPU
+    the rounds never run: ``retime`` stands in for them, handing back the compile tier's row un-pruned."""
+    import time
+
+    from tiered_ops.store.rows import waits_for_gate
+
+    spec = get_op("muladd")
+    monkeypatch.setattr(spec, "impls", {n: spec.impls[n] for n in ("eager", "compile")})
+    handed: list[dict] = []
+
+    def rounds(spec_, rows, problem, dtype, device, mode, run=None):
+        if handed:
+            return [], None
+        r = next(r for r in rows if r["impl"] == "compile")
+        handed.append(dict({k: v for k, v in r.items() if k != "id"}, ok=0, reason=WAITING, timestamp=time.time(),
+                           origin=recheck.ORIGIN + "eager"))
+        return list(handed), None
+
+    monkeypatch.setattr(recheck, "retime", rounds)
+    store = Store(private_store)
+    sweep([spec], {"muladd": [spec.problem((8, 16))]}, [torch.float32], CPU, store, progress=False,
+          log=lambda s: None, modes=["fwd_nograd"], cost_metadata=False)
+    assert handed, "the stand-in for the rounds was never asked"
+    newest = {}
+    for r in sorted(store.rows(op="muladd"), key=lambda r: r["timestamp"]):
+        newest[r["impl"]] = r
+    assert set(newest) == {"eager", "compile"}
+    assert not any(waits_for_gate(r) for r in newest.values()), {k: r["reason"] for k, r in newest.items()}

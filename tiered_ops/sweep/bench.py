@@ -301,6 +301,8 @@ def sweep_cases(cases: list[tuple[OpSpec, Problem, torch.dtype]], device: torch.
                 say(f"{what}: host side by side {why}: rows kept as timed")
             if new:  # launch-bound: the case's host times taken again side by side
                 store.add(new)
+                if any(waits_for_gate(r) for r in new):  # un-pruned by the rounds: gated where a choice names it
+                    settle(spec, problem, dtype, mode)
                 newest = _fresh(store, spec, problem, dtype, fp.key, mode, waiting=True)
             for k in index_of[case]:
                 if results[k] is not None and todo[k][4].name in newest:
