@@ -142,18 +142,14 @@ def _hub_wrapped(func):
 
 
 @needs_hf
-@pytest.mark.parametrize("kernelized", [False, True])
-def test_an_apply_rotary_pos_emb_under_a_hub_kernel_wrapper_is_routed(kernelized, monkeypatch):
-    """transformers 5.25 with ``kernels`` installed holds apply_rotary_pos_emb as such a module: its function is the
-    code compared, and the routed attention runs the op. An instance given a forward of its own (a hub kernel a caller
-    chose) is left as it is."""
+def test_an_apply_rotary_pos_emb_under_a_hub_kernel_wrapper_is_routed(monkeypatch):
+    """transformers 5.25 with ``kernels`` installed holds apply_rotary_pos_emb (and could hold rotate_half) as such a
+    module: its function is the code compared, and the routed attention runs the op."""
     from transformers.models.llama import modeling_llama
 
     plain = patch_rope.plain_function(modeling_llama.apply_rotary_pos_emb)
     wrapped = _hub_wrapped(plain)
-    if kernelized:
-        wrapped.forward = lambda *args, **kwargs: plain(*args, **kwargs)
-    assert patch_rope.plain_function(wrapped) is (wrapped if kernelized else plain)
+    assert patch_rope.plain_function(wrapped) is plain
     monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", wrapped)
     monkeypatch.setattr(modeling_llama, "rotate_half", _hub_wrapped(modeling_llama.rotate_half))
     patch_rope._routed.cache_clear()
@@ -167,10 +163,27 @@ def test_an_apply_rotary_pos_emb_under_a_hub_kernel_wrapper_is_routed(kernelized
             out, ref = model(ids).logits, stock(ids).logits
     finally:
         patch_rope._routed.cache_clear()
-    routed = [x.path for x in report.swapped if "rotary" in x.replacement]
-    assert len(routed) == (0 if kernelized else 2), str(report)
-    assert len(seen) == (0 if kernelized else 2)
+    assert len([x for x in report.swapped if "rotary" in x.replacement]) == 2, str(report)
+    assert len(seen) == 2
     torch.testing.assert_close(out, ref)
+
+
+@needs_hf
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_an_attention_whose_rotary_kernelize_replaced_is_left(family):
+    """Where ``kernels.kernelize`` gave an attention's own wrapper of apply_rotary_pos_emb (``_kernel_funcs``, which
+    the global function dispatches to while that attention runs) a hub kernel's forward, the caller chose that
+    kernel: neither route takes the attention, and the report says why."""
+    model = tiny(family)
+    for layer in model.model.layers:
+        own = _hub_wrapped(lambda *a, **k: None)
+        own.forward = lambda *a, **k: None  # what kernelize leaves on the wrapper: a hub kernel's forward
+        layer.self_attn.__dict__["_kernel_funcs"] = {"apply_rotary_pos_emb": own}
+    report = patch(model)
+    assert not [x for x in report.swapped if x.path.endswith("self_attn")], str(report)
+    why = [x.reason for x in report.left if x.path.endswith("self_attn")]
+    routes = 2 if family == "qwen3" else 1  # Qwen3's q_norm/k_norm route, then the plain one, each says why
+    assert len(why) == 2 * routes and all("kernels.kernelize chose" in w for w in why), why
 
 
 @needs_hf

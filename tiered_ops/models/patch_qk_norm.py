@@ -41,7 +41,7 @@ from torch import nn
 
 from ..runtime.dispatch import public
 from .patch_layers import StandIn, norm_form, tracing
-from .patch_rope import _NAME, compiled, rewrap, rope_form
+from .patch_rope import _NAME, compiled, hub_kernel_chosen, rewrap, rope_form
 from .swap import original_class, per_class
 
 qk_norm_rope = public("qk_norm_rope")
@@ -222,6 +222,8 @@ def qk_norm_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:
         return None
     if "forward" in m.__dict__:
         return "its forward is already replaced on the instance (by other code): left as it is"
+    if why := hub_kernel_chosen(m):
+        return why
     if norm_form(original_class(qn)) != "llama" or norm_form(original_class(kn)) != "llama":
         return "its q_norm/k_norm are not the Llama-form RMSNorm"
     routed = _routed(cls)

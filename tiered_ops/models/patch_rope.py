@@ -12,7 +12,8 @@ through), and where every call of it in the forward passes those four arguments 
 does not take (a dtype other than fp32, bf16, fp16; q and k of different dtypes; cos or sin that require grad; cos
 narrower than head_dim under the full form, where the original raises) runs the original function. Where the
 ``kernels`` package wraps that function into a hub-kernel module (``plain_function``), the function inside is the one
-compared and run.
+compared and run; an attention whose own wrapper of it ``kernels.kernelize`` gave a hub kernel is left as it is
+(``hub_kernel_chosen``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def plain_function(obj: Any) -> Any:
     of transformers from 5.25), ``@use_kernel_forward_from_hub`` turns a decorated function such as
     ``apply_rotary_pos_emb`` into an ``nn.Module`` instance whose class's forward calls the function (a variable of
     its closure): that function is the code compared and the one a call the op does not take runs. An instance given
-    a forward of its own (a hub kernel chosen by ``kernels.kernelize``) is not unwrapped."""
+    a forward of its own (a hub kernel in its place) is not unwrapped."""
     if not isinstance(obj, nn.Module) or "forward" in obj.__dict__:
         return obj
     fwd = getattr(type(obj), "forward", None)
@@ -85,6 +86,16 @@ def plain_function(obj: Any) -> Any:
     except ValueError:  # an empty cell
         return obj
     return fn if isinstance(fn, types.FunctionType) else obj
+
+
+def hub_kernel_chosen(m: nn.Module) -> str | None:
+    """Why an attention module is left where ``kernels.kernelize`` gave its apply_rotary_pos_emb a hub kernel: the
+    attention's own wrapper of the function (``use_kernelized_func``: ``_kernel_funcs``, which the global function
+    dispatches to while the attention runs) then has a forward of its own; else None."""
+    own = (m.__dict__.get("_kernel_funcs") or {}).get(_NAME)
+    if own is not None and "forward" in getattr(own, "__dict__", {}):
+        return "its apply_rotary_pos_emb runs a hub kernel kernels.kernelize chose: left as it is"
+    return None
 
 
 def rope_form(fn: Any, globals_: dict[str, Any]) -> str | None:
@@ -243,6 +254,8 @@ def rope_plan(m: nn.Module) -> tuple[Callable[..., Any], str] | str | None:
         return None  # swapped already: patch's own pass lists it as already patched
     if "forward" in m.__dict__:
         return "its forward is already replaced on the instance (by other code): left as it is"
+    if why := hub_kernel_chosen(m):
+        return why
     routed = _routed(cls)
     if isinstance(routed, str):
         return routed
