@@ -27,6 +27,7 @@ import ast
 import functools
 import inspect
 import textwrap
+import types
 from typing import Any, Callable
 
 import torch
@@ -143,8 +144,31 @@ class StandIn:
         return self._dev
 
 
+def plain_function(obj: Any) -> Any:
+    """The function under a hub-kernel wrapper, else ``obj``. Where the ``kernels`` package is installed (a dependency
+    of transformers from 5.25), ``@use_kernel_forward_from_hub`` turns a decorated function such as
+    ``apply_rotary_pos_emb`` into an ``nn.Module`` instance whose class's forward calls the function (a variable of
+    its closure): that function is the code every rewrite compares (``same_syntax``), and the one a rewrite runs
+    where its op does not take a call. An instance given a forward of its own (a hub kernel in its place) is not
+    unwrapped."""
+    if not isinstance(obj, nn.Module) or "forward" in obj.__dict__:
+        return obj
+    fwd = getattr(type(obj), "forward", None)
+    code = getattr(fwd, "__code__", None)
+    if code is None or "func" not in code.co_freevars:
+        return obj
+    inner = fwd.__closure__[code.co_freevars.index("func")]
+    try:
+        fn = inner.cell_contents
+    except ValueError:  # an empty cell
+        return obj
+    return fn if isinstance(fn, types.FunctionType) else obj
+
+
 def same_syntax(fn: Any, source: str) -> bool:
-    """Whether function ``fn`` (unwrapped) is the code of ``source`` (see above)."""
+    """Whether function ``fn`` (unwrapped, a hub-kernel wrapper's function too: ``plain_function``) is the code of
+    ``source`` (see above)."""
+    fn = plain_function(fn)
     mine = _syntax_of(fn) if callable(fn) else None
     return mine is not None and mine == _syntax_of_source(source)
 

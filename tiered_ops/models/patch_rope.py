@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..runtime.dispatch import public
-from .patch_layers import same_syntax, tracing
+from .patch_layers import plain_function, same_syntax, tracing
 from .swap import original_class, per_class
 
 rotary_embedding = public("rotary_embedding")
@@ -68,26 +68,6 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 """
 
 
-def plain_function(obj: Any) -> Any:
-    """The function under a hub-kernel wrapper, else ``obj``. Where the ``kernels`` package is installed (a dependency
-    of transformers from 5.25), ``@use_kernel_forward_from_hub`` turns a decorated function such as
-    ``apply_rotary_pos_emb`` into an ``nn.Module`` instance whose class's forward calls the function (a variable of
-    its closure): that function is the code compared and the one a call the op does not take runs. An instance given
-    a forward of its own (a hub kernel in its place) is not unwrapped."""
-    if not isinstance(obj, nn.Module) or "forward" in obj.__dict__:
-        return obj
-    fwd = getattr(type(obj), "forward", None)
-    code = getattr(fwd, "__code__", None)
-    if code is None or "func" not in code.co_freevars:
-        return obj
-    inner = fwd.__closure__[code.co_freevars.index("func")]
-    try:
-        fn = inner.cell_contents
-    except ValueError:  # an empty cell
-        return obj
-    return fn if isinstance(fn, types.FunctionType) else obj
-
-
 def hub_kernel_chosen(m: nn.Module) -> str | None:
     """Why an attention module is left where ``kernels.kernelize`` gave its apply_rotary_pos_emb a hub kernel: the
     attention's own wrapper of the function (``use_kernelized_func``: ``_kernel_funcs``, which the global function
@@ -100,9 +80,8 @@ def hub_kernel_chosen(m: nn.Module) -> str | None:
 
 def rope_form(fn: Any, globals_: dict[str, Any]) -> str | None:
     """'full' or 'partial' for a function that is transformers' rotate-half apply_rotary_pos_emb (its module's
-    rotate_half too; either under a hub-kernel wrapper: ``plain_function``), else None."""
-    fn, rotate_half = plain_function(fn), plain_function(globals_.get("rotate_half"))
-    if not same_syntax(rotate_half, _ROTATE_HALF):
+    rotate_half too), else None."""
+    if not same_syntax(globals_.get("rotate_half"), _ROTATE_HALF):
         return None
     if same_syntax(fn, _ROPE_FULL):
         return "full"
