@@ -22,8 +22,9 @@ PACK = "pack:"  # the origin of a row imported from a decision pack (``decide.pa
 APART_S = 3600.0  # rows timed further apart than this come from different runs
 
 
-def _num(v: object) -> float | None:
-    return None if v is None or v != v else float(v)  # None and NaN (a CSV's empty cell) alike
+def as_float(v: object) -> float | None:
+    """A stored figure as a float; None for None and NaN (a CSV's empty cell) alike."""
+    return None if v is None or v != v else float(v)
 
 
 def caller_range(r: object) -> tuple[float, float]:
@@ -32,7 +33,7 @@ def caller_range(r: object) -> tuple[float, float]:
     A row without host spread (the CPU's, whose host figure is its median; results from before schema 3) gets
     the caller time scaled by the kernel spread."""
     def get(k: str) -> float | None:
-        return _num(r.get(k) if isinstance(r, dict) else getattr(r, k, None))
+        return as_float(r.get(k) if isinstance(r, dict) else getattr(r, k, None))
 
     caller = float(get("caller_us"))
     p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
@@ -118,5 +119,5 @@ def launch_sensitive(r: dict[str, Any]) -> bool:
 def seconds_apart(a: dict[str, Any], b: dict[str, Any]) -> float | None:
     """Seconds between two rows' timings where they are ``APART_S`` or more apart (different runs, maybe different
     hosts), else None (one run, or a timestamp missing)."""
-    ta, tb = _num(a.get("timestamp")), _num(b.get("timestamp"))
+    ta, tb = as_float(a.get("timestamp")), as_float(b.get("timestamp"))
     return None if ta is None or tb is None or abs(ta - tb) < APART_S else abs(ta - tb)
