@@ -498,11 +498,11 @@ PY
       # Nsight Compute (clocks as they run) on a set of scripts/diag/ncu_cases.py: NCU_SET=bf16 (the default: the
       # CUDA v2 forward vs Triton at the bf16 gap) or sol (the speed-of-light cases whose bars are not met).
       # NCU_REPLAY=application reruns the script for each pass instead of saving and restoring memory around a kernel
-      # (the persistent kernels' durations under kernel replay disagree with their timed medians; the sol set's
-      # softmax cluster kernel fails under kernel replay, so application is that set's default); NCU_METRICS adds
-      # metrics (e.g. dram__bytes_read.sum,dram__bytes_write.sum).
+      # (the persistent kernels' durations under kernel replay disagree with their timed medians); NCU_METRICS adds
+      # metrics (e.g. dram__bytes_read.sum,dram__bytes_write.sum). softmax's cluster kernel fails under either replay
+      # (the profiled launch loses its clusters): scripts/diag/softmax_plans.cu with NCU_PLAN=1 profiles it.
       ncu_set=${NCU_SET:-bf16}
-      [ "$ncu_set" = sol ] && ncu_replay=${NCU_REPLAY:-application} || ncu_replay=${NCU_REPLAY:-kernel}
+      ncu_replay=${NCU_REPLAY:-kernel}
       echo "== ncu ($ncu_set, $ncu_replay replay)"
       timeout "${NCU_TIMEOUT:-300}" ncu --clock-control none --replay-mode "$ncu_replay" \
         ${NCU_METRICS:+--metrics "$NCU_METRICS"} --nvtx --nvtx-include "prof/" --section SpeedOfLight \
