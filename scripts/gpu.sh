@@ -202,8 +202,8 @@ PY
           | tee "$OUT/pytest_alone.log" | tail -3
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       fi
-      if [ -z "${TEST_ARGS:-}" ] && tail -1 "$OUT/pytest.log" | grep -q skipped; then
-        echo "gpu-marked tests skipped on this GPU machine (SKIPPED lines in pytest.log): they did not run"; rc=1
+      if [ -z "${TEST_ARGS:-}" ] && tail -q -n 1 "$OUT/pytest.log" "$OUT/pytest_alone.log" | grep -q skipped; then
+        echo "gpu-marked tests skipped on this GPU machine (SKIPPED lines in pytest*.log): they did not run"; rc=1
       fi
       # The C++ call key's own tests under this host's Python (3.12: the vectorcall on every call site and the C-side
       # cache, which a CPU machine on 3.11 never runs), unless TEST_ARGS chose the selection.
