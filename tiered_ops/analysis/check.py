@@ -39,13 +39,14 @@ stale or failing finding under a line naming it archived with the tree and the d
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pandas as pd
 
 from ..decide.policy import margins
 from ..registry import OpSpec, Tier
-from ..store.rows import as_float, launch_sensitive, seconds_apart
+from ..store.rows import figure, launch_sensitive, seconds_apart
 from ..tiers.catalog import all_ops, get_op
 from .analysis import CASE, latest, unchecked, winners, with_context
 from .gpus import Gpus
@@ -80,7 +81,7 @@ class Finding:
 def noise(r: object, context: str) -> float:
     """A row's relative p20-p80 spread: the kernel time's, and where the row is host-bound in the eager context
     the host time's as well (the larger)."""
-    get = (lambda k: as_float(r.get(k))) if isinstance(r, dict) else (lambda k: as_float(getattr(r, k, None)))
+    get = functools.partial(figure, r)
     p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
     kernel = (p80 - p20) / p50 if p20 is not None and p80 is not None and p50 else 0.0
     host, h20, h80 = get("host_us"), get("host_p20_us"), get("host_p80_us")

@@ -5,6 +5,7 @@ decisions and the analysis alike; nothing here measures."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
 
 HOST_SWING = 1.5  # how far a launch-bound call's host time moved between processes on an H100 machine (1.5-1.7x)
@@ -27,14 +28,17 @@ def as_float(v: object) -> float | None:
     return None if v is None or v != v else float(v)
 
 
+def figure(r: object, key: str) -> float | None:
+    """Row ``r``'s figure ``key`` (a dict's item or a tuple row's attribute) as ``as_float`` reads it."""
+    return as_float(r.get(key) if isinstance(r, dict) else getattr(r, key, None))
+
+
 def caller_range(r: object) -> tuple[float, float]:
     """The p20-p80 range of what a caller sees per call, for a stored row (a dict or attributes, the store's columns):
     the kernel's p20-p80 and, where the launch path sets the time, the host batches' spread up to their p80.
     A row without host spread (the CPU's, whose host figure is its median; results from before schema 3) gets
     the caller time scaled by the kernel spread."""
-    def get(k: str) -> float | None:
-        return as_float(r.get(k) if isinstance(r, dict) else getattr(r, k, None))
-
+    get = functools.partial(figure, r)
     caller = float(get("caller_us"))
     p20, p50, p80 = get("p20_us"), get("p50_us"), get("p80_us")
     if p20 is None or p80 is None or not p50:
